@@ -1,1 +1,52 @@
-//! placeholder
+//! # lowbit-optim: AdamW with low-precision moment states
+//!
+//! The CPU reference of lowbit's optimizer (the oracle the CUDA kernels match bit for bit):
+//! state formats ([`format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
+//! the step ([`adamw`]), resets ([`reset`]), stall counting ([`stalls`]) and the closed-form
+//! stall prediction ([`theory`]).
+//!
+//! ## The update (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
+//! Kingma & Ba, "Adam", ICLR 2015), per element, in FP32, in this order:
+//! ```text
+//! m_old, v_old = decode(m), decode(v)            (0 right after a reset)
+//! m  = b1 * m_old + (1 - b1) * g
+//! v  = b2 * v_old + (1 - b2) * g^2
+//! m^ = m / (1 - b1^t_m) ;  v^ = v / (1 - b2^t_v)   (t counted since the state's last reset)
+//! p  = p * (1 - lr * wd) - lr * m^ / (sqrt(v^) + eps)
+//! m, v = encode(m), encode(v)                    (nearest or stochastic rounding)
+//! ```
+//! The parameter update uses the unrounded FP32 moments; only the write-back is rounded.
+//! An element *stalls* when its FP32 update is non-zero but its decoded stored value is
+//! unchanged (Topollai & Choromanska 2026, arXiv:2603.16731).
+//!
+//! ## Example
+//! ```
+//! use lowbit_optim::{adamw::Weights, Hyper, LowbitAdamW, ParamInfo, StatesConfig};
+//! let mut states = StatesConfig::default();
+//! states.m_format = "fp8".into();
+//! states.v_format = "fp8".into();
+//! let spec = states.resolve().unwrap();
+//! let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+//! let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 4, weight_decay: true };
+//! let mut opt = LowbitAdamW::new(hyper, spec, 0, vec![info]);
+//! let mut w = vec![0.5f32; 4];
+//! let stalls = opt.step_cpu(1, 1e-3, 0, Weights::F32(&mut w), &[0.1, -0.2, 0.0, 0.3]);
+//! assert!(w[0] < 0.5 && w[1] > 0.5);
+//! assert_eq!(stalls.m.updated, 3);
+//! ```
+
+pub mod adamw;
+pub mod config;
+pub mod format;
+pub mod optimizer;
+pub mod reset;
+pub mod rng;
+pub mod stalls;
+pub mod state;
+pub mod theory;
+
+pub use config::{BiasCorrection, StatesConfig, StatesSpec};
+pub use format::{rounding::Rounding, StateFormat};
+pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
+pub use stalls::{Counter, StallCounts};
+pub use state::QuantState;

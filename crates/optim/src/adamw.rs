@@ -1,0 +1,274 @@
+//! The CPU reference AdamW step on one parameter tensor: the oracle the CUDA kernel
+//! (`kernels/adamw.cu`) matches bit for bit. Same names, same step order:
+//! decode -> m -> v -> bias correction -> decay -> update -> encode.
+
+use crate::format::{bf16, int8, scale, Rounding, StateFormat};
+use crate::rng::random_bits;
+use crate::stalls::{Counter, StallCounts};
+use crate::format::minifloat::pow2;
+use crate::state::{Codes, QuantState};
+use rayon::prelude::*;
+
+/// Elements per parallel work item for unscaled formats and the moment pass.
+const CHUNK: usize = 8192;
+
+/// Per-step, per-tensor FP32 constants, computed once on the host (so CPU and GPU use the
+/// very same bits). See the crate docs for the equations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepScalars {
+    /// Learning rate at this step.
+    pub lr: f32,
+    /// b1, b2.
+    pub beta1: f32,
+    pub beta2: f32,
+    /// 1 - b1, 1 - b2 (computed in f64, rounded once).
+    pub one_minus_beta1: f32,
+    pub one_minus_beta2: f32,
+    /// AdamW epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay factor 1 - lr * wd (1 for tensors without decay).
+    pub decay: f32,
+    /// Bias corrections 1 - b1^t_m and 1 - b2^t_v (t counted since the state's last reset,
+    /// or since step 1 with `bias_correction = "continue"`).
+    pub bias_correction1: f32,
+    pub bias_correction2: f32,
+    /// Zero the state before this step's update.
+    pub reset_m: bool,
+    pub reset_v: bool,
+}
+
+/// Random stream keys of one tensor at one step (`rng::stream_key` per state kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepKeys {
+    pub m: u64,
+    pub v: u64,
+    pub w: u64,
+}
+
+/// Rounding of each write-back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roundings {
+    pub m: Rounding,
+    pub v: Rounding,
+    /// BF16 weights (ignored for FP32 weights).
+    pub w: Rounding,
+}
+
+/// Parameter storage, updated in place.
+pub enum Weights<'a> {
+    /// FP32 weights: written back exactly.
+    F32(&'a mut [f32]),
+    /// BF16 weights (bit patterns): rounded with `Roundings::w`, stalls counted.
+    Bf16(&'a mut [u16]),
+}
+
+/// New FP32 moments from the gradient and the decoded old moments.
+/// m = b1*m + (1-b1)*g ; v = b2*v + (1-b2)*g^2 (two products and a sum each, no FMA).
+#[inline(always)]
+pub fn moments(g: f32, m_old: f32, v_old: f32, h: &StepScalars) -> (f32, f32) {
+    let m = h.beta1 * m_old + h.one_minus_beta1 * g;
+    let v = h.beta2 * v_old + h.one_minus_beta2 * (g * g);
+    (m, v)
+}
+
+/// New FP32 weight from the unrounded FP32 moments:
+/// p = p*(1 - lr*wd) - lr * (m/bc1) / (sqrt(v/bc2) + eps).
+#[inline(always)]
+pub fn param_update(p: f32, m: f32, v: f32, h: &StepScalars) -> f32 {
+    let m_hat = m / h.bias_correction1;
+    let v_hat = v / h.bias_correction2;
+    let denom = v_hat.sqrt() + h.eps;
+    p * h.decay - h.lr * (m_hat / denom)
+}
+
+/// Reusable FP32 buffers for the new moments (grown to the largest tensor).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    m: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// One AdamW step on one tensor: updates `w`, `m`, `v` in place, returns the stall counts.
+///
+/// `g` is the FP32 gradient (same length as the weights). Panics if lengths differ.
+#[allow(clippy::too_many_arguments)]
+pub fn step_tensor(
+    w: Weights,
+    g: &[f32],
+    m: &mut QuantState,
+    v: &mut QuantState,
+    h: &StepScalars,
+    r: &Roundings,
+    keys: &StepKeys,
+    scratch: &mut Scratch,
+) -> StallCounts {
+    let n = g.len();
+    assert!(m.len == n && v.len == n, "state length mismatch");
+    if h.reset_m {
+        m.set_zero();
+    }
+    if h.reset_v {
+        v.set_zero();
+    }
+    scratch.m.resize(n, 0.0);
+    scratch.v.resize(n, 0.0);
+    let (mm, vm) = (&*m, &*v);
+    // Pass 1: decode -> m -> v -> bias correction -> decay -> update (weights written here).
+    let w_count: Counter = match w {
+        Weights::F32(p) => {
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)))
+                .enumerate()
+                .for_each(|(c, ((p, g), (ms, vs)))| {
+                    for j in 0..p.len() {
+                        let i = c * CHUNK + j;
+                        let (m1, v1) = moments(g[j], mm.get(i), vm.get(i), h);
+                        ms[j] = m1;
+                        vs[j] = v1;
+                        p[j] = param_update(p[j], m1, v1, h);
+                    }
+                });
+            Counter::default()
+        }
+        Weights::Bf16(p) => p
+            .par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)))
+            .enumerate()
+            .map(|(c, ((p, g), (ms, vs)))| {
+                let mut cnt = Counter::default();
+                for j in 0..p.len() {
+                    let i = c * CHUNK + j;
+                    let (m1, v1) = moments(g[j], mm.get(i), vm.get(i), h);
+                    ms[j] = m1;
+                    vs[j] = v1;
+                    let old = bf16::decode(p[j]);
+                    let new = param_update(old, m1, v1, h);
+                    let code = bf16::encode(new, r.w, random_bits(keys.w, i as u64));
+                    cnt.add(new != old, code == p[j]);
+                    p[j] = code;
+                }
+                cnt
+            })
+            .reduce(Counter::default, |mut a, b| {
+                a += b;
+                a
+            }),
+    };
+    // Pass 2: encode (rounded write-back) with stall counting.
+    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m);
+    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v);
+    StallCounts { m: m_count, v: v_count, w: w_count }
+}
+
+fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
+    it.reduce(Counter::default, |mut a, b| {
+        a += b;
+        a
+    })
+}
+
+/// Round the new FP32 values `new` into `state`, counting stalls against the old values.
+pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64) -> Counter {
+    let format = state.format;
+    let signed = state.signed;
+    let block = state.block_len();
+    match &mut state.codes {
+        Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).map(
+            |(c, x)| {
+                let mut cnt = Counter::default();
+                for (c, &x) in c.iter_mut().zip(x) {
+                    cnt.add(x != *c, false);
+                    *c = x;
+                }
+                cnt
+            },
+        )),
+        Codes::Bf16(c) => sum_counters(
+            c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
+                let mut cnt = Counter::default();
+                for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
+                    let i = (k * CHUNK + j) as u64;
+                    let code = bf16::encode(x, rounding, random_bits(key, i));
+                    cnt.add(x != bf16::decode(*c), code == *c);
+                    *c = code;
+                }
+                cnt
+            }),
+        ),
+        Codes::Bytes(c) => {
+            let bytes_per_block = if format.bits() == 4 { block.div_ceil(2) } else { block };
+            assert!(format.bits() != 4 || block % 2 == 0 || block >= new.len(), "fp4 block must be even");
+            sum_counters(
+                c.par_chunks_mut(bytes_per_block)
+                    .zip(state.scales.par_iter_mut())
+                    .zip(new.par_chunks(block))
+                    .enumerate()
+                    .map(|(b, ((codes, scale), x))| {
+                        encode_block(format, signed, codes, scale, x, rounding, key, (b * block) as u64)
+                    }),
+            )
+        }
+    }
+}
+
+/// Encode one scaled block: compute the new scale, round every element, count stalls.
+/// `first` is the tensor index of the block's first element (the RNG counter).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn encode_block(
+    format: StateFormat,
+    signed: bool,
+    codes: &mut [u8],
+    scale: &mut f32,
+    x: &[f32],
+    rounding: Rounding,
+    key: u64,
+    first: u64,
+) -> Counter {
+    let old_scale = *scale;
+    let amax = scale::amax(x.iter().copied());
+    let mut cnt = Counter::default();
+    let packed = format.bits() == 4;
+    let get = |codes: &[u8], j: usize| if packed { (codes[j / 2] >> (4 * (j % 2))) & 0xF } else { codes[j] };
+    match format.minifloat() {
+        Some(mf) => {
+            let k = scale::pow2_scale_exp(amax, mf.max_finite);
+            let (new_scale, inv) = (pow2(k), pow2(-k));
+            for (j, &xj) in x.iter().enumerate() {
+                let old_code = get(codes, j);
+                let old = mf.decode(old_code) * old_scale;
+                let code = mf.encode(xj * inv, rounding, random_bits(key, first + j as u64));
+                let new = mf.decode(code) * new_scale;
+                cnt.add(xj != old, new.to_bits() == old.to_bits());
+                put(codes, j, code, packed);
+            }
+            *scale = new_scale;
+        }
+        None => {
+            let table = int8::dynamic_map(signed);
+            let absmax = if amax > 0.0 { amax } else { 1.0 };
+            for (j, &xj) in x.iter().enumerate() {
+                let old_code = codes[j];
+                let old = table[old_code as usize] * old_scale;
+                let code = int8::encode(table, xj / absmax, rounding, random_bits(key, first + j as u64));
+                let new = table[code as usize] * absmax;
+                cnt.add(xj != old, new.to_bits() == old.to_bits());
+                codes[j] = code;
+            }
+            *scale = absmax;
+        }
+    }
+    cnt
+}
+
+#[inline(always)]
+fn put(codes: &mut [u8], j: usize, code: u8, packed: bool) {
+    if packed {
+        let sh = 4 * (j % 2);
+        codes[j / 2] = (codes[j / 2] & !(0xF << sh)) | (code << sh);
+    } else {
+        codes[j] = code;
+    }
+}

@@ -1,0 +1,35 @@
+//! FP8 state formats, OCP "8-bit Floating Point Specification (OFP8)" rev. 1.0 (2023).
+//!
+//! * E4M3: `S.EEEE.MMM`, bias 7, max finite 448 (`S.1111.110`), NaN `S.1111.111`, no Inf,
+//!   subnormals `0.MMM * 2^-6` (smallest 2^-9). Fraction bits 3, so eps = 2^-3.
+//! * E5M2: `S.EEEEE.MM`, bias 15, max finite 57344, Inf `S.11111.00`, NaN `S.11111.{01,10,11}`,
+//!   smallest subnormal 2^-16. Fraction bits 2, eps = 2^-2.
+//!
+//! Scaling: one power-of-two FP32 scale per block of B elements (`super::scale`), chosen so
+//! the block's largest magnitude fits below the max finite value; values are stored as
+//! `x / scale`. A power of two keeps the grid relative to the value (the theory's eps holds
+//! inside the block), and dividing by it is exact.
+
+use super::minifloat::{MiniFloat, Specials};
+
+/// OCP FP8 E4M3 (finite, max 448, subnormals kept).
+pub const E4M3: MiniFloat = MiniFloat {
+    exp_bits: 4,
+    man_bits: 3,
+    bias: 7,
+    signed: true,
+    max_finite: 448.0,
+    specials: Specials::NanOnly(0x7F),
+    max_code: 0x7E,
+};
+
+/// OCP FP8 E5M2 (IEEE-like, max 57344, Inf and NaN).
+pub const E5M2: MiniFloat = MiniFloat {
+    exp_bits: 5,
+    man_bits: 2,
+    bias: 15,
+    signed: true,
+    max_finite: 57344.0,
+    specials: Specials::Ieee,
+    max_code: 0x7B,
+};

@@ -1,0 +1,155 @@
+//! State formats: what each moment is stored as, and how it is encoded and decoded.
+//!
+//! | format      | bits | fraction bits (eps)  | scaling                      | spec                 |
+//! |-------------|------|----------------------|------------------------------|----------------------|
+//! | `fp32`      | 32   | 23                   | none                         | IEEE 754 binary32    |
+//! | `bf16`      | 16   | 7 (2^-7)             | none                         | bfloat16             |
+//! | `fp8e4m3`   | 8    | 3 (2^-3)             | power-of-two per block       | OCP OFP8 E4M3        |
+//! | `fp8e5m2`   | 8    | 2 (2^-2)             | power-of-two per block       | OCP OFP8 E5M2        |
+//! | `fp4e2m1`   | 4    | 1 (2^-1), signed     | power-of-two per block       | OCP MX FP4           |
+//! | `fp4ue2m2`  | 4    | 2 (2^-2), unsigned   | power-of-two per block       | E2M2 without sign    |
+//! | `int8`      | 8    | non-uniform          | absmax per block             | 8-bit Adam dynamic   |
+//!
+//! Config aliases: `fp8` = `fp8e4m3`; `fp4` = `fp4e2m1` for m and `fp4ue2m2` for v.
+
+pub mod bf16;
+pub mod fp4;
+pub mod fp8;
+pub mod int8;
+pub mod minifloat;
+pub mod rounding;
+pub use rounding::Rounding;
+pub mod scale;
+
+use minifloat::MiniFloat;
+use serde::{Deserialize, Serialize};
+
+/// Storage format of one optimizer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateFormat {
+    /// IEEE FP32 (the baseline: write-back is exact).
+    Fp32,
+    /// BF16 (top half of FP32).
+    Bf16,
+    /// OCP FP8 E4M3 with power-of-two block scales.
+    Fp8E4M3,
+    /// OCP FP8 E5M2 with power-of-two block scales.
+    Fp8E5M2,
+    /// OCP MX FP4 E2M1 (signed) with power-of-two block scales.
+    Fp4E2M1,
+    /// Unsigned FP4 E2M2 with power-of-two block scales (second moment only).
+    Fp4UE2M2,
+    /// 8-bit Adam block-wise dynamic quantization (absmax scales).
+    Int8,
+}
+
+impl StateFormat {
+    /// All formats, for tests and tables.
+    pub const ALL: [StateFormat; 7] = [
+        StateFormat::Fp32,
+        StateFormat::Bf16,
+        StateFormat::Fp8E4M3,
+        StateFormat::Fp8E5M2,
+        StateFormat::Fp4E2M1,
+        StateFormat::Fp4UE2M2,
+        StateFormat::Int8,
+    ];
+
+    /// Parse a config name for the first (`for_v = false`) or second moment. `fp8` means
+    /// E4M3; `fp4` means E2M1 for m and unsigned E2M2 for v.
+    pub fn parse(name: &str, for_v: bool) -> Result<Self, String> {
+        let f = match name {
+            "fp32" | "f32" => StateFormat::Fp32,
+            "bf16" => StateFormat::Bf16,
+            "fp8" | "fp8e4m3" | "e4m3" => StateFormat::Fp8E4M3,
+            "fp8e5m2" | "e5m2" => StateFormat::Fp8E5M2,
+            "fp4" if for_v => StateFormat::Fp4UE2M2,
+            "fp4" | "fp4e2m1" | "e2m1" => StateFormat::Fp4E2M1,
+            "fp4ue2m2" | "ue2m2" => StateFormat::Fp4UE2M2,
+            "int8" => StateFormat::Int8,
+            _ => {
+                return Err(format!(
+                    "unknown state format `{name}` (expected one of fp32, bf16, fp8, fp8e4m3, \
+                     fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8)"
+                ))
+            }
+        };
+        if f == StateFormat::Fp4UE2M2 && !for_v {
+            return Err("fp4ue2m2 is unsigned and can only hold the second moment v".into());
+        }
+        Ok(f)
+    }
+
+    /// Canonical name (`fp8e4m3`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            StateFormat::Fp32 => "fp32",
+            StateFormat::Bf16 => "bf16",
+            StateFormat::Fp8E4M3 => "fp8e4m3",
+            StateFormat::Fp8E5M2 => "fp8e5m2",
+            StateFormat::Fp4E2M1 => "fp4e2m1",
+            StateFormat::Fp4UE2M2 => "fp4ue2m2",
+            StateFormat::Int8 => "int8",
+        }
+    }
+
+    /// The small-float description, for FP8/FP4 formats.
+    pub fn minifloat(self) -> Option<&'static MiniFloat> {
+        match self {
+            StateFormat::Fp8E4M3 => Some(&fp8::E4M3),
+            StateFormat::Fp8E5M2 => Some(&fp8::E5M2),
+            StateFormat::Fp4E2M1 => Some(&fp4::E2M1),
+            StateFormat::Fp4UE2M2 => Some(&fp4::UE2M2),
+            _ => None,
+        }
+    }
+
+    /// Fraction bits of a uniform-relative grid (the theory's eps = 2^-bits); `None` for int8.
+    pub fn fraction_bits(self) -> Option<u32> {
+        match self {
+            StateFormat::Fp32 => Some(23),
+            StateFormat::Bf16 => Some(7),
+            StateFormat::Int8 => None,
+            f => f.minifloat().map(|m| m.man_bits),
+        }
+    }
+
+    /// Storage bits per element (excluding scales).
+    pub fn bits(self) -> u32 {
+        match self {
+            StateFormat::Fp32 => 32,
+            StateFormat::Bf16 => 16,
+            StateFormat::Fp8E4M3 | StateFormat::Fp8E5M2 | StateFormat::Int8 => 8,
+            StateFormat::Fp4E2M1 | StateFormat::Fp4UE2M2 => 4,
+        }
+    }
+
+    /// Whether the format carries one FP32 scale per block.
+    pub fn is_scaled(self) -> bool {
+        !matches!(self, StateFormat::Fp32 | StateFormat::Bf16)
+    }
+
+    /// Whether negative values are representable (v-only formats are not).
+    pub fn is_signed(self) -> bool {
+        self != StateFormat::Fp4UE2M2
+    }
+
+    /// Bytes of storage for `len` elements with block size `block` (0 = one per-tensor
+    /// scale): codes plus 4-byte scales.
+    pub fn storage_bytes(self, len: usize, block: usize) -> usize {
+        let codes = (len * self.bits() as usize).div_ceil(8);
+        codes + 4 * num_scales(self, len, block)
+    }
+}
+
+/// Number of scales a tensor of `len` elements needs (0 for unscaled formats).
+pub fn num_scales(format: StateFormat, len: usize, block: usize) -> usize {
+    if !format.is_scaled() {
+        0
+    } else if block == 0 {
+        1
+    } else {
+        len.div_ceil(block)
+    }
+}

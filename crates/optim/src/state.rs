@@ -1,0 +1,155 @@
+//! Storage of one optimizer state tensor (m or v) in its low-precision format.
+//!
+//! Codes are kept exactly as the format stores them (FP32 words, BF16 halves, one byte per
+//! FP8/int8 element, two FP4 codes per byte), plus one FP32 scale per block for scaled
+//! formats. Checkpoints save these bytes as they are (never dequantized), and the CUDA
+//! kernels read and write the same layout.
+
+use crate::format::{bf16, int8, num_scales, StateFormat};
+
+/// Encoded element storage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Codes {
+    /// FP32 words (format `fp32`).
+    F32(Vec<f32>),
+    /// BF16 bit patterns (format `bf16`).
+    Bf16(Vec<u16>),
+    /// One byte per element (FP8, int8) or two FP4 codes per byte (low nibble first).
+    Bytes(Vec<u8>),
+}
+
+/// One state tensor of `len` elements: codes plus per-block scales.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantState {
+    /// Storage format.
+    pub format: StateFormat,
+    /// Elements per scale block; 0 = one scale for the whole tensor.
+    pub block: usize,
+    /// Number of elements.
+    pub len: usize,
+    /// Encoded elements.
+    pub codes: Codes,
+    /// FP32 scales, one per block (empty for fp32/bf16). FP8/FP4: powers of two; int8: absmax.
+    pub scales: Vec<f32>,
+    /// Whether the state may be negative (m: true, v: false); selects int8's map.
+    pub signed: bool,
+}
+
+impl QuantState {
+    /// A zero-initialised state (every element decodes to +0, scales 1). `signed` is true
+    /// for the first moment, false for the second.
+    pub fn zeros(format: StateFormat, len: usize, block: usize, signed: bool) -> Self {
+        let codes = match format {
+            StateFormat::Fp32 => Codes::F32(vec![0.0; len]),
+            StateFormat::Bf16 => Codes::Bf16(vec![0; len]),
+            f => Codes::Bytes(vec![0; (len * f.bits() as usize).div_ceil(8)]),
+        };
+        let mut s = QuantState {
+            format,
+            block,
+            len,
+            codes,
+            scales: vec![1.0; num_scales(format, len, block)],
+            signed,
+        };
+        s.set_zero();
+        s
+    }
+
+    /// Elements per block as used for indexing (the whole tensor when `block == 0`).
+    pub fn block_len(&self) -> usize {
+        if self.block == 0 {
+            self.len.max(1)
+        } else {
+            self.block
+        }
+    }
+
+    /// Reset every element to +0 (a state reset). Scales go back to 1.
+    pub fn set_zero(&mut self) {
+        match &mut self.codes {
+            Codes::F32(c) => c.fill(0.0),
+            Codes::Bf16(c) => c.fill(0),
+            Codes::Bytes(c) if self.format == StateFormat::Int8 => {
+                c.fill(int8::zero_index(int8::dynamic_map(self.signed)))
+            }
+            Codes::Bytes(c) => c.fill(0),
+        }
+        self.scales.fill(1.0);
+    }
+
+    /// The raw code of element `i` (FP8/FP4/int8 only).
+    #[inline]
+    pub fn code(&self, i: usize) -> u8 {
+        match &self.codes {
+            Codes::Bytes(c) if self.format.bits() == 4 => (c[i / 2] >> (4 * (i % 2))) & 0xF,
+            Codes::Bytes(c) => c[i],
+            _ => panic!("code() on an unscaled format"),
+        }
+    }
+
+    /// Decoded FP32 value of element `i` (code times its block scale).
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match &self.codes {
+            Codes::F32(c) => c[i],
+            Codes::Bf16(c) => bf16::decode(c[i]),
+            Codes::Bytes(_) => {
+                let scale = self.scales[i / self.block_len()];
+                decode_code(self.format, self.code(i), scale, self.signed)
+            }
+        }
+    }
+
+    /// All decoded values.
+    pub fn decode_all(&self) -> Vec<f32> {
+        (0..self.len).map(|i| self.get(i)).collect()
+    }
+
+    /// Bytes of storage (codes + scales).
+    pub fn bytes(&self) -> usize {
+        self.format.storage_bytes(self.len, self.block)
+    }
+
+    /// The codes as little-endian bytes (checkpoint layout).
+    pub fn code_bytes(&self) -> Vec<u8> {
+        match &self.codes {
+            Codes::F32(c) => c.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Codes::Bf16(c) => c.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Codes::Bytes(c) => c.clone(),
+        }
+    }
+
+    /// Restore codes from [`Self::code_bytes`] output; errors on a length mismatch.
+    pub fn set_code_bytes(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let want = (self.len * self.format.bits() as usize).div_ceil(8);
+        if bytes.len() != want {
+            return Err(format!(
+                "{} state of {} elements needs {want} code bytes, got {}",
+                self.format.name(),
+                self.len,
+                bytes.len()
+            ));
+        }
+        self.codes = match self.format {
+            StateFormat::Fp32 => Codes::F32(
+                bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
+            ),
+            StateFormat::Bf16 => Codes::Bf16(
+                bytes.chunks_exact(2).map(|b| u16::from_le_bytes(b.try_into().unwrap())).collect(),
+            ),
+            _ => Codes::Bytes(bytes.to_vec()),
+        };
+        Ok(())
+    }
+}
+
+/// Decode one FP8/FP4/int8 code with its block scale.
+#[inline(always)]
+pub fn decode_code(format: StateFormat, code: u8, scale: f32, signed_map: bool) -> f32 {
+    match format.minifloat() {
+        Some(mf) => mf.decode(code) * scale,
+        None => int8::dynamic_map(signed_map)[code as usize] * scale,
+    }
+}
+

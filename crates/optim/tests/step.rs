@@ -1,0 +1,139 @@
+//! The CPU reference step: agreement with textbook AdamW, resets, v monotonicity under
+//! nearest BF16, stall accounting.
+
+use lowbit_optim::adamw::Weights;
+use lowbit_optim::format::bf16;
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StatesConfig};
+use proptest::prelude::*;
+
+const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+
+fn opt(m: &str, v: &str, cfg: impl Fn(&mut StatesConfig), len: usize) -> LowbitAdamW {
+    let mut s = StatesConfig { m_format: m.into(), v_format: v.into(), ..Default::default() };
+    cfg(&mut s);
+    let info = ParamInfo { name: "w".into(), group: "mlp".into(), len, weight_decay: true };
+    LowbitAdamW::new(HYPER, s.resolve().unwrap(), 1, vec![info])
+}
+
+fn grads(step: u64, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (((i as u64 * 7919 + step * 104729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect()
+}
+
+#[test]
+fn fp32_states_match_textbook_adamw_in_f64() {
+    let n = 1000;
+    let mut o = opt("fp32", "fp32", |_| {}, n);
+    let mut w: Vec<f32> = (0..n).map(|i| (i as f32 / n as f32) - 0.5).collect();
+    let (mut p64, mut m64, mut v64) = (w.iter().map(|&x| x as f64).collect::<Vec<_>>(), vec![0f64; n], vec![0f64; n]);
+    let lr = 1e-2;
+    for t in 1..=20u64 {
+        let g = grads(t, n);
+        o.step_cpu(t, lr, 0, Weights::F32(&mut w), &g);
+        for i in 0..n {
+            let gi = g[i] as f64;
+            m64[i] = 0.9 * m64[i] + 0.1 * gi;
+            v64[i] = 0.999 * v64[i] + 0.001 * gi * gi;
+            let mh = m64[i] / (1.0 - 0.9f64.powi(t as i32));
+            let vh = v64[i] / (1.0 - 0.999f64.powi(t as i32));
+            p64[i] = p64[i] * (1.0 - lr * 0.1) - lr * mh / (vh.sqrt() + 1e-8);
+        }
+    }
+    for i in 0..n {
+        assert!((w[i] as f64 - p64[i]).abs() < 1e-5, "{i}: {} vs {}", w[i], p64[i]);
+    }
+}
+
+#[test]
+fn reset_zeroes_the_state_and_restarts_bias_correction() {
+    let n = 256;
+    let mut o = opt("bf16", "bf16", |s| {
+        s.m_reset_every = 3;
+        s.v_reset_every = 3;
+    }, n);
+    let mut w = vec![0.25f32; n];
+    for t in 1..=3 {
+        o.step_cpu(t, 1e-3, 0, Weights::F32(&mut w), &grads(t, n));
+    }
+    let g4 = grads(4, n);
+    o.step_cpu(4, 1e-3, 0, Weights::F32(&mut w), &g4);
+    // after the reset at step 4, m = (1 - b1) g and v = (1 - b2) g^2 (rounded to bf16)
+    let m = o.tensors[0].m.decode_all();
+    let v = o.tensors[0].v.decode_all();
+    for i in 0..n {
+        let want_m = bf16::decode(bf16::encode(0.1f32 * g4[i], lowbit_optim::Rounding::Nearest, 0));
+        let want_v = bf16::decode(bf16::encode(0.001f32 * (g4[i] * g4[i]), lowbit_optim::Rounding::Nearest, 0));
+        assert_eq!(m[i], want_m, "m[{i}]");
+        assert_eq!(v[i], want_v, "v[{i}]");
+    }
+    let s = o.scalars(4, 1e-3, true);
+    assert!(s.reset_m && s.reset_v);
+    assert_eq!(s.bias_correction1, 0.1f32);
+}
+
+#[test]
+fn state_memory_matches_the_format() {
+    let n = 1 << 16;
+    assert_eq!(opt("fp32", "fp32", |_| {}, n).state_bytes(), 8 * n);
+    assert_eq!(opt("bf16", "bf16", |_| {}, n).state_bytes(), 4 * n);
+    // fp8 m + v: 2 bytes per element + one 4-byte scale per 128-element block each
+    assert_eq!(opt("fp8", "fp8", |_| {}, n).state_bytes(), 2 * n + 2 * 4 * n / 128);
+    assert_eq!(opt("fp4", "fp4", |_| {}, n).state_bytes(), n + 2 * 4 * n / 128);
+}
+
+#[test]
+fn stochastic_rounding_is_deterministic_per_seed_and_step() {
+    let n = 5000;
+    let run = |seed: u64| {
+        let mut o = opt("fp8", "fp4", |s| {
+            s.m_rounding = lowbit_optim::Rounding::Stochastic;
+            s.v_rounding = lowbit_optim::Rounding::Stochastic;
+        }, n);
+        o.seed = seed;
+        let mut w = vec![0.1f32; n];
+        let mut counts = vec![];
+        for t in 1..=5 {
+            counts.push(o.step_cpu(t, 1e-3, 0, Weights::F32(&mut w), &grads(t, n)));
+        }
+        (w, o.tensors[0].m.code_bytes(), o.tensors[0].v.code_bytes(), counts)
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1).1, run(2).1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// With nearest rounding of a bf16 v at b2 = 0.999, the relative decrease of v per step
+    /// (at most 0.1%) is below half a bf16 ULP (>= 2^-9 relative): v never decreases.
+    #[test]
+    fn bf16_nearest_v_never_decreases(
+        gs in prop::collection::vec(prop::collection::vec(-1e-2f32..1e-2, 64), 1..30),
+        zero_mask in prop::collection::vec(any::<bool>(), 64),
+    ) {
+        let mut o = opt("bf16", "bf16", |_| {}, 64);
+        let mut w = vec![0.0f32; 64];
+        let mut prev = o.tensors[0].v.decode_all();
+        for (t, g) in gs.iter().enumerate() {
+            // many elements see zero gradients, so v would only decay
+            let g: Vec<f32> = g.iter().zip(&zero_mask).map(|(&x, &z)| if z && t > 0 { 0.0 } else { x }).collect();
+            o.step_cpu(t as u64 + 1, 1e-3, 0, Weights::F32(&mut w), &g);
+            let v = o.tensors[0].v.decode_all();
+            for i in 0..64 {
+                prop_assert!(v[i] >= prev[i], "step {} elem {}: {} < {}", t + 1, i, v[i], prev[i]);
+            }
+            prev = v;
+        }
+    }
+}
+
+#[test]
+fn bf16_weights_count_stalls() {
+    let n = 4096;
+    let mut o = opt("fp32", "fp32", |_| {}, n);
+    let mut w: Vec<u16> = (0..n).map(|_| bf16::encode(1.0, lowbit_optim::Rounding::Nearest, 0)).collect();
+    // lr 1e-4 moves a weight of 1.0 by ~1e-4, far below half a bf16 ULP at 1.0 (2^-8):
+    // every update stalls with nearest rounding.
+    let s = o.step_cpu(1, 1e-4, 0, Weights::Bf16(&mut w), &grads(1, n));
+    assert!(s.w.updated > 4000);
+    assert_eq!(s.w.stalled, s.w.updated);
+    assert!(w.iter().all(|&x| bf16::decode(x) == 1.0));
+}
