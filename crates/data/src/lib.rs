@@ -1,1 +1,63 @@
-//! placeholder
+//! # lowbit-data — C4-format text to token batches
+//!
+//! Reads C4-format shards (`allenai/c4` `en`: gzip JSON lines with `text`, `timestamp`,
+//! `url`; plain `.json` also works), tokenizes them with a `tokenizers` `tokenizer.json`
+//! (T5 by default, as in the usual LLaMA-on-C4 setups), and cuts the tokens into
+//! `[rows, seq_len]` batches of inputs, next-token targets and a loss mask.
+//!
+//! - [`DataConfig`]: the `[data]` section of a run config (serde, unknown keys rejected).
+//! - [`load_tokenizer`] -> [`Tokens`]: local `tokenizer.json` or hub id; EOS and pad ids.
+//! - [`TrainStream`]: endless train batches (epochs over the sorted shards, no shuffling),
+//!   read and tokenized in background threads, deterministic, resumable exactly from any
+//!   batch's [`DataPosition`].
+//! - [`validation_batches`]: the first `val_tokens` targets of the validation shards.
+//! - [`ShardReader`] / [`expand_shards`]: the streaming shard reader on its own.
+//!
+//! Packing ([`SeqMode`]): `concat` joins documents (each + EOS) into one stream cut into rows
+//! (no padding, nothing lost); `truncate_pad` makes one row per document, cut and padded,
+//! with padded targets masked. Bad input ([`BadInput`]): skip with a warning naming
+//! `file:line` (default) or fail with an error naming it ([`DataError`]).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), lowbit_data::DataError> {
+//! use lowbit_data::{load_tokenizer, validation_batches, DataConfig, DataPosition, SeqMode, TrainStream};
+//!
+//! let cfg: DataConfig = DataConfig {
+//!     train: vec!["data/c4-sample/en-train.*.json.gz".into()],
+//!     validation: vec!["data/c4-sample/en-validation.*.json.gz".into()],
+//!     tokenizer: "data/tokenizers/t5-tokenizer.json".into(),
+//!     seq_len: 256,
+//!     mode: SeqMode::Concat,
+//!     ..DataConfig::default()
+//! };
+//! let tok = load_tokenizer(&cfg.tokenizer, cfg.allow_download)?;
+//! assert_eq!(tok.vocab_size(), 32100);
+//!
+//! let mut train = TrainStream::new(&cfg, &tok, DataPosition::default())?;
+//! let batch = train.next_batch(32)?;            // input/target/mask: 32 * 256 values
+//! assert_eq!(batch.input.len(), 32 * 256);
+//! let resume_at = batch.position.clone();       // save with the checkpoint
+//!
+//! let mut again = TrainStream::new(&cfg, &tok, resume_at)?;
+//! assert_eq!(again.next_batch(32)?, train.next_batch(32)?);
+//!
+//! let val = validation_batches(&cfg, &tok, 32)?; // same batches in every run
+//! # let _ = val; Ok(()) }
+//! ```
+
+mod batch;
+mod config;
+mod error;
+mod pipeline;
+mod reader;
+mod stream;
+mod tokenize;
+mod validation;
+
+pub use batch::{Batch, DataPosition};
+pub use config::{BadInput, DataConfig, SeqMode};
+pub use error::{DataError, Result};
+pub use reader::{expand_shards, ShardReader};
+pub use stream::TrainStream;
+pub use tokenize::{load_tokenizer, Tokens};
+pub use validation::validation_batches;

@@ -16,6 +16,9 @@ const CHUNK: usize = 8192;
 /// very same bits). See the crate docs for the equations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepScalars {
+    /// Factor applied to the raw gradient first (clipping by global norm and 1/accumulation
+    /// steps folded into one number): g = grad * grad_scale.
+    pub grad_scale: f32,
     /// Learning rate at this step.
     pub lr: f32,
     /// b1, b2.
@@ -62,10 +65,11 @@ pub enum Weights<'a> {
     Bf16(&'a mut [u16]),
 }
 
-/// New FP32 moments from the gradient and the decoded old moments.
-/// m = b1*m + (1-b1)*g ; v = b2*v + (1-b2)*g^2 (two products and a sum each, no FMA).
+/// New FP32 moments from the raw gradient and the decoded old moments.
+/// g = grad*grad_scale ; m = b1*m + (1-b1)*g ; v = b2*v + (1-b2)*g^2 (no FMA).
 #[inline(always)]
-pub fn moments(g: f32, m_old: f32, v_old: f32, h: &StepScalars) -> (f32, f32) {
+pub fn moments(grad: f32, m_old: f32, v_old: f32, h: &StepScalars) -> (f32, f32) {
+    let g = grad * h.grad_scale;
     let m = h.beta1 * m_old + h.one_minus_beta1 * g;
     let v = h.beta2 * v_old + h.one_minus_beta2 * (g * g);
     (m, v)

@@ -9,6 +9,7 @@
 //! Kingma & Ba, "Adam", ICLR 2015), per element, in FP32, in this order:
 //! ```text
 //! m_old, v_old = decode(m), decode(v)            (0 right after a reset)
+//! g  = grad * grad_scale                         (clipping and 1/accumulation folded in)
 //! m  = b1 * m_old + (1 - b1) * g
 //! v  = b2 * v_old + (1 - b2) * g^2
 //! m^ = m / (1 - b1^t_m) ;  v^ = v / (1 - b2^t_v)   (t counted since the state's last reset)
@@ -30,7 +31,7 @@
 //! let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 4, weight_decay: true };
 //! let mut opt = LowbitAdamW::new(hyper, spec, 0, vec![info]);
 //! let mut w = vec![0.5f32; 4];
-//! let stalls = opt.step_cpu(1, 1e-3, 0, Weights::F32(&mut w), &[0.1, -0.2, 0.0, 0.3]);
+//! let stalls = opt.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[0.1, -0.2, 0.0, 0.3]);
 //! assert!(w[0] < 0.5 && w[1] > 0.5);
 //! assert_eq!(stalls.m.updated, 3);
 //! ```

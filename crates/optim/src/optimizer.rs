@@ -73,13 +73,14 @@ impl LowbitAdamW {
     }
 
     /// FP32 constants of step `step` (1-based) at learning rate `lr` for a tensor with or
-    /// without weight decay.
-    pub fn scalars(&self, step: u64, lr: f64, decay: bool) -> StepScalars {
+    /// without weight decay; the raw gradient is multiplied by `grad_scale` first.
+    pub fn scalars(&self, step: u64, lr: f64, grad_scale: f32, decay: bool) -> StepScalars {
         let h = &self.hyper;
         let (reset_m, tm) = reset_at(step, self.spec.m_reset_every, self.spec.bias_correction);
         let (reset_v, tv) = reset_at(step, self.spec.v_reset_every, self.spec.bias_correction);
         let wd = if decay { h.weight_decay } else { 0.0 };
         StepScalars {
+            grad_scale,
             lr: lr as f32,
             beta1: h.beta1 as f32,
             beta2: h.beta2 as f32,
@@ -105,9 +106,18 @@ impl LowbitAdamW {
         Roundings { m: self.spec.m_rounding, v: self.spec.v_rounding, w: self.spec.weight_rounding }
     }
 
-    /// One CPU step on tensor `idx`: `w` updated in place from the FP32 gradient `g`.
-    pub fn step_cpu(&mut self, step: u64, lr: f64, idx: usize, w: Weights, g: &[f32]) -> StallCounts {
-        let h = self.scalars(step, lr, self.tensors[idx].info.weight_decay);
+    /// One CPU step on tensor `idx`: `w` updated in place from the FP32 gradient `g`
+    /// (multiplied by `grad_scale` inside the step).
+    pub fn step_cpu(
+        &mut self,
+        step: u64,
+        lr: f64,
+        grad_scale: f32,
+        idx: usize,
+        w: Weights,
+        g: &[f32],
+    ) -> StallCounts {
+        let h = self.scalars(step, lr, grad_scale, self.tensors[idx].info.weight_decay);
         let keys = self.keys(step, idx);
         let r = self.roundings();
         let t = &mut self.tensors[idx];

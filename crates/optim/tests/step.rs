@@ -28,7 +28,7 @@ fn fp32_states_match_textbook_adamw_in_f64() {
     let lr = 1e-2;
     for t in 1..=20u64 {
         let g = grads(t, n);
-        o.step_cpu(t, lr, 0, Weights::F32(&mut w), &g);
+        o.step_cpu(t, lr, 1.0, 0, Weights::F32(&mut w), &g);
         for i in 0..n {
             let gi = g[i] as f64;
             m64[i] = 0.9 * m64[i] + 0.1 * gi;
@@ -52,10 +52,10 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
     }, n);
     let mut w = vec![0.25f32; n];
     for t in 1..=3 {
-        o.step_cpu(t, 1e-3, 0, Weights::F32(&mut w), &grads(t, n));
+        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
     }
     let g4 = grads(4, n);
-    o.step_cpu(4, 1e-3, 0, Weights::F32(&mut w), &g4);
+    o.step_cpu(4, 1e-3, 1.0, 0, Weights::F32(&mut w), &g4);
     // after the reset at step 4, m = (1 - b1) g and v = (1 - b2) g^2 (rounded to bf16)
     let m = o.tensors[0].m.decode_all();
     let v = o.tensors[0].v.decode_all();
@@ -65,7 +65,7 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
         assert_eq!(m[i], want_m, "m[{i}]");
         assert_eq!(v[i], want_v, "v[{i}]");
     }
-    let s = o.scalars(4, 1e-3, true);
+    let s = o.scalars(4, 1e-3, 1.0, true);
     assert!(s.reset_m && s.reset_v);
     assert_eq!(s.bias_correction1, 0.1f32);
 }
@@ -92,7 +92,7 @@ fn stochastic_rounding_is_deterministic_per_seed_and_step() {
         let mut w = vec![0.1f32; n];
         let mut counts = vec![];
         for t in 1..=5 {
-            counts.push(o.step_cpu(t, 1e-3, 0, Weights::F32(&mut w), &grads(t, n)));
+            counts.push(o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n)));
         }
         (w, o.tensors[0].m.code_bytes(), o.tensors[0].v.code_bytes(), counts)
     };
@@ -115,7 +115,7 @@ proptest! {
         for (t, g) in gs.iter().enumerate() {
             // many elements see zero gradients, so v would only decay
             let g: Vec<f32> = g.iter().zip(&zero_mask).map(|(&x, &z)| if z && t > 0 { 0.0 } else { x }).collect();
-            o.step_cpu(t as u64 + 1, 1e-3, 0, Weights::F32(&mut w), &g);
+            o.step_cpu(t as u64 + 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
             let v = o.tensors[0].v.decode_all();
             for i in 0..64 {
                 prop_assert!(v[i] >= prev[i], "step {} elem {}: {} < {}", t + 1, i, v[i], prev[i]);
@@ -132,7 +132,7 @@ fn bf16_weights_count_stalls() {
     let mut w: Vec<u16> = (0..n).map(|_| bf16::encode(1.0, lowbit_optim::Rounding::Nearest, 0)).collect();
     // lr 1e-4 moves a weight of 1.0 by ~1e-4, far below half a bf16 ULP at 1.0 (2^-8):
     // every update stalls with nearest rounding.
-    let s = o.step_cpu(1, 1e-4, 0, Weights::Bf16(&mut w), &grads(1, n));
+    let s = o.step_cpu(1, 1e-4, 1.0, 0, Weights::Bf16(&mut w), &grads(1, n));
     assert!(s.w.updated > 4000);
     assert_eq!(s.w.stalled, s.w.updated);
     assert!(w.iter().all(|&x| bf16::decode(x) == 1.0));

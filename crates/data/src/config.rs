@@ -1,0 +1,105 @@
+//! The `[data]` section of a run config.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DataError, Result};
+
+/// How documents become rows of `seq_len + 1` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SeqMode {
+    /// One document per row: cut to `seq_len + 1` tokens, padded with the pad id; padded
+    /// targets get mask 0.0 (the GaLore / ReLoRA C4 setup). Text past the cut is lost.
+    TruncatePad,
+    /// All documents (each followed by EOS) joined into one token stream and cut into rows;
+    /// no padding, no text lost. Consecutive rows overlap by one token (the last target of a
+    /// row is the first input of the next), so every token after the first is a target
+    /// exactly once.
+    #[default]
+    Concat,
+}
+
+/// What to do with a line that is not a JSON object with a string `text`, or with a corrupt
+/// gzip stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BadInput {
+    /// Log a warning naming `file:line`, count the line, go on. A corrupt gzip stream ends
+    /// that shard (warning) and reading continues with the next shard.
+    #[default]
+    Skip,
+    /// Stop with an error naming `file:line` (or the file, for a corrupt gzip stream).
+    Fail,
+}
+
+/// `[data]` section of the run config.
+///
+/// Paths are relative to the working directory of the process (the repository root when
+/// run as documented). The defaults point at the sample bundled in `data/`.
+///
+/// ```toml
+/// [data]
+/// train = ["data/local/c4/en/c4-train.*-of-01024.json.gz"]
+/// validation = ["data/local/c4/en/c4-validation.0000[0-7]-of-00008.json.gz"]
+/// tokenizer = "data/tokenizers/t5-tokenizer.json"
+/// seq_len = 256
+/// mode = "concat"
+/// val_tokens = 10_000_000
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// File paths or glob patterns of C4-format train shards (`*.json.gz` or `*.json`).
+    /// All matches of all patterns are read in sorted path order, cycling in epochs.
+    pub train: Vec<String>,
+    /// Same for the validation shards.
+    pub validation: Vec<String>,
+    /// Path to a `tokenizer.json`, or a Hugging Face hub id such as `"google-t5/t5-base"`
+    /// (looked up in the local hub cache; fetched only with `allow_download = true`).
+    pub tokenizer: String,
+    /// Allow fetching `tokenizer.json` of a hub id over the network. Default false.
+    pub allow_download: bool,
+    /// Tokens per row fed to the model (targets are the next `seq_len` tokens). Default 256.
+    pub seq_len: usize,
+    /// `"concat"` (default) or `"truncate_pad"`.
+    pub mode: SeqMode,
+    /// Validation size in target tokens (rounded up to whole rows), always taken from the
+    /// start of the validation shards so it is identical in every run. Default 1_000_000.
+    pub val_tokens: usize,
+    /// `"skip"` (default) or `"fail"` on a bad line or corrupt shard.
+    pub on_bad_line: BadInput,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            train: vec!["data/c4-sample/en-train.*.json.gz".into()],
+            validation: vec!["data/c4-sample/en-validation.*.json.gz".into()],
+            tokenizer: "data/tokenizers/t5-tokenizer.json".into(),
+            allow_download: false,
+            seq_len: 256,
+            mode: SeqMode::Concat,
+            val_tokens: 1_000_000,
+            on_bad_line: BadInput::Skip,
+        }
+    }
+}
+
+impl DataConfig {
+    /// Checks the values that would otherwise fail later and less clearly.
+    ///
+    /// # Errors
+    /// [`DataError::Config`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.seq_len == 0 {
+            return Err(DataError::Config("seq_len must be at least 1".into()));
+        }
+        if self.train.is_empty() {
+            return Err(DataError::Config("train lists no shard path or pattern".into()));
+        }
+        if self.tokenizer.trim().is_empty() {
+            return Err(DataError::Config("tokenizer is empty".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! The one error type of this crate. Every variant names the file (and the line, where there
+//! is one) and says what is wrong, so a message in a training log is enough to find the
+//! offending input.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading shards, tokenizing or batching.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A `[data]` setting is out of range (e.g. `seq_len = 0`, no train patterns).
+    #[error("invalid [data] config: {0}")]
+    Config(String),
+
+    /// A plain path (no `*`, `?`, `[`) in `train`/`validation` does not exist.
+    #[error("{what} shard '{pattern}' does not exist")]
+    MissingFile { what: &'static str, pattern: String },
+
+    /// A glob pattern in `train`/`validation` matched no file.
+    #[error("{what} pattern '{pattern}' matched no file")]
+    NoMatch { what: &'static str, pattern: String },
+
+    /// A glob pattern is malformed.
+    #[error("{what} pattern '{pattern}' is not a valid glob: {msg}")]
+    BadPattern { what: &'static str, pattern: String, msg: String },
+
+    /// A shard could not be opened or read (permissions, I/O error before any decoding).
+    #[error("cannot read {}: {source}", path.display())]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+
+    /// The gzip stream of a shard is corrupt or truncated (raised with `on_bad_line = "fail"`;
+    /// with `"skip"` the rest of the shard is skipped with a warning).
+    #[error("corrupt or truncated gzip stream in {} after line {line}: {source}", path.display())]
+    Corrupt { path: PathBuf, line: u64, #[source] source: std::io::Error },
+
+    /// A line is not a JSON object with a string `text` field (raised with
+    /// `on_bad_line = "fail"`; `line` is 1-based).
+    #[error("{}:{line}: bad C4 line: {msg}", path.display())]
+    BadLine { path: PathBuf, line: u64, msg: String },
+
+    /// The shards hold no usable document (a whole epoch over the train shards, or all the
+    /// validation shards, gave no row).
+    #[error("no {what} text: the {what} shards {shards:?} contain no usable document")]
+    NoText { what: &'static str, shards: Vec<PathBuf> },
+
+    /// A resume position does not fit the shard list (shards added or removed since the
+    /// checkpoint was written).
+    #[error("resume position refers to shard {shard}, but only {count} train shards match the config")]
+    BadPosition { shard: usize, count: usize },
+
+    /// The tokenizer file could not be loaded, lacks an `</s>` token, or the hub id could not
+    /// be resolved (see the message for how to fix it).
+    #[error("tokenizer '{spec}': {msg}")]
+    Tokenizer { spec: String, msg: String },
+
+    /// Encoding a document failed inside the `tokenizers` crate. `origin` is the shard path
+    /// (or `<text>` for [`crate::Tokens::encode_batch`]), `line` the 1-based line (or index).
+    #[error("{origin}:{line}: tokenizing the document failed: {msg}")]
+    Encode { origin: String, line: u64, msg: String },
+
+    /// The background tokenizer thread stopped (after an earlier error or a panic).
+    #[error("the training data stream has stopped (an earlier error ended it)")]
+    StreamClosed,
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = DataError> = std::result::Result<T, E>;

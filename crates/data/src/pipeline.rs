@@ -1,0 +1,46 @@
+//! The synchronous steps shared by the train stream and validation: read documents in
+//! chunks, tokenize a chunk, pack its documents into rows.
+
+use std::path::PathBuf;
+
+use crate::batch::{Packer, Row};
+use crate::error::{DataError, Result};
+use crate::reader::{Doc, DocSource};
+use crate::tokenize::Tokens;
+
+/// A chunk closes once it holds this much text (bytes)...
+const CHUNK_BYTES: usize = 1 << 20;
+/// ...or this many documents. ~1 MB of English is ~250k T5 tokens: enough documents for
+/// `encode_batch` to keep every core busy, small enough for a quick first batch.
+const CHUNK_DOCS: usize = 4096;
+
+/// The next chunk of documents, `None` when the source is exhausted.
+pub(crate) fn next_chunk(src: &mut DocSource) -> Result<Option<Vec<Doc>>> {
+    let mut docs = Vec::new();
+    let mut bytes = 0;
+    while bytes < CHUNK_BYTES && docs.len() < CHUNK_DOCS {
+        match src.next_doc()? {
+            Some(d) => {
+                bytes += d.text.len();
+                docs.push(d);
+            }
+            None => break,
+        }
+    }
+    Ok(if docs.is_empty() { None } else { Some(docs) })
+}
+
+/// Tokenizes a chunk (parallel inside `tokenizers`) and packs it; rows in document order.
+pub(crate) fn pack_chunk(tok: &Tokens, shards: &[PathBuf], docs: &[Doc], packer: &mut Packer) -> Result<Vec<Row>> {
+    let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+    let ids = tok.encode_texts(&texts).map_err(|(i, msg)| DataError::Encode {
+        origin: shards[docs[i].shard].display().to_string(),
+        line: docs[i].line,
+        msg,
+    })?;
+    let mut rows = Vec::new();
+    for (d, t) in docs.iter().zip(&ids) {
+        packer.push(t, d.epoch, d.shard, d.line, d.bad_lines, &mut rows);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,194 @@
+//! Tokenizer loading and document encoding.
+//!
+//! A document becomes `encode(text, add_special_tokens = false) ++ [EOS]`: the tokenizer's
+//! own post-processor is not used, so T5 (which would append `</s>` itself) and LLaMA
+//! (which would prepend `<s>`) give the same layout: text tokens, then one EOS.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+
+use crate::error::{DataError, Result};
+
+/// A loaded tokenizer with the ids this crate needs.
+///
+/// Cheap to clone (the tokenizer is shared behind an `Arc`).
+#[derive(Clone)]
+pub struct Tokens {
+    tokenizer: Arc<Tokenizer>,
+    /// Id of `</s>`, appended to every document (T5: 1, LLaMA-1/2: 2).
+    pub eos_id: u32,
+    /// Id of `<pad>` if the vocabulary has one (T5: 0), else `eos_id` (LLaMA). Used only by
+    /// `truncate_pad` rows, where padded targets are masked out of the loss.
+    pub pad_id: u32,
+    /// The `tokenizer.json` file this was loaded from.
+    pub source: PathBuf,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("source", &self.source)
+            .field("vocab_size", &self.vocab_size())
+            .field("eos_id", &self.eos_id)
+            .field("pad_id", &self.pad_id)
+            .finish()
+    }
+}
+
+/// Loads a tokenizer from a local `tokenizer.json` (or a folder holding one), or from the
+/// Hugging Face hub.
+///
+/// `spec` is tried in this order: an existing file; an existing folder with
+/// `tokenizer.json`; a hub model id (e.g. `"google-t5/t5-base"`) whose `tokenizer.json` is
+/// already in the local hub cache (`HF_HOME`, default `~/.cache/huggingface`); and, only
+/// when `allow_download` is true, that file fetched from the hub with `hf-hub`.
+///
+/// # Errors
+/// [`DataError::Tokenizer`] when the file is missing or unreadable, when the vocabulary has
+/// no `</s>`, or when a hub id is not cached and `allow_download` is false (the message says
+/// how to fix it), or when the download fails.
+pub fn load_tokenizer(spec: &str, allow_download: bool) -> Result<Tokens> {
+    let path = Path::new(spec);
+    if path.is_file() {
+        return Tokens::from_file(path);
+    }
+    if path.is_dir() {
+        let inner = path.join("tokenizer.json");
+        if inner.is_file() {
+            return Tokens::from_file(&inner);
+        }
+        return Err(tok_err(spec, format!("folder {} has no tokenizer.json", path.display())));
+    }
+    let looks_like_path = spec.ends_with(".json")
+        || spec.starts_with('.')
+        || spec.starts_with('/')
+        || spec.matches('/').count() > 1;
+    if looks_like_path {
+        return Err(tok_err(
+            spec,
+            "file not found (for the bundled T5 tokenizer use data/tokenizers/t5-tokenizer.json)".into(),
+        ));
+    }
+    // A hub id: the local cache first, so a previously downloaded tokenizer works offline.
+    let cache = hf_hub::Cache::from_env();
+    if let Some(cached) = cache.model(spec.to_string()).get("tokenizer.json") {
+        return Tokens::from_file(&cached);
+    }
+    if !allow_download {
+        return Err(tok_err(
+            spec,
+            format!(
+                "not a local file, and tokenizer.json of the hub model '{spec}' is not in the \
+                 Hugging Face cache ({}); set `data.allow_download = true` to fetch it \
+                 (needs network), or set `data.tokenizer` to a local tokenizer.json such as \
+                 data/tokenizers/t5-tokenizer.json",
+                cache.path().display()
+            ),
+        ));
+    }
+    tracing::info!(model = spec, "downloading tokenizer.json from the Hugging Face hub");
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .build()
+        .map_err(|e| tok_err(spec, format!("cannot start the hub client: {e}")))?;
+    let fetched = api
+        .model(spec.to_string())
+        .get("tokenizer.json")
+        .map_err(|e| tok_err(spec, format!("downloading tokenizer.json from the hub failed: {e}")))?;
+    Tokens::from_file(&fetched)
+}
+
+fn tok_err(spec: &str, msg: String) -> DataError {
+    DataError::Tokenizer { spec: spec.to_string(), msg }
+}
+
+impl Tokens {
+    /// Loads a `tokenizer.json` file and looks up `</s>` and `<pad>`.
+    ///
+    /// Truncation and padding settings stored in the file are switched off: rows are cut
+    /// and padded by this crate.
+    ///
+    /// # Errors
+    /// [`DataError::Tokenizer`] if the file cannot be parsed or has no `</s>` token.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let spec = path.display().to_string();
+        let mut tokenizer = Tokenizer::from_file(path)
+            .map_err(|e| tok_err(&spec, format!("cannot load tokenizer.json: {e}")))?;
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| tok_err(&spec, format!("cannot disable truncation: {e}")))?;
+        tokenizer.with_padding(None);
+        let eos_id = tokenizer
+            .token_to_id("</s>")
+            .ok_or_else(|| tok_err(&spec, "the vocabulary has no `</s>` (EOS) token".into()))?;
+        let pad_id = tokenizer.token_to_id("<pad>").unwrap_or(eos_id);
+        Ok(Self { tokenizer: Arc::new(tokenizer), eos_id, pad_id, source: path.to_path_buf() })
+    }
+
+    /// Vocabulary size including added tokens (T5: 32100, LLaMA: 32000): the embedding rows
+    /// the model needs.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// The wrapped `tokenizers` tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Token ids of one document: the text without special tokens, then EOS.
+    ///
+    /// # Errors
+    /// [`DataError::Encode`] (origin `<text>`, line 1).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.encode_batch(&[text])?.pop().expect("one input, one output"))
+    }
+
+    /// Token ids of many documents (each + EOS), encoded in parallel (rayon, inside
+    /// `tokenizers`); the output order is the input order.
+    ///
+    /// # Errors
+    /// [`DataError::Encode`] with origin `<text>` and `line` the 1-based index of the failing
+    /// text.
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
+        self.encode_texts(texts).map_err(|(i, msg)| DataError::Encode {
+            origin: "<text>".into(),
+            line: i as u64 + 1,
+            msg,
+        })
+    }
+
+    /// Encodes; on failure returns the 0-based index of the failing text and the message.
+    pub(crate) fn encode_texts(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>, (usize, String)> {
+        match self.tokenizer.encode_batch_fast(texts.to_vec(), false) {
+            Ok(encodings) => Ok(encodings
+                .into_iter()
+                .map(|e| {
+                    let mut ids = e.get_ids().to_vec();
+                    ids.push(self.eos_id);
+                    ids
+                })
+                .collect()),
+            Err(batch_err) => {
+                // Find which document failed, so the error can name it.
+                for (i, t) in texts.iter().enumerate() {
+                    if let Err(e) = self.tokenizer.encode_fast(*t, false) {
+                        return Err((i, e.to_string()));
+                    }
+                }
+                Err((0, batch_err.to_string()))
+            }
+        }
+    }
+
+    /// Text of a list of ids (special tokens skipped); for logs and tests.
+    ///
+    /// # Errors
+    /// [`DataError::Tokenizer`] if an id is out of range.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| tok_err(&self.source.display().to_string(), format!("decode failed: {e}")))
+    }
+}

@@ -1,0 +1,191 @@
+//! The train stream (epochs, bad lines, exact resume), validation, and the config.
+
+mod common;
+
+use common::*;
+use lowbit_data::{validation_batches, Batch, BadInput, DataConfig, DataError, DataPosition, SeqMode, TrainStream};
+
+/// Batch-by-batch equality with a short message (a full `Batch` debug print is huge).
+fn assert_same(got: &[Batch], want: &[Batch], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}: batch count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.input == w.input && g.target == w.target && g.mask == w.mask, "{ctx}: batch {i} data differs");
+        assert!(g.position == w.position, "{ctx}: batch {i} position differs (line {} vs {}, carry {} vs {})",
+            g.position.line, w.position.line, g.position.carry.len(), w.position.carry.len());
+    }
+}
+
+fn take(cfg: &DataConfig, start: DataPosition, n: usize, rows: usize) -> Vec<lowbit_data::Batch> {
+    let tok = t5();
+    let mut s = TrainStream::new(cfg, &tok, start).unwrap();
+    (0..n).map(|_| s.next_batch(rows).unwrap()).collect()
+}
+
+#[test]
+fn resume_from_any_batch_position_continues_exactly() {
+    for mode in [SeqMode::Concat, SeqMode::TruncatePad] {
+        let mut cfg = cfg(&[&sample_train()], &[&sample_validation()], 64);
+        cfg.mode = mode;
+        let all = take(&cfg, DataPosition::default(), 12, 16);
+        for i in [0, 4, 9] {
+            // Through serde, as a checkpoint would store it.
+            let json = serde_json::to_string(&all[i].position).unwrap();
+            let pos: DataPosition = serde_json::from_str(&json).unwrap();
+            let resumed = take(&cfg, pos, 11 - i, 16);
+            assert_same(&resumed, &all[i + 1..], &format!("{mode:?}, resumed after batch {i}"));
+        }
+        if mode == SeqMode::Concat {
+            assert!(all.iter().all(|b| !b.position.carry.is_empty()));
+        }
+    }
+}
+
+#[test]
+fn resume_across_an_epoch_boundary_with_several_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_gz(dir.path(), "c4-train.00000-of-00002.json.gz", &(0..7).map(|i| c4(&format!("alpha document {i} says hello to the world"))).collect::<Vec<_>>());
+    let b = write_gz(dir.path(), "c4-train.00001-of-00002.json.gz", &(0..5).map(|i| c4(&format!("beta text {i}"))).collect::<Vec<_>>());
+    let cfg = cfg(&[&b, &a], &[&a], 16); // listed out of order: read sorted
+    let all = take(&cfg, DataPosition::default(), 30, 3);
+    assert!(all.last().unwrap().position.epoch >= 2);
+    let shards: Vec<usize> = all.iter().map(|b| b.position.shard).collect();
+    assert!(shards.contains(&0) && shards.contains(&1));
+    for i in [5, 13, 22] {
+        let resumed = take(&cfg, all[i].position.clone(), 29 - i, 3);
+        assert_same(&resumed, &all[i + 1..], &format!("resumed after batch {i}"));
+    }
+    // Same data whatever the rows per call: 30 x 3 rows == 10 x 9 rows.
+    let nine = take(&cfg, DataPosition::default(), 10, 9);
+    let flat = |v: &[lowbit_data::Batch]| v.iter().flat_map(|b| b.input.clone()).collect::<Vec<u32>>();
+    assert_eq!(flat(&all), flat(&nine));
+}
+
+#[test]
+fn stream_counts_skipped_bad_lines_and_fails_on_them_in_fail_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_gz(dir.path(), "c4-train.00000-of-00001.json.gz", &[c4("one two three four five six seven"), "{oops".into(), c4("eight nine ten eleven twelve")]);
+    let mut cfg = cfg(&[&path], &[&path], 4);
+    let tok = t5();
+    let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+    // Document 1 is 8 tokens with EOS: exactly one row of 5 (4 inputs + 1).
+    assert_eq!(t5().encode("one two three four five six seven").unwrap().len(), 8);
+    s.next_batch(1).unwrap();
+    assert_eq!(s.bad_lines(), 0, "the bad line is not consumed yet");
+    s.next_batch(2).unwrap(); // both rows end in document 3, after the bad line
+    assert_eq!(s.bad_lines(), 1);
+    for _ in 0..10 {
+        s.next_batch(2).unwrap();
+    }
+    assert!(s.bad_lines() >= 3, "counted again in every epoch: {}", s.bad_lines());
+
+    cfg.on_bad_line = BadInput::Fail;
+    let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+    let err = s.next_batch(8).unwrap_err();
+    assert!(err.to_string().contains("c4-train.00000-of-00001.json.gz:2: bad C4 line"), "{err}");
+    assert!(matches!(s.next_batch(1), Err(DataError::StreamClosed)));
+}
+
+#[test]
+fn corrupt_shard_is_skipped_and_reading_goes_on_with_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = (0..3000).map(|i| c4(&format!("doc {i} {}", i * 31))).collect();
+    let bad = write_gz(dir.path(), "c4-train.00000-of-00002.json.gz", &lines);
+    let bytes = std::fs::read(&bad).unwrap();
+    std::fs::write(&bad, &bytes[..bytes.len() / 2]).unwrap();
+    let good_docs: Vec<String> = (0..10).map(|i| c4(&format!("the good shard holds this longer document number {i}, read after the corrupt one"))).collect();
+    let good = write_gz(dir.path(), "c4-train.00001-of-00002.json.gz", &good_docs);
+    let mut cfg = cfg(&[&bad, &good], &[&good], 32);
+    let tok = t5();
+    let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+    let mut reached = false;
+    for _ in 0..200 {
+        if s.next_batch(8).unwrap().position.shard == 1 {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "the good shard after the corrupt one was never reached");
+
+    cfg.on_bad_line = BadInput::Fail;
+    let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+    let err = (0..200).find_map(|_| s.next_batch(8).err()).expect("corrupt shard must fail");
+    assert!(matches!(err, DataError::Corrupt { .. }) && err.to_string().contains("c4-train.00000-of-00002.json.gz"), "{err}");
+}
+
+#[test]
+fn no_train_text_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = write_gz(dir.path(), "c4-train.00000-of-00001.json.gz", &[]);
+    let blank = write_gz(dir.path(), "c4-train.00001-of-00001.json.gz", &[c4(""), c4("   ")]);
+    let cfg = cfg(&[&empty, &blank], &[&empty], 8);
+    let mut s = TrainStream::new(&cfg, &t5(), DataPosition::default()).unwrap();
+    let err = s.next_batch(1).unwrap_err();
+    assert!(matches!(err, DataError::NoText { what: "train", .. }), "{err:?}");
+}
+
+#[test]
+fn bad_resume_position_is_rejected() {
+    let cfg = cfg(&[&sample_train()], &[&sample_validation()], 8);
+    let pos = DataPosition { epoch: 0, shard: 3, line: 0, carry: vec![] };
+    let err = TrainStream::new(&cfg, &t5(), pos).err().unwrap();
+    assert!(matches!(err, DataError::BadPosition { shard: 3, count: 1 }), "{err:?}");
+}
+
+#[test]
+fn validation_is_deterministic_and_sized_in_target_tokens() {
+    let tok = t5();
+    let mut cfg = cfg(&[&sample_train()], &[&sample_validation()], 128);
+    cfg.val_tokens = 50_000;
+    let a = validation_batches(&cfg, &tok, 32).unwrap();
+    let b = validation_batches(&cfg, &tok, 32).unwrap();
+    assert_eq!(a, b);
+    // ceil(50_000 / 128) = 391 rows of 128 targets: 12 batches of 32 + one of 7.
+    let rows: Vec<usize> = a.iter().map(|b| b.rows).collect();
+    assert_eq!(rows.len(), 13);
+    assert_eq!(rows.iter().sum::<usize>(), 391);
+    assert_eq!(*rows.last().unwrap(), 7);
+    // The first row is the start of the first validation document.
+    let first_doc = lowbit_data::ShardReader::open(&sample_validation(), BadInput::Fail).unwrap().next_text().unwrap().unwrap();
+    let ids = tok.encode(&first_doc).unwrap();
+    let n = ids.len().min(128);
+    assert_eq!(&a[0].input[..n], &ids[..n]);
+
+    cfg.mode = SeqMode::TruncatePad;
+    cfg.val_tokens = 10_000; // 183 documents of at most 128 targets each hold ~21k
+    let t = validation_batches(&cfg, &tok, 32).unwrap();
+    let targets: usize = t.iter().map(|b| b.target_tokens()).sum();
+    let last_row: usize = t.last().unwrap().mask[(t.last().unwrap().rows - 1) * 128..].iter().filter(|&&m| m == 1.0).count();
+    assert!(targets >= 10_000 && targets - last_row < 10_000, "{targets}");
+    assert_eq!(t, validation_batches(&cfg, &tok, 32).unwrap());
+}
+
+#[test]
+fn whole_bundled_validation_shard_when_val_tokens_exceeds_it() {
+    let tok = t5();
+    let mut cfg = cfg(&[&sample_train()], &[&sample_validation()], 256);
+    cfg.val_tokens = usize::MAX;
+    let v = validation_batches(&cfg, &tok, 64).unwrap();
+    let targets: usize = v.iter().map(|b| b.target_tokens()).sum();
+    println!("bundled validation shard: {targets} concat targets at seq_len 256");
+    assert!(targets > 100_000);
+}
+
+#[test]
+fn config_parses_with_defaults_and_rejects_unknown_keys() {
+    let cfg: DataConfig = toml::from_str(
+        r#"
+        train = ["data/local/c4/en/c4-train.*-of-01024.json.gz"]
+        mode = "truncate_pad"
+        on_bad_line = "fail"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(cfg.mode, SeqMode::TruncatePad);
+    assert_eq!(cfg.on_bad_line, BadInput::Fail);
+    assert_eq!((cfg.seq_len, cfg.val_tokens, cfg.allow_download), (256, 1_000_000, false));
+    assert_eq!(cfg.validation, ["data/c4-sample/en-validation.*.json.gz"]);
+    assert_eq!(DataConfig::default().mode, SeqMode::Concat);
+    let err = toml::from_str::<DataConfig>("seqlen = 128").unwrap_err().to_string();
+    assert!(err.contains("unknown field `seqlen`"), "{err}");
+    assert!(toml::from_str::<DataConfig>("mode = \"packed\"").is_err());
+}

@@ -1,0 +1,112 @@
+//! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head.
+
+use candle_core::{Device, Module, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use crate::attention::{causal_mask, Attention};
+use crate::config::LlamaConfig;
+use crate::mlp::{linear, Mlp};
+use crate::norm::RmsNorm;
+use crate::rope::Rope;
+
+/// One HF `LlamaDecoderLayer`.
+#[derive(Debug, Clone)]
+struct Block {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn new(cfg: &LlamaConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        Ok(Self {
+            input_layernorm: RmsNorm::new(h, eps, vb.pp("input_layernorm"))?,
+            self_attn: Attention::new(cfg, vb.pp("self_attn"))?,
+            post_attention_layernorm: RmsNorm::new(h, eps, vb.pp("post_attention_layernorm"))?,
+            mlp: Mlp::new(h, cfg.intermediate_size, vb.pp("mlp"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
+        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?)?;
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
+    }
+}
+
+/// LLaMA causal language model with HF `LlamaForCausalLM` tensor names and semantics
+/// (pre-norm RMSNorm, RoPE rotate-half, causal GQA attention, SwiGLU, untied `lm_head`,
+/// no biases). Every op is differentiable through candle autograd on CPU and CUDA.
+#[derive(Debug, Clone)]
+pub struct Llama {
+    cfg: LlamaConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rope: Rope,
+    mask: Tensor,
+    device: Device,
+}
+
+impl Llama {
+    /// Builds the model from `vb` (root path: tensors are read as `model.embed_tokens.weight`,
+    /// `model.layers.{i}.…`, `model.norm.weight`, `lm_head.weight`). With
+    /// `VarBuilder::from_varmap(&init_params(..)?, dtype, device)` the model's tensors are the
+    /// VarMap's `Var`s, so `loss.backward()` yields their gradients. Also works with a
+    /// safetensors-backed `VarBuilder` (e.g. an HF checkpoint).
+    pub fn new(cfg: &LlamaConfig, vb: VarBuilder) -> Result<Self> {
+        cfg.validate()?;
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let device = vb.device().clone();
+        let m = vb.pp("model");
+        let layers = (0..cfg.num_layers)
+            .map(|i| Block::new(cfg, m.pp(format!("layers.{i}"))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed_tokens: m.pp("embed_tokens").get((v, h), "weight")?,
+            layers,
+            norm: RmsNorm::new(h, cfg.rms_norm_eps, m.pp("norm"))?,
+            lm_head: vb.pp("lm_head").get((v, h), "weight")?,
+            rope: Rope::new(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, &device)?,
+            mask: causal_mask(cfg.max_seq_len, &device)?,
+            device,
+        })
+    }
+
+    /// The configuration the model was built with.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// Device of the weights.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Final hidden states after `model.norm`: `input` `[B, T]` u32 token ids (T ≤
+    /// `max_seq_len`) → `[B, T, H]` in the weights' dtype.
+    pub fn forward_hidden(&self, input: &Tensor) -> Result<Tensor> {
+        let (b, t) = input.dims2()?;
+        if t > self.cfg.max_seq_len {
+            candle_core::bail!("sequence length {t} exceeds max_seq_len {}", self.cfg.max_seq_len);
+        }
+        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&input.flatten_all()?, 0)?
+            .reshape((b, t, self.cfg.hidden_size))?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &self.rope, &mask)?;
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Next-token logits: `input` `[B, T]` u32 token ids → `[B, T, V]` in the weights' dtype.
+    /// Position `t` only sees tokens `0..=t`.
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        linear(&self.forward_hidden(input)?, &self.lm_head)
+    }
+}

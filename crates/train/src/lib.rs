@@ -1,0 +1,26 @@
+//! # lowbit-train: the `train` binary's library
+//!
+//! Config ([`config`]), the training loop ([`trainer`]), the optimizer glue
+//! ([`optimizer`]), run-folder files ([`metrics`], [`stall_log`], [`summary`],
+//! [`checkpoint`]), and the inspection commands ([`predict`], [`stalls_table`], [`plot`]).
+//!
+//! ```no_run
+//! use lowbit_train::{config::RunConfig, trainer};
+//! let config = RunConfig::load("configs/tiny_cpu.toml".as_ref(), &["train.max_steps=10".into()]).unwrap();
+//! let out = trainer::run(trainer::Launch {
+//!     config, resume_from: None, interrupt: Default::default(), stop_after: None,
+//! }).unwrap();
+//! println!("{}", out.summary.render());
+//! ```
+
+pub mod checkpoint;
+pub mod config;
+pub mod metrics;
+pub mod optimizer;
+pub mod plot;
+pub mod predict;
+pub mod schedule;
+pub mod stall_log;
+pub mod stalls_table;
+pub mod summary;
+pub mod trainer;

@@ -1,0 +1,108 @@
+//! Rows of `metrics.jsonl` (one JSON object per line) and an append-only JSONL writer
+//! that flushes every line, so a reader can follow a run in progress.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+/// A training-step row (`kind = "train"`) or an evaluation row (`kind = "eval"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum MetricsRow {
+    Train {
+        step: u64,
+        /// Training tokens consumed so far (targets counted in the loss).
+        tokens: u64,
+        lr: f64,
+        /// Mean training loss over the step's micro-batches (nats/token).
+        loss: f64,
+        /// Global gradient norm before clipping.
+        grad_norm: f64,
+        /// Wall time of the step (s).
+        step_time: f64,
+        tokens_per_s: f64,
+        /// The update was skipped (non-finite loss or gradient norm).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        skipped: bool,
+    },
+    Eval {
+        step: u64,
+        tokens: u64,
+        /// Validation loss (nats/token) over the fixed validation set.
+        val_loss: f64,
+        val_ppl: f64,
+    },
+}
+
+/// Appends JSON lines to a file, flushing each.
+pub struct JsonlWriter {
+    file: File,
+    path: PathBuf,
+}
+
+impl JsonlWriter {
+    /// Open for appending; with `keep_through = Some(step)`, first drop rows whose `step` is
+    /// greater (used on resume so the log continues exactly where the checkpoint was).
+    pub fn open(path: &Path, keep_through: Option<u64>) -> Result<Self> {
+        if let Some(last) = keep_through {
+            truncate_after(path, last)?;
+        } else if path.exists() {
+            std::fs::remove_file(path).with_context(|| format!("cannot replace {}", path.display()))?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open {} for writing", path.display()))?;
+        Ok(JsonlWriter { file, path: path.to_path_buf() })
+    }
+
+    pub fn write<T: Serialize>(&mut self, row: &T) -> Result<()> {
+        let mut line = serde_json::to_string(row)?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.file.flush()?;
+        Ok(())
+    }
+}
+
+/// Keep only the complete lines of `path` whose `step` is <= `last`.
+fn truncate_after(path: &Path, last: u64) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let reader = BufReader::new(File::open(path)?);
+    let mut kept = String::new();
+    for line in reader.lines() {
+        let line = line?;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if v.get("step").and_then(|s| s.as_u64()).is_some_and(|s| s <= last) {
+            kept.push_str(&line);
+            kept.push('\n');
+        }
+    }
+    crate::checkpoint::write_atomic(path, kept.as_bytes())
+}
+
+/// Read all complete JSON rows of a JSONL file, skipping a partly written last line.
+pub fn read_rows<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut rows = Vec::new();
+    let lines: Vec<&str> = text.split('\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(r) => rows.push(r),
+            // the last line may be mid-write by a running trainer
+            Err(_) if i + 1 == lines.len() => {}
+            Err(e) => anyhow::bail!("{}:{}: {e}", path.display(), i + 1),
+        }
+    }
+    Ok(rows)
+}

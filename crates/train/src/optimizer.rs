@@ -1,0 +1,116 @@
+//! Glue between candle parameters and the optimizer: one trait, so the CPU reference and
+//! the fused CUDA kernels drop in behind the same call.
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor, Var};
+use half::bf16;
+use lowbit_optim::adamw::Weights;
+use lowbit_optim::{LowbitAdamW, StallCounts};
+
+/// Model parameters in the optimizer's order (sorted by name; the index is the tensor id of
+/// the RNG streams).
+pub struct ParamSet {
+    pub names: Vec<String>,
+    pub vars: Vec<Var>,
+}
+
+impl ParamSet {
+    /// All variables of a VarMap, sorted by name.
+    pub fn from_varmap(vm: &candle_nn::VarMap) -> Self {
+        let data = vm.data().lock().unwrap();
+        let mut pairs: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let (names, vars) = pairs.into_iter().unzip();
+        ParamSet { names, vars }
+    }
+
+    /// Total number of scalar parameters.
+    pub fn num_params(&self) -> usize {
+        self.vars.iter().map(|v| v.elem_count()).sum()
+    }
+}
+
+/// An optimizer over a [`ParamSet`].
+pub trait Optimizer {
+    /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the FP32
+    /// gradient of `params.vars[i]`, multiplied by `grad_scale` inside the step.
+    /// Returns the stall counts of each tensor.
+    fn step(
+        &mut self,
+        step: u64,
+        lr: f64,
+        grad_scale: f32,
+        params: &ParamSet,
+        grads: &[Tensor],
+    ) -> Result<Vec<StallCounts>>;
+
+    /// The states, on the host (for checkpoints and inspection).
+    fn states(&mut self) -> Result<&LowbitAdamW>;
+
+    /// Replace the states (checkpoint restore).
+    fn set_states(&mut self, opt: LowbitAdamW) -> Result<()>;
+}
+
+/// The CPU reference optimizer: copies each tensor to the host, steps it, writes it back.
+pub struct HostAdamW {
+    pub opt: LowbitAdamW,
+}
+
+impl Optimizer for HostAdamW {
+    fn step(
+        &mut self,
+        step: u64,
+        lr: f64,
+        grad_scale: f32,
+        params: &ParamSet,
+        grads: &[Tensor],
+    ) -> Result<Vec<StallCounts>> {
+        let mut out = Vec::with_capacity(params.vars.len());
+        for (i, (var, grad)) in params.vars.iter().zip(grads).enumerate() {
+            let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let t = var.as_tensor();
+            let counts = match t.dtype() {
+                DType::F32 => {
+                    let mut p = t.flatten_all()?.to_vec1::<f32>()?;
+                    let c = self.opt.step_cpu(step, lr, grad_scale, i, Weights::F32(&mut p), &g);
+                    var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
+                    c
+                }
+                DType::BF16 => {
+                    let mut p: Vec<u16> =
+                        t.flatten_all()?.to_vec1::<bf16>()?.into_iter().map(|x| x.to_bits()).collect();
+                    let c = self.opt.step_cpu(step, lr, grad_scale, i, Weights::Bf16(&mut p), &g);
+                    let p: Vec<bf16> = p.into_iter().map(bf16::from_bits).collect();
+                    var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
+                    c
+                }
+                d => anyhow::bail!("parameter {} has unsupported dtype {d:?}", params.names[i]),
+            };
+            out.push(counts);
+        }
+        Ok(out)
+    }
+
+    fn states(&mut self) -> Result<&LowbitAdamW> {
+        Ok(&self.opt)
+    }
+
+    fn set_states(&mut self, opt: LowbitAdamW) -> Result<()> {
+        self.opt = opt;
+        Ok(())
+    }
+}
+
+/// Sum of squares of all gradients, as one FP32 number (one host sync).
+pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
+    let mut total: Option<Tensor> = None;
+    for g in grads {
+        let s = g.sqr()?.sum_all()?;
+        total = Some(match total {
+            None => s,
+            Some(t) => (t + s)?,
+        });
+    }
+    let sq = total.context("no gradients")?.to_scalar::<f32>()?;
+    Ok(sq.sqrt())
+}

@@ -1,0 +1,85 @@
+//! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v and BF16 weights,
+//! per tensor group, the theory prediction for v, and (every `stall_detail_every` steps)
+//! per tensor.
+
+use lowbit_optim::{theory, Counter, StallCounts, StatesSpec};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Stalled fractions of one aggregate (null where nothing was updated).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Fractions {
+    pub m: Option<f64>,
+    pub v: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w: Option<f64>,
+}
+
+impl Fractions {
+    pub fn of(c: &StallCounts) -> Self {
+        Fractions { m: c.m.fraction(), v: c.v.fraction(), w: c.w.fraction() }
+    }
+}
+
+/// Theory prediction of the v stalled fraction for the run's format, b2 and rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Theory {
+    pub v: Option<f64>,
+}
+
+impl Theory {
+    pub fn for_spec(spec: &StatesSpec, beta2: f64) -> Self {
+        Theory {
+            v: spec.v_format.fraction_bits().map(|b| theory::p_stall(b, beta2, spec.v_rounding)),
+        }
+    }
+}
+
+/// One line of `stalls.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StallRow {
+    pub step: u64,
+    /// Global counts.
+    pub m: Counter,
+    pub v: Counter,
+    pub w: Counter,
+    /// Global fractions.
+    pub frac: Fractions,
+    /// Per group (embed, attn, mlp, norm, head).
+    pub groups: BTreeMap<String, Fractions>,
+    pub theory: Theory,
+    /// Per tensor, at the detail interval only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<BTreeMap<String, Fractions>>,
+}
+
+impl StallRow {
+    /// Aggregate per-tensor counts (`names[i]`, `groups[i]`, `counts[i]`).
+    pub fn build(
+        step: u64,
+        names: &[String],
+        groups: &[String],
+        counts: &[StallCounts],
+        theory: Theory,
+        detail: bool,
+    ) -> Self {
+        let total: StallCounts = counts.iter().copied().sum();
+        let mut per_group: BTreeMap<String, StallCounts> = BTreeMap::new();
+        for (g, c) in groups.iter().zip(counts) {
+            *per_group.entry(g.clone()).or_default() += *c;
+        }
+        let tensors = detail.then(|| {
+            names.iter().zip(counts).map(|(n, c)| (n.clone(), Fractions::of(c))).collect()
+        });
+        StallRow {
+            step,
+            m: total.m,
+            v: total.v,
+            w: total.w,
+            frac: Fractions::of(&total),
+            groups: per_group.iter().map(|(g, c)| (g.clone(), Fractions::of(c))).collect(),
+            theory,
+            tensors,
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `train stalls RUN`: the latest and running-mean stalled fractions per group (or tensor)
+//! for m, v and BF16 weights, next to the theory prediction for v and the difference.
+//! `--follow` redraws while the run writes; a partly written last line is ignored.
+
+use crate::metrics::read_rows;
+use crate::stall_log::{Fractions, StallRow};
+use crate::summary::mean;
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Command-line arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StallsArgs {
+    /// Run folder (holding stalls.jsonl).
+    pub run: PathBuf,
+    /// Keep redrawing while the run is in progress (stops when summary.json appears).
+    #[arg(long)]
+    pub follow: bool,
+    /// Rows per tensor group or per tensor (per-tensor rows come every run.stall_detail_every steps).
+    #[arg(long, value_enum, default_value = "group")]
+    pub by: By,
+    /// Show one state only.
+    #[arg(long, value_enum)]
+    pub state: Option<State>,
+    /// Steps in the running mean.
+    #[arg(long, default_value_t = 100)]
+    pub window: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds between redraws with --follow.
+    #[arg(long, default_value_t = 2.0)]
+    pub interval: f64,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    Group,
+    Tensor,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    M,
+    V,
+    W,
+}
+
+/// One table line: latest and mean stalled fraction of m, v, w.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Line {
+    pub name: String,
+    pub latest: Fractions,
+    pub mean: Fractions,
+}
+
+/// The whole table.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Table {
+    pub step: u64,
+    pub rows_read: usize,
+    pub window: usize,
+    pub theory_v: Option<f64>,
+    pub lines: Vec<Line>,
+}
+
+fn mean_fractions<'a>(fs: impl Iterator<Item = &'a Fractions> + Clone) -> Fractions {
+    Fractions { m: mean(fs.clone().map(|f| f.m)), v: mean(fs.clone().map(|f| f.v)), w: mean(fs.map(|f| f.w)) }
+}
+
+/// Build the table from parsed rows.
+pub fn table(rows: &[StallRow], by: By, window: usize) -> Table {
+    let recent = &rows[rows.len().saturating_sub(window.max(1))..];
+    let pick = |r: &StallRow| -> Option<BTreeMap<String, Fractions>> {
+        match by {
+            By::Group => {
+                let mut g = r.groups.clone();
+                g.insert("all".into(), r.frac.clone());
+                Some(g)
+            }
+            By::Tensor => r.tensors.clone(),
+        }
+    };
+    let detailed: Vec<BTreeMap<String, Fractions>> = recent.iter().filter_map(pick).collect();
+    let latest = detailed.last().cloned().unwrap_or_default();
+    let mut lines: Vec<Line> = latest
+        .iter()
+        .map(|(name, f)| Line {
+            name: name.clone(),
+            latest: f.clone(),
+            mean: mean_fractions(detailed.iter().filter_map(|d| d.get(name))),
+        })
+        .collect();
+    // "all" last, as a total line
+    if let Some(i) = lines.iter().position(|l| l.name == "all") {
+        let all = lines.remove(i);
+        lines.push(all);
+    }
+    Table {
+        step: rows.last().map_or(0, |r| r.step),
+        rows_read: rows.len(),
+        window,
+        theory_v: rows.last().and_then(|r| r.theory.v),
+        lines,
+    }
+}
+
+fn cell(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// Render as text; `state` limits the columns.
+pub fn render(t: &Table, state: Option<State>, header: &str) -> String {
+    let show = |s: State| state.is_none_or(|x| x == s);
+    let width = t.lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
+    let mut out = format!("{header}step {} ({} rows; mean over the last {} steps)\n", t.step, t.rows_read, t.window);
+    let mut head = format!("{:<width$}", "name");
+    if show(State::M) {
+        head += "  m latest  m mean";
+    }
+    if show(State::V) {
+        head += "  v latest  v mean  theory    diff";
+    }
+    if show(State::W) {
+        head += "  w latest  w mean";
+    }
+    out += &head;
+    out.push('\n');
+    for l in &t.lines {
+        let mut s = format!("{:<width$}", l.name);
+        if show(State::M) {
+            s += &format!("  {:>8}  {:>6}", cell(l.latest.m), cell(l.mean.m));
+        }
+        if show(State::V) {
+            let diff = l.mean.v.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
+            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}", cell(l.latest.v), cell(l.mean.v), cell(t.theory_v), diff);
+        }
+        if show(State::W) {
+            s += &format!("  {:>8}  {:>6}", cell(l.latest.w), cell(l.mean.w));
+        }
+        out += &s;
+        out.push('\n');
+    }
+    out
+}
+
+fn describe(run: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(run.join("config.toml")) else { return String::new() };
+    let Ok(v) = text.parse::<toml::Table>() else { return String::new() };
+    let st = v.get("optim").and_then(|o| o.get("states"));
+    let get = |k: &str| st.and_then(|s| s.get(k)).and_then(|x| x.as_str()).unwrap_or("?").to_string();
+    let b2 = v.get("optim").and_then(|o| o.get("beta2")).and_then(|x| x.as_float()).unwrap_or(f64::NAN);
+    format!(
+        "{}: m {} ({}), v {} ({}), b2 {b2}\n",
+        run.display(),
+        get("m_format"),
+        get("m_rounding"),
+        get("v_format"),
+        get("v_rounding")
+    )
+}
+
+/// `train stalls`.
+pub fn run(a: &StallsArgs) -> Result<()> {
+    let path = a.run.join("stalls.jsonl");
+    loop {
+        let rows: Vec<StallRow> = read_rows(&path)
+            .with_context(|| format!("{} has no readable stalls.jsonl (is it a run folder?)", a.run.display()))?;
+        let t = table(&rows, a.by, a.window);
+        let finished = a.run.join("summary.json").exists();
+        if a.json {
+            println!("{}", serde_json::to_string(&t)?);
+        } else {
+            if a.follow {
+                print!("\x1b[2J\x1b[H"); // clear screen, cursor home
+            }
+            print!("{}", render(&t, a.state, &describe(&a.run)));
+            if a.by == By::Tensor && t.lines.is_empty() {
+                println!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
+            }
+        }
+        if !a.follow || finished {
+            if a.follow {
+                println!("run finished");
+            }
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(a.interval.max(0.1)));
+    }
+}

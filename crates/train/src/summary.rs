@@ -1,0 +1,132 @@
+//! `summary.json` and the one-screen summary printed at the end of a run, computed from the
+//! run's own files (so a resumed run summarises the whole run).
+
+use crate::metrics::{read_rows, MetricsRow};
+use crate::stall_log::StallRow;
+use anyhow::Result;
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// End-of-run numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub steps: u64,
+    pub tokens: u64,
+    pub params: usize,
+    /// Optimizer state bytes (codes + scales) and per parameter.
+    pub state_bytes: usize,
+    pub state_bytes_per_param: f64,
+    /// Validation loss at step 0 and at the end.
+    pub initial_val_loss: Option<f64>,
+    pub final_val_loss: Option<f64>,
+    /// Mean training loss of the last 10 steps.
+    pub final_train_loss: Option<f64>,
+    /// Mean stalled fractions over the second half of the run (DESIGN.md: stalling grows
+    /// with the age of the state), and the theory for v.
+    pub mean_stall_m: Option<f64>,
+    pub mean_stall_v: Option<f64>,
+    pub mean_stall_w: Option<f64>,
+    pub theory_stall_v: Option<f64>,
+    /// Training throughput of this invocation.
+    pub tokens_per_s: f64,
+    /// Peak resident memory of the process (CPU) or peak device memory in use (CUDA), bytes.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// Mean of the `Some` values.
+pub fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = xs.flatten().collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Summarise a run folder.
+pub fn build(
+    run_dir: &Path,
+    params: usize,
+    state_bytes: usize,
+    tokens_per_s: f64,
+    last_val: Option<f64>,
+    dev: &Device,
+) -> Result<Summary> {
+    let rows: Vec<MetricsRow> = read_rows(&run_dir.join("metrics.jsonl"))?;
+    let stalls: Vec<StallRow> = read_rows(&run_dir.join("stalls.jsonl"))?;
+    let train: Vec<(u64, u64, f64)> = rows
+        .iter()
+        .filter_map(|r| match r {
+            MetricsRow::Train { step, tokens, loss, .. } => Some((*step, *tokens, *loss)),
+            _ => None,
+        })
+        .collect();
+    let evals: Vec<(u64, f64)> = rows
+        .iter()
+        .filter_map(|r| match r {
+            MetricsRow::Eval { step, val_loss, .. } => Some((*step, *val_loss)),
+            _ => None,
+        })
+        .collect();
+    let half = &stalls[stalls.len() / 2..];
+    Ok(Summary {
+        steps: train.last().map_or(0, |t| t.0),
+        tokens: train.last().map_or(0, |t| t.1),
+        params,
+        state_bytes,
+        state_bytes_per_param: state_bytes as f64 / params.max(1) as f64,
+        initial_val_loss: evals.iter().find(|e| e.0 == 0).map(|e| e.1),
+        final_val_loss: last_val.or(evals.last().map(|e| e.1)),
+        final_train_loss: mean(train.iter().rev().take(10).map(|t| Some(t.2))),
+        mean_stall_m: mean(half.iter().map(|r| r.frac.m)),
+        mean_stall_v: mean(half.iter().map(|r| r.frac.v)),
+        mean_stall_w: mean(half.iter().map(|r| r.frac.w)),
+        theory_stall_v: stalls.last().and_then(|r| r.theory.v),
+        tokens_per_s,
+        peak_memory_bytes: peak_memory(dev),
+    })
+}
+
+/// Peak memory: VmHWM on the CPU; device memory in use on CUDA.
+fn peak_memory(dev: &Device) -> Option<u64> {
+    match dev {
+        Device::Cpu => {
+            let s = std::fs::read_to_string("/proc/self/status").ok()?;
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => crate::cuda_optimizer::device_memory_used(dev),
+        _ => None,
+    }
+}
+
+fn f(x: Option<f64>, digits: usize) -> String {
+    x.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+impl Summary {
+    /// The one-screen text summary.
+    pub fn render(&self) -> String {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        format!(
+            "\n── run summary ─────────────────────────────────────────────\n\
+             steps {} | tokens {} | {:.0} tokens/s | peak memory {}\n\
+             validation loss {} -> {} | final train loss {}\n\
+             stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}\n\
+             params {} | optimizer states {} bytes ({:.3} bytes/param)\n",
+            self.steps,
+            self.tokens,
+            self.tokens_per_s,
+            self.peak_memory_bytes.map_or("-".into(), |b| format!("{:.2} GiB", gib(b))),
+            f(self.initial_val_loss, 4),
+            f(self.final_val_loss, 4),
+            f(self.final_train_loss, 4),
+            f(self.mean_stall_m, 3),
+            f(self.mean_stall_v, 3),
+            f(self.theory_stall_v, 3),
+            f(self.mean_stall_w, 3),
+            self.params,
+            self.state_bytes,
+            self.state_bytes_per_param,
+        )
+    }
+}

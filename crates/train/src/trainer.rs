@@ -1,0 +1,352 @@
+//! The training loop: set-up, then per step: micro-batches -> backward -> accumulate ->
+//! global norm -> optimizer (with stall counts) -> logs; evaluation and checkpoints on their
+//! intervals. Deterministic from `train.seed`; resumes bit-identically from a checkpoint.
+
+use crate::checkpoint::{self, TrainState};
+use crate::config::{RunConfig, WeightDtype};
+use crate::metrics::{JsonlWriter, MetricsRow};
+use crate::optimizer::{global_norm, HostAdamW, Optimizer, ParamSet};
+use crate::schedule::learning_rate;
+use crate::stall_log::{StallRow, Theory};
+use crate::summary::{self, Summary};
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use lowbit_data::{load_tokenizer, validation_batches, Batch, DataPosition, TrainStream};
+use lowbit_model::{init_params, masked_cross_entropy, param_group, Llama, LlamaConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StallCounts};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a run starts.
+pub struct Launch {
+    pub config: RunConfig,
+    /// Resume from this checkpoint folder.
+    pub resume_from: Option<PathBuf>,
+    /// Set by Ctrl-C: write a checkpoint and stop after the current step.
+    pub interrupt: Arc<AtomicBool>,
+    /// Stop (with a checkpoint) after this step, as if interrupted (tests of resume).
+    pub stop_after: Option<u64>,
+}
+
+/// What a finished (or stopped) run reports.
+pub struct Outcome {
+    pub run_dir: PathBuf,
+    pub summary: Summary,
+    /// Stopped before `max_steps` (interrupt or `stop_after`).
+    pub stopped_early: bool,
+}
+
+/// Pick the device named in the config.
+pub fn device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Device::new_cuda(0).context("cannot open CUDA device 0")?),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => bail!("train.device = \"cuda\" needs a build with `--features cuda`"),
+        d => bail!("train.device: unknown device {d:?}"),
+    }
+}
+
+/// Model parameters' optimizer metadata, sorted by name.
+pub fn param_infos(params: &ParamSet) -> Vec<ParamInfo> {
+    params
+        .names
+        .iter()
+        .zip(&params.vars)
+        .map(|(n, v)| ParamInfo {
+            name: n.clone(),
+            group: param_group(n).as_str().to_string(),
+            len: v.elem_count(),
+            weight_decay: v.rank() >= 2,
+        })
+        .collect()
+}
+
+fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+    let shape = (b.rows, b.seq_len);
+    Ok((
+        Tensor::from_slice(&b.input, shape, dev)?,
+        Tensor::from_slice(&b.target, shape, dev)?,
+        Tensor::from_slice(&b.mask, shape, dev)?,
+    ))
+}
+
+/// Mean validation loss (nats per target token) over the fixed validation batches.
+pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
+    let (mut nll, mut count) = (0f64, 0f64);
+    for b in batches {
+        let (x, y, m) = batch_tensors(b, dev)?;
+        let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
+        let loss = masked_cross_entropy(&model.forward(&x)?, &y, &m)?.to_scalar::<f32>()? as f64;
+        nll += loss * n;
+        count += n;
+    }
+    if count == 0.0 {
+        bail!("validation set is empty: check data.validation and data.val_tokens");
+    }
+    Ok(nll / count)
+}
+
+/// Run (or resume) training as configured.
+pub fn run(launch: Launch) -> Result<Outcome> {
+    let cfg = launch.config;
+    let run_dir = cfg.run_dir();
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    // a summary marks a finished run (`train stalls --follow` stops on it)
+    let _ = std::fs::remove_file(run_dir.join("summary.json"));
+    let config_toml = cfg.to_toml();
+    checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
+    let dev = device(&cfg.train.device)?;
+    let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
+
+    // Data and model.
+    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download)?;
+    let mcfg: LlamaConfig = cfg.model_config(tok.vocab_size())?;
+    let dtype = match cfg.model.dtype {
+        WeightDtype::F32 => DType::F32,
+        WeightDtype::Bf16 => DType::BF16,
+    };
+    let mut varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
+    let model = Llama::new(&mcfg, candle_nn::VarBuilder::from_varmap(&varmap, dtype, &dev))?;
+    let params = ParamSet::from_varmap(&varmap);
+    let infos = param_infos(&params);
+    let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
+    let hyper = Hyper {
+        beta1: cfg.optim.beta1,
+        beta2: cfg.optim.beta2,
+        eps: cfg.optim.eps,
+        weight_decay: cfg.optim.weight_decay,
+    };
+    let mut host = LowbitAdamW::new(hyper, spec, cfg.train.seed, infos.clone());
+
+    // Resume.
+    let mut state = TrainState {
+        step: 0,
+        tokens: 0,
+        data: DataPosition::default(),
+        nonfinite_in_row: 0,
+        m_format: spec.m_format.name().into(),
+        v_format: spec.v_format.name().into(),
+        block_size: spec.block_size,
+        params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
+    };
+    if let Some(dir) = &launch.resume_from {
+        let saved = checkpoint::load_state(dir)?;
+        check_compatible(dir, &saved, &state)?;
+        checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
+        state = saved;
+        tracing::info!("resumed from {} at step {}", dir.display(), state.step);
+    }
+    let mut opt: Box<dyn Optimizer> = make_optimizer(host, &dev)?;
+
+    let n_params = params.num_params();
+    let state_bytes = opt.states()?.state_bytes();
+    let theory = Theory::for_spec(&spec, cfg.optim.beta2);
+    let global_batch = cfg.train.micro_batch * cfg.train.grad_accum;
+    println!(
+        "model {} params ({} layers, hidden {}, {:?} weights) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
+        n_params,
+        mcfg.num_layers,
+        mcfg.hidden_size,
+        dtype,
+        spec.m_format.name(),
+        spec.v_format.name(),
+        spec.m_rounding.as_str(),
+        spec.v_rounding.as_str(),
+        state_bytes,
+        state_bytes as f64 / n_params as f64,
+        global_batch,
+        cfg.data.seq_len,
+        cfg.train.device,
+    );
+    if let Some(p) = theory.v {
+        println!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+    }
+
+    let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch)?;
+    let mut stream = TrainStream::new(&cfg.data, &tok, state.data.clone())?;
+    let resumed = launch.resume_from.is_some();
+    let keep = resumed.then_some(state.step);
+    let mut metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
+    let mut stalls = JsonlWriter::open(&run_dir.join("stalls.jsonl"), keep)?;
+
+    let max_steps = cfg.train.max_steps;
+    if state.step == 0 {
+        let vl = evaluate(&model, &val, &dev)?;
+        metrics.write(&MetricsRow::Eval { step: 0, tokens: 0, val_loss: vl, val_ppl: vl.exp() })?;
+        tracing::info!("step 0: validation loss {vl:.4}");
+    }
+    let bar = ProgressBar::new(max_steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("valid template"),
+    );
+    bar.set_position(state.step);
+    let started = Instant::now();
+    let tokens_at_start = state.tokens;
+    let mut stopped_early = false;
+    let mut last_val = None;
+
+    while state.step < max_steps {
+        let step = state.step + 1;
+        let t0 = Instant::now();
+        let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
+        // Forward/backward over the micro-batches, gradients summed in FP32.
+        let mut acc: Vec<Option<Tensor>> = vec![None; params.vars.len()];
+        let (mut loss_sum, mut step_tokens) = (0f64, 0u64);
+        let mut position = state.data.clone();
+        for _ in 0..cfg.train.grad_accum {
+            let b = stream.next_batch(cfg.train.micro_batch)?;
+            step_tokens += b.mask.iter().filter(|&&m| m > 0.0).count() as u64;
+            position = b.position.clone();
+            let (x, y, m) = batch_tensors(&b, &dev)?;
+            let loss = masked_cross_entropy(&model.forward(&x)?, &y, &m)?;
+            loss_sum += loss.to_scalar::<f32>()? as f64;
+            let grads = loss.backward()?;
+            for (a, var) in acc.iter_mut().zip(&params.vars) {
+                let g = grads
+                    .get(var.as_tensor())
+                    .with_context(|| "a parameter received no gradient")?
+                    .to_dtype(DType::F32)?;
+                *a = Some(match a.take() {
+                    None => g,
+                    Some(prev) => (prev + g)?,
+                });
+            }
+        }
+        let grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
+        let accum = cfg.train.grad_accum as f32;
+        let loss = loss_sum / cfg.train.grad_accum as f64;
+        let norm = global_norm(&grads)? / accum;
+        let finite = loss.is_finite() && norm.is_finite();
+        let counts: Vec<StallCounts> = if finite {
+            let clip = cfg.optim.grad_clip as f32;
+            let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
+            state.nonfinite_in_row = 0;
+            opt.step(step, lr, factor / accum, &params, &grads)?
+        } else {
+            state.nonfinite_in_row += 1;
+            tracing::warn!("step {step}: non-finite loss {loss} or gradient norm {norm}: update skipped");
+            vec![StallCounts::default(); params.vars.len()]
+        };
+        state.step = step;
+        state.tokens += step_tokens;
+        state.data = position;
+        let dt = t0.elapsed().as_secs_f64();
+        metrics.write(&MetricsRow::Train {
+            step,
+            tokens: state.tokens,
+            lr,
+            loss,
+            grad_norm: norm as f64,
+            step_time: dt,
+            tokens_per_s: step_tokens as f64 / dt,
+            skipped: !finite,
+        })?;
+        let detail = cfg.run.stall_detail_every > 0 && step % cfg.run.stall_detail_every == 0;
+        let row = StallRow::build(step, &params.names, &groups, &counts, theory, detail);
+        stalls.write(&row)?;
+        bar.set_position(step);
+        bar.set_message(format!(
+            "loss {loss:.3} | m-stall {} v-stall {} | {:.0} tok/s",
+            fmt_frac(row.frac.m),
+            fmt_frac(row.frac.v),
+            step_tokens as f64 / dt
+        ));
+
+        let last = step == max_steps;
+        if (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last {
+            let vl = evaluate(&model, &val, &dev)?;
+            last_val = Some(vl);
+            metrics.write(&MetricsRow::Eval { step, tokens: state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
+            bar.println(format!("step {step}: validation loss {vl:.4} (ppl {:.1})", vl.exp()));
+        }
+        let too_many = state.nonfinite_in_row >= cfg.train.max_nonfinite_steps;
+        let interrupted = launch.interrupt.load(Ordering::SeqCst) || launch.stop_after == Some(step);
+        let periodic = cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0;
+        if periodic || last || too_many || interrupted {
+            let dir = checkpoint::save(
+                &run_dir,
+                &varmap,
+                &mcfg.hf_config_json(),
+                opt.states()?,
+                &state,
+                &config_toml,
+                cfg.train.keep_checkpoints,
+            )?;
+            tracing::info!("checkpoint {}", dir.display());
+        }
+        if too_many {
+            bar.abandon();
+            bail!(
+                "stopping: {} consecutive steps with non-finite loss or gradient norm (train.max_nonfinite_steps); \
+                 last checkpoint in {}",
+                state.nonfinite_in_row,
+                run_dir.join("checkpoints").display()
+            );
+        }
+        if interrupted && !last {
+            bar.abandon_with_message(format!("stopped at step {step}; resume with --resume {}", run_dir.display()));
+            stopped_early = true;
+            break;
+        }
+    }
+    bar.finish();
+    let elapsed = started.elapsed().as_secs_f64();
+    let summary = summary::build(
+        &run_dir,
+        n_params,
+        state_bytes,
+        (state.tokens - tokens_at_start) as f64 / elapsed.max(1e-9),
+        last_val,
+        &dev,
+    )?;
+    checkpoint::write_atomic(&run_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    if !stopped_early {
+        println!("{}", summary.render());
+        if cfg.run.plots {
+            if let Err(e) = crate::plot::plot_run(&run_dir) {
+                tracing::warn!("plots not written: {e:#}");
+            }
+        }
+    }
+    Ok(Outcome { run_dir, summary, stopped_early })
+}
+
+fn fmt_frac(f: Option<f64>) -> String {
+    f.map_or("-".into(), |x| format!("{x:.3}"))
+}
+
+fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<()> {
+    if saved.params != now.params {
+        bail!("{}: checkpoint of another model (parameter names or sizes differ from the config)", dir.display());
+    }
+    if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size)
+        != (now.m_format.as_str(), now.v_format.as_str(), now.block_size)
+    {
+        bail!(
+            "{}: checkpoint states are m={} v={} block {}, the config asks for m={} v={} block {}",
+            dir.display(),
+            saved.m_format,
+            saved.v_format,
+            saved.block_size,
+            now.m_format,
+            now.v_format,
+            now.block_size
+        );
+    }
+    Ok(())
+}
+
+/// The optimizer for a device: CPU reference on the CPU, fused kernels on CUDA.
+fn make_optimizer(host: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>> {
+    match dev {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => Ok(Box::new(crate::cuda_optimizer::CudaAdamW::new(host, dev)?)),
+        _ => Ok(Box::new(HostAdamW { opt: host })),
+    }
+}
