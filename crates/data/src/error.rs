@@ -39,7 +39,11 @@ pub enum DataError {
 
     /// The shards hold no usable document (a whole epoch over the train shards, or all the
     /// validation shards, gave no row).
-    #[error("no {what} text: the {what} shards {shards:?} contain no usable document")]
+    #[error(
+        "no {what} text: the {what} shards {shards:?} contain no usable document (empty, or only \
+         bad lines or corrupt gzip, which `data.on_bad_line = \"skip\"` skips with a warning; \
+         \"fail\" stops at the first)"
+    )]
     NoText { what: &'static str, shards: Vec<PathBuf> },
 
     /// A resume position does not fit the shard list (shards added or removed since the

@@ -37,6 +37,9 @@
 //! ```
 
 pub mod adamw;
+pub mod cast;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod config;
 pub mod format;
 pub mod optimizer;

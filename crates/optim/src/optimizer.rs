@@ -134,3 +134,16 @@ impl LowbitAdamW {
         self.tensors.iter().map(|t| t.info.len).sum()
     }
 }
+
+impl LowbitAdamW {
+    /// A copy of the optimizer (settings and states), e.g. to upload to a device.
+    pub fn clone_states(&self) -> LowbitAdamW {
+        LowbitAdamW {
+            hyper: self.hyper,
+            spec: self.spec,
+            seed: self.seed,
+            tensors: self.tensors.clone(),
+            scratch: Scratch::default(),
+        }
+    }
+}

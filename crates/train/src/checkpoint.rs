@@ -4,7 +4,10 @@
 //! * `optimizer.safetensors`: each state's stored low-precision bytes (`<param>.m.codes`,
 //!   U8) and block scales (`<param>.m.scales`, F32), never dequantized;
 //! * `state.json`: step, tokens, data position, and the optimizer settings it was made with;
-//! * `config.toml`: the resolved run config.
+//! * `config.toml`: the resolved run config;
+//! * `export_check.json` ([`ExportCheck`]): the first validation micro-batch and this
+//!   model's loss on it, so `scripts/check_hf_export.py DIR DIR/export_check.json` can check
+//!   that `transformers` computes the same loss from the exported weights.
 //!
 //! A checkpoint is written into `step_N.tmp/` and renamed when complete, so a kill never
 //! leaves a half checkpoint; only the newest `keep` are kept. Each component saves its own
@@ -37,6 +40,24 @@ pub struct TrainState {
     pub params: Vec<(String, usize)>,
 }
 
+/// File name of the [`ExportCheck`] in a checkpoint folder.
+pub const EXPORT_CHECK: &str = "export_check.json";
+
+/// One token micro-batch and the loss this model gives on it (`export_check.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportCheck {
+    /// `[rows][seq_len]` input token ids.
+    pub input_ids: Vec<Vec<u32>>,
+    /// `[rows][seq_len]` next-token targets.
+    pub targets: Vec<Vec<u32>>,
+    /// `[rows][seq_len]` 1.0 where the target counts in the loss.
+    pub mask: Vec<Vec<f32>>,
+    /// Mean masked cross-entropy (nats/token) of the saved weights on this batch.
+    pub loss: f64,
+    /// Weight dtype of the model that computed `loss` ("float32" or "bfloat16").
+    pub dtype: String,
+}
+
 /// Write `bytes` to `path` through a temporary file and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
@@ -59,24 +80,59 @@ pub fn save(
     config_toml: &str,
     keep: usize,
 ) -> Result<PathBuf> {
+    save_with(run_dir, model, hf_config, opt, state, config_toml, keep, &[])
+}
+
+/// [`save`], plus extra files `(name, bytes)` written into the folder before it is renamed.
+#[allow(clippy::too_many_arguments)]
+pub fn save_with(
+    run_dir: &Path,
+    model: &candle_nn::VarMap,
+    hf_config: &serde_json::Value,
+    opt: &LowbitAdamW,
+    state: &TrainState,
+    config_toml: &str,
+    keep: usize,
+    extra: &[(&str, Vec<u8>)],
+) -> Result<PathBuf> {
     let dir = step_dir(run_dir, state.step);
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove {}", tmp.display()))?;
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    model.save(tmp.join("model.safetensors")).context("saving model weights")?;
-    std::fs::write(tmp.join("config.json"), serde_json::to_string_pretty(hf_config)?)?;
+    let write = |name: &str, bytes: &[u8]| {
+        let p = tmp.join(name);
+        std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
+    };
+    save_weights(model, &tmp.join("model.safetensors"))?;
+    write("config.json", serde_json::to_string_pretty(hf_config)?.as_bytes())?;
     candle_core::safetensors::save(&optimizer_tensors(opt)?, tmp.join("optimizer.safetensors"))
-        .context("saving optimizer states")?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)?;
-    std::fs::write(tmp.join("config.toml"), config_toml)?;
+        .with_context(|| format!("cannot write {}", tmp.join("optimizer.safetensors").display()))?;
+    write("state.json", serde_json::to_string_pretty(state)?.as_bytes())?;
+    write("config.toml", config_toml.as_bytes())?;
+    for (name, bytes) in extra {
+        write(name, bytes)?;
+    }
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace {}", dir.display()))?;
     }
     std::fs::rename(&tmp, &dir).with_context(|| format!("cannot finalise {}", dir.display()))?;
     prune(run_dir, keep)?;
     Ok(dir)
+}
+
+/// The model's variables as safetensors with `{"format": "pt"}` metadata (what
+/// `transformers` writes and expects), tensors in name order.
+fn save_weights(model: &candle_nn::VarMap, path: &Path) -> Result<()> {
+    let data = model.data().lock().unwrap();
+    let mut tensors: Vec<(String, Tensor)> =
+        data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+    drop(data);
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    safetensors::tensor::serialize_to_file(tensors.iter().map(|(k, t)| (k.as_str(), t)), Some(metadata), path)
+        .with_context(|| format!("cannot write model weights {}", path.display()))
 }
 
 fn optimizer_tensors(opt: &LowbitAdamW) -> Result<HashMap<String, Tensor>> {
@@ -134,9 +190,13 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf> {
 
 /// Read `state.json` of a checkpoint.
 pub fn load_state(dir: &Path) -> Result<TrainState> {
+    if !dir.is_dir() {
+        bail!("{}: no such checkpoint folder", dir.display());
+    }
     let p = dir.join("state.json");
-    let text = std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: corrupt checkpoint state", p.display()))
+    let text = std::fs::read_to_string(&p)
+        .with_context(|| format!("{}: cannot read the checkpoint state (not a checkpoint folder?)", p.display()))?;
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))
 }
 
 /// Load weights into `model` (every variable must be present with its shape) and the
@@ -153,6 +213,14 @@ pub fn load_tensors(dir: &Path, model: &mut candle_nn::VarMap, opt: &mut LowbitA
                 .with_context(|| format!("{}: missing tensor {name} (checkpoint of another model?)", mp.display()))?;
             if t.dims() != var.dims() {
                 bail!("{}: tensor {name} has shape {:?}, the model wants {:?}", mp.display(), t.dims(), var.dims());
+            }
+            if t.dtype() != var.dtype() {
+                tracing::warn!(
+                    "{}: {name} is {:?}, the model is {:?}: converted (the resume is not bit-exact)",
+                    mp.display(),
+                    t.dtype(),
+                    var.dtype()
+                );
             }
             var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
         }

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod optimizer;
 pub mod plot;
 pub mod predict;
+pub mod reproduce;
 pub mod schedule;
 pub mod stall_log;
 pub mod stalls_table;

@@ -68,6 +68,8 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Run every cell of one of the paper's loss tables; write reproduce/<table>-<scale>.md.
+    Reproduce(lowbit_train::reproduce::ReproduceArgs),
 }
 
 fn main() {
@@ -91,6 +93,7 @@ fn real_main() -> Result<()> {
         }
         Some(Cmd::Stalls(args)) => lowbit_train::stalls_table::run(&args),
         Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),
+        Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
         None => train(cli.train),
     }
 }

@@ -16,9 +16,12 @@ pub enum MetricsRow {
         /// Training tokens consumed so far (targets counted in the loss).
         tokens: u64,
         lr: f64,
-        /// Mean training loss over the step's micro-batches (nats/token).
+        /// Mean training loss over the step's micro-batches (nats/token); `null` when
+        /// non-finite (JSON has no NaN/Inf), read back as NaN.
+        #[serde(deserialize_with = "nan_if_null")]
         loss: f64,
-        /// Global gradient norm before clipping.
+        /// Global gradient norm before clipping (`null` when non-finite).
+        #[serde(deserialize_with = "nan_if_null")]
         grad_norm: f64,
         /// Wall time of the step (s).
         step_time: f64,
@@ -30,10 +33,17 @@ pub enum MetricsRow {
     Eval {
         step: u64,
         tokens: u64,
-        /// Validation loss (nats/token) over the fixed validation set.
+        /// Validation loss (nats/token) over the fixed validation set (`null` when non-finite).
+        #[serde(deserialize_with = "nan_if_null")]
         val_loss: f64,
+        #[serde(deserialize_with = "nan_if_null")]
         val_ppl: f64,
     },
+}
+
+/// serde_json writes a non-finite f64 as `null`; read it back as NaN instead of failing.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Appends JSON lines to a file, flushing each.

@@ -28,6 +28,9 @@ pub struct Summary {
     pub mean_stall_v: Option<f64>,
     pub mean_stall_w: Option<f64>,
     pub theory_stall_v: Option<f64>,
+    /// Steps whose update was skipped (non-finite loss or gradient norm).
+    #[serde(default)]
+    pub skipped_steps: u64,
     /// Training throughput of this invocation.
     pub tokens_per_s: f64,
     /// Peak resident memory of the process (CPU) or peak device memory in use (CUDA), bytes.
@@ -51,10 +54,10 @@ pub fn build(
 ) -> Result<Summary> {
     let rows: Vec<MetricsRow> = read_rows(&run_dir.join("metrics.jsonl"))?;
     let stalls: Vec<StallRow> = read_rows(&run_dir.join("stalls.jsonl"))?;
-    let train: Vec<(u64, u64, f64)> = rows
+    let train: Vec<(u64, u64, f64, bool)> = rows
         .iter()
         .filter_map(|r| match r {
-            MetricsRow::Train { step, tokens, loss, .. } => Some((*step, *tokens, *loss)),
+            MetricsRow::Train { step, tokens, loss, skipped, .. } => Some((*step, *tokens, *loss, *skipped)),
             _ => None,
         })
         .collect();
@@ -74,11 +77,12 @@ pub fn build(
         state_bytes_per_param: state_bytes as f64 / params.max(1) as f64,
         initial_val_loss: evals.iter().find(|e| e.0 == 0).map(|e| e.1),
         final_val_loss: last_val.or(evals.last().map(|e| e.1)),
-        final_train_loss: mean(train.iter().rev().take(10).map(|t| Some(t.2))),
+        final_train_loss: mean(train.iter().rev().take(10).map(|t| t.2.is_finite().then_some(t.2))),
         mean_stall_m: mean(half.iter().map(|r| r.frac.m)),
         mean_stall_v: mean(half.iter().map(|r| r.frac.v)),
         mean_stall_w: mean(half.iter().map(|r| r.frac.w)),
         theory_stall_v: stalls.last().and_then(|r| r.theory.v),
+        skipped_steps: train.iter().filter(|t| t.3).count() as u64,
         tokens_per_s,
         peak_memory_bytes: peak_memory(dev),
     })
@@ -112,7 +116,7 @@ impl Summary {
              steps {} | tokens {} | {:.0} tokens/s | peak memory {}\n\
              validation loss {} -> {} | final train loss {}\n\
              stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}\n\
-             params {} | optimizer states {} bytes ({:.3} bytes/param)\n",
+             params {} | optimizer states {} bytes ({:.3} bytes/param){}\n",
             self.steps,
             self.tokens,
             self.tokens_per_s,
@@ -127,6 +131,11 @@ impl Summary {
             self.params,
             self.state_bytes,
             self.state_bytes_per_param,
+            if self.skipped_steps > 0 {
+                format!("\nskipped updates (non-finite loss or gradient norm): {}", self.skipped_steps)
+            } else {
+                String::new()
+            },
         )
     }
 }

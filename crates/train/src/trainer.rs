@@ -95,17 +95,15 @@ pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
 pub fn run(launch: Launch) -> Result<Outcome> {
     let cfg = launch.config;
     let run_dir = cfg.run_dir();
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
-    // a summary marks a finished run (`train stalls --follow` stops on it)
-    let _ = std::fs::remove_file(run_dir.join("summary.json"));
     let config_toml = cfg.to_toml();
-    checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
     let dev = device(&cfg.train.device)?;
     let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
 
     // Data and model.
-    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download)?;
-    let mcfg: LlamaConfig = cfg.model_config(tok.vocab_size())?;
+    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(data_err)?;
+    let mcfg: LlamaConfig = cfg
+        .model_config(tok.vocab_size())
+        .with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
     let dtype = match cfg.model.dtype {
         WeightDtype::F32 => DType::F32,
         WeightDtype::Bf16 => DType::BF16,
@@ -141,6 +139,12 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         state = saved;
         tracing::info!("resumed from {} at step {}", dir.display(), state.step);
     }
+    // Only now, with the checkpoint accepted, touch the run folder (a refused resume must
+    // not overwrite the run's config).
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    // a summary marks a finished run (`train stalls --follow` stops on it)
+    let _ = std::fs::remove_file(run_dir.join("summary.json"));
+    checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
     let mut opt: Box<dyn Optimizer> = make_optimizer(host, &dev)?;
 
     let n_params = params.num_params();
@@ -167,8 +171,8 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         println!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
     }
 
-    let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch)?;
-    let mut stream = TrainStream::new(&cfg.data, &tok, state.data.clone())?;
+    let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
+    let mut stream = TrainStream::new(&cfg.data, &tok, state.data.clone()).map_err(data_err)?;
     let resumed = launch.resume_from.is_some();
     let keep = resumed.then_some(state.step);
     let mut metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
@@ -190,6 +194,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     let tokens_at_start = state.tokens;
     let mut stopped_early = false;
     let mut last_val = None;
+    let mut last_checkpoint: Option<PathBuf> = None;
 
     while state.step < max_steps {
         let step = state.step + 1;
@@ -200,7 +205,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         let (mut loss_sum, mut step_tokens) = (0f64, 0u64);
         let mut position = state.data.clone();
         for _ in 0..cfg.train.grad_accum {
-            let b = stream.next_batch(cfg.train.micro_batch)?;
+            let b = stream.next_batch(cfg.train.micro_batch).map_err(data_err)?;
             step_tokens += b.mask.iter().filter(|&&m| m > 0.0).count() as u64;
             position = b.position.clone();
             let (x, y, m) = batch_tensors(&b, &dev)?;
@@ -265,28 +270,33 @@ pub fn run(launch: Launch) -> Result<Outcome> {
             metrics.write(&MetricsRow::Eval { step, tokens: state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
             bar.println(format!("step {step}: validation loss {vl:.4} (ppl {:.1})", vl.exp()));
         }
-        let too_many = state.nonfinite_in_row >= cfg.train.max_nonfinite_steps;
+        let too_many = state.nonfinite_in_row > 0 && state.nonfinite_in_row >= cfg.train.max_nonfinite_steps.max(1);
         let interrupted = launch.interrupt.load(Ordering::SeqCst) || launch.stop_after == Some(step);
         let periodic = cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0;
         if periodic || last || too_many || interrupted {
-            let dir = checkpoint::save(
+            let check = export_check(&model, &val, &dev, dtype)?;
+            let dir = checkpoint::save_with(
                 &run_dir,
                 &varmap,
-                &mcfg.hf_config_json(),
+                &mcfg.hf_config_json_with_dtype(dtype),
                 opt.states()?,
                 &state,
                 &config_toml,
                 cfg.train.keep_checkpoints,
+                &[(checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?)],
             )?;
             tracing::info!("checkpoint {}", dir.display());
+            last_checkpoint = Some(dir);
         }
         if too_many {
             bar.abandon();
             bail!(
-                "stopping: {} consecutive steps with non-finite loss or gradient norm (train.max_nonfinite_steps); \
-                 last checkpoint in {}",
+                "stopping at step {step}: {} consecutive steps with a non-finite loss or gradient norm \
+                 (limit train.max_nonfinite_steps = {}; last loss {loss}, gradient norm {norm}); \
+                 checkpoint written to {}; try a lower optim.lr or optim.grad_clip",
                 state.nonfinite_in_row,
-                run_dir.join("checkpoints").display()
+                cfg.train.max_nonfinite_steps,
+                last_checkpoint.as_deref().unwrap_or(&run_dir).display()
             );
         }
         if interrupted && !last {
@@ -317,20 +327,43 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     Ok(Outcome { run_dir, summary, stopped_early })
 }
 
+/// A data error as one line: its message already includes its source, so `{:#}` must not
+/// append the source a second time.
+fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
 fn fmt_frac(f: Option<f64>) -> String {
     f.map_or("-".into(), |x| format!("{x:.3}"))
 }
 
 fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<()> {
     if saved.params != now.params {
-        bail!("{}: checkpoint of another model (parameter names or sizes differ from the config)", dir.display());
+        let first = saved.params.iter().zip(&now.params).find(|(a, b)| a != b);
+        let what = match first {
+            _ if saved.params.len() != now.params.len() => format!(
+                "the checkpoint has {} parameter tensors, the config {} (model.num_layers?)",
+                saved.params.len(),
+                now.params.len()
+            ),
+            Some(((sn, sl), (nn, nl))) if sn == nn => {
+                format!("{sn} has {sl} elements in the checkpoint, {nl} in the config")
+            }
+            Some(((sn, _), (nn, _))) => format!("the checkpoint has {sn} where the config has {nn}"),
+            None => "parameter lists differ".into(),
+        };
+        bail!(
+            "{}: checkpoint of another model: {what} (resume with the [model] settings it was trained with)",
+            dir.join("state.json").display()
+        );
     }
     if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size)
         != (now.m_format.as_str(), now.v_format.as_str(), now.block_size)
     {
         bail!(
-            "{}: checkpoint states are m={} v={} block {}, the config asks for m={} v={} block {}",
-            dir.display(),
+            "{}: checkpoint states are m={} v={} block {}, the config asks for m={} v={} block {} \
+             (optim.states.m_format / v_format / block_size must match to resume)",
+            dir.join("state.json").display(),
             saved.m_format,
             saved.v_format,
             saved.block_size,
@@ -340,6 +373,22 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
         );
     }
     Ok(())
+}
+
+/// The loss of the model on the first validation micro-batch, with the batch itself, for
+/// checking an exported checkpoint in `transformers` (`scripts/check_hf_export.py`).
+pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<checkpoint::ExportCheck> {
+    let b = val.first().context("validation set is empty: no batch for export_check.json")?;
+    let (x, y, m) = batch_tensors(b, dev)?;
+    let loss = masked_cross_entropy(&model.forward(&x)?, &y, &m)?.to_scalar::<f32>()? as f64;
+    let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
+    Ok(checkpoint::ExportCheck {
+        input_ids: rows(&b.input),
+        targets: rows(&b.target),
+        mask: b.mask.chunks(b.seq_len).map(|r| r.to_vec()).collect(),
+        loss,
+        dtype: if dtype == DType::BF16 { "bfloat16" } else { "float32" }.into(),
+    })
 }
 
 /// The optimizer for a device: CPU reference on the CPU, fused kernels on CUDA.

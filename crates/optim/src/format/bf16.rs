@@ -6,7 +6,8 @@
 //! * stochastic: add a uniform 16-bit integer (the top 16 of the 64 random bits) to the
 //!   FP32 word and clear the low 16 bits.
 //!
-//! NaN stays NaN (quiet bit set); a zero result is the canonical `+0` (see `minifloat`).
+//! NaN becomes the canonical quiet NaN 0x7FC0 (CPU and GPU arithmetic produce different NaN
+//! signs and payloads, so only NaN-ness is kept); a zero result is the canonical `+0` (see `minifloat`).
 
 use super::rounding::Rounding;
 
@@ -21,7 +22,7 @@ pub fn decode(h: u16) -> f32 {
 pub fn encode(x: f32, rounding: Rounding, rand: u64) -> u16 {
     let bits = x.to_bits();
     if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
+        return 0x7FC0;
     }
     let add = match rounding {
         Rounding::Nearest => 0x7FFF + ((bits >> 16) & 1),

@@ -93,7 +93,8 @@ impl MiniFloat {
     /// Encode an FP32 value (already divided by the block scale) with the given rounding.
     ///
     /// `rand` supplies the random bits for stochastic rounding (ignored for nearest).
-    /// NaN maps to the NaN code, or to `+0` in formats without one (FP4; the training loop
+    /// NaN maps to the positive quiet NaN code (NaN signs and payloads differ between CPU and
+    /// GPU arithmetic, so they are not kept), or to `+0` in formats without one (FP4; the training loop
     /// skips non-finite steps, so states never see NaN there). Inf maps to the Inf code, else
     /// saturates to the largest finite value. Negative input to an unsigned format encodes 0.
     #[inline]
@@ -103,8 +104,8 @@ impl MiniFloat {
         if x.is_nan() {
             return match self.specials {
                 Specials::None => 0,
-                Specials::NanOnly(c) => c | sign,
-                Specials::Ieee => (all_ones << self.man_bits) | (1 << (self.man_bits - 1)) | sign,
+                Specials::NanOnly(c) => c,
+                Specials::Ieee => (all_ones << self.man_bits) | (1 << (self.man_bits - 1)),
             };
         }
         if !self.signed && x < 0.0 {

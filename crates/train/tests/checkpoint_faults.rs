@@ -1,0 +1,520 @@
+//! Issue #6: checkpoints, exact resume, non-finite steps and bad input.
+//!
+//! Tiny model (hidden 32, 1 layer) on the bundled C4 sample, a few steps per run, so the
+//! whole file runs in about two minutes on 2 CPU cores.
+//!
+//! v resets only at steps where m resets too: resetting v alone (or v underflowing to 0 in
+//! fp4) while m is non-zero gives rows with a zero gradient an update of lr*m/eps, which
+//! blows up a run this small (embedding rows of tokens absent from the batch).
+
+use lowbit_train::checkpoint::{self, ExportCheck, TrainState};
+use lowbit_train::config::RunConfig;
+use lowbit_train::trainer::{self, Launch, Outcome};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The repository root (the data and tokenizer live there).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// A small but complete run config: fp4 m / fp8 v with stochastic rounding, resets shorter
+/// than the run, grad_accum 2, evaluation and checkpoints on intervals.
+fn base_toml(run_dir: &Path, name: &str) -> String {
+    let r = root();
+    let r = r.display();
+    format!(
+        r#"[model]
+hidden_size = 32
+intermediate_size = 64
+num_layers = 1
+num_heads = 2
+
+[data]
+train = ["{r}/data/c4-sample/en-train.*.json.gz"]
+validation = ["{r}/data/c4-sample/en-validation.*.json.gz"]
+tokenizer = "{r}/data/tokenizers/t5-tokenizer.json"
+seq_len = 32
+val_tokens = 512
+
+[optim]
+lr = 3e-3
+warmup_steps = 2
+grad_clip = 1.0
+
+[optim.states]
+m_format = "fp4"
+v_format = "fp8"
+m_rounding = "stochastic"
+v_rounding = "stochastic"
+block_size = 32
+m_reset_every = 2
+v_reset_every = 4
+
+[train]
+seed = 7
+micro_batch = 2
+grad_accum = 2
+max_steps = 8
+eval_every = 3
+checkpoint_every = 3
+keep_checkpoints = 2
+
+[run]
+name = "{name}"
+dir = "{dir}"
+stall_detail_every = 2
+plots = false
+"#,
+        dir = run_dir.display()
+    )
+}
+
+/// Write `text` to `dir/file` and load it with overrides.
+fn load_with(dir: &Path, file: &str, text: &str, sets: &[&str]) -> anyhow::Result<RunConfig> {
+    let p = dir.join(file);
+    std::fs::write(&p, text).unwrap();
+    RunConfig::load(&p, &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+}
+
+fn config(dir: &Path, name: &str, sets: &[&str]) -> RunConfig {
+    load_with(dir, &format!("{name}.toml"), &base_toml(&dir.join("runs"), name), sets).unwrap()
+}
+
+fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u64>) -> anyhow::Result<Outcome> {
+    trainer::run(Launch { config, resume_from, interrupt: Arc::new(AtomicBool::new(false)), stop_after })
+}
+
+fn rows(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// metrics.jsonl rows without the wall-clock fields.
+fn metrics(run_dir: &Path) -> Vec<Value> {
+    rows(&run_dir.join("metrics.jsonl"))
+        .into_iter()
+        .map(|mut r| {
+            let o = r.as_object_mut().unwrap();
+            o.remove("step_time");
+            o.remove("tokens_per_s");
+            r
+        })
+        .collect()
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Format an error as the binary prints it, and check it is one line naming `needles`.
+fn one_line_error<T>(r: anyhow::Result<T>, needles: &[&str]) -> String {
+    let e = match r {
+        Ok(_) => panic!("expected an error containing {needles:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    eprintln!("error: {e}");
+    assert!(!e.contains('\n'), "error is not one line: {e}");
+    for n in needles {
+        assert!(e.contains(n), "error {e:?} does not contain {n:?}");
+    }
+    let parts: Vec<&str> = e.split(": ").collect();
+    assert!(parts.windows(2).all(|w| w[0] != w[1]), "a cause is repeated: {e}");
+    e
+}
+
+/// Uninterrupted run vs. the same run stopped at `stop` and resumed from its checkpoint of
+/// step `resume_at` (an older one: as after a crash, the rows logged past it are replayed):
+/// identical metrics, stall rows, final weights and optimizer bytes.
+fn check_exact_resume(tag: &str, sets: &[&str], stop: u64, resume_at: u64, torch_dtype: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = launch(config(tmp.path(), &format!("{tag}_full"), sets), None, None).unwrap();
+    assert!(!full.stopped_early);
+
+    let cfg = config(tmp.path(), &format!("{tag}_split"), sets);
+    let first = launch(cfg.clone(), None, Some(stop)).unwrap();
+    assert!(first.stopped_early);
+    assert!(checkpoint::latest(&first.run_dir).unwrap().ends_with(format!("step_{stop:07}")));
+    let ck = checkpoint::list(&first.run_dir).unwrap().into_iter().find(|c| c.0 == resume_at).unwrap().1;
+    let second = launch(cfg, Some(ck), None).unwrap();
+    assert!(!second.stopped_early);
+
+    let (a, b) = (&full.run_dir, &second.run_dir);
+    let (ma, mb) = (metrics(a), metrics(b));
+    assert_eq!(ma.len(), mb.len(), "metrics rows");
+    for (x, y) in ma.iter().zip(&mb) {
+        assert_eq!(x, y, "metrics row differs after resume");
+    }
+    let (sa, sb) = (rows(&a.join("stalls.jsonl")), rows(&b.join("stalls.jsonl")));
+    assert_eq!(sa.len(), 8);
+    assert_eq!(sa, sb, "stall rows differ after resume");
+    // the stalls actually count something (states and resets exercised)
+    assert!(sa.iter().all(|r| r["v"]["updated"].as_u64().unwrap() > 0));
+    assert!(sa.iter().any(|r| r["v"]["stalled"].as_u64().unwrap() > 0));
+
+    let (ca, cb) = (checkpoint::latest(a).unwrap(), checkpoint::latest(b).unwrap());
+    for f in ["model.safetensors", "optimizer.safetensors", "state.json", "export_check.json"] {
+        assert!(read(&ca.join(f)) == read(&cb.join(f)), "{f} differs after resume");
+    }
+    assert_eq!(full.summary.final_val_loss, second.summary.final_val_loss);
+    let hf: Value = serde_json::from_slice(&read(&cb.join("config.json"))).unwrap();
+    assert_eq!(hf["torch_dtype"], torch_dtype);
+    let check: ExportCheck = serde_json::from_slice(&read(&cb.join("export_check.json"))).unwrap();
+    assert_eq!(check.dtype, torch_dtype);
+}
+
+#[test]
+fn resume_is_bit_identical_f32_weights() {
+    // stopped at 5, resumed from the checkpoint of step 3 (rows 4-5 replayed)
+    check_exact_resume("f32", &[], 5, 3, "float32");
+}
+
+#[test]
+fn resume_is_bit_identical_bf16_weights() {
+    let sets = ["model.dtype=\"bf16\"", "optim.states.weight_rounding=\"stochastic\""];
+    check_exact_resume("bf16", &sets, 4, 4, "bfloat16");
+}
+
+#[test]
+fn checkpoint_layout_and_retention() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = launch(config(tmp.path(), "layout", &["train.max_steps=7"]), None, None).unwrap();
+    // every 3 steps and at the end, keep 2: 6 and 7
+    let steps: Vec<u64> = checkpoint::list(&out.run_dir).unwrap().into_iter().map(|c| c.0).collect();
+    assert_eq!(steps, vec![6, 7]);
+    let names: Vec<String> = std::fs::read_dir(out.run_dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "temporary folder left: {names:?}");
+
+    let ck = checkpoint::latest(&out.run_dir).unwrap();
+    // weights: HF LLaMA names with transformers' metadata
+    let bytes = read(&ck.join("model.safetensors"));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str), Some("pt"));
+    let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
+    names.sort();
+    for want in [
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+    let hf: Value = serde_json::from_slice(&read(&ck.join("config.json"))).unwrap();
+    assert_eq!(hf["model_type"], "llama");
+    assert_eq!(hf["hidden_size"], 32);
+    assert_eq!(hf["vocab_size"], 32100);
+    assert_eq!(hf["torch_dtype"], "float32");
+
+    // optimizer: stored bytes (U8 codes: fp4 = 1/2 byte/elem, fp8 = 1) and F32 block scales
+    let obytes = read(&ck.join("optimizer.safetensors"));
+    let opt = safetensors::SafeTensors::deserialize(&obytes).unwrap();
+    let embed = 32100 * 32;
+    let m = opt.tensor("model.embed_tokens.weight.m.codes").unwrap();
+    assert_eq!((m.dtype(), m.shape()), (safetensors::Dtype::U8, &[embed / 2][..]));
+    let v = opt.tensor("model.embed_tokens.weight.v.codes").unwrap();
+    assert_eq!((v.dtype(), v.shape()), (safetensors::Dtype::U8, &[embed][..]));
+    let s = opt.tensor("model.embed_tokens.weight.m.scales").unwrap();
+    assert_eq!((s.dtype(), s.shape()), (safetensors::Dtype::F32, &[embed / 32][..]));
+
+    let state: TrainState = checkpoint::load_state(&ck).unwrap();
+    assert_eq!(state.step, 7);
+    assert!(state.tokens > 0 && state.data.line > 0);
+    assert_eq!((state.m_format.as_str(), state.v_format.as_str(), state.block_size), ("fp4e2m1", "fp8e4m3", 32));
+    let saved = RunConfig::from_toml(&String::from_utf8(read(&ck.join("config.toml"))).unwrap()).unwrap();
+    assert_eq!(saved.train.max_steps, 7);
+
+    // export_check.json: one validation micro-batch and the loss of these weights on it,
+    // which is the first batch of the final evaluation
+    let check: ExportCheck = serde_json::from_slice(&read(&ck.join("export_check.json"))).unwrap();
+    assert_eq!(check.input_ids.len(), 2);
+    assert!(check.input_ids.iter().chain(&check.targets).all(|r| r.len() == 32));
+    assert_eq!(check.input_ids[0][1..], check.targets[0][..31]);
+    assert!(check.loss.is_finite() && check.loss > 0.0 && check.dtype == "float32");
+    // the run learned something (sanity of the test config itself)
+    let s = &out.summary;
+    assert!(s.final_val_loss.unwrap() < s.initial_val_loss.unwrap(), "{s:?}");
+    assert!(out.summary.final_val_loss.is_some());
+}
+
+#[test]
+fn interrupt_writes_a_checkpoint_and_stops_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "ctrlc", &[]);
+    let out = trainer::run(Launch {
+        config: cfg.clone(),
+        resume_from: None,
+        interrupt: Arc::new(AtomicBool::new(true)), // Ctrl-C arrived during step 1
+        stop_after: None,
+    })
+    .unwrap();
+    assert!(out.stopped_early);
+    let ck = checkpoint::latest(&out.run_dir).unwrap();
+    assert_eq!(checkpoint::load_state(&ck).unwrap().step, 1);
+    // and the run continues from there to the end
+    let done = launch(cfg, Some(ck), None).unwrap();
+    assert!(!done.stopped_early);
+    assert_eq!(done.summary.steps, 8);
+}
+
+#[test]
+fn non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    // lr 1e30 without clipping: step 1's update makes the weights huge, then the loss is
+    // non-finite at every step.
+    let blowup = ["optim.lr=1e30", "optim.grad_clip=0", "optim.warmup_steps=0", "train.checkpoint_every=0"];
+    let mut sets = blowup.to_vec();
+    sets.extend(["train.max_nonfinite_steps=3", "train.max_steps=20"]);
+    let cfg = config(tmp.path(), "nan", &sets);
+    let run_dir = cfg.run_dir();
+    let err = one_line_error(
+        launch(cfg, None, None),
+        &["consecutive steps with a non-finite loss", "train.max_nonfinite_steps = 3", "checkpoints/step_"],
+    );
+    let m = rows(&run_dir.join("metrics.jsonl"));
+    let train: Vec<&Value> = m.iter().filter(|r| r["kind"] == "train").collect();
+    let skipped: Vec<u64> =
+        train.iter().filter(|r| r["skipped"] == true).map(|r| r["step"].as_u64().unwrap()).collect();
+    let last = *skipped.last().unwrap();
+    assert_eq!(skipped.len(), 3, "{err}");
+    assert_eq!(skipped, vec![last - 2, last - 1, last], "consecutive");
+    assert_eq!(train.last().unwrap()["step"].as_u64(), Some(last), "stopped at the 3rd skipped step");
+    assert!(train.iter().filter(|r| r["skipped"] != true).all(|r| r["loss"].is_number()));
+    let ck = checkpoint::latest(&run_dir).unwrap();
+    assert!(err.contains(&ck.display().to_string()), "{err}");
+    let st = checkpoint::load_state(&ck).unwrap();
+    assert_eq!((st.step, st.nonfinite_in_row), (last, 3));
+    // skipped steps leave the stall counters empty
+    let stalls = rows(&run_dir.join("stalls.jsonl"));
+    assert_eq!(stalls.last().unwrap()["v"]["updated"].as_u64().unwrap_or(0), 0);
+
+    // Below the limit the run finishes, and its NaN rows (written as null) read back.
+    let mut sets = blowup.to_vec();
+    sets.extend(["train.max_nonfinite_steps=100", "train.max_steps=4", "train.eval_every=0"]);
+    let out = launch(config(tmp.path(), "nan_ok", &sets), None, None).unwrap();
+    assert!(out.summary.skipped_steps >= 2, "{:?}", out.summary);
+    assert!(checkpoint::latest(&out.run_dir).is_ok());
+}
+
+#[test]
+fn bad_config_files_give_one_line_errors_naming_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let base = base_toml(&d.join("runs"), "cfg");
+    let nth_line = |text: &str, pat: &str| text.lines().position(|l| l.starts_with(pat)).unwrap() + 1;
+
+    // missing file
+    one_line_error(RunConfig::load(&d.join("nope.toml"), &[]), &["cannot read config file", "nope.toml"]);
+
+    // wrong type
+    let text = base.replace("micro_batch = 2", "micro_batch = \"two\"");
+    let line = nth_line(&text, "micro_batch");
+    one_line_error(
+        load_with(d, "wrong_type.toml", &text, &[]),
+        &[&format!("wrong_type.toml:{line}:"), "invalid type: string \"two\"", "[train]"],
+    );
+
+    // unknown key
+    let text = base.replace("eval_every = 3", "eval_every = 3\nevall_every = 3");
+    let line = nth_line(&text, "evall_every");
+    one_line_error(
+        load_with(d, "unknown.toml", &text, &[]),
+        &[&format!("unknown.toml:{line}:"), "unknown field `evall_every`"],
+    );
+
+    // syntax error
+    let text = base.replace("lr = 3e-3", "lr = 3e-3 x");
+    let line = nth_line(&text, "lr =");
+    one_line_error(load_with(d, "syntax.toml", &text, &[]), &[&format!("syntax.toml:{line}:")]);
+
+    // unknown key in a file that `extends` a base: named in the child, with its line
+    std::fs::write(d.join("base.toml"), &base).unwrap();
+    let child = "extends = \"base.toml\"\n\n[optim.states]\nm_format = \"bf16\"\nm_rese_every = 5\n";
+    one_line_error(
+        load_with(d, "child.toml", child, &[]),
+        &["child.toml:5:", "unknown field `m_rese_every`"],
+    );
+    // wrong type in the base of an `extends` chain
+    std::fs::write(d.join("base_bad.toml"), base.replace("seed = 7", "seed = -7.5")).unwrap();
+    let line = nth_line(&base, "seed");
+    one_line_error(
+        load_with(d, "child2.toml", "extends = \"base_bad.toml\"\n", &[]),
+        &[&format!("base_bad.toml:{line}:"), "seed"],
+    );
+    // a missing base
+    one_line_error(
+        load_with(d, "child3.toml", "extends = \"gone.toml\"\n", &[]),
+        &["child3.toml:1:", "gone.toml", "does not exist"],
+    );
+
+    // unknown key / wrong type through --set: the override is named
+    std::fs::write(d.join("ok.toml"), &base).unwrap();
+    let sets = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    one_line_error(RunConfig::load(&d.join("ok.toml"), &sets(&["train.bogus=1"])), &["--set train.bogus=1", "unknown field `bogus`"]);
+    one_line_error(
+        RunConfig::load(&d.join("ok.toml"), &sets(&["train.micro_batch=two"])),
+        &["--set train.micro_batch=two", "invalid type"],
+    );
+
+    // bad values: the key and where it was set
+    let text = base.replace("lr = 3e-3", "lr = -1.0");
+    let line = nth_line(&text, "lr =");
+    one_line_error(
+        load_with(d, "neg_lr.toml", &text, &[]),
+        &[&format!("neg_lr.toml:{line}"), "optim.lr: must be a positive number"],
+    );
+    let text = base.replace("v_format = \"fp8\"", "v_format = \"fp5\"");
+    let line = nth_line(&text, "v_format");
+    one_line_error(
+        load_with(d, "fmt.toml", &text, &[]),
+        &[&format!("fmt.toml:{line}"), "optim.states.v_format"],
+    );
+    one_line_error(
+        RunConfig::load(&d.join("ok.toml"), &sets(&["train.grad_accum=0"])),
+        &["--set train.grad_accum=0", "train.grad_accum: must be > 0"],
+    );
+}
+
+/// Write a shard file for the data tests.
+fn shard(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let run = |name: &str, sets: &[&str]| launch(config(d, name, sets), None, None);
+    let set_train = |p: &str| format!("data.train=[\"{p}\"]");
+
+    // missing train file
+    let missing = d.join("no-such-shard.json.gz").display().to_string();
+    one_line_error(run("missing", &[&set_train(&missing)]), &["no-such-shard.json.gz", "does not exist"]);
+    // a pattern that matches nothing
+    let pat = d.join("nothing-*.json.gz").display().to_string();
+    one_line_error(run("nomatch", &[&set_train(&pat)]), &["nothing-*.json.gz", "matched no file"]);
+
+    // corrupt gzip: skipped with a warning by default (then no text is left) ...
+    let mut corrupt = vec![0x1f, 0x8b, 0x08, 0x00];
+    corrupt.extend_from_slice(b"this is not deflate data at all\n");
+    let bad_gz = shard(d, "corrupt.json.gz", &corrupt);
+    one_line_error(run("gz_skip", &[&set_train(&bad_gz)]), &["corrupt.json.gz", "no train text"]);
+    // ... and an error naming the file with on_bad_line = "fail"
+    one_line_error(
+        run("gz_fail", &[&set_train(&bad_gz), "data.on_bad_line=\"fail\""]),
+        &["corrupt.json.gz", "corrupt or truncated gzip stream"],
+    );
+    // a real shard cut in the middle
+    let real = read(&root().join("data/c4-sample/en-validation.00000-of-00001.json.gz"));
+    let cut = shard(d, "truncated.json.gz", &real[..real.len() / 3]);
+    one_line_error(
+        run("gz_cut", &[&format!("data.validation=[\"{cut}\"]"), "data.on_bad_line=\"fail\"", "data.val_tokens=100000000"]),
+        &["truncated.json.gz", "corrupt or truncated gzip stream"],
+    );
+
+    // non-JSON lines
+    let nonjson = shard(d, "nonjson.json", b"{\"text\": \"fine line\"}\nthis is not json\n");
+    one_line_error(
+        run("nonjson", &[&set_train(&nonjson), "data.on_bad_line=\"fail\""]),
+        &["nonjson.json:2", "not JSON"],
+    );
+    one_line_error(
+        run("nonjson_val", &[&format!("data.validation=[\"{nonjson}\"]"), "data.on_bad_line=\"fail\""]),
+        &["nonjson.json:2", "not JSON"],
+    );
+    let notext = shard(d, "notext.json", b"{\"url\": \"x\"}\n");
+    one_line_error(run("notext", &[&set_train(&notext), "data.on_bad_line=\"fail\""]), &["notext.json:1", "text"]);
+
+    // empty shards
+    let empty = shard(d, "empty.json", b"");
+    one_line_error(run("empty", &[&set_train(&empty)]), &["empty.json", "no train text"]);
+    let empty_gz = shard(d, "empty-val.json.gz", b"");
+    one_line_error(
+        run("empty_val", &[&format!("data.validation=[\"{empty_gz}\"]")]),
+        &["empty-val.json.gz", "no validation text"],
+    );
+
+    // tokenizer
+    let tok = d.join("missing-tokenizer.json").display().to_string();
+    one_line_error(run("tok_missing", &[&format!("data.tokenizer=\"{tok}\"")]), &["missing-tokenizer.json", "not found"]);
+    let bad_tok = shard(d, "bad-tokenizer.json", b"{\"not\": \"a tokenizer\"}");
+    one_line_error(
+        run("tok_bad", &[&format!("data.tokenizer=\"{bad_tok}\"")]),
+        &["bad-tokenizer.json", "cannot load tokenizer.json"],
+    );
+    // a tokenizer whose vocabulary exceeds the model's
+    one_line_error(
+        run("vocab", &["model.vocab_size=1000"]),
+        &["model.vocab_size = 1000", "32100", "t5-tokenizer.json"],
+    );
+}
+
+#[test]
+fn resume_refuses_checkpoints_of_another_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let out = launch(config(d, "src", &["train.max_steps=2"]), None, None).unwrap();
+    let ck = checkpoint::latest(&out.run_dir).unwrap();
+    let config_before = read(&out.run_dir.join("config.toml"));
+
+    // different model dims, into the same run folder: refused, and the run's files untouched
+    let mut other = config(d, "src", &["model.hidden_size=64", "model.intermediate_size=128"]);
+    other.run.name = "src".into();
+    one_line_error(
+        launch(other, Some(ck.clone()), None),
+        &["state.json", "checkpoint of another model", "lm_head.weight has 1027200 elements in the checkpoint, 2054400 in the config"],
+    );
+    assert!(read(&out.run_dir.join("config.toml")) == config_before, "a refused resume rewrote config.toml");
+    assert!(out.run_dir.join("summary.json").exists(), "a refused resume removed summary.json");
+    one_line_error(
+        launch(config(d, "layers", &["model.num_layers=2"]), Some(ck.clone()), None),
+        &["state.json", "checkpoint of another model"],
+    );
+    // different state formats
+    one_line_error(
+        launch(config(d, "fmt", &["optim.states.v_format=\"bf16\""]), Some(ck.clone()), None),
+        &["state.json", "m=fp4e2m1 v=fp8e4m3 block 32", "m=fp4e2m1 v=bf16", "optim.states"],
+    );
+    one_line_error(
+        launch(config(d, "blk", &["optim.states.block_size=64"]), Some(ck.clone()), None),
+        &["state.json", "block 64"],
+    );
+
+    // missing or damaged checkpoint files
+    one_line_error(
+        launch(config(d, "gone", &[]), Some(d.join("no-checkpoint")), None),
+        &["no-checkpoint", "no such checkpoint folder"],
+    );
+    one_line_error(checkpoint::latest(&d.join("runs/none")), &["no checkpoint to resume from"]);
+    let copy = d.join("damaged");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(&ck).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, copy.join(p.file_name().unwrap())).unwrap();
+    }
+    let weights = read(&copy.join("model.safetensors"));
+    std::fs::write(copy.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
+    one_line_error(launch(config(d, "dmg", &[]), Some(copy.clone()), None), &["model.safetensors", "cannot read weights"]);
+    std::fs::write(copy.join("state.json"), b"{ not json").unwrap();
+    one_line_error(launch(config(d, "dmg", &[]), Some(copy), None), &["state.json", "corrupt checkpoint state"]);
+}

@@ -1,0 +1,274 @@
+//! Tests of `train reproduce`: every config resolves, the grids match the config files, the
+//! scale overrides, and the pure statistics / ordering checks / rendering on hand-made numbers.
+
+use lowbit_optim::Rounding;
+use lowbit_train::config::{RunConfig, WeightDtype};
+use lowbit_train::reproduce::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn configs() -> PathBuf {
+    repo().join("configs")
+}
+
+fn toml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            toml_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "toml") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_config_file_resolves() {
+    let mut files = vec![];
+    toml_files(&configs(), &mut files);
+    assert!(files.len() >= 1 + 13 + 14 + 1, "found only {} config files", files.len());
+    for f in &files {
+        RunConfig::load(f, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", f.display()));
+    }
+}
+
+#[test]
+fn required_cell_has_the_paper_setting() {
+    let c = RunConfig::load(&configs().join("llama100m_fp8_sr_reset.toml"), &[]).unwrap();
+    assert_eq!(c.model.preset.as_deref(), Some("llama100m"));
+    assert_eq!(c.model.dtype, WeightDtype::Bf16);
+    assert_eq!(c.data.seq_len, 256);
+    assert!(c.data.train.iter().all(|p| p.starts_with("data/local/c4/")));
+    assert!(c.data.validation.iter().all(|p| p.starts_with("data/local/c4/")));
+    assert!(c.data.tokenizer.contains("t5"));
+    assert_eq!(c.train.micro_batch * c.train.grad_accum, 512);
+    assert_eq!((c.optim.beta1, c.optim.beta2, c.optim.eps), (0.9, 0.999, 1e-8));
+    assert_eq!(c.optim.min_lr_ratio, 0.1);
+    assert!(c.optim.warmup_steps > 0 && c.optim.warmup_steps < c.train.max_steps);
+    let s = &c.optim.states;
+    assert_eq!((s.m_format.as_str(), s.v_format.as_str()), ("fp8", "fp8"));
+    assert_eq!((s.m_rounding, s.v_rounding), (Rounding::Stochastic, Rounding::Stochastic));
+    assert_eq!((s.m_reset_every, s.v_reset_every), (300, 300));
+    assert_eq!(c.run.name, "llama100m_fp8_sr_reset");
+}
+
+/// Each cell's file sets exactly the knob it studies; everything else is the shared base.
+#[test]
+fn grids_match_the_config_files() {
+    let base = RunConfig::load(&configs().join("paper/base_llama100m.toml"), &[]).unwrap();
+    for table in [Table::Bf16Model, Table::Fp32Model] {
+        let grid = cells(table);
+        assert_eq!(grid.len(), if table == Table::Bf16Model { 13 } else { 14 });
+        for cell @ (f, x) in grid {
+            let path = cell_config(&configs(), table, cell);
+            let c = RunConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            let s = &c.optim.states;
+            assert_eq!(c.run.name, cell_name(table, cell));
+            let dtype = if table == Table::Bf16Model { WeightDtype::Bf16 } else { WeightDtype::F32 };
+            assert_eq!(c.model.dtype, dtype, "{}", path.display());
+            assert_eq!((s.m_format.as_str(), s.v_format.as_str()), (f.as_str(), f.as_str()));
+            let r = if matches!(x, Fix::Sr | Fix::SrReset) { Rounding::Stochastic } else { Rounding::Nearest };
+            assert_eq!((s.m_rounding, s.v_rounding), (r, r), "{}", path.display());
+            let k = if x.resets() { f.paper_reset_period() } else { 0 };
+            assert_eq!((s.m_reset_every, s.v_reset_every), (k, k), "{}", path.display());
+            assert_eq!(s.weight_rounding, Rounding::Nearest);
+            // the rest is the base, unchanged
+            let mut norm = c.clone();
+            norm.model.dtype = base.model.dtype;
+            norm.optim.states = base.optim.states.clone();
+            norm.run.name = base.run.name.clone();
+            assert_eq!(norm.to_toml(), base.to_toml(), "{} changes more than its knob", path.display());
+        }
+    }
+}
+
+#[test]
+fn scales_override_the_run_and_reset_periods() {
+    let cell = (Fmt::Fp8, Fix::SrReset);
+    let path = cell_config(&configs(), Table::Bf16Model, cell);
+    let load = |scale| {
+        let o = run_overrides(scale, cell, Path::new("runs/reproduce/x"), "c-s1", 1, &[]);
+        RunConfig::load(&path, &o).unwrap()
+    };
+    let smoke = load(Scale::Smoke);
+    assert_eq!(smoke.model.preset.as_deref(), Some("tiny"));
+    assert_eq!(smoke.train.device, "cpu");
+    assert_eq!((smoke.train.max_steps, smoke.data.seq_len, smoke.train.micro_batch), (30, 64, 4));
+    assert!(smoke.data.train[0].starts_with("data/c4-sample/"));
+    assert_eq!(smoke.optim.states.m_reset_every, 6);
+    assert_eq!(smoke.train.seed, 1);
+    assert_eq!(smoke.run_dir(), Path::new("runs/reproduce/x/c-s1"));
+    let h = load(Scale::H200);
+    assert_eq!(h.model.preset.as_deref(), Some("llama20m"));
+    assert_eq!(h.train.device, "cuda");
+    assert_eq!((h.train.max_steps, h.data.seq_len), (1000, 256));
+    assert!(h.data.train[0].starts_with("data/local/corpus/"));
+    assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (75, 75));
+    let full = load(Scale::Full);
+    assert_eq!(full.model.preset.as_deref(), Some("llama100m"));
+    assert_eq!(full.optim.states.v_reset_every, 300);
+    assert_eq!(full.train.max_steps, RunConfig::load(&path, &[]).unwrap().train.max_steps);
+    // non-resetting cells stay non-resetting at every scale
+    for scale in [Scale::Smoke, Scale::H200, Scale::Full] {
+        assert!(!scale_overrides(scale, (Fmt::Fp4, Fix::Sr)).iter().any(|o| o.contains("reset_every")));
+    }
+    assert_eq!([reset_period(Scale::Smoke, Fmt::Bf16), reset_period(Scale::Smoke, Fmt::Fp4)], [20, 4]);
+    assert_eq!([reset_period(Scale::H200, Fmt::Bf16), reset_period(Scale::H200, Fmt::Fp4)], [250, 50]);
+}
+
+#[test]
+fn plan_is_seed_major_with_one_folder_per_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let extra = vec!["optim.states.weight_rounding=\"stochastic\"".to_string()];
+    let jobs = plan(Table::Fp32Model, Scale::Smoke, 2, &configs(), tmp.path(), &extra).unwrap();
+    assert_eq!(jobs.len(), 28);
+    assert!(jobs[..14].iter().all(|j| j.seed == 0) && jobs[14..].iter().all(|j| j.seed == 1));
+    let dirs: std::collections::BTreeSet<_> = jobs.iter().map(|j| j.run_dir.clone()).collect();
+    assert_eq!(dirs.len(), 28);
+    assert_eq!(
+        jobs[15].run_dir,
+        tmp.path().join("fp32-model-smoke").join("llama100m_f32model_fp32_reset-s1")
+    );
+    assert!(jobs.iter().all(|j| j.resolved.contains("weight_rounding = \"stochastic\"")));
+}
+
+// ───────── pure functions on hand-made numbers ─────────
+
+fn one(loss: f64) -> Option<RunResult> {
+    Some(RunResult { val_loss: Some(loss), stall_m: Some(0.5), stall_v: Some(0.9), stall_w: None, diverged: false })
+}
+
+/// The paper's own numbers as one-seed results.
+fn paper_as_results(table: Table) -> Results {
+    cells(table).into_iter().filter_map(|c| Some((c, vec![one(paper_loss(table, c)?)]))).collect()
+}
+
+#[test]
+fn stats_and_paired_deltas() {
+    let s = Stat::of(&[3.0, 3.2]).unwrap();
+    assert!((s.mean - 3.1).abs() < 1e-12);
+    assert!((s.sd.unwrap() - 0.02f64.sqrt()).abs() < 1e-12);
+    assert_eq!(Stat::of(&[1.0]).unwrap().sd, None);
+    assert!(Stat::of(&[]).is_none());
+    let mut r: Results = BTreeMap::new();
+    let (a, b) = ((Fmt::Fp8, Fix::SrReset), (Fmt::Fp8, Fix::Plain));
+    r.insert(a, vec![one(3.0), None, one(3.4)]);
+    r.insert(b, vec![one(3.1), one(9.9), one(3.3)]);
+    // seed 1 is unpaired and left out; seed 0: -0.1, seed 2: +0.1
+    let d = delta(&r, a, b).unwrap();
+    assert_eq!(d.n, 2);
+    assert!(d.mean.abs() < 1e-12);
+    assert_eq!(loss_stat(&r, b).unwrap().n, 3);
+}
+
+#[test]
+fn paper_numbers_satisfy_the_papers_orderings() {
+    let t = Table::Fp32Model;
+    let r = paper_as_results(t);
+    for c in claims(t) {
+        let v = evaluate_claim(&r, &c);
+        assert_eq!(v.holds, Some(true), "{}", c.text);
+        assert_eq!(v.seeds_holding, 1);
+        assert_eq!(paper_verdict(t, &c).map(|p| p.1), Some(true), "{}", c.text);
+    }
+    // the main table publishes only plain and SR + resets
+    let t = Table::Bf16Model;
+    let r = paper_as_results(t);
+    let verdicts: Vec<_> = claims(t).iter().map(|c| (c.text.clone(), evaluate_claim(&r, c).holds)).collect();
+    for (text, h) in &verdicts {
+        if text.starts_with("SR + resets below plain") {
+            assert_eq!(*h, Some(true), "{text}");
+        } else {
+            assert_eq!(*h, None, "{text}");
+        }
+    }
+}
+
+#[test]
+fn an_ordering_that_fails_is_reported() {
+    let t = Table::Fp32Model;
+    let mut r = paper_as_results(t);
+    // resets help fp32 states here (against the paper), fp4 SR + resets worse than plain
+    r.insert((Fmt::Fp32, Fix::Reset), vec![one(3.150)]);
+    r.insert((Fmt::Fp4, Fix::SrReset), vec![one(3.300)]);
+    let cl = claims(t);
+    let find = |s: &str| cl.iter().find(|c| c.text.contains(s)).unwrap().clone();
+    assert_eq!(evaluate_claim(&r, &find("do not help fp32")).holds, Some(false));
+    let fp4 = evaluate_claim(&r, &find("SR + resets below plain, fp4"));
+    assert_eq!(fp4.holds, Some(false));
+    assert!((fp4.delta.unwrap().mean - (3.300 - 3.199)).abs() < 1e-12);
+    // two seeds that disagree: the mean decides, the seed count shows the disagreement
+    let mut r2: Results = BTreeMap::new();
+    r2.insert((Fmt::Bf16, Fix::SrReset), vec![one(3.00), one(3.25)]);
+    r2.insert((Fmt::Bf16, Fix::Plain), vec![one(3.10), one(3.20)]);
+    let v = evaluate_claim(&r2, &find("SR + resets below plain, bf16"));
+    assert_eq!((v.holds, v.seeds_holding, v.delta.unwrap().n), (Some(true), 1, 2));
+}
+
+#[test]
+fn render_shows_paper_ours_deltas_and_verdicts() {
+    let t = Table::Fp32Model;
+    let mut r: Results = BTreeMap::new();
+    for (i, c) in cells(t).into_iter().enumerate() {
+        let p = paper_loss(t, c).unwrap();
+        r.insert(c, vec![one(p + 0.5), one(p + 0.5 + 0.001 * i as f64)]);
+    }
+    r.insert((Fmt::Fp32, Fix::Reset), vec![one(3.0), one(3.0)]); // resets "help" fp32: fails
+    r.insert((Fmt::Fp4, Fix::Sr), vec![None, None]); // missing
+    let info = RunInfo {
+        command: "train reproduce --table fp32-model --scale smoke".into(),
+        seeds: 2,
+        jobs: 2,
+        runs_total: 28,
+        runs_failed: vec!["llama100m_f32model_fp4_sr-s0".into(), "llama100m_f32model_fp4_sr-s1".into()],
+        wall_s: Some(125.0),
+        params: Some(8_619_648),
+        tokens_per_run: Some(10240),
+        steps: Some(40),
+        runs_dir: "runs/reproduce/fp32-model-smoke".into(),
+        scale_text: scale_description(Scale::Smoke),
+    };
+    let md = render(t, Scale::Smoke, &r, &info);
+    assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
+    assert!(md.contains("wall time 2m05s with up to 2 at once"));
+    assert!(md.contains("**2 run(s) failed"));
+    assert!(md.contains("÷ 50"));
+    // fp8 SR + resets row: paper 3.155, ours 3.655 ± sd, paper deltas vs plain and vs fp32
+    let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
+    assert!(row.contains("| 3.155 |"), "{row}");
+    assert!(row.contains("3.65"), "{row}");
+    assert!(row.contains(" ± "), "{row}");
+    assert!(row.contains("| -0.038 |"), "{row}"); // 3.155 - 3.193
+    assert!(row.contains("| +0.000 |"), "{row}"); // 3.155 - 3.155
+    let missing = md.lines().find(|l| l.starts_with("| fp4 | SR |")).unwrap();
+    assert!(missing.contains("| 3.182 | — |"), "{missing}");
+    let claim = md.lines().find(|l| l.contains("resets do not help fp32 states")).unwrap();
+    assert!(claim.contains("**does not hold**") && claim.contains("| 0/2 |"), "{claim}");
+    let claim = md.lines().find(|l| l.contains("SR helps fp4")).unwrap();
+    assert!(claim.contains("n/a"), "{claim}");
+    let claim = md.lines().find(|l| l.contains("SR + resets below plain, fp8")).unwrap();
+    assert!(claim.contains("**holds**") && claim.contains("| -0.038 |"), "{claim}");
+    assert!(!md.contains("-0.0000"));
+    // the grid in the paper's layout
+    assert!(md.contains("| states | fp32 | bf16 | fp8 | fp4 |"));
+    assert!(md.lines().any(|l| l.starts_with("| SR |") && l.contains("| — |")));
+}
+
+#[test]
+fn diverged_runs_are_flagged_and_not_judged() {
+    let t = Table::Bf16Model;
+    let mut r = paper_as_results(t);
+    let blown = RunResult { val_loss: Some(28410.5), diverged: true, ..Default::default() };
+    r.insert((Fmt::Fp4, Fix::Plain), vec![Some(blown)]);
+    let c = claims(t).into_iter().find(|c| c.text == "SR + resets below plain, fp4 states").unwrap();
+    let v = evaluate_claim(&r, &c);
+    assert_eq!((v.holds, v.diverged, v.word()), (None, true, "n/a (a run diverged)"));
+    let md = render(t, Scale::Smoke, &r, &RunInfo { seeds: 1, ..Default::default() });
+    assert!(md.lines().any(|l| l.starts_with("| fp4 | plain (nearest) |") && l.contains("28410.5000 (diverged)")));
+    assert!(md.contains("Diverged (final validation loss above the initial one): llama100m_fp4_plain"));
+    assert!(md.contains("**n/a (a run diverged)**"));
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Check that a lowbit checkpoint is a working Hugging Face LLaMA export.
+
+Loads CHECKPOINT_DIR (model.safetensors + config.json, as `train` writes into
+runs/NAME/checkpoints/step_NNNNNNN/) with transformers' LlamaForCausalLM.from_pretrained,
+computes the mean masked next-token cross-entropy on the token batch in BATCH.json and
+compares it with the loss `train` computed on the same batch with the same weights.
+
+BATCH.json is the `export_check.json` that `train` writes into every checkpoint folder
+(default when BATCH.json is omitted):
+    {"input_ids": [[...], ...], "targets": [[...], ...], "mask": [[1.0, ...], ...],
+     "loss": 10.37, "dtype": "float32" | "bfloat16"}
+
+Exit status: 0 when |loss_hf - loss| <= rtol * |loss| (default rtol 1e-4 for float32
+weights, 2e-2 for bfloat16, where the two implementations round activations differently),
+1 beyond the tolerance, 2 when the checkpoint does not load cleanly (missing, unexpected
+or mis-shaped tensors).
+
+Usage:
+    python3 scripts/check_hf_export.py runs/NAME/checkpoints/step_0000200 [BATCH.json]
+        [--rtol 1e-4] [--device cuda|cpu]
+Needs torch and transformers.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoint", help="checkpoint folder with model.safetensors and config.json")
+    ap.add_argument("batch", nargs="?", help="BATCH.json (default: CHECKPOINT/export_check.json)")
+    ap.add_argument("--rtol", type=float, default=None, help="relative tolerance (default by dtype)")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    a = ap.parse_args()
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    batch_path = a.batch or os.path.join(a.checkpoint, "export_check.json")
+    with open(batch_path) as f:
+        batch = json.load(f)
+    for key in ("input_ids", "targets", "mask", "loss"):
+        if key not in batch:
+            print(f"{batch_path}: missing {key!r}", file=sys.stderr)
+            return 2
+    ours = batch["loss"]
+    if ours is None or not math.isfinite(ours):
+        print(f"{batch_path}: the stored loss is not finite ({ours}); nothing to compare", file=sys.stderr)
+        return 1
+    dtype_name = batch.get("dtype", "float32")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    rtol = a.rtol if a.rtol is not None else (1e-4 if dtype == torch.float32 else 2e-2)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    # Full FP32 matmuls (no TF32), so FP32 weights compare at 1e-4.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+    model, info = LlamaForCausalLM.from_pretrained(
+        a.checkpoint, output_loading_info=True, attn_implementation="eager"
+    )
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        print(f"{a.checkpoint}: the checkpoint does not load cleanly: {bad}", file=sys.stderr)
+        return 2
+    model = model.to(device=device, dtype=dtype).eval()
+
+    ids = torch.tensor(batch["input_ids"], dtype=torch.long, device=device)
+    tgt = torch.tensor(batch["targets"], dtype=torch.long, device=device)
+    mask = torch.tensor(batch["mask"], dtype=torch.float32, device=device)
+    if ids.shape != tgt.shape or ids.shape != mask.shape:
+        print(f"{batch_path}: input_ids {tuple(ids.shape)}, targets {tuple(tgt.shape)} and mask "
+              f"{tuple(mask.shape)} differ in shape", file=sys.stderr)
+        return 2
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
+        )
+        m = mask.reshape(-1)
+        theirs = float((nll * m).sum() / m.sum().clamp_min(torch.finfo(torch.float32).tiny))
+
+    rel = abs(theirs - ours) / max(abs(ours), 1e-12)
+    ok = rel <= rtol
+    print(
+        f"{a.checkpoint}: transformers loss {theirs:.7f}, train loss {ours:.7f}, "
+        f"relative difference {rel:.2e} ({'within' if ok else 'BEYOND'} {rtol:g}; "
+        f"{dtype_name} weights, batch {tuple(ids.shape)}, {device})"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
