@@ -2,13 +2,14 @@
 // crates/optim/src/adamw.rs (the CPU reference it must match bit for bit).
 //
 // One launch updates one parameter tensor. Each warp owns one *segment*: a scale block of
-// B elements (B > 0), or 512 elements when the states are unscaled or the per-tensor amax
-// was computed by `adamw_amax_*` first (B = 0). Per element, in FP32 registers, in the
+// B elements (B > 0, a multiple of 4), or 128 elements when the states are unscaled or the
+// per-tensor amax was computed by `adamw_amax_*` first (B = 0); each lane takes 4
+// consecutive elements at a time (16-byte loads of weights and gradients). Per element, in FP32 registers, in the
 // reference's order:
 //   decode -> m -> v -> bias correction -> decay -> update -> encode
 //   g = grad * grad_scale
 //   m = b1 * m_old + (1 - b1) * g ;  v = b2 * v_old + (1 - b2) * g^2
-//   p = p * (1 - lr * wd) - lr * (m / bc1) / (sqrt(v / bc2) + eps)
+//   p = p * (1 - lr * wd) - lr * (m * (1/bc1)) / (sqrt(v * (1/bc2)) + eps)
 // p is read and written once; m, v (codes + scales) are read once and written once; the
 // dequantized states never reach global memory. With block scales the warp first computes
 // the new moments and the block's amax (pass 1, which also writes p), then recomputes the
@@ -25,7 +26,7 @@
 // Host-computed constants of one step on one tensor (mirrors StepScalars + StepKeys).
 struct StepArgs {
     float grad_scale, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay;
-    float bias_correction1, bias_correction2;
+    float inv_bias_correction1, inv_bias_correction2;
     unsigned long long key_m, key_v, key_w;
     unsigned long long n;
     unsigned int block;     // scale block length; 0 = per tensor (amax precomputed)
@@ -34,51 +35,79 @@ struct StepArgs {
     unsigned int zero_m, zero_v;  // int8: index of 0 in the signed / unsigned map
 };
 
-#define SEGMENT_UNSCALED 512
+#define SEGMENT_UNSCALED 128
 #define WARPS_PER_BLOCK 8
 
-// ---- per-format access to a state's codes (pairs of elements e, e+1; e even) ----
+// ---- per-format access to a state's codes ----
+// load/store: one element. load4/store4: elements e..e+3 (e % 4 == 0, all in range) with
+// one vector access (the buffers are 256-byte aligned cudaMalloc allocations).
 template <int F> struct Codes;
 template <> struct Codes<FMT_F32> {
     static constexpr bool SCALED = false;
     __device__ static unsigned load(const void* c, unsigned long long e) { return __float_as_uint(((const float*)c)[e]); }
-    __device__ static void store(void* c, unsigned long long e, unsigned v0, unsigned v1, bool has1) {
-        ((float*)c)[e] = __uint_as_float(v0);
-        if (has1) ((float*)c)[e + 1] = __uint_as_float(v1);
+    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((float*)c)[e] = __uint_as_float(v); }
+    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
+        float4 v = *(const float4*)((const float*)c + e);
+        o[0] = __float_as_uint(v.x); o[1] = __float_as_uint(v.y); o[2] = __float_as_uint(v.z); o[3] = __float_as_uint(v.w);
+    }
+    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
+        *(float4*)((float*)c + e) = make_float4(__uint_as_float(o[0]), __uint_as_float(o[1]), __uint_as_float(o[2]), __uint_as_float(o[3]));
     }
 };
 template <> struct Codes<FMT_BF16> {
     static constexpr bool SCALED = false;
     __device__ static unsigned load(const void* c, unsigned long long e) { return ((const uint16_t*)c)[e]; }
-    __device__ static void store(void* c, unsigned long long e, unsigned v0, unsigned v1, bool has1) {
-        ((uint16_t*)c)[e] = (uint16_t)v0;
-        if (has1) ((uint16_t*)c)[e + 1] = (uint16_t)v1;
+    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((uint16_t*)c)[e] = (uint16_t)v; }
+    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
+        uint2 v = *(const uint2*)((const uint16_t*)c + e);
+        o[0] = v.x & 0xFFFF; o[1] = v.x >> 16; o[2] = v.y & 0xFFFF; o[3] = v.y >> 16;
+    }
+    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
+        *(uint2*)((uint16_t*)c + e) = make_uint2(o[0] | (o[1] << 16), o[2] | (o[3] << 16));
     }
 };
-template <int F> struct ByteCodes {
+struct ByteCodes {
     static constexpr bool SCALED = true;
     __device__ static unsigned load(const void* c, unsigned long long e) { return ((const uint8_t*)c)[e]; }
-    __device__ static void store(void* c, unsigned long long e, unsigned v0, unsigned v1, bool has1) {
-        ((uint8_t*)c)[e] = (uint8_t)v0;
-        if (has1) ((uint8_t*)c)[e + 1] = (uint8_t)v1;
+    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((uint8_t*)c)[e] = (uint8_t)v; }
+    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
+        unsigned w = *(const unsigned*)((const uint8_t*)c + e);
+        for (int k = 0; k < 4; k++) o[k] = (w >> (8 * k)) & 0xFF;
+    }
+    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
+        *(unsigned*)((uint8_t*)c + e) = o[0] | (o[1] << 8) | (o[2] << 16) | (o[3] << 24);
     }
 };
-template <int F> struct NibbleCodes {
+// two FP4 codes per byte, element 2i in the low nibble of byte i
+struct NibbleCodes {
     static constexpr bool SCALED = true;
     __device__ static unsigned load(const void* c, unsigned long long e) {
         return (((const uint8_t*)c)[e / 2] >> (4 * (e % 2))) & 0xF;
     }
-    // e is even: one byte holds both; without a second element keep the high nibble.
-    __device__ static void store(void* c, unsigned long long e, unsigned v0, unsigned v1, bool has1) {
+    // read-modify-write of the shared byte (tails only, one thread per byte)
+    __device__ static void store(void* c, unsigned long long e, unsigned v) {
         uint8_t* b = (uint8_t*)c + e / 2;
-        *b = has1 ? (uint8_t)(v0 | (v1 << 4)) : (uint8_t)((*b & 0xF0) | v0);
+        unsigned sh = 4 * (e % 2);
+        *b = (uint8_t)((*b & ~(0xFu << sh)) | (v << sh));
+    }
+    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
+        unsigned w = *(const uint16_t*)((const uint8_t*)c + e / 2);
+        for (int k = 0; k < 4; k++) o[k] = (w >> (4 * k)) & 0xF;
+    }
+    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
+        *(uint16_t*)((uint8_t*)c + e / 2) = (uint16_t)(o[0] | (o[1] << 4) | (o[2] << 8) | (o[3] << 12));
     }
 };
-template <> struct Codes<FMT_E4M3> : ByteCodes<FMT_E4M3> {};
-template <> struct Codes<FMT_E5M2> : ByteCodes<FMT_E5M2> {};
-template <> struct Codes<FMT_INT8> : ByteCodes<FMT_INT8> {};
-template <> struct Codes<FMT_E2M1> : NibbleCodes<FMT_E2M1> {};
-template <> struct Codes<FMT_UE2M2> : NibbleCodes<FMT_UE2M2> {};
+template <> struct Codes<FMT_E4M3> : ByteCodes {};
+template <> struct Codes<FMT_E5M2> : ByteCodes {};
+template <> struct Codes<FMT_INT8> : ByteCodes {};
+template <> struct Codes<FMT_E2M1> : NibbleCodes {};
+template <> struct Codes<FMT_UE2M2> : NibbleCodes {};
+
+// Random bits only for stochastic rounding (nearest ignores them).
+__device__ __forceinline__ uint64_t rand_for(int rounding, unsigned long long key, unsigned long long i) {
+    return rounding == ROUND_STOCHASTIC ? random_bits(key, i) : 0ull;
+}
 
 // Decoded value of a code with its block scale (state.rs `decode_code`).
 template <int F> __device__ __forceinline__ float decode(unsigned c, float scale, const float* map) {
@@ -125,32 +154,47 @@ __device__ __forceinline__ void moments(float grad, float m_old, float v_old, co
 }
 
 __device__ __forceinline__ float param_update(float p, float m, float v, const StepArgs& a) {
-    float m_hat = __fdiv_rn(m, a.bias_correction1);
-    float v_hat = __fdiv_rn(v, a.bias_correction2);
+    float m_hat = __fmul_rn(m, a.inv_bias_correction1);
+    float v_hat = __fmul_rn(v, a.inv_bias_correction2);
     float denom = __fadd_rn(__fsqrt_rn(v_hat), a.eps);
     return __fsub_rn(__fmul_rn(p, a.decay), __fmul_rn(a.lr, __fdiv_rn(m_hat, denom)));
 }
 
 // Weights: FP32 (written exactly) or BF16 bit patterns (rounded, stalls counted).
+// update(p, e, k, ...) updates elements e..e+k-1 (one vector access when k == 4).
 template <typename P> struct Weights;
 template <> struct Weights<float> {
-    __device__ static float load(const float* p, unsigned long long e) { return p[e]; }
-    __device__ static void update(float* p, unsigned long long e, float m, float v, const StepArgs& a, unsigned& upd,
-                                  unsigned& st) {
-        p[e] = param_update(p[e], m, v, a);
+    __device__ static void update(float* p, unsigned long long e, int k, const float m[4], const float v[4],
+                                  const StepArgs& a, unsigned& upd, unsigned& st) {
+        if (k == 4) {
+            float4 q = *(const float4*)(p + e);
+            q.x = param_update(q.x, m[0], v[0], a);
+            q.y = param_update(q.y, m[1], v[1], a);
+            q.z = param_update(q.z, m[2], v[2], a);
+            q.w = param_update(q.w, m[3], v[3], a);
+            *(float4*)(p + e) = q;
+        } else {
+            for (int j = 0; j < k; j++) p[e + j] = param_update(p[e + j], m[j], v[j], a);
+        }
     }
 };
 template <> struct Weights<uint16_t> {
-    __device__ static void update(uint16_t* p, unsigned long long e, float m, float v, const StepArgs& a,
-                                  unsigned& upd, unsigned& st) {
-        uint16_t old_code = p[e];
-        float old = bf16_decode(old_code);
-        float nv = param_update(old, m, v, a);
-        uint16_t code = bf16_encode(nv, a.round_w, random_bits(a.key_w, e));
-        bool changed = nv != old;
-        upd += changed;
-        st += changed && code == old_code;
-        p[e] = code;
+    __device__ static void update(uint16_t* p, unsigned long long e, int k, const float m[4], const float v[4],
+                                  const StepArgs& a, unsigned& upd, unsigned& st) {
+        unsigned c[4];
+        if (k == 4) Codes<FMT_BF16>::load4(p, e, c);
+        else for (int j = 0; j < k; j++) c[j] = p[e + j];
+        for (int j = 0; j < k; j++) {
+            float old = bf16_decode((uint16_t)c[j]);
+            float nv = param_update(old, m[j], v[j], a);
+            unsigned code = bf16_encode(nv, a.round_w, rand_for(a.round_w, a.key_w, e + j));
+            bool changed = nv != old;
+            upd += changed;
+            st += changed && code == c[j];
+            c[j] = code;
+        }
+        if (k == 4) Codes<FMT_BF16>::store4(p, e, c);
+        else for (int j = 0; j < k; j++) p[e + j] = (uint16_t)c[j];
     }
 };
 
@@ -161,7 +205,71 @@ __device__ __forceinline__ float warp_max(float x) {
 
 __device__ __forceinline__ float finite_abs(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
 
-// The warp's work on one segment [start, start + len).
+// Gradients and old codes of elements e..e+k-1 (vector loads when k == 4).
+template <int MF, int VF>
+__device__ __forceinline__ void load_quad(const StepArgs& a, const float* g, const void* mc, const void* vc,
+                                          unsigned long long e, int k, float gq[4], unsigned mo[4], unsigned vo[4]) {
+    if (k == 4) {
+        float4 q = *(const float4*)(g + e);
+        gq[0] = q.x; gq[1] = q.y; gq[2] = q.z; gq[3] = q.w;
+        if (!a.reset_m) Codes<MF>::load4(mc, e, mo);
+        if (!a.reset_v) Codes<VF>::load4(vc, e, vo);
+    } else {
+        for (int j = 0; j < k; j++) {
+            gq[j] = g[e + j];
+            if (!a.reset_m) mo[j] = Codes<MF>::load(mc, e + j);
+            if (!a.reset_v) vo[j] = Codes<VF>::load(vc, e + j);
+        }
+    }
+    // a reset state reads as its zero code (scale 1), exactly like the CPU's set_zero
+    if (a.reset_m) for (int j = 0; j < 4; j++) mo[j] = MF == FMT_INT8 ? a.zero_m : 0u;
+    if (a.reset_v) for (int j = 0; j < 4; j++) vo[j] = VF == FMT_INT8 ? a.zero_v : 0u;
+}
+
+// Encode the new moments of a quad with the new scales, count stalls, store the codes.
+template <int MF, int VF>
+__device__ __forceinline__ void encode_quad(const StepArgs& a, void* mc, void* vc, unsigned long long e, int k,
+                                            const float m[4], const float v[4], const unsigned mo[4],
+                                            const unsigned vo[4], float old_sm, float old_sv, float new_sm,
+                                            float new_sv, const float* map_m, const float* map_v, unsigned cnt[6]) {
+    unsigned mn[4], vn[4];
+    for (int j = 0; j < k; j++) {
+        const unsigned long long i = e + j;
+        float m_old = decode<MF>(mo[j], old_sm, map_m);
+        float v_old = decode<VF>(vo[j], old_sv, map_v);
+        mn[j] = encode<MF>(m[j], new_sm, a.round_m, rand_for(a.round_m, a.key_m, i), map_m, a.zero_m);
+        vn[j] = encode<VF>(v[j], new_sv, a.round_v, rand_for(a.round_v, a.key_v, i), map_v, a.zero_v);
+        bool mch = m[j] != m_old, vch = v[j] != v_old;
+        cnt[0] += mch;
+        cnt[1] += mch && same_stored<MF>(mn[j], mo[j], decode<MF>(mn[j], new_sm, map_m), m_old);
+        cnt[2] += vch;
+        cnt[3] += vch && same_stored<VF>(vn[j], vo[j], decode<VF>(vn[j], new_sv, map_v), v_old);
+    }
+    if (k == 4) {
+        Codes<MF>::store4(mc, e, mn);
+        Codes<VF>::store4(vc, e, vn);
+    } else {
+        for (int j = 0; j < k; j++) {
+            Codes<MF>::store(mc, e + j, mn[j]);
+            Codes<VF>::store(vc, e + j, vn[j]);
+        }
+    }
+}
+
+// decode -> m -> v for a quad loaded by load_quad.
+template <int MF, int VF>
+__device__ __forceinline__ void quad_moments(const StepArgs& a, int k, const float gq[4], const unsigned mo[4],
+                                             const unsigned vo[4], float old_sm, float old_sv, const float* map_m,
+                                             const float* map_v, float m[4], float v[4]) {
+    for (int j = 0; j < 4; j++) m[j] = v[j] = 0.0f;
+    for (int j = 0; j < k; j++)
+        moments(gq[j], decode<MF>(mo[j], old_sm, map_m), decode<VF>(vo[j], old_sv, map_v), a, m[j], v[j]);
+}
+
+// The warp's work on one segment [start, start + len): lane l takes elements
+// start + 4l .. start + 4l + 3, then + 128, ... (16-byte loads of p and g).
+// Scaled blocks of at most 128 elements (one quad per lane) keep the new moments in
+// registers between the amax and the encode; longer blocks recompute them (pass 2).
 template <typename P, int MF, int VF>
 __device__ void segment(const StepArgs& a, P* p, const float* g, void* mc, float* ms, void* vc, float* vs,
                         const float* amax_pre, unsigned long long s, unsigned long long start, unsigned len,
@@ -173,22 +281,47 @@ __device__ void segment(const StepArgs& a, P* p, const float* g, void* mc, float
     const float old_sm = (Codes<MF>::SCALED && !a.reset_m) ? ms[si] : 1.0f;
     const float old_sv = (Codes<VF>::SCALED && !a.reset_v) ? vs[si] : 1.0f;
     const unsigned long long end = min(start + len, a.n);
+    float gq[4], m[4], v[4];
+    unsigned mo[4], vo[4];
+
+    if (two_pass && a.block <= 128) {
+        // One quad per lane: moments, weight update, amax, scales, encode.
+        const unsigned long long e = start + 4 * lane;
+        const int k = e < end ? (int)min(4ull, end - e) : 0;
+        float am = 0.0f, av = 0.0f;
+        if (k > 0) {
+            load_quad<MF, VF>(a, g, mc, vc, e, k, gq, mo, vo);
+            quad_moments<MF, VF>(a, k, gq, mo, vo, old_sm, old_sv, map_m, map_v, m, v);
+            for (int j = 0; j < k; j++) {
+                am = fmaxf(am, finite_abs(m[j]));
+                av = fmaxf(av, finite_abs(v[j]));
+            }
+            Weights<P>::update(p, e, k, m, v, a, cnt[4], cnt[5]);
+        }
+        const float new_sm = scale_from_amax<MF>(warp_max(am));
+        const float new_sv = scale_from_amax<VF>(warp_max(av));
+        if (k > 0) encode_quad<MF, VF>(a, mc, vc, e, k, m, v, mo, vo, old_sm, old_sv, new_sm, new_sv, map_m, map_v, cnt);
+        __syncwarp();
+        if (lane == 0) {
+            if (Codes<MF>::SCALED) ms[si] = new_sm;
+            if (Codes<VF>::SCALED) vs[si] = new_sv;
+        }
+        return;
+    }
 
     float new_sm = 1.0f, new_sv = 1.0f;
     if (two_pass) {
-        // Pass 1: moments, weight update, block amax.
+        // Pass 1: decode -> m -> v -> update (weights written), block amax.
         float am = 0.0f, av = 0.0f;
-        for (unsigned long long e = start + 2 * lane; e < end; e += 64) {
-            for (int j = 0; j < 2 && e + j < end; j++) {
-                unsigned long long i = e + j;
-                float m_old = a.reset_m ? 0.0f : decode<MF>(Codes<MF>::load(mc, i), old_sm, map_m);
-                float v_old = a.reset_v ? 0.0f : decode<VF>(Codes<VF>::load(vc, i), old_sv, map_v);
-                float m, v;
-                moments(g[i], m_old, v_old, a, m, v);
-                Weights<P>::update(p, i, m, v, a, cnt[4], cnt[5]);
-                am = fmaxf(am, finite_abs(m));
-                av = fmaxf(av, finite_abs(v));
+        for (unsigned long long e = start + 4 * lane; e < end; e += 128) {
+            const int k = (int)min(4ull, end - e);
+            load_quad<MF, VF>(a, g, mc, vc, e, k, gq, mo, vo);
+            quad_moments<MF, VF>(a, k, gq, mo, vo, old_sm, old_sv, map_m, map_v, m, v);
+            for (int j = 0; j < k; j++) {
+                am = fmaxf(am, finite_abs(m[j]));
+                av = fmaxf(av, finite_abs(v[j]));
             }
+            Weights<P>::update(p, e, k, m, v, a, cnt[4], cnt[5]);
         }
         new_sm = scale_from_amax<MF>(warp_max(am));
         new_sv = scale_from_amax<VF>(warp_max(av));
@@ -196,32 +329,13 @@ __device__ void segment(const StepArgs& a, P* p, const float* g, void* mc, float
         new_sm = scale_from_amax<MF>(amax_pre[0]);
         new_sv = scale_from_amax<VF>(amax_pre[1]);
     }
-    // Pass 2 (or the only pass): encode with rounding, count stalls.
-    for (unsigned long long e = start + 2 * lane; e < end; e += 64) {
-        unsigned mcode[2] = {0, 0}, vcode[2] = {0, 0};
-        for (int j = 0; j < 2 && e + j < end; j++) {
-            unsigned long long i = e + j;
-            unsigned mo = a.reset_m ? (MF == FMT_INT8 ? a.zero_m : 0u) : Codes<MF>::load(mc, i);
-            unsigned vo = a.reset_v ? (VF == FMT_INT8 ? a.zero_v : 0u) : Codes<VF>::load(vc, i);
-            float m_old = decode<MF>(mo, old_sm, map_m);
-            float v_old = decode<VF>(vo, old_sv, map_v);
-            float m, v;
-            moments(g[i], m_old, v_old, a, m, v);
-            if (!two_pass) Weights<P>::update(p, i, m, v, a, cnt[4], cnt[5]);
-            unsigned mn = encode<MF>(m, new_sm, a.round_m, random_bits(a.key_m, i), map_m, a.zero_m);
-            unsigned vn = encode<VF>(v, new_sv, a.round_v, random_bits(a.key_v, i), map_v, a.zero_v);
-            bool mch = m != m_old, vch = v != v_old;
-            cnt[0] += mch;
-            cnt[1] += mch && same_stored<MF>(mn, mo, decode<MF>(mn, new_sm, map_m), m_old);
-            cnt[2] += vch;
-            cnt[3] += vch && same_stored<VF>(vn, vo, decode<VF>(vn, new_sv, map_v), v_old);
-            mcode[j] = mn;
-            vcode[j] = vn;
-        }
-        if (e < end) {
-            Codes<MF>::store(mc, e, mcode[0], mcode[1], e + 1 < end);
-            Codes<VF>::store(vc, e, vcode[0], vcode[1], e + 1 < end);
-        }
+    // Pass 2 (or the only pass): the same moments again, encode with rounding, count stalls.
+    for (unsigned long long e = start + 4 * lane; e < end; e += 128) {
+        const int k = (int)min(4ull, end - e);
+        load_quad<MF, VF>(a, g, mc, vc, e, k, gq, mo, vo);
+        quad_moments<MF, VF>(a, k, gq, mo, vo, old_sm, old_sv, map_m, map_v, m, v);
+        if (!two_pass) Weights<P>::update(p, e, k, m, v, a, cnt[4], cnt[5]);
+        encode_quad<MF, VF>(a, mc, vc, e, k, m, v, mo, vo, old_sm, old_sv, new_sm, new_sv, map_m, map_v, cnt);
     }
     if (two_pass) {
         __syncwarp();

@@ -1,5 +1,7 @@
-//! Compiles `kernels/*.cu` to PTX (sm_90) with nvcc, only with the `cuda` feature.
-//! `-fmad=false`: no FMA contraction, so the kernels' FP32 arithmetic is the CPU reference's.
+//! Compiles `kernels/*.cu` with nvcc, only with the `cuda` feature, into a fatbin holding
+//! SASS for the target (`CUDA_COMPUTE_CAP`, default 90 = H100/H200: no JIT at start-up) and
+//! PTX (for newer GPUs). `-fmad=false`: no FMA contraction, so the kernels' FP32 arithmetic
+//! is the CPU reference's.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -14,12 +16,13 @@ fn main() {
         let path = entry.unwrap().path();
         println!("cargo:rerun-if-changed={}", path.display());
         if path.extension().is_some_and(|e| e == "cu") {
-            let ptx = out.join(path.file_stem().unwrap()).with_extension("ptx");
+            let bin = out.join(path.file_stem().unwrap()).with_extension("fatbin");
             let status = std::process::Command::new(&nvcc)
-                .args(["--ptx", "-O3", "-std=c++17", "-fmad=false", &format!("-arch=compute_{arch}")])
+                .args(["--fatbin", "-O3", "-std=c++17", "-fmad=false"])
+                .arg(format!("-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"))
                 .arg(&path)
                 .arg("-o")
-                .arg(&ptx)
+                .arg(&bin)
                 .status()
                 .unwrap_or_else(|e| panic!("cannot run {nvcc} (set NVCC or put nvcc on PATH): {e}"));
             assert!(status.success(), "nvcc failed on {}", path.display());

@@ -31,10 +31,11 @@ pub struct StepScalars {
     pub eps: f32,
     /// Decoupled weight decay factor 1 - lr * wd (1 for tensors without decay).
     pub decay: f32,
-    /// Bias corrections 1 - b1^t_m and 1 - b2^t_v (t counted since the state's last reset,
-    /// or since step 1 with `bias_correction = "continue"`).
-    pub bias_correction1: f32,
-    pub bias_correction2: f32,
+    /// Inverse bias corrections 1 / (1 - b1^t_m) and 1 / (1 - b2^t_v), computed in f64 and
+    /// rounded once (t counted since the state's last reset, or since step 1 with
+    /// `bias_correction = "continue"`). Multiplying by them replaces two divisions per element.
+    pub inv_bias_correction1: f32,
+    pub inv_bias_correction2: f32,
     /// Zero the state before this step's update.
     pub reset_m: bool,
     pub reset_v: bool,
@@ -76,11 +77,11 @@ pub fn moments(grad: f32, m_old: f32, v_old: f32, h: &StepScalars) -> (f32, f32)
 }
 
 /// New FP32 weight from the unrounded FP32 moments:
-/// p = p*(1 - lr*wd) - lr * (m/bc1) / (sqrt(v/bc2) + eps).
+/// p = p*(1 - lr*wd) - lr * (m * (1/bc1)) / (sqrt(v * (1/bc2)) + eps).
 #[inline(always)]
 pub fn param_update(p: f32, m: f32, v: f32, h: &StepScalars) -> f32 {
-    let m_hat = m / h.bias_correction1;
-    let v_hat = v / h.bias_correction2;
+    let m_hat = m * h.inv_bias_correction1;
+    let v_hat = v * h.inv_bias_correction2;
     let denom = v_hat.sqrt() + h.eps;
     p * h.decay - h.lr * (m_hat / denom)
 }

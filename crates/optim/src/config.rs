@@ -26,12 +26,12 @@ pub struct StatesConfig {
     pub m_rounding: Rounding,
     /// Write-back rounding of v.
     pub v_rounding: Rounding,
-    /// Elements per scale block for fp8/fp4/int8 (0 = one scale per tensor). Must be even
-    /// for fp4 (two codes per byte).
+    /// Elements per scale block for fp8/fp4/int8 (0 = one scale per tensor). A multiple of 4.
     pub block_size: usize,
     /// Zero m every this many steps (0 = never). Paper: 1000 (bf16), 300 (fp8), 200 (fp4).
     pub m_reset_every: u64,
-    /// Zero v every this many steps (0 = never).
+    /// Zero v every this many steps (0 = never). Must be a multiple of `m_reset_every`:
+    /// resetting v alone leaves m / (sqrt(v) + eps) = m / eps for zero-gradient elements.
     pub v_reset_every: u64,
     /// Bias-correction counter after a reset: `restart` (default) or `continue`.
     pub bias_correction: BiasCorrection,
@@ -76,11 +76,19 @@ impl StatesConfig {
             .map_err(|e| format!("optim.states.m_format: {e}"))?;
         let v_format = StateFormat::parse(&self.v_format, true)
             .map_err(|e| format!("optim.states.v_format: {e}"))?;
-        let fp4 = |f: StateFormat| f.bits() == 4;
-        if (fp4(m_format) || fp4(v_format)) && self.block_size % 2 == 1 {
+        if self.block_size % 4 != 0 {
             return Err(format!(
-                "optim.states.block_size: must be even for fp4 states (two codes per byte), got {}",
+                "optim.states.block_size: must be a multiple of 4 (fp4 packs two codes per byte; the \
+                 CUDA kernel moves 4 elements at a time), or 0 for one scale per tensor; got {}",
                 self.block_size
+            ));
+        }
+        if self.v_reset_every > 0 && (self.m_reset_every == 0 || self.v_reset_every % self.m_reset_every != 0) {
+            return Err(format!(
+                "optim.states.v_reset_every = {}: a v reset needs an m reset at the same step \
+                 (m_reset_every must divide it, got {}): with v = 0 and m != 0 the update of an \
+                 element with zero gradient is lr * m / eps",
+                self.v_reset_every, self.m_reset_every
             ));
         }
         Ok(StatesSpec {

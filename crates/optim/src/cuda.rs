@@ -13,11 +13,27 @@ use crate::format::{int8, Rounding, StateFormat};
 use crate::optimizer::LowbitAdamW;
 use crate::stalls::{Counter, StallCounts};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::nvrtc::Ptx;
+use std::sync::Arc;
 use candle_core::{CudaDevice, CudaStorage, DType, InplaceOp2, Layout, Result, Tensor};
 
-const ADAMW_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
-const CAST_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sr_cast.ptx"));
+const ADAMW_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"));
+const CAST_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sr_cast.fatbin"));
+
+/// Load `name` from a fatbin on `dev`'s context.
+fn load(dev: &CudaDevice, image: &[u8], names: &[String]) -> Result<Vec<CudaFunction>> {
+    let module = dev.cuda_stream().context().load_module(Ptx::from_binary(image.to_vec())).map_err(err)?;
+    names.iter().map(|n| module.load_function(n).map_err(err)).collect()
+}
+
+/// The kernels of one (m format, v format) pair, loaded once.
+struct Kernels {
+    step_f32: CudaFunction,
+    step_bf16: CudaFunction,
+    amax: CudaFunction,
+    set_scales: CudaFunction,
+}
 
 /// Steps of stall counters kept on the device before a slot is reused.
 pub const COUNTER_RING: usize = 64;
@@ -34,8 +50,8 @@ struct StepArgs {
     one_minus_beta2: f32,
     eps: f32,
     decay: f32,
-    bias_correction1: f32,
-    bias_correction2: f32,
+    inv_bias_correction1: f32,
+    inv_bias_correction2: f32,
     key_m: u64,
     key_v: u64,
     key_w: u64,
@@ -77,6 +93,8 @@ pub struct CudaAdamW {
     /// [`CudaAdamW::download`]).
     pub host: LowbitAdamW,
     dev: CudaDevice,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
     states: Vec<DeviceState>,
     counters: CudaSlice<u64>,
     amax: CudaSlice<u32>,
@@ -84,9 +102,10 @@ pub struct CudaAdamW {
 }
 
 struct StepOp<'a> {
-    dev: &'a CudaDevice,
-    kernel: String,
-    aux: Option<(String, String)>,
+    stream: &'a Arc<CudaStream>,
+    kernels: &'a Kernels,
+    per_tensor: bool,
+    scaled: bool,
     args: StepArgs,
     st: &'a DeviceState,
     amax: &'a CudaSlice<u32>,
@@ -104,26 +123,25 @@ impl InplaceOp2 for StepOp<'_> {
     }
 
     fn cuda_fwd(&self, p: &mut CudaStorage, lp: &Layout, g: &CudaStorage, lg: &Layout) -> Result<()> {
-        if !lp.is_contiguous() || !lg.is_contiguous() {
-            candle_core::bail!("lowbit-adamw: parameter and gradient must be contiguous");
+        // the kernel reads and writes 4 elements at a time with vector accesses
+        if !lp.is_contiguous() || !lg.is_contiguous() || lp.start_offset() % 4 != 0 || lg.start_offset() % 4 != 0 {
+            candle_core::bail!("lowbit-adamw: parameter and gradient must be contiguous, starting at a multiple of 4 elements");
         }
         let g = g.as_cuda_slice::<f32>()?.slice(lg.start_offset()..);
         let n = self.args.n as usize;
         let st = self.st;
-        let stream = self.dev.cuda_stream();
-        if let Some((amax_k, scales_k)) = &self.aux {
-            // per-tensor scaling: amax over the whole tensor first
+        let stream = self.stream;
+        if self.per_tensor {
+            // per-tensor scaling: amax over the whole tensor first (amax buffer zeroed)
             let mut amax = self.amax.clone();
             stream.memset_zeros(&mut amax).map_err(err)?;
-            let f = self.dev.get_or_load_custom_func(amax_k, "lowbit_adamw", ADAMW_PTX)?;
-            let mut b = f.builder();
+            let mut b = stream.launch_builder(&self.kernels.amax);
             b.arg(&self.args).arg(&g).arg(&st.m_codes).arg(&st.m_scales).arg(&st.v_codes).arg(&st.v_scales);
             b.arg(&amax).arg(self.maps);
             let cfg = LaunchConfig { grid_dim: (n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             unsafe { b.launch(cfg) }.map_err(err)?;
             self.launch_step(p, lp, &g, &amax)?;
-            let f = self.dev.get_or_load_custom_func(scales_k, "lowbit_adamw", ADAMW_PTX)?;
-            let mut b = f.builder();
+            let mut b = stream.launch_builder(&self.kernels.set_scales);
             b.arg(&amax).arg(&st.m_scales).arg(&st.v_scales);
             unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }.map_err(err)?;
             Ok(())
@@ -142,14 +160,14 @@ impl StepOp<'_> {
         amax: &CudaSlice<u32>,
     ) -> Result<()> {
         let st = self.st;
-        let seg = if self.args.block > 0 { self.args.block as usize } else { 512 };
+        // segment per warp: as in adamw.cu (a scale block, or 128 elements)
+        let seg = if self.per_tensor || self.args.block == 0 || !self.scaled { 128 } else { self.args.block as usize };
         let blocks = (self.args.n as usize).div_ceil(seg).div_ceil(8).clamp(1, 8192) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let f = self.dev.get_or_load_custom_func(&self.kernel, "lowbit_adamw", ADAMW_PTX)?;
-        let mut b = f.builder();
-        b.arg(&self.args);
         macro_rules! go {
-            ($t:ty) => {{
+            ($t:ty, $f:expr) => {{
+                let mut b = self.stream.launch_builder($f);
+                b.arg(&self.args);
                 let mut pv = p.as_cuda_slice_mut::<$t>()?.slice_mut(lp.start_offset()..);
                 b.arg(&mut pv).arg(g).arg(&st.m_codes).arg(&st.m_scales).arg(&st.v_codes).arg(&st.v_scales);
                 b.arg(amax).arg(&self.counters).arg(self.maps);
@@ -157,8 +175,8 @@ impl StepOp<'_> {
             }};
         }
         match p.dtype() {
-            DType::F32 => go!(f32),
-            DType::BF16 => go!(half::bf16),
+            DType::F32 => go!(f32, &self.kernels.step_f32),
+            DType::BF16 => go!(half::bf16, &self.kernels.step_bf16),
             d => candle_core::bail!("lowbit-adamw: unsupported weight dtype {d:?}"),
         }
         Ok(())
@@ -185,7 +203,21 @@ impl CudaAdamW {
         let mut maps_host = int8::dynamic_map(true).to_vec();
         maps_host.extend_from_slice(int8::dynamic_map(false));
         let maps = stream.clone_htod(&maps_host).map_err(err)?;
-        Ok(CudaAdamW { host, dev: dev.clone(), states, counters, amax, maps })
+        let (mf, vf) = (host.spec.m_format.name(), host.spec.v_format.name());
+        let names = [
+            format!("adamw_f32_{mf}_{vf}"),
+            format!("adamw_bf16_{mf}_{vf}"),
+            format!("adamw_amax_{mf}_{vf}"),
+            format!("adamw_set_scales_{mf}_{vf}"),
+        ];
+        let mut f = load(dev, ADAMW_BIN, &names)?.into_iter();
+        let kernels = Kernels {
+            step_f32: f.next().unwrap(),
+            step_bf16: f.next().unwrap(),
+            amax: f.next().unwrap(),
+            set_scales: f.next().unwrap(),
+        };
+        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps })
     }
 
     fn slot(&self, step: u64) -> usize {
@@ -196,7 +228,7 @@ impl CudaAdamW {
     pub fn begin_step(&mut self, step: u64) -> Result<()> {
         let (s, len) = (self.slot(step), self.host.tensors.len() * 6);
         let mut view = self.counters.slice_mut(s..s + len);
-        self.dev.cuda_stream().memset_zeros(&mut view).map_err(err)
+        self.stream.memset_zeros(&mut view).map_err(err)
     }
 
     /// Step tensor `idx`: `p` (F32 or BF16, contiguous, on this device) updated in place
@@ -217,8 +249,8 @@ impl CudaAdamW {
             one_minus_beta2: h.one_minus_beta2,
             eps: h.eps,
             decay: h.decay,
-            bias_correction1: h.bias_correction1,
-            bias_correction2: h.bias_correction2,
+            inv_bias_correction1: h.inv_bias_correction1,
+            inv_bias_correction2: h.inv_bias_correction2,
             key_m: k.m,
             key_v: k.v,
             key_w: k.w,
@@ -232,20 +264,13 @@ impl CudaAdamW {
             zero_m: zero(true),
             zero_v: zero(false),
         };
-        let (mf, vf) = (spec.m_format.name(), spec.v_format.name());
-        let wt = match p.dtype() {
-            DType::F32 => "f32",
-            DType::BF16 => "bf16",
-            d => candle_core::bail!("{}: unsupported weight dtype {d:?}", info.name),
-        };
         let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-        let aux = (scaled && spec.block_size == 0)
-            .then(|| (format!("adamw_amax_{mf}_{vf}"), format!("adamw_set_scales_{mf}_{vf}")));
         let s = self.slot(step) + idx * 6;
         let op = StepOp {
-            dev: &self.dev,
-            kernel: format!("adamw_{wt}_{mf}_{vf}"),
-            aux,
+            stream: &self.stream,
+            kernels: &self.kernels,
+            per_tensor: scaled && spec.block_size == 0,
+            scaled,
             args,
             st: &self.states[idx],
             amax: &self.amax,
@@ -309,18 +334,18 @@ pub fn cast(x: &Tensor, format: StateFormat, rounding: Rounding, key: u64) -> Re
     let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("not a CUDA tensor") };
     let src = cs.as_cuda_slice::<f32>()?.slice(layout.start_offset()..);
     let stream = dev.cuda_stream();
-    let f = dev.get_or_load_custom_func(name, "lowbit_cast", CAST_PTX)?;
+    let f = load(&dev, CAST_BIN, &[name.to_string()])?.remove(0);
     let cfg = LaunchConfig { grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (n64, rid) = (n as u64, round_id(rounding));
     let out = if dtype == DType::BF16 {
         let mut out = stream.alloc_zeros::<half::bf16>(out_len).map_err(err)?;
-        let mut b = f.builder();
+        let mut b = stream.launch_builder(&f);
         b.arg(&src).arg(&mut out).arg(&n64).arg(&key).arg(&rid);
         unsafe { b.launch(cfg) }.map_err(err)?;
         CudaStorage::wrap_cuda_slice(out, dev.clone())
     } else {
         let mut out = stream.alloc_zeros::<u8>(out_len).map_err(err)?;
-        let mut b = f.builder();
+        let mut b = stream.launch_builder(&f);
         b.arg(&src).arg(&mut out).arg(&n64).arg(&key).arg(&rid);
         unsafe { b.launch(cfg) }.map_err(err)?;
         CudaStorage::wrap_cuda_slice(out, dev.clone())

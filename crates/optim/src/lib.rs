@@ -12,7 +12,8 @@
 //! g  = grad * grad_scale                         (clipping and 1/accumulation folded in)
 //! m  = b1 * m_old + (1 - b1) * g
 //! v  = b2 * v_old + (1 - b2) * g^2
-//! m^ = m / (1 - b1^t_m) ;  v^ = v / (1 - b2^t_v)   (t counted since the state's last reset)
+//! m^ = m * (1 / (1 - b1^t_m)) ; v^ = v * (1 / (1 - b2^t_v))   (t since the state's last reset;
+//!                                                the inverses computed once per step in f64)
 //! p  = p * (1 - lr * wd) - lr * m^ / (sqrt(v^) + eps)
 //! m, v = encode(m), encode(v)                    (nearest or stochastic rounding)
 //! ```

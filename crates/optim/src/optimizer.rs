@@ -88,8 +88,8 @@ impl LowbitAdamW {
             one_minus_beta2: (1.0 - h.beta2) as f32,
             eps: h.eps as f32,
             decay: (1.0 - lr * wd) as f32,
-            bias_correction1: (1.0 - h.beta1.powi(tm.min(i32::MAX as u64) as i32)) as f32,
-            bias_correction2: (1.0 - h.beta2.powi(tv.min(i32::MAX as u64) as i32)) as f32,
+            inv_bias_correction1: (1.0 / (1.0 - h.beta1.powi(tm.min(i32::MAX as u64) as i32))) as f32,
+            inv_bias_correction2: (1.0 / (1.0 - h.beta2.powi(tv.min(i32::MAX as u64) as i32))) as f32,
             reset_m,
             reset_v,
         }

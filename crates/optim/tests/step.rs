@@ -67,7 +67,7 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
     }
     let s = o.scalars(4, 1e-3, 1.0, true);
     assert!(s.reset_m && s.reset_v);
-    assert_eq!(s.bias_correction1, 0.1f32);
+    assert_eq!(s.inv_bias_correction1, 10.0f32);
 }
 
 #[test]

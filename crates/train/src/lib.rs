@@ -13,8 +13,12 @@
 //! println!("{}", out.summary.render());
 //! ```
 
+#[cfg(feature = "cuda")]
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda_optimizer;
 pub mod metrics;
 pub mod optimizer;
 pub mod plot;

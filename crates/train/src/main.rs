@@ -70,6 +70,19 @@ enum Cmd {
     },
     /// Run every cell of one of the paper's loss tables; write reproduce/<table>-<scale>.md.
     Reproduce(lowbit_train::reproduce::ReproduceArgs),
+    /// Speed of the fused optimizer step (CUDA builds): `train bench optimizer`.
+    #[cfg(feature = "cuda")]
+    Bench {
+        /// What to time (only `optimizer`).
+        #[arg(value_parser = ["optimizer"])]
+        what: String,
+        /// Model preset whose parameter shapes are stepped.
+        #[arg(long, default_value = "llama100m")]
+        preset: String,
+        /// Timed steps per configuration.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
 }
 
 fn main() {
@@ -94,6 +107,12 @@ fn real_main() -> Result<()> {
         Some(Cmd::Stalls(args)) => lowbit_train::stalls_table::run(&args),
         Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),
         Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
+        #[cfg(feature = "cuda")]
+        Some(Cmd::Bench { what: _, preset, iters }) => {
+            let (copy, rows) = lowbit_train::bench::optimizer(&preset, iters)?;
+            println!("{}", lowbit_train::bench::render(&preset, copy, &rows));
+            Ok(())
+        }
         None => train(cli.train),
     }
 }

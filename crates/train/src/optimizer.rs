@@ -34,26 +34,32 @@ impl ParamSet {
 pub trait Optimizer {
     /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the FP32
     /// gradient of `params.vars[i]`, multiplied by `grad_scale` inside the step.
-    /// Returns the stall counts of each tensor.
-    fn step(
-        &mut self,
-        step: u64,
-        lr: f64,
-        grad_scale: f32,
-        params: &ParamSet,
-        grads: &[Tensor],
-    ) -> Result<Vec<StallCounts>>;
+    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &ParamSet, grads: &[Tensor]) -> Result<()>;
+
+    /// Stall counts of each tensor at a completed `step` (reading them may wait for the
+    /// device; call it [`Optimizer::count_lag`] steps later to keep the device busy).
+    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>>;
+
+    /// How many steps late the trainer reads stall counts (0 on the CPU).
+    fn count_lag(&self) -> usize {
+        0
+    }
 
     /// The states, on the host (for checkpoints and inspection).
     fn states(&mut self) -> Result<&LowbitAdamW>;
-
-    /// Replace the states (checkpoint restore).
-    fn set_states(&mut self, opt: LowbitAdamW) -> Result<()>;
 }
 
 /// The CPU reference optimizer: copies each tensor to the host, steps it, writes it back.
 pub struct HostAdamW {
     pub opt: LowbitAdamW,
+    /// Counts of the last step, until the trainer reads them.
+    last: Option<(u64, Vec<StallCounts>)>,
+}
+
+impl HostAdamW {
+    pub fn new(opt: LowbitAdamW) -> Self {
+        HostAdamW { opt, last: None }
+    }
 }
 
 impl Optimizer for HostAdamW {
@@ -64,7 +70,7 @@ impl Optimizer for HostAdamW {
         grad_scale: f32,
         params: &ParamSet,
         grads: &[Tensor],
-    ) -> Result<Vec<StallCounts>> {
+    ) -> Result<()> {
         let mut out = Vec::with_capacity(params.vars.len());
         for (i, (var, grad)) in params.vars.iter().zip(grads).enumerate() {
             let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -88,16 +94,19 @@ impl Optimizer for HostAdamW {
             };
             out.push(counts);
         }
-        Ok(out)
+        self.last = Some((step, out));
+        Ok(())
+    }
+
+    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>> {
+        match self.last.take() {
+            Some((s, c)) if s == step => Ok(c),
+            _ => anyhow::bail!("stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"),
+        }
     }
 
     fn states(&mut self) -> Result<&LowbitAdamW> {
         Ok(&self.opt)
-    }
-
-    fn set_states(&mut self, opt: LowbitAdamW) -> Result<()> {
-        self.opt = opt;
-        Ok(())
     }
 }
 

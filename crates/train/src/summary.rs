@@ -4,7 +4,6 @@
 use crate::metrics::{read_rows, MetricsRow};
 use crate::stall_log::StallRow;
 use anyhow::Result;
-use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -50,7 +49,7 @@ pub fn build(
     state_bytes: usize,
     tokens_per_s: f64,
     last_val: Option<f64>,
-    dev: &Device,
+    device_peak: Option<u64>,
 ) -> Result<Summary> {
     let rows: Vec<MetricsRow> = read_rows(&run_dir.join("metrics.jsonl"))?;
     let stalls: Vec<StallRow> = read_rows(&run_dir.join("stalls.jsonl"))?;
@@ -84,23 +83,16 @@ pub fn build(
         theory_stall_v: stalls.last().and_then(|r| r.theory.v),
         skipped_steps: train.iter().filter(|t| t.3).count() as u64,
         tokens_per_s,
-        peak_memory_bytes: peak_memory(dev),
+        peak_memory_bytes: device_peak.or_else(process_peak_memory),
     })
 }
 
-/// Peak memory: VmHWM on the CPU; device memory in use on CUDA.
-fn peak_memory(dev: &Device) -> Option<u64> {
-    match dev {
-        Device::Cpu => {
-            let s = std::fs::read_to_string("/proc/self/status").ok()?;
-            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kb * 1024)
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => crate::cuda_optimizer::device_memory_used(dev),
-        _ => None,
-    }
+/// Peak resident memory of this process (VmHWM), bytes.
+fn process_peak_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn f(x: Option<f64>, digits: usize) -> String {
