@@ -70,22 +70,10 @@ fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step_{step:07}"))
 }
 
-/// Save a checkpoint; returns its folder.
-pub fn save(
-    run_dir: &Path,
-    model: &candle_nn::VarMap,
-    hf_config: &serde_json::Value,
-    opt: &LowbitAdamW,
-    state: &TrainState,
-    config_toml: &str,
-    keep: usize,
-) -> Result<PathBuf> {
-    save_with(run_dir, model, hf_config, opt, state, config_toml, keep, &[])
-}
-
-/// [`save`], plus extra files `(name, bytes)` written into the folder before it is renamed.
+/// Save a checkpoint, with extra files `(name, bytes)` written into the folder before it is
+/// renamed; returns its folder.
 #[allow(clippy::too_many_arguments)]
-pub fn save_with(
+pub fn save(
     run_dir: &Path,
     model: &candle_nn::VarMap,
     hf_config: &serde_json::Value,

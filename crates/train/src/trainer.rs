@@ -290,7 +290,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         if periodic || last || too_many || interrupted {
             stall_log.flush(&mut pending, 0, opt.as_mut(), &mut stalls)?;
             let check = export_check(&model, &val, &dev, dtype)?;
-            let dir = checkpoint::save_with(
+            let dir = checkpoint::save(
                 &run_dir,
                 &varmap,
                 &mcfg.hf_config_json_with_dtype(dtype),

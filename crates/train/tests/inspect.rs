@@ -1,0 +1,144 @@
+//! Stall inspection and prediction: `train stalls` tables on hand-made stalls.jsonl files
+//! (group aggregation, theory column, a truncated last line), `train predict`'s numbers,
+//! and determinism of the logs (same seed and config: identical stalls.jsonl and losses).
+
+use lowbit_train::config::RunConfig;
+use lowbit_train::metrics::{read_rows, MetricsRow};
+use lowbit_train::predict::predict;
+use lowbit_train::stall_log::StallRow;
+use lowbit_train::stalls_table::{render, table, By, State};
+use lowbit_train::trainer::{self, Launch};
+use std::path::{Path, PathBuf};
+
+fn row(step: u64, m: (u64, u64), v: (u64, u64), groups: &str, tensors: Option<&str>) -> String {
+    let frac = |(u, s): (u64, u64)| if u == 0 { "null".to_string() } else { format!("{}", s as f64 / u as f64) };
+    let t = tensors.map_or(String::new(), |t| format!(r#","tensors":{t}"#));
+    format!(
+        r#"{{"step":{step},"m":{{"updated":{},"stalled":{}}},"v":{{"updated":{},"stalled":{}}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":{},"v":{}}},"groups":{groups},"theory":{{"v":0.946}}{t}}}"#,
+        m.0, m.1, v.0, v.1, frac(m), frac(v)
+    )
+}
+
+fn write_stalls(dir: &Path, truncated_tail: bool) -> PathBuf {
+    let p = dir.join("stalls.jsonl");
+    let mut text = String::new();
+    text += &row(1, (100, 10), (100, 50), r#"{"attn":{"m":0.2,"v":0.4},"mlp":{"m":0.0,"v":0.6}}"#, None);
+    text.push('\n');
+    text += &row(2, (100, 30), (100, 90), r#"{"attn":{"m":0.4,"v":0.8},"mlp":{"m":0.2,"v":1.0}}"#, Some(r#"{"w1":{"m":0.5,"v":0.9}}"#));
+    text.push('\n');
+    if truncated_tail {
+        text += r#"{"step":3,"m":{"updated":100,"sta"#; // a trainer mid-write
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn stalls_table_aggregates_groups_and_shows_theory() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<StallRow> = read_rows(&write_stalls(dir.path(), true)).unwrap();
+    assert_eq!(rows.len(), 2, "the partly written last line is skipped");
+    let t = table(&rows, By::Group, 100);
+    assert_eq!(t.step, 2);
+    assert_eq!(t.theory_v, Some(0.946));
+    let names: Vec<&str> = t.lines.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["attn", "mlp", "all"], "groups sorted, the total last");
+    let attn = &t.lines[0];
+    assert_eq!(attn.latest.v, Some(0.8));
+    assert!((attn.mean.v.unwrap() - 0.6).abs() < 1e-12, "running mean of 0.4 and 0.8");
+    let all = &t.lines[2];
+    assert_eq!(all.latest.m, Some(0.3));
+    assert!((all.mean.v.unwrap() - 0.7).abs() < 1e-12);
+    // the window keeps only the last step
+    assert_eq!(table(&rows, By::Group, 1).lines[0].mean.v, Some(0.8));
+    let text = render(&t, None, "");
+    let all_line = text.lines().find(|l| l.starts_with("all")).unwrap();
+    assert!(all_line.contains("0.946") && all_line.contains("-0.246"), "theory and diff (0.700 - 0.946): {all_line}");
+    let only_v = render(&t, Some(State::V), "");
+    assert!(!only_v.contains("m latest") && only_v.contains("v latest"));
+}
+
+#[test]
+fn stalls_table_by_tensor_uses_detail_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<StallRow> = read_rows(&write_stalls(dir.path(), false)).unwrap();
+    let t = table(&rows, By::Tensor, 100);
+    assert_eq!(t.lines.len(), 1);
+    assert_eq!(t.lines[0].name, "w1");
+    assert_eq!(t.lines[0].latest.m, Some(0.5));
+}
+
+#[test]
+fn predict_prints_the_papers_theory_numbers() {
+    let r3 = |x: f64| format!("{x:.3}");
+    for (format, nearest, sr) in [("bf16", "0.946", "0.825"), ("fp8", "1.000", "0.989"), ("fp4", "1.000", "0.994")] {
+        let (_, _, pn, ps) = predict(format, 0.999).unwrap();
+        assert_eq!((r3(pn).as_str(), r3(ps).as_str()), (nearest, sr), "{format}");
+    }
+    assert!(predict("int8", 0.999).unwrap_err().to_string().contains("uniform relative grid"));
+    assert!(predict("fp5", 0.999).is_err());
+}
+
+fn tiny_run(dir: &Path, name: &str) -> PathBuf {
+    let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap();
+    let text = format!(
+        r#"[model]
+hidden_size = 32
+intermediate_size = 64
+num_layers = 1
+num_heads = 2
+[data]
+train = ["{r}/data/c4-sample/en-train.*.json.gz"]
+validation = ["{r}/data/c4-sample/en-validation.*.json.gz"]
+tokenizer = "{r}/data/tokenizers/t5-tokenizer.json"
+seq_len = 32
+val_tokens = 256
+[optim]
+lr = 3e-3
+warmup_steps = 2
+[optim.states]
+m_format = "bf16"
+v_format = "fp8"
+m_rounding = "stochastic"
+v_rounding = "stochastic"
+m_reset_every = 3
+v_reset_every = 3
+[train]
+seed = 3
+micro_batch = 2
+max_steps = 6
+[run]
+name = "{name}"
+dir = "{d}"
+stall_detail_every = 2
+plots = false
+"#,
+        r = r.display(),
+        d = dir.display()
+    );
+    let config = RunConfig::from_toml(&text).unwrap();
+    trainer::run(Launch { config, resume_from: None, interrupt: Default::default(), stop_after: None }).unwrap().run_dir
+}
+
+#[test]
+fn same_seed_same_config_gives_identical_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (tiny_run(dir.path(), "a"), tiny_run(dir.path(), "b"));
+    let stalls = |d: &Path| std::fs::read_to_string(d.join("stalls.jsonl")).unwrap();
+    assert_eq!(stalls(&a), stalls(&b));
+    assert!(stalls(&a).lines().count() == 6);
+    let losses = |d: &Path| -> Vec<(u64, f64)> {
+        read_rows::<MetricsRow>(&d.join("metrics.jsonl"))
+            .unwrap()
+            .into_iter()
+            .map(|r| match r {
+                MetricsRow::Train { step, loss, .. } => (step, loss),
+                MetricsRow::Eval { step, val_loss, .. } => (step + 1_000_000, val_loss),
+            })
+            .collect()
+    };
+    assert_eq!(losses(&a), losses(&b));
+    // and the run learned something on real text
+    let l = losses(&a);
+    assert!(l.last().unwrap().1 < l[0].1, "validation loss fell: {l:?}");
+}
