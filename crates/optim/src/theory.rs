@@ -30,7 +30,7 @@ pub fn p_stall_nearest(fraction_bits: u32, beta2: f64) -> f64 {
 }
 
 /// Predicted stalled fraction with stochastic rounding, by Simpson's rule on `z = u^2`
-/// (density `2 phi(u)` on u >= 0, which removes the z^-1/2 singularity). Error < 1e-6.
+/// (density `2 phi(u)` on u >= 0, which removes the z^-1/2 singularity), 20k intervals.
 pub fn p_stall_stochastic(fraction_bits: u32, beta2: f64) -> f64 {
     let r = rho(fraction_bits, beta2);
     let f = |u: f64| {
@@ -38,7 +38,7 @@ pub fn p_stall_stochastic(fraction_bits: u32, beta2: f64) -> f64 {
         let g = (1.0 - (z - 1.0).abs() / (2.0 * r)).max(0.0);
         g * 2.0 * (-z / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt()
     };
-    let (a, b, n) = (0.0, 40.0f64.min((1.0 + 2.0 * r).sqrt() + 12.0), 200_000usize);
+    let (a, b, n) = (0.0, 40.0f64.min((1.0 + 2.0 * r).sqrt() + 12.0), 20_000usize);
     let h = (b - a) / n as f64;
     let mut s = f(a) + f(b);
     for i in 1..n {

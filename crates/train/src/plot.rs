@@ -82,6 +82,7 @@ where
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     chart
         .configure_mesh()
+        .x_label_formatter(&|x| axis_label(*x))
         .x_desc(&p.x_label)
         .y_desc(&p.y_label)
         .label_style(("sans-serif", 14))
@@ -110,6 +111,20 @@ where
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// Compact tick labels: 250k, 1.5M, 12, 0.5.
+fn axis_label(x: f64) -> String {
+    let a = x.abs();
+    if a >= 1e6 {
+        format!("{:.1}M", x / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.0}k", x / 1e3)
+    } else if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
 }
 
 /// Draw panels side by side into `<base>.svg` and `<base>.png`.
@@ -213,7 +228,7 @@ fn stall_panels(d: &RunData) -> Vec<Panel> {
 
 /// The theory figure: predicted v stalled fraction vs b2 per format and rounding.
 fn theory_panel() -> Panel {
-    let b2s: Vec<f64> = (0..=60).map(|i| 1.0 - 10f64.powf(-1.0 - 3.0 * i as f64 / 60.0)).collect();
+    let b2s: Vec<f64> = (0..=600).map(|i| 1.0 - 10f64.powf(-1.0 - 3.0 * i as f64 / 600.0)).collect();
     let mut series = vec![];
     for (name, bits) in [("bf16", 7u32), ("fp8 e4m3", 3), ("fp4 ue2m2", 2)] {
         for (r, dashed) in [("nearest", false), ("SR", true)] {
