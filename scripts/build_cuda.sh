@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build the CUDA binaries on a machine without a GPU and pack them for the GPU machine.
+#   scripts/build_cuda.sh            -> dist/train.gz, dist/cuda_parity.gz (stripped, gzipped)
+# First time: `cargo fetch` and ../shared/cuda/setup_cuda_home.sh .cuda (CUDA 13.0 from pip
+# wheels; see ../shared/cuda/README.md). Builds into target-cuda/ so the CPU build in
+# target/ is not invalidated. On the GPU machine: gunzip, chmod +x, run; set CUDA_CACHE_PATH
+# to keep candle's JIT-compiled PTX between runs (lowbit's own kernels ship as SASS).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+[ -x .cuda/bin/nvcc ] || ../shared/cuda/setup_cuda_home.sh .cuda
+export CUDA_HOME=$root/.cuda PATH=$root/.cuda/bin:$PATH NVCC=$root/.cuda/bin/nvcc
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CARGO_TARGET_DIR=$root/target-cuda
+cargo build --release --features cuda -p lowbit-train
+parity=$(cargo test --release --features cuda -p lowbit-optim --test cuda_parity --no-run 2>&1 \
+  | grep -o 'target-cuda/release/deps/cuda_parity-[0-9a-f]*' | head -1)
+mkdir -p dist
+for pair in "target-cuda/release/train:train" "$parity:cuda_parity"; do
+  src=${pair%%:*}; name=${pair##*:}
+  strip -o "dist/$name" "$src"
+  gzip -f "dist/$name"
+done
+ls -la dist
