@@ -10,6 +10,9 @@ use lowbit_train::stalls_table::{render, table, By, State};
 use lowbit_train::trainer::{self, Launch};
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::base_toml;
+
 fn row(step: u64, m: (u64, u64), v: (u64, u64), groups: &str, tensors: Option<&str>) -> String {
     let frac = |(u, s): (u64, u64)| if u == 0 { "null".to_string() } else { format!("{}", s as f64 / u as f64) };
     let t = tensors.map_or(String::new(), |t| format!(r#","tensors":{t}"#));
@@ -79,44 +82,12 @@ fn predict_prints_the_papers_theory_numbers() {
     assert!(predict("fp5", 0.999).is_err());
 }
 
+/// A complete small run (common::base_toml: fp4 m / fp8 v with stochastic rounding, resets,
+/// grad_accum 2, 8 steps) in `dir/runs/<name>`.
 fn tiny_run(dir: &Path, name: &str) -> PathBuf {
-    let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap();
-    let text = format!(
-        r#"[model]
-hidden_size = 32
-intermediate_size = 64
-num_layers = 1
-num_heads = 2
-[data]
-train = ["{r}/data/c4-sample/en-train.*.json.gz"]
-validation = ["{r}/data/c4-sample/en-validation.*.json.gz"]
-tokenizer = "{r}/data/tokenizers/t5-tokenizer.json"
-seq_len = 32
-val_tokens = 256
-[optim]
-lr = 3e-3
-warmup_steps = 2
-[optim.states]
-m_format = "bf16"
-v_format = "fp8"
-m_rounding = "stochastic"
-v_rounding = "stochastic"
-m_reset_every = 3
-v_reset_every = 3
-[train]
-seed = 3
-micro_batch = 2
-max_steps = 6
-[run]
-name = "{name}"
-dir = "{d}"
-stall_detail_every = 2
-plots = false
-"#,
-        r = r.display(),
-        d = dir.display()
-    );
-    let config = RunConfig::from_toml(&text).unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, base_toml(&dir.join("runs"), name)).unwrap();
+    let config = RunConfig::load(&path, &[]).unwrap();
     trainer::run(Launch { config, resume_from: None, interrupt: Default::default(), stop_after: None }).unwrap().run_dir
 }
 
@@ -126,7 +97,7 @@ fn same_seed_same_config_gives_identical_logs() {
     let (a, b) = (tiny_run(dir.path(), "a"), tiny_run(dir.path(), "b"));
     let stalls = |d: &Path| std::fs::read_to_string(d.join("stalls.jsonl")).unwrap();
     assert_eq!(stalls(&a), stalls(&b));
-    assert!(stalls(&a).lines().count() == 6);
+    assert_eq!(stalls(&a).lines().count(), 8);
     let losses = |d: &Path| -> Vec<(u64, f64)> {
         read_rows::<MetricsRow>(&d.join("metrics.jsonl"))
             .unwrap()
