@@ -1,86 +1,105 @@
 // Fused AdamW step with low-precision moment states: the CUDA twin of
 // crates/optim/src/adamw.rs (the CPU reference it must match bit for bit).
 //
-// One launch updates one parameter tensor. Each warp owns one *segment*: a scale block of
-// B elements (B > 0, a multiple of 4), or 128 elements when the states are unscaled or the
-// per-tensor amax was computed by `adamw_amax_*` first (B = 0); each lane takes 4
-// consecutive elements at a time (16-byte loads of weights and gradients). Per element, in FP32 registers, in the
-// reference's order:
+// One launch updates up to MAX_TENSORS parameter tensors (multi-tensor apply, as PyTorch's
+// fused AdamW): the kernel parameters carry every tensor's pointers, length, random keys and
+// decay. The tensors' *segments* are numbered consecutively; each warp takes one contiguous
+// run of segments (so it meets few tensor boundaries). A segment is rounds() x 128 elements
+// (unscaled states, 128-element scale blocks, or per-tensor scales whose amax
+// `adamw_amax_*` computed first), else one scale block of B elements (B a multiple of 4).
+// Each lane takes 4 consecutive elements of a round (16-byte loads of weights and
+// gradients); a segment issues all its loads before computing. Per element, in FP32
+// registers, in the reference's order:
 //   decode -> m -> v -> bias correction -> decay -> update -> encode
 //   g = grad * grad_scale
 //   m = b1 * m_old + (1 - b1) * g ;  v = b2 * v_old + (1 - b2) * g^2
 //   p = p * (1 - lr * wd) - lr * (m * (1/bc1)) / (sqrt(v * (1/bc2)) + eps)
 // p is read and written once; m, v (codes + scales) are read once and written once; the
-// dequantized states never reach global memory. With block scales the warp first computes
-// the new moments and the block's amax (pass 1, which also writes p), then recomputes the
-// identical moments from the same inputs (L1-resident) and encodes them with the new scale
-// (pass 2). Every FP32 operation is an explicit IEEE intrinsic (__fmul_rn, ...), so no FMA
-// contraction can make the GPU differ from the CPU.
+// dequantized states never reach global memory. Blocks of at most 128 elements keep the new
+// moments in registers between the block amax (a warp reduction) and the encode; longer
+// blocks compute the moments and amax (pass 1, which also writes p), then recompute the
+// identical moments from the same inputs (L1/L2-resident) and encode them (pass 2). Every
+// FP32 operation is an explicit IEEE intrinsic (__fmul_rn, ...), so no FMA contraction can
+// make the GPU differ from the CPU.
 //
-// Stall counters (m, v, weights: updated / stalled) are reduced per warp, then per block
-// in shared memory, then added with one atomicAdd per counter per block into a device
-// buffer that the host reads later (no synchronisation in the step).
+// Stall counters (m, v, weights: updated / stalled) are summed per warp and added with one
+// atomicAdd per counter each time the warp leaves a tensor, into a device buffer that the
+// host reads later (no synchronisation in the step).
 #include "formats.cuh"
 #include "rng.cuh"
 
-// Host-computed constants of one step on one tensor (mirrors StepScalars + StepKeys).
-struct StepArgs {
-    float grad_scale, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay;
-    float inv_bias_correction1, inv_bias_correction2;
-    unsigned long long key_m, key_v, key_w;
-    unsigned long long n;
-    unsigned int block;     // scale block length; 0 = per tensor (amax precomputed)
-    int reset_m, reset_v;   // zero the state before the update
-    int round_m, round_v, round_w;
-    unsigned int zero_m, zero_v;  // int8: index of 0 in the signed / unsigned map
-};
-
-#define SEGMENT_UNSCALED 128
+#define MAX_TENSORS 40  // per launch: the kernel parameters stay under 4 KiB
 #define WARPS_PER_BLOCK 8
 
+// Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
+struct StepArgs {
+    unsigned long long segments;  // segments of all tensors of this launch
+    float grad_scale, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+    float inv_bias_correction1, inv_bias_correction2;
+    unsigned block;               // scale block length; 0 = per tensor (amax precomputed)
+    int reset_m, reset_v;         // zero the state before the update
+    int round_m, round_v, round_w;
+    unsigned zero_m, zero_v;      // int8: index of 0 in the signed / unsigned map
+    unsigned count;               // tensors in this launch
+};
+
+// One tensor of the launch (mirrors StepKeys + the per-tensor decay).
+struct TensorArgs {
+    unsigned long long p, g, mc, ms, vc, vs;  // weights, FP32 gradient, m/v codes and scales
+    unsigned long long n, key_m, key_v, key_w;
+    unsigned long long first_segment;         // in the launch's numbering
+    float decay;                              // 1 - lr * wd
+    unsigned index;                           // optimizer tensor index: counters, amax slots
+};
+
+struct LaunchArgs {
+    StepArgs s;
+    TensorArgs t[MAX_TENSORS];
+};
+
 // ---- per-format access to a state's codes ----
-// load/store: one element. load4/store4: elements e..e+3 (e % 4 == 0, all in range) with
-// one vector access (the buffers are 256-byte aligned cudaMalloc allocations).
+// Raw: the bits of four consecutive codes e..e+3 (e % 4 == 0) as one vector register
+// (the buffers are 256-byte aligned cudaMalloc allocations); load_raw/store_raw move them
+// with one vector access, pack/unpack convert to and from one code per unsigned.
+// load/store: one element (tails).
 template <int F> struct Codes;
 template <> struct Codes<FMT_F32> {
     static constexpr bool SCALED = false;
-    __device__ static unsigned load(const void* c, unsigned long long e) { return __float_as_uint(((const float*)c)[e]); }
-    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((float*)c)[e] = __uint_as_float(v); }
-    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
-        float4 v = *(const float4*)((const float*)c + e);
-        o[0] = __float_as_uint(v.x); o[1] = __float_as_uint(v.y); o[2] = __float_as_uint(v.z); o[3] = __float_as_uint(v.w);
-    }
-    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
-        *(float4*)((float*)c + e) = make_float4(__uint_as_float(o[0]), __uint_as_float(o[1]), __uint_as_float(o[2]), __uint_as_float(o[3]));
-    }
+    using Raw = uint4;
+    __device__ static unsigned load(const void* c, unsigned long long e) { return ((const unsigned*)c)[e]; }
+    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((unsigned*)c)[e] = v; }
+    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const uint4*)((const unsigned*)c + e); }
+    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { *(uint4*)((unsigned*)c + e) = r; }
+    __device__ static Raw pack(const unsigned o[4]) { return make_uint4(o[0], o[1], o[2], o[3]); }
+    __device__ static void unpack(Raw r, unsigned o[4]) { o[0] = r.x; o[1] = r.y; o[2] = r.z; o[3] = r.w; }
 };
 template <> struct Codes<FMT_BF16> {
     static constexpr bool SCALED = false;
+    using Raw = uint2;
     __device__ static unsigned load(const void* c, unsigned long long e) { return ((const uint16_t*)c)[e]; }
     __device__ static void store(void* c, unsigned long long e, unsigned v) { ((uint16_t*)c)[e] = (uint16_t)v; }
-    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
-        uint2 v = *(const uint2*)((const uint16_t*)c + e);
-        o[0] = v.x & 0xFFFF; o[1] = v.x >> 16; o[2] = v.y & 0xFFFF; o[3] = v.y >> 16;
-    }
-    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
-        *(uint2*)((uint16_t*)c + e) = make_uint2(o[0] | (o[1] << 16), o[2] | (o[3] << 16));
-    }
+    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const uint2*)((const uint16_t*)c + e); }
+    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { *(uint2*)((uint16_t*)c + e) = r; }
+    __device__ static Raw pack(const unsigned o[4]) { return make_uint2(o[0] | (o[1] << 16), o[2] | (o[3] << 16)); }
+    __device__ static void unpack(Raw r, unsigned o[4]) { o[0] = r.x & 0xFFFF; o[1] = r.x >> 16; o[2] = r.y & 0xFFFF; o[3] = r.y >> 16; }
 };
 struct ByteCodes {
     static constexpr bool SCALED = true;
+    using Raw = unsigned;
     __device__ static unsigned load(const void* c, unsigned long long e) { return ((const uint8_t*)c)[e]; }
     __device__ static void store(void* c, unsigned long long e, unsigned v) { ((uint8_t*)c)[e] = (uint8_t)v; }
-    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
-        unsigned w = *(const unsigned*)((const uint8_t*)c + e);
-        for (int k = 0; k < 4; k++) o[k] = (w >> (8 * k)) & 0xFF;
-    }
-    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
-        *(unsigned*)((uint8_t*)c + e) = o[0] | (o[1] << 8) | (o[2] << 16) | (o[3] << 24);
+    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const unsigned*)((const uint8_t*)c + e); }
+    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { *(unsigned*)((uint8_t*)c + e) = r; }
+    __device__ static Raw pack(const unsigned o[4]) { return o[0] | (o[1] << 8) | (o[2] << 16) | (o[3] << 24); }
+    __device__ static void unpack(Raw r, unsigned o[4]) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[k] = (r >> (8 * k)) & 0xFF;
     }
 };
 // two FP4 codes per byte, element 2i in the low nibble of byte i
 struct NibbleCodes {
     static constexpr bool SCALED = true;
+    using Raw = unsigned;
     __device__ static unsigned load(const void* c, unsigned long long e) {
         return (((const uint8_t*)c)[e / 2] >> (4 * (e % 2))) & 0xF;
     }
@@ -90,12 +109,12 @@ struct NibbleCodes {
         unsigned sh = 4 * (e % 2);
         *b = (uint8_t)((*b & ~(0xFu << sh)) | (v << sh));
     }
-    __device__ static void load4(const void* c, unsigned long long e, unsigned o[4]) {
-        unsigned w = *(const uint16_t*)((const uint8_t*)c + e / 2);
-        for (int k = 0; k < 4; k++) o[k] = (w >> (4 * k)) & 0xF;
-    }
-    __device__ static void store4(void* c, unsigned long long e, const unsigned o[4]) {
-        *(uint16_t*)((uint8_t*)c + e / 2) = (uint16_t)(o[0] | (o[1] << 4) | (o[2] << 8) | (o[3] << 12));
+    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const uint16_t*)((const uint8_t*)c + e / 2); }
+    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { *(uint16_t*)((uint8_t*)c + e / 2) = (uint16_t)r; }
+    __device__ static Raw pack(const unsigned o[4]) { return o[0] | (o[1] << 4) | (o[2] << 8) | (o[3] << 12); }
+    __device__ static void unpack(Raw r, unsigned o[4]) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[k] = (r >> (4 * k)) & 0xF;
     }
 };
 template <> struct Codes<FMT_E4M3> : ByteCodes {};
@@ -104,9 +123,38 @@ template <> struct Codes<FMT_INT8> : ByteCodes {};
 template <> struct Codes<FMT_E2M1> : NibbleCodes {};
 template <> struct Codes<FMT_UE2M2> : NibbleCodes {};
 
-// Random bits only for stochastic rounding (nearest ignores them).
-__device__ __forceinline__ uint64_t rand_for(int rounding, unsigned long long key, unsigned long long i) {
-    return rounding == ROUND_STOCHASTIC ? random_bits(key, i) : 0ull;
+// Codes e..e+k-1 as a Raw (k < 4: one element at a time, missing codes `fill`).
+template <int F> __device__ __forceinline__ typename Codes<F>::Raw load_codes(const void* c, unsigned long long e, int k,
+                                                                           unsigned fill) {
+    if (k == 4) return Codes<F>::load_raw(c, e);
+    unsigned o[4] = {fill, fill, fill, fill};
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (j < k) o[j] = Codes<F>::load(c, e + j);
+    return Codes<F>::pack(o);
+}
+
+// Store codes e..e+k-1.
+template <int F> __device__ __forceinline__ void store_codes(void* c, unsigned long long e, int k, const unsigned o[4]) {
+    if (k == 4) {
+        Codes<F>::store_raw(c, e, Codes<F>::pack(o));
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (j < k) Codes<F>::store(c, e + j, o[j]);
+}
+
+// Weights as codes: FP32 words or BF16 bit patterns.
+template <typename P> struct WeightCodes;
+template <> struct WeightCodes<float> { static constexpr int F = FMT_F32; };
+template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; };
+
+// Random bits only for stochastic rounding (nearest ignores them). `counter` is
+// key + (i + 1) * GOLDEN for element i (rng.cuh `random_bits`). SR is a template flag: the
+// kernels of launches without any stochastic rounding carry no hashing code at all.
+template <bool SR> __device__ __forceinline__ uint64_t rand_for(int rounding, unsigned long long counter) {
+    return SR && rounding == ROUND_STOCHASTIC ? mix64(counter) : 0ull;
 }
 
 // Decoded value of a code with its block scale (state.rs `decode_code`).
@@ -128,75 +176,127 @@ template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
     else return pow2(pow2_scale_exp(amax, max_finite<F>()));
 }
 
-// Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`).
-template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, int rounding, uint64_t rand,
+// Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`); `inv` is
+// 1 / scale for FP8/FP4 (scale = 2^k: multiplying by 2^-k is exact).
+template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, float inv, int rounding, uint64_t rand,
                                                           const float* map, unsigned zero) {
     if constexpr (F == FMT_F32) return __float_as_uint(x);
     else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
     else if constexpr (F == FMT_INT8) return int8_encode(map, __fdiv_rn(x, scale), rounding, rand, zero);
-    // scale = 2^k: multiplying by 2^-k is exact
-    else return mf_encode<F>(__fmul_rn(x, pow2(-floor_log2(scale))), rounding, rand);
+    else return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
 }
 
-// Stalled? F32 states are written back exactly (never stall); BF16 compares codes;
-// scaled formats compare the decoded values' bits (a scale change moves the grid).
-template <int F> __device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code, float new_val,
-                                                             float old_val) {
+template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
+    if constexpr (Codes<F>::SCALED && F != FMT_INT8) return pow2(-floor_log2(scale));
+    else return 1.0f;
+}
+
+// Stalled? The stored value is bit-identical: F32 states are written back exactly (never
+// stall); BF16 compares codes. Scaled formats compare the decoded values' bits (a scale
+// change moves the grid), or, BY_CODE, the codes: equivalent when the block keeps its scale
+// and the scale is within [2^-100, 2^100] (decoding is then injective on the codes the
+// encoders write: every product code x scale is exact or, for int8, a distinct normal float).
+template <int F, bool BY_CODE>
+__device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code, float new_scale, float old_val,
+                                            const float* map) {
     if constexpr (F == FMT_F32) return false;
-    else if constexpr (F == FMT_BF16) return new_code == old_code;
-    else return __float_as_uint(new_val) == __float_as_uint(old_val);
+    else if constexpr (F == FMT_BF16 || BY_CODE) return new_code == old_code;
+    else return __float_as_uint(decode<F>(new_code, new_scale, map)) == __float_as_uint(old_val);
 }
 
-__device__ __forceinline__ void moments(float grad, float m_old, float v_old, const StepArgs& a, float& m, float& v) {
-    float g = __fmul_rn(grad, a.grad_scale);
-    m = __fadd_rn(__fmul_rn(a.beta1, m_old), __fmul_rn(a.one_minus_beta1, g));
-    v = __fadd_rn(__fmul_rn(a.beta2, v_old), __fmul_rn(a.one_minus_beta2, __fmul_rn(g, g)));
+// Whether stalls of a block may be decided BY_CODE (see same_stored).
+__device__ __forceinline__ bool scale_kept(float new_scale, float old_scale) {
+    return new_scale == old_scale && new_scale >= 0x1p-100f && new_scale <= 0x1p100f;
 }
 
-__device__ __forceinline__ float param_update(float p, float m, float v, const StepArgs& a) {
+__device__ __forceinline__ float param_update(float p, float m, float v, float decay, const StepArgs& a) {
     float m_hat = __fmul_rn(m, a.inv_bias_correction1);
     float v_hat = __fmul_rn(v, a.inv_bias_correction2);
     float denom = __fadd_rn(__fsqrt_rn(v_hat), a.eps);
-    return __fsub_rn(__fmul_rn(p, a.decay), __fmul_rn(a.lr, __fdiv_rn(m_hat, denom)));
+    return __fsub_rn(__fmul_rn(p, decay), __fmul_rn(a.lr, __fdiv_rn(m_hat, denom)));
+}
+
+// Everything one lane reads for its quad e..e+k-1 (k <= 4) of one block or round; a
+// segment issues the loads of all its rounds before computing the first.
+template <typename P, int MF, int VF> struct Inputs {
+    float4 g;
+    typename Codes<WeightCodes<P>::F>::Raw w;
+    typename Codes<MF>::Raw m;
+    typename Codes<VF>::Raw v;
+    float sm, sv;  // old scales (1 when unscaled or reset)
+};
+
+// A reset state reads as its zero code (scale 1), exactly like the CPU's set_zero.
+template <typename P, int MF, int VF>
+__device__ __forceinline__ void load_inputs(const StepArgs& a, const TensorArgs& t, unsigned long long si,
+                                            unsigned long long e, int k, Inputs<P, MF, VF>& in) {
+    if (k <= 0) return;  // (a block past the tensor's end has no scale to read)
+    in.sm = (Codes<MF>::SCALED && !a.reset_m) ? ((const float*)t.ms)[si] : 1.0f;
+    in.sv = (Codes<VF>::SCALED && !a.reset_v) ? ((const float*)t.vs)[si] : 1.0f;
+    const float* g = (const float*)t.g;
+    if (k == 4) {
+        in.g = *(const float4*)(g + e);
+    } else {
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (j < k) x[j] = g[e + j];
+        in.g = make_float4(x[0], x[1], x[2], x[3]);
+    }
+    in.w = load_codes<WeightCodes<P>::F>((const void*)t.p, e, k, 0u);
+    in.m = load_codes<MF>((const void*)t.mc, e, a.reset_m ? 0 : k, MF == FMT_INT8 ? a.zero_m : 0u);
+    in.v = load_codes<VF>((const void*)t.vc, e, a.reset_v ? 0 : k, VF == FMT_INT8 ? a.zero_v : 0u);
+}
+
+// The quad's old codes, their decoded values and the new moments (FP32 registers; every
+// array index is a compile-time constant after unrolling).
+struct Quad {
+    float m_old[4], v_old[4], m[4], v[4];
+    unsigned mo[4], vo[4];
+};
+
+template <typename P, int MF, int VF>
+__device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, VF>& in, const float* map_m,
+                                        const float* map_v, Quad& q) {
+    const float g[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
+    Codes<MF>::unpack(in.m, q.mo);
+    Codes<VF>::unpack(in.v, q.vo);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        q.m_old[j] = decode<MF>(q.mo[j], in.sm, map_m);
+        q.v_old[j] = decode<VF>(q.vo[j], in.sv, map_v);
+        const float gs = __fmul_rn(g[j], a.grad_scale);
+        q.m[j] = __fadd_rn(__fmul_rn(a.beta1, q.m_old[j]), __fmul_rn(a.one_minus_beta1, gs));
+        q.v[j] = __fadd_rn(__fmul_rn(a.beta2, q.v_old[j]), __fmul_rn(a.one_minus_beta2, __fmul_rn(gs, gs)));
+    }
 }
 
 // Weights: FP32 (written exactly) or BF16 bit patterns (rounded, stalls counted).
-// update(p, e, k, ...) updates elements e..e+k-1 (one vector access when k == 4).
-template <typename P> struct Weights;
-template <> struct Weights<float> {
-    __device__ static void update(float* p, unsigned long long e, int k, const float m[4], const float v[4],
-                                  const StepArgs& a, unsigned& upd, unsigned& st) {
-        if (k == 4) {
-            float4 q = *(const float4*)(p + e);
-            q.x = param_update(q.x, m[0], v[0], a);
-            q.y = param_update(q.y, m[1], v[1], a);
-            q.z = param_update(q.z, m[2], v[2], a);
-            q.w = param_update(q.w, m[3], v[3], a);
-            *(float4*)(p + e) = q;
-        } else {
-            for (int j = 0; j < k; j++) p[e + j] = param_update(p[e + j], m[j], v[j], a);
+template <bool SR, typename P, int MF, int VF>
+__device__ __forceinline__ void update_weights(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
+                                               const Inputs<P, MF, VF>& in, const Quad& q, unsigned cnt[6]) {
+    constexpr int WF = WeightCodes<P>::F;
+    unsigned c[4];
+    Codes<WF>::unpack(in.w, c);
+    const unsigned long long counter = t.key_w + (e + 1) * GOLDEN;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (j < k) {
+            if constexpr (WF == FMT_F32) {
+                c[j] = __float_as_uint(param_update(__uint_as_float(c[j]), q.m[j], q.v[j], t.decay, a));
+            } else {
+                const float old = bf16_decode((uint16_t)c[j]);
+                const float nv = param_update(old, q.m[j], q.v[j], t.decay, a);
+                const unsigned code = bf16_encode(nv, a.round_w, rand_for<SR>(a.round_w, counter + j * GOLDEN));
+                const bool changed = nv != old;
+                cnt[4] += changed;
+                cnt[5] += changed && code == c[j];
+                c[j] = code;
+            }
         }
     }
-};
-template <> struct Weights<uint16_t> {
-    __device__ static void update(uint16_t* p, unsigned long long e, int k, const float m[4], const float v[4],
-                                  const StepArgs& a, unsigned& upd, unsigned& st) {
-        unsigned c[4];
-        if (k == 4) Codes<FMT_BF16>::load4(p, e, c);
-        else for (int j = 0; j < k; j++) c[j] = p[e + j];
-        for (int j = 0; j < k; j++) {
-            float old = bf16_decode((uint16_t)c[j]);
-            float nv = param_update(old, m[j], v[j], a);
-            unsigned code = bf16_encode(nv, a.round_w, rand_for(a.round_w, a.key_w, e + j));
-            bool changed = nv != old;
-            upd += changed;
-            st += changed && code == c[j];
-            c[j] = code;
-        }
-        if (k == 4) Codes<FMT_BF16>::store4(p, e, c);
-        else for (int j = 0; j < k; j++) p[e + j] = (uint16_t)c[j];
-    }
-};
+    store_codes<WF>((void*)t.p, e, k, c);
+}
 
 __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -205,166 +305,185 @@ __device__ __forceinline__ float warp_max(float x) {
 
 __device__ __forceinline__ float finite_abs(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
 
-// Gradients and old codes of elements e..e+k-1 (vector loads when k == 4).
-template <int MF, int VF>
-__device__ __forceinline__ void load_quad(const StepArgs& a, const float* g, const void* mc, const void* vc,
-                                          unsigned long long e, int k, float gq[4], unsigned mo[4], unsigned vo[4]) {
-    if (k == 4) {
-        float4 q = *(const float4*)(g + e);
-        gq[0] = q.x; gq[1] = q.y; gq[2] = q.z; gq[3] = q.w;
-        if (!a.reset_m) Codes<MF>::load4(mc, e, mo);
-        if (!a.reset_v) Codes<VF>::load4(vc, e, vo);
-    } else {
-        for (int j = 0; j < k; j++) {
-            gq[j] = g[e + j];
-            if (!a.reset_m) mo[j] = Codes<MF>::load(mc, e + j);
-            if (!a.reset_v) vo[j] = Codes<VF>::load(vc, e + j);
-        }
-    }
-    // a reset state reads as its zero code (scale 1), exactly like the CPU's set_zero
-    if (a.reset_m) for (int j = 0; j < 4; j++) mo[j] = MF == FMT_INT8 ? a.zero_m : 0u;
-    if (a.reset_v) for (int j = 0; j < 4; j++) vo[j] = VF == FMT_INT8 ? a.zero_v : 0u;
-}
-
-// Encode the new moments of a quad with the new scales, count stalls, store the codes.
-template <int MF, int VF>
-__device__ __forceinline__ void encode_quad(const StepArgs& a, void* mc, void* vc, unsigned long long e, int k,
-                                            const float m[4], const float v[4], const unsigned mo[4],
-                                            const unsigned vo[4], float old_sm, float old_sv, float new_sm,
-                                            float new_sv, const float* map_m, const float* map_v, unsigned cnt[6]) {
-    unsigned mn[4], vn[4];
-    for (int j = 0; j < k; j++) {
-        const unsigned long long i = e + j;
-        float m_old = decode<MF>(mo[j], old_sm, map_m);
-        float v_old = decode<VF>(vo[j], old_sv, map_v);
-        mn[j] = encode<MF>(m[j], new_sm, a.round_m, rand_for(a.round_m, a.key_m, i), map_m, a.zero_m);
-        vn[j] = encode<VF>(v[j], new_sv, a.round_v, rand_for(a.round_v, a.key_v, i), map_v, a.zero_v);
-        bool mch = m[j] != m_old, vch = v[j] != v_old;
-        cnt[0] += mch;
-        cnt[1] += mch && same_stored<MF>(mn[j], mo[j], decode<MF>(mn[j], new_sm, map_m), m_old);
-        cnt[2] += vch;
-        cnt[3] += vch && same_stored<VF>(vn[j], vo[j], decode<VF>(vn[j], new_sv, map_v), v_old);
-    }
-    if (k == 4) {
-        Codes<MF>::store4(mc, e, mn);
-        Codes<VF>::store4(vc, e, vn);
-    } else {
-        for (int j = 0; j < k; j++) {
-            Codes<MF>::store(mc, e + j, mn[j]);
-            Codes<VF>::store(vc, e + j, vn[j]);
+// Largest finite |m| and |v| of the quad.
+__device__ __forceinline__ void quad_amax(const Quad& q, int k, float& am, float& av) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (j < k) {
+            am = fmaxf(am, finite_abs(q.m[j]));
+            av = fmaxf(av, finite_abs(q.v[j]));
         }
     }
 }
 
-// decode -> m -> v for a quad loaded by load_quad.
-template <int MF, int VF>
-__device__ __forceinline__ void quad_moments(const StepArgs& a, int k, const float gq[4], const unsigned mo[4],
-                                             const unsigned vo[4], float old_sm, float old_sv, const float* map_m,
-                                             const float* map_v, float m[4], float v[4]) {
-    for (int j = 0; j < 4; j++) m[j] = v[j] = 0.0f;
-    for (int j = 0; j < k; j++)
-        moments(gq[j], decode<MF>(mo[j], old_sm, map_m), decode<VF>(vo[j], old_sv, map_v), a, m[j], v[j]);
+// Encode the new moments with the new scales and count stalls.
+template <bool SR, bool BY_CODE, int MF, int VF>
+__device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
+                                             const Quad& q, float new_sm, float new_sv, const float* map_m,
+                                             const float* map_v, unsigned mn[4], unsigned vn[4], unsigned cnt[6]) {
+    const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
+    const unsigned long long cm = t.key_m + (e + 1) * GOLDEN, cv = t.key_v + (e + 1) * GOLDEN;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (j < k) {
+            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, a.round_m, rand_for<SR>(a.round_m, cm + j * GOLDEN), map_m, a.zero_m);
+            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, a.round_v, rand_for<SR>(a.round_v, cv + j * GOLDEN), map_v, a.zero_v);
+            const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
+            cnt[0] += mch;
+            cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);
+            cnt[2] += vch;
+            cnt[3] += vch && same_stored<VF, BY_CODE>(vn[j], q.vo[j], new_sv, q.v_old[j], map_v);
+        }
+    }
 }
 
-// The warp's work on one segment [start, start + len): lane l takes elements
-// start + 4l .. start + 4l + 3, then + 128, ... (16-byte loads of p and g).
-// Scaled blocks of at most 128 elements (one quad per lane) keep the new moments in
-// registers between the amax and the encode; longer blocks recompute them (pass 2).
-template <typename P, int MF, int VF>
-__device__ void segment(const StepArgs& a, P* p, const float* g, void* mc, float* ms, void* vc, float* vs,
-                        const float* amax_pre, unsigned long long s, unsigned long long start, unsigned len,
-                        const float* map_m, const float* map_v, unsigned cnt[6]) {
-    const int lane = threadIdx.x % 32;
-    const bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
-    const bool two_pass = scaled && a.block > 0;
-    const unsigned long long si = a.block > 0 ? s : 0;  // scale index
-    const float old_sm = (Codes<MF>::SCALED && !a.reset_m) ? ms[si] : 1.0f;
-    const float old_sv = (Codes<VF>::SCALED && !a.reset_v) ? vs[si] : 1.0f;
-    const unsigned long long end = min(start + len, a.n);
-    float gq[4], m[4], v[4];
-    unsigned mo[4], vo[4];
+// Encode, count stalls (by code when both blocks keep their scales: a warp-uniform branch),
+// store the codes.
+template <bool SR, typename P, int MF, int VF>
+__device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
+                                             const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
+                                             const float* map_m, const float* map_v, unsigned cnt[6]) {
+    unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
+    if (scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv))
+        encode_count<SR, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+    else
+        encode_count<SR, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+    store_codes<MF>((void*)t.mc, e, k, mn);
+    store_codes<VF>((void*)t.vc, e, k, vn);
+}
 
-    if (two_pass && a.block <= 128) {
-        // One quad per lane: moments, weight update, amax, scales, encode.
-        const unsigned long long e = start + 4 * lane;
-        const int k = e < end ? (int)min(4ull, end - e) : 0;
-        float am = 0.0f, av = 0.0f;
-        if (k > 0) {
-            load_quad<MF, VF>(a, g, mc, vc, e, k, gq, mo, vo);
-            quad_moments<MF, VF>(a, k, gq, mo, vo, old_sm, old_sv, map_m, map_v, m, v);
-            for (int j = 0; j < k; j++) {
-                am = fmaxf(am, finite_abs(m[j]));
-                av = fmaxf(av, finite_abs(v[j]));
-            }
-            Weights<P>::update(p, e, k, m, v, a, cnt[4], cnt[5]);
-        }
-        const float new_sm = scale_from_amax<MF>(warp_max(am));
-        const float new_sv = scale_from_amax<VF>(warp_max(av));
-        if (k > 0) encode_quad<MF, VF>(a, mc, vc, e, k, m, v, mo, vo, old_sm, old_sv, new_sm, new_sv, map_m, map_v, cnt);
-        __syncwarp();
-        if (lane == 0) {
-            if (Codes<MF>::SCALED) ms[si] = new_sm;
-            if (Codes<VF>::SCALED) vs[si] = new_sv;
-        }
-        return;
+// One lane's quad of one scale block or 128-element round (inputs already loaded): moments,
+// weight update, [block amax -> new scales], encode. `si`: the block's scale index.
+template <bool SR, typename P, int MF, int VF>
+__device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t, bool blockwise, unsigned long long si,
+                                          unsigned long long e, int k, const Inputs<P, MF, VF>& in,
+                                          const float* amax_pre, const float* map_m, const float* map_v,
+                                          unsigned cnt[6]) {
+    constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
+    Quad q;
+    float am = 0.0f, av = 0.0f;
+    if (k > 0) {
+        moments<P, MF, VF>(a, in, map_m, map_v, q);
+        quad_amax(q, k, am, av);
+        update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
-
     float new_sm = 1.0f, new_sv = 1.0f;
-    if (two_pass) {
-        // Pass 1: decode -> m -> v -> update (weights written), block amax.
-        float am = 0.0f, av = 0.0f;
-        for (unsigned long long e = start + 4 * lane; e < end; e += 128) {
-            const int k = (int)min(4ull, end - e);
-            load_quad<MF, VF>(a, g, mc, vc, e, k, gq, mo, vo);
-            quad_moments<MF, VF>(a, k, gq, mo, vo, old_sm, old_sv, map_m, map_v, m, v);
-            for (int j = 0; j < k; j++) {
-                am = fmaxf(am, finite_abs(m[j]));
-                av = fmaxf(av, finite_abs(v[j]));
-            }
-            Weights<P>::update(p, e, k, m, v, a, cnt[4], cnt[5]);
-        }
+    if (scaled && blockwise) {
         new_sm = scale_from_amax<MF>(warp_max(am));
         new_sv = scale_from_amax<VF>(warp_max(av));
     } else if (scaled) {
         new_sm = scale_from_amax<MF>(amax_pre[0]);
         new_sv = scale_from_amax<VF>(amax_pre[1]);
     }
-    // Pass 2 (or the only pass): the same moments again, encode with rounding, count stalls.
-    for (unsigned long long e = start + 4 * lane; e < end; e += 128) {
-        const int k = (int)min(4ull, end - e);
-        load_quad<MF, VF>(a, g, mc, vc, e, k, gq, mo, vo);
-        quad_moments<MF, VF>(a, k, gq, mo, vo, old_sm, old_sv, map_m, map_v, m, v);
-        if (!two_pass) Weights<P>::update(p, e, k, m, v, a, cnt[4], cnt[5]);
-        encode_quad<MF, VF>(a, mc, vc, e, k, m, v, mo, vo, old_sm, old_sv, new_sm, new_sv, map_m, map_v, cnt);
-    }
-    if (two_pass) {
-        __syncwarp();
-        if (lane == 0) {
-            if (Codes<MF>::SCALED) ms[si] = new_sm;
-            if (Codes<VF>::SCALED) vs[si] = new_sv;
-        }
+    if (k > 0) encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, map_m, map_v, cnt);
+    if (scaled && blockwise && threadIdx.x % 32 == 0 && k > 0) {  // lane 0 holds the block's start
+        if (Codes<MF>::SCALED) ((float*)t.ms)[si] = new_sm;
+        if (Codes<VF>::SCALED) ((float*)t.vs)[si] = new_sv;
     }
 }
 
-// Block-level reduction of the six stall counters and one atomicAdd each.
-__device__ void flush_counters(unsigned cnt[6], unsigned long long* counters) {
-    __shared__ unsigned red[WARPS_PER_BLOCK][6];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// 128-element rounds per segment: 2 for unscaled states (both rounds' loads in flight
+// together), 1 for scaled ones (their moments are register-hungry). The host's
+// `segment_len` in cuda.rs must agree.
+template <int MF, int VF> __host__ __device__ constexpr int rounds() { return (Codes<MF>::SCALED || Codes<VF>::SCALED) ? 1 : 2; }
+
+// A segment of ROUNDS x 128 elements (unscaled states, per-tensor scales, or 128-element
+// blocks: round r is block ROUNDS * seg + r). Lane l takes elements 4l..4l+3 of every round;
+// all rounds' loads are issued before the first round is computed. FULL: every quad is in
+// range (all but the last segment of a tensor), so no element needs a bounds test.
+template <bool SR, bool FULL, typename P, int MF, int VF>
+__device__ __forceinline__ void round_segment(const StepArgs& a, const TensorArgs& t, unsigned long long seg,
+                                              bool blockwise, const float* amax_pre, const float* map_m,
+                                              const float* map_v, unsigned cnt[6]) {
+    constexpr int ROUNDS = rounds<MF, VF>();
+    const unsigned long long start = seg * (ROUNDS * 128) + 4 * (threadIdx.x % 32);
+    Inputs<P, MF, VF> in[ROUNDS];
+    int k[ROUNDS];
+#pragma unroll
+    for (int r = 0; r < ROUNDS; r++) {
+        const unsigned long long e = start + 128 * r;
+        k[r] = FULL ? 4 : (e < t.n ? (int)min(4ull, t.n - e) : 0);
+        load_inputs<P, MF, VF>(a, t, blockwise ? ROUNDS * seg + r : 0, e, k[r], in[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < ROUNDS; r++)
+        quad_step<SR, P, MF, VF>(a, t, blockwise, ROUNDS * seg + r, start + 128 * r, k[r], in[r], amax_pre, map_m,
+                                 map_v, cnt);
+}
+
+// Scale blocks of B != 128 elements (segment = one block). B < 128: one quad per lane (lanes
+// past the block idle). B > 128 (lane l takes elements start + 4l .. + 3, then + 128, ...):
+// pass 1: decode -> m -> v -> update (weights written), block amax; pass 2: the same moments
+// again from the same inputs, encode with the new scales, count stalls.
+template <bool SR, typename P, int MF, int VF>
+__device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArgs& t, unsigned long long seg,
+                                              const float* map_m, const float* map_v, unsigned cnt[6]) {
+    const unsigned len = a.block;
+    const unsigned long long start = seg * len, end = min(start + len, t.n);
+    Inputs<P, MF, VF> in;
+    if (len < 128) {
+        const unsigned long long e = start + 4 * (threadIdx.x % 32);
+        const int k = (4 * (threadIdx.x % 32) < len && e < end) ? (int)min(4ull, end - e) : 0;
+        load_inputs<P, MF, VF>(a, t, seg, e, k, in);
+        quad_step<SR, P, MF, VF>(a, t, true, seg, e, k, in, nullptr, map_m, map_v, cnt);
+        return;
+    }
+    Quad q;
+    float am = 0.0f, av = 0.0f;
+    for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
+        const int k = (int)min(4ull, end - e);
+        load_inputs<P, MF, VF>(a, t, seg, e, k, in);
+        moments<P, MF, VF>(a, in, map_m, map_v, q);
+        quad_amax(q, k, am, av);
+        update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
+    }
+    const float new_sm = scale_from_amax<MF>(warp_max(am));
+    const float new_sv = scale_from_amax<VF>(warp_max(av));
+    for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
+        const int k = (int)min(4ull, end - e);
+        load_inputs<P, MF, VF>(a, t, seg, e, k, in);
+        moments<P, MF, VF>(a, in, map_m, map_v, q);
+        encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, map_m, map_v, cnt);
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+        if (Codes<MF>::SCALED) ((float*)t.ms)[seg] = new_sm;
+        if (Codes<VF>::SCALED) ((float*)t.vs)[seg] = new_sv;
+    }
+}
+
+// The warp's contiguous run of segments [first, last) of the launch. Returns false for
+// warps without work.
+__device__ __forceinline__ bool warp_run(const StepArgs& a, unsigned long long& first, unsigned long long& last) {
+    const unsigned long long warps = (unsigned long long)gridDim.x * (blockDim.x / 32);
+    const unsigned long long w = (unsigned long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const unsigned long long per = (a.segments + warps - 1) / warps;
+    first = w * per;
+    last = min(first + per, a.segments);
+    return first < last;
+}
+
+// Index of the tensor holding segment s, searching forward from tensor ti.
+__device__ __forceinline__ unsigned tensor_of(const LaunchArgs& L, unsigned ti, unsigned long long s) {
+    while (ti + 1 < L.s.count && L.t[ti + 1].first_segment <= s) ti++;
+    return ti;
+}
+
+// Warp sum of the six stall counters into the tensor's slot (one atomicAdd each), then zero.
+__device__ __forceinline__ void flush_counters(unsigned cnt[6], unsigned long long* slot) {
+#pragma unroll
     for (int c = 0; c < 6; c++) {
         unsigned x = __reduce_add_sync(0xffffffffu, cnt[c]);
-        if (lane == 0) red[warp][c] = x;
-    }
-    __syncthreads();
-    if (threadIdx.x < 6) {
-        unsigned long long t = 0;
-        for (int w = 0; w < WARPS_PER_BLOCK; w++) t += red[w][threadIdx.x];
-        if (t) atomicAdd(counters + threadIdx.x, t);
+        if (threadIdx.x % 32 == 0 && x) atomicAdd(slot + c, (unsigned long long)x);
+        cnt[c] = 0;
     }
 }
 
-template <typename P, int MF, int VF>
-__device__ void adamw_step(StepArgs a, P* p, const float* g, void* mc, float* ms, void* vc, float* vs,
-                           const float* amax_pre, unsigned long long* counters, const float* maps) {
+// BLOCKS: the launch's scale blocks are not 128 elements (block_segment); a separate kernel,
+// so that its register-hungry two-pass path does not lower the main kernels' occupancy.
+template <bool SR, bool BLOCKS, typename P, int MF, int VF>
+__device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* amax_pre, unsigned long long* counters,
+                                           const float* maps) {
     __shared__ float map_m[256], map_v[256];
     if (MF == FMT_INT8 || VF == FMT_INT8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) {
@@ -373,62 +492,104 @@ __device__ void adamw_step(StepArgs a, P* p, const float* g, void* mc, float* ms
         }
         __syncthreads();
     }
+    const StepArgs& a = L.s;
+    unsigned long long s, last;
+    if (!warp_run(a, s, last)) return;
+    constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
+    const bool blockwise = a.block > 0;
+    unsigned ti = tensor_of(L, 0, s);
     unsigned cnt[6] = {0, 0, 0, 0, 0, 0};
-    const bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
-    const unsigned seg = (scaled && a.block > 0) ? a.block : SEGMENT_UNSCALED;
-    const unsigned long long nseg = (a.n + seg - 1) / seg;
-    const unsigned long long warps = (unsigned long long)gridDim.x * WARPS_PER_BLOCK;
-    for (unsigned long long s = blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32; s < nseg; s += warps)
-        segment<P, MF, VF>(a, p, g, mc, ms, vc, vs, amax_pre, s, s * seg, seg, map_m, map_v, cnt);
-    flush_counters(cnt, counters);
+    for (; s < last; s++) {
+        const unsigned tn = tensor_of(L, ti, s);
+        if (tn != ti) flush_counters(cnt, counters + 6ull * L.t[ti].index);
+        ti = tn;
+        const TensorArgs& t = L.t[ti];
+        const unsigned long long seg = s - t.first_segment;
+        if constexpr (BLOCKS) {
+            if constexpr (scaled) block_segment<SR, P, MF, VF>(a, t, seg, map_m, map_v, cnt);
+        } else if ((seg + 1) * (rounds<MF, VF>() * 128) <= t.n)
+            round_segment<SR, true, P, MF, VF>(a, t, seg, blockwise, amax_pre + 2 * t.index, map_m, map_v, cnt);
+        else
+            round_segment<SR, false, P, MF, VF>(a, t, seg, blockwise, amax_pre + 2 * t.index, map_m, map_v, cnt);
+    }
+    flush_counters(cnt, counters + 6ull * L.t[ti].index);
 }
 
-// Per-tensor scaling (B = 0): the amax of the new moments over the whole tensor, into
-// amax[0] (m) and amax[1] (v) as ordered bits (non-negative floats order like integers).
+// Per-tensor scaling (B = 0): the amax of the new moments over each whole tensor, into
+// amax[2 * index] (m) and amax[2 * index + 1] (v) as ordered bits (non-negative floats
+// order like integers).
 template <int MF, int VF>
-__device__ void adamw_amax(StepArgs a, const float* g, const void* mc, const float* ms, const void* vc,
-                           const float* vs, unsigned* amax, const float* maps) {
-    const float old_sm = (Codes<MF>::SCALED && !a.reset_m) ? ms[0] : 1.0f;
-    const float old_sv = (Codes<VF>::SCALED && !a.reset_v) ? vs[0] : 1.0f;
+__device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, const float* maps) {
+    const StepArgs& a = L.s;
+    unsigned long long s, last;
+    if (!warp_run(a, s, last)) return;
+    unsigned ti = tensor_of(L, 0, s);
     float am = 0.0f, av = 0.0f;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < a.n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        float m_old = a.reset_m ? 0.0f : decode<MF>(Codes<MF>::load(mc, i), old_sm, maps);
-        float v_old = a.reset_v ? 0.0f : decode<VF>(Codes<VF>::load(vc, i), old_sv, maps + 256);
-        float m, v;
-        moments(g[i], m_old, v_old, a, m, v);
-        am = fmaxf(am, finite_abs(m));
-        av = fmaxf(av, finite_abs(v));
+    Inputs<float, MF, VF> in;  // the weights are not read: any weight type
+    Quad q;
+    for (; s < last; s++) {
+        const unsigned tn = tensor_of(L, ti, s);
+        if (tn != ti) {
+            am = warp_max(am), av = warp_max(av);
+            if (threadIdx.x % 32 == 0) {
+                atomicMax(amax + 2 * L.t[ti].index, __float_as_uint(am));
+                atomicMax(amax + 2 * L.t[ti].index + 1, __float_as_uint(av));
+            }
+            am = av = 0.0f;
+            ti = tn;
+        }
+        const TensorArgs& t = L.t[ti];
+#pragma unroll
+        for (int r = 0; r < rounds<MF, VF>(); r++) {
+            const unsigned long long e = (s - t.first_segment) * (rounds<MF, VF>() * 128) + 128 * r + 4 * (threadIdx.x % 32);
+            const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
+            if (k > 0) {
+                load_inputs<float, MF, VF>(a, t, 0, e, k, in);
+                moments<float, MF, VF>(a, in, maps, maps + 256, q);
+                quad_amax(q, k, am, av);
+            }
+        }
     }
-    am = warp_max(am);
-    av = warp_max(av);
+    am = warp_max(am), av = warp_max(av);
     if (threadIdx.x % 32 == 0) {
-        atomicMax(amax, __float_as_uint(am));
-        atomicMax(amax + 1, __float_as_uint(av));
+        atomicMax(amax + 2 * L.t[ti].index, __float_as_uint(am));
+        atomicMax(amax + 2 * L.t[ti].index + 1, __float_as_uint(av));
     }
 }
 
-// Per-tensor scaling, after the step: the new scales from the amax.
-template <int MF, int VF> __device__ void adamw_set_scales(const unsigned* amax, float* ms, float* vs) {
-    if (Codes<MF>::SCALED) ms[0] = scale_from_amax<MF>(__uint_as_float(amax[0]));
-    if (Codes<VF>::SCALED) vs[0] = scale_from_amax<VF>(__uint_as_float(amax[1]));
+// Per-tensor scaling, after the step: the new scales from the amax (one thread per tensor).
+template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const LaunchArgs& L, const unsigned* amax) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= L.s.count) return;
+    const TensorArgs& t = L.t[i];
+    if (Codes<MF>::SCALED) ((float*)t.ms)[0] = scale_from_amax<MF>(__uint_as_float(amax[2 * t.index]));
+    if (Codes<VF>::SCALED) ((float*)t.vs)[0] = scale_from_amax<VF>(__uint_as_float(amax[2 * t.index + 1]));
 }
 
 // ---- one extern "C" kernel per (weight dtype, m format, v format) ----
-#define ADAMW_KERNELS(PN, P, MN, MF, VN, VF)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) adamw_##PN##_##MN##_##VN(                              \
-        StepArgs a, P* p, const float* g, void* mc, float* ms, void* vc, float* vs, const float* amax_pre,   \
-        unsigned long long* counters, const float* maps) {                                                   \
-        adamw_step<P, MF, VF>(a, p, g, mc, ms, vc, vs, amax_pre, counters, maps);                            \
+// adamw_<weights>_<m>_<v>[_sr][_blocks]: _sr with stochastic rounding code (any write-back
+// stochastic), _blocks for scale blocks other than 128 elements. At most 85 registers per
+// thread (3 blocks of 256 threads per SM).
+#define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 3) NAME(const __grid_constant__ LaunchArgs L,          \
+                                                              const float* amax_pre,                         \
+                                                              unsigned long long* counters,                  \
+                                                              const float* maps) {                           \
+        adamw_step<SR, BLOCKS, P, MF, VF>(L, amax_pre, counters, maps);                                      \
     }
+#define ADAMW_KERNELS(PN, P, MN, MF, VN, VF)                                  \
+    ADAMW_KERNEL(adamw_##PN##_##MN##_##VN, false, false, P, MF, VF)           \
+    ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_sr, true, false, P, MF, VF)       \
+    ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_blocks, false, true, P, MF, VF)   \
+    ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_sr_blocks, true, true, P, MF, VF)
 #define ADAMW_AUX(MN, MF, VN, VF)                                                                            \
-    extern "C" __global__ void adamw_amax_##MN##_##VN(StepArgs a, const float* g, const void* mc,            \
-                                                      const float* ms, const void* vc, const float* vs,      \
-                                                      unsigned* amax, const float* maps) {                   \
-        adamw_amax<MF, VF>(a, g, mc, ms, vc, vs, amax, maps);                                                \
+    extern "C" __global__ void __launch_bounds__(256) adamw_amax_##MN##_##VN(                                \
+        const __grid_constant__ LaunchArgs L, unsigned* amax, const float* maps) {                           \
+        adamw_amax<MF, VF>(L, amax, maps);                                                                   \
     }                                                                                                        \
-    extern "C" __global__ void adamw_set_scales_##MN##_##VN(const unsigned* amax, float* ms, float* vs) {    \
-        adamw_set_scales<MF, VF>(amax, ms, vs);                                                              \
+    extern "C" __global__ void adamw_set_scales_##MN##_##VN(const __grid_constant__ LaunchArgs L,           \
+                                                            const unsigned* amax) {                          \
+        adamw_set_scales<MF, VF>(L, amax);                                                                   \
     }
 #define ADAMW_V(MN, MF, VN, VF)                          \
     ADAMW_KERNELS(f32, float, MN, MF, VN, VF)            \

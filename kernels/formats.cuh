@@ -15,18 +15,6 @@ enum { SPECIALS_NONE = 0, SPECIALS_NAN_ONLY = 1, SPECIALS_IEEE = 2 };
 // 2^k for k in [-126, 127], built on the bits (exact).
 __device__ __forceinline__ float pow2(int k) { return __uint_as_float((unsigned)(k + 127) << 23); }
 
-// ---- rounding.rs: round the kept integer up? ----
-__device__ __forceinline__ bool round_up(uint64_t kept, uint64_t rem, unsigned dropped, int rounding,
-                                         uint64_t rand) {
-    if (dropped == 0 || rem == 0) return false;
-    if (dropped >= 64) return false;
-    if (rounding == ROUND_NEAREST) {
-        uint64_t half = 1ull << (dropped - 1);
-        return rem > half || (rem == half && (kept & 1));
-    }
-    return rem + (rand >> (64 - dropped)) >= (1ull << dropped);
-}
-
 // ---- bf16.rs ----
 __device__ __forceinline__ float bf16_decode(uint16_t h) { return __uint_as_float((unsigned)h << 16); }
 
@@ -69,59 +57,78 @@ template <> struct MiniFloat<FMT_UE2M2> {
     static constexpr float MAX_FINITE = 7.0f;
 };
 
+// Decode on the bits: a normal code's magnitude shifted into an FP32 exponent/fraction
+// (rebias by 127 - BIAS) is its exact value; a subnormal code f is decoded as the normal
+// code (1, f) minus 2^EMIN (exact: Sterbenz). Same values as minifloat.rs `decode`.
 template <int F> __device__ __forceinline__ float mf_decode(unsigned code) {
     using T = MiniFloat<F>;
     constexpr unsigned SIGN = 1u << (T::E + T::M);
-    constexpr int ALL_ONES = (1 << T::E) - 1;
+    constexpr unsigned ALL_ONES = (1u << T::E) - 1;
     constexpr int EMIN = 1 - T::BIAS;
-    bool neg = T::SIGNED && (code & SIGN);
-    unsigned mag = code & (SIGN - 1);
-    int e = (int)(mag >> T::M);
-    unsigned f = mag & ((1u << T::M) - 1);
-    float v;
+    const bool neg = T::SIGNED && (code & SIGN);
+    const unsigned mag = code & (SIGN - 1);
+    const unsigned e = mag >> T::M;
+    const unsigned one = e == 0 ? (1u << T::M) : 0u;
+    float v = __uint_as_float(((mag | one) << (23 - T::M)) + ((unsigned)(127 - T::BIAS) << 23));
+    if (e == 0) v = __fsub_rn(v, pow2(EMIN));
     if (T::SPECIALS == SPECIALS_NAN_ONLY && mag == T::NAN_CODE) v = F32_NAN;
-    else if (T::SPECIALS == SPECIALS_IEEE && e == ALL_ONES) v = f == 0 ? F32_INF : F32_NAN;
-    else if (e == 0) v = __fmul_rn((float)f, pow2(EMIN - T::M));
-    else v = __fmul_rn((float)((1u << T::M) + f), pow2(e - T::BIAS - T::M));
+    if (T::SPECIALS == SPECIALS_IEEE && e == ALL_ONES) v = (mag & ((1u << T::M) - 1)) == 0 ? F32_INF : F32_NAN;
     return neg ? -v : v;
 }
 
+// Encode with 32-bit integer arithmetic (minifloat.rs `encode`, same results):
+// * target-normal range (the FP32 exponent is at least EMIN): add the rounding increment
+//   (nearest: half - 1 + the kept LSB, ties to even; stochastic: the top 23 - M random bits)
+//   to the FP32 bits, shift the fraction down (a carry moves into the exponent) and rebias;
+//   beyond the largest finite code, saturate;
+// * below it (subnormal result): the 24-bit significand, `dropped` = 23 - M + (EMIN - exp)
+//   bits rounded away; past 31 dropped bits only stochastic rounding can give the smallest
+//   subnormal (64-bit test, as on the CPU).
 template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int rounding, uint64_t rand) {
     using T = MiniFloat<F>;
     constexpr unsigned SIGN = 1u << (T::E + T::M);
     constexpr unsigned ALL_ONES = (1u << T::E) - 1;
     constexpr int EMIN = 1 - T::BIAS;
-    unsigned sign = (T::SIGNED && (__float_as_uint(x) >> 31)) ? SIGN : 0u;
-    if (isnan(x)) {
+    constexpr unsigned DROP = 23 - T::M;
+    const unsigned bits = __float_as_uint(x);
+    const unsigned sign = (T::SIGNED && (bits >> 31)) ? SIGN : 0u;
+    const unsigned a = bits & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) {  // NaN
         if (T::SPECIALS == SPECIALS_NONE) return 0;
         if (T::SPECIALS == SPECIALS_NAN_ONLY) return T::NAN_CODE;  // canonical: NaN signs differ CPU/GPU
         return (ALL_ONES << T::M) | (1u << (T::M - 1));
     }
-    if (!T::SIGNED && x < 0.0f) return 0;
-    if (isinf(x)) return (T::SPECIALS == SPECIALS_IEEE ? (ALL_ONES << T::M) : T::MAX_CODE) | sign;
-    unsigned bits = __float_as_uint(x) & 0x7FFFFFFFu;
-    if (bits == 0) return 0;
-    int exp;
-    uint64_t mant;
-    if ((bits >> 23) == 0) { exp = -126; mant = bits & 0x7FFFFFu; }
-    else { exp = (int)(bits >> 23) - 127; mant = (bits & 0x7FFFFFu) | 0x800000u; }
-    int te = exp > EMIN ? exp : EMIN;
-    unsigned dropped = (unsigned)(23 - T::M + te - exp);
-    uint64_t kept, rem;
-    if (dropped >= 64) { kept = 0; rem = mant; }
-    else { kept = mant >> dropped; rem = mant & ((1ull << dropped) - 1); }
-    uint64_t q = kept + (round_up(kept, rem, dropped, rounding, rand) ? 1 : 0);
-    if (q == 0) return 0;
-    const uint64_t one = 1ull << T::M;
-    if (q >= 2 * one) { te += 1; q >>= 1; }
+    if (!T::SIGNED && (bits >> 31)) return 0;
+    if (a == 0x7F800000u) return (T::SPECIALS == SPECIALS_IEEE ? (ALL_ONES << T::M) : T::MAX_CODE) | sign;
+    const unsigned hi = (unsigned)(rand >> 32);
+    const unsigned ef = a >> 23;
     unsigned mag;
-    if (q >= one) {
-        int e = te + T::BIAS;
-        int limit = (int)(T::MAX_CODE >> T::M);
-        uint64_t code = ((uint64_t)(unsigned)e << T::M) | (q - one);
-        mag = (e > limit || code > T::MAX_CODE) ? T::MAX_CODE : (unsigned)code;
+    if ((int)ef >= EMIN + 127) {
+        const unsigned add = rounding == ROUND_NEAREST ? (1u << (DROP - 1)) - 1u + ((a >> DROP) & 1u) : hi >> (32 - DROP);
+        const int code = (int)((a + add) >> DROP) - ((127 - T::BIAS) << T::M);
+        mag = code > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)code;
     } else {
-        mag = (unsigned)q;
+        if (a == 0) return 0;
+        const unsigned mant = ef ? (a & 0x7FFFFFu) | 0x800000u : a;
+        const int exp = ef ? (int)ef - 127 : -126;
+        const unsigned dropped = DROP + (unsigned)(EMIN - exp);
+        unsigned q;
+        if (dropped < 32) {
+            const unsigned kept = mant >> dropped, rem = mant & ((1u << dropped) - 1u);
+            bool up;
+            if (rounding == ROUND_NEAREST) {
+                const unsigned half = 1u << (dropped - 1);
+                up = rem > half || (rem == half && (kept & 1u));
+            } else {
+                up = rem + (hi >> (32 - dropped)) >= (1u << dropped);
+            }
+            q = kept + (up ? 1u : 0u);
+        } else {
+            q = (rounding == ROUND_STOCHASTIC && dropped < 64 &&
+                 (uint64_t)mant + (rand >> (64 - dropped)) >= (1ull << dropped)) ? 1u : 0u;
+        }
+        if (q == 0) return 0;
+        mag = q;  // at most 2^M: the smallest normal code when rounded up to it
     }
     return mag | sign;
 }

@@ -5,6 +5,8 @@
 // the element index, never on the launch shape.
 #pragma once
 
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -13,5 +15,5 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 
 __device__ __forceinline__ unsigned long long random_bits(unsigned long long key,
                                                           unsigned long long index) {
-    return mix64(key + (index + 1ull) * 0x9E3779B97F4A7C15ull);
+    return mix64(key + (index + 1ull) * GOLDEN);
 }

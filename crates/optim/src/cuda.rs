@@ -1,10 +1,11 @@
 //! Fused CUDA AdamW step (`kernels/adamw.cu`) and rounding cast (`kernels/sr_cast.cu`),
 //! launched through cudarc on candle's own CUDA stream, reading and writing candle's
-//! parameter and gradient buffers in place (candle `InplaceOp2`, no copies).
+//! parameter and gradient buffers in place (their device addresses, no copies).
 //!
-//! Host side per step and tensor: the same [`StepScalars`] and [`StepKeys`] as the CPU
-//! reference (so results are bit-identical), one kernel launch (three for per-tensor
-//! scaling: amax, step, scales), stall counters added on the device into a ring of
+//! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
+//! results are bit-identical) for every tensor, packed into the parameters of one kernel
+//! launch per [`MAX_TENSORS`] tensors (multi-tensor apply; three launches for per-tensor
+//! scaling: amax, step, scales); stall counters added on the device into a ring of
 //! [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation in
 //! the step itself).
 
@@ -12,11 +13,11 @@ use crate::adamw::{Roundings, StepKeys, StepScalars};
 use crate::format::{int8, Rounding, StateFormat};
 use crate::optimizer::LowbitAdamW;
 use crate::stalls::{Counter, StallCounts};
-use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::backend::BackendDevice;
+use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use std::sync::Arc;
-use candle_core::{CudaDevice, CudaStorage, DType, InplaceOp2, Layout, Result, Tensor};
+use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
 const ADAMW_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"));
 const CAST_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sr_cast.fatbin"));
@@ -29,19 +30,31 @@ fn load(dev: &CudaDevice, image: &[u8], names: &[String]) -> Result<Vec<CudaFunc
 
 /// The kernels of one (m format, v format) pair, loaded once.
 struct Kernels {
-    step_f32: CudaFunction,
-    step_bf16: CudaFunction,
+    /// Step kernels indexed by [`Kernels::step_index`]: weight dtype x stochastic rounding
+    /// code (any write-back stochastic) x scale blocks other than 128 elements.
+    step: Vec<CudaFunction>,
     amax: CudaFunction,
     set_scales: CudaFunction,
+}
+
+impl Kernels {
+    fn step_index(bf16: bool, sr: bool, blocks: bool) -> usize {
+        4 * bf16 as usize + 2 * sr as usize + blocks as usize
+    }
 }
 
 /// Steps of stall counters kept on the device before a slot is reused.
 pub const COUNTER_RING: usize = 64;
 
-/// Kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
+/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters
+/// stay under 4 KiB).
+pub const MAX_TENSORS: usize = 40;
+
+/// Launch-wide kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct StepArgs {
+    segments: u64,
     grad_scale: f32,
     lr: f32,
     beta1: f32,
@@ -49,13 +62,8 @@ struct StepArgs {
     one_minus_beta1: f32,
     one_minus_beta2: f32,
     eps: f32,
-    decay: f32,
     inv_bias_correction1: f32,
     inv_bias_correction2: f32,
-    key_m: u64,
-    key_v: u64,
-    key_w: u64,
-    n: u64,
     block: u32,
     reset_m: i32,
     reset_v: i32,
@@ -64,8 +72,36 @@ struct StepArgs {
     round_w: i32,
     zero_m: u32,
     zero_v: u32,
+    count: u32,
 }
-unsafe impl DeviceRepr for StepArgs {}
+
+/// One tensor of a launch: `struct TensorArgs` of `kernels/adamw.cu` (device addresses).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct TensorArgs {
+    p: u64,
+    g: u64,
+    mc: u64,
+    ms: u64,
+    vc: u64,
+    vs: u64,
+    n: u64,
+    key_m: u64,
+    key_v: u64,
+    key_w: u64,
+    first_segment: u64,
+    decay: f32,
+    index: u32,
+}
+
+/// `struct LaunchArgs` of `kernels/adamw.cu`, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct LaunchArgs {
+    s: StepArgs,
+    t: [TensorArgs; MAX_TENSORS],
+}
+unsafe impl DeviceRepr for LaunchArgs {}
 
 fn round_id(r: Rounding) -> i32 {
     match r {
@@ -78,13 +114,42 @@ fn err(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Cuda(e.to_string().into())
 }
 
+/// Open CUDA device `ordinal` for training with these kernels. Candle runs every operation
+/// on one stream, so cudarc's cross-stream event tracking (an event record and a stream wait
+/// per kernel argument) is pure host overhead; it is switched off before any buffer exists.
+pub fn open_device(ordinal: usize) -> Result<CudaDevice> {
+    let dev = CudaDevice::new(ordinal)?;
+    // SAFETY: nothing has been allocated on this device yet, and candle and these kernels
+    // use the device's single stream, so no cross-stream synchronisation is needed.
+    unsafe { dev.disable_event_tracking() };
+    Ok(dev)
+}
+
+/// Device address of the first element of `t` (contiguous, on a CUDA device, start offset
+/// a multiple of 4 elements: the kernel uses 16-byte vector accesses).
+fn address(t: &Tensor, stream: &CudaStream, what: &str) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("{what}: not on a CUDA device") };
+    if !layout.is_contiguous() || layout.start_offset() % 4 != 0 {
+        candle_core::bail!("{what}: must be contiguous, starting at a multiple of 4 elements");
+    }
+    let (base, size) = match t.dtype() {
+        DType::F32 => (cs.as_cuda_slice::<f32>()?.device_ptr(stream).0, 4),
+        DType::BF16 => (cs.as_cuda_slice::<half::bf16>()?.device_ptr(stream).0, 2),
+        d => candle_core::bail!("{what}: unsupported dtype {d:?} (F32 or BF16)"),
+    };
+    Ok(base + (layout.start_offset() * size) as u64)
+}
+
 /// One tensor's states on the device: codes as raw bytes (FP32/BF16 words included) and
-/// scales (one dummy element for unscaled formats).
+/// scales (one dummy element for unscaled formats), with their device addresses.
 struct DeviceState {
     m_codes: CudaSlice<u8>,
     m_scales: CudaSlice<f32>,
     v_codes: CudaSlice<u8>,
     v_scales: CudaSlice<f32>,
+    /// Addresses of the four buffers above (fixed for their lifetime).
+    addr: [u64; 4],
 }
 
 /// The optimizer with states on a CUDA device.
@@ -97,90 +162,11 @@ pub struct CudaAdamW {
     kernels: Kernels,
     states: Vec<DeviceState>,
     counters: CudaSlice<u64>,
+    /// Per-tensor scaling: amax of m and v per tensor (ordered FP32 bits).
     amax: CudaSlice<u32>,
     maps: CudaSlice<f32>,
-}
-
-struct StepOp<'a> {
-    stream: &'a Arc<CudaStream>,
-    kernels: &'a Kernels,
-    per_tensor: bool,
-    scaled: bool,
-    args: StepArgs,
-    st: &'a DeviceState,
-    amax: &'a CudaSlice<u32>,
-    counters: candle_core::cuda::cudarc::driver::CudaView<'a, u64>,
-    maps: &'a CudaSlice<f32>,
-}
-
-impl InplaceOp2 for StepOp<'_> {
-    fn name(&self) -> &'static str {
-        "lowbit-adamw"
-    }
-
-    fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout, _: &candle_core::CpuStorage, _: &Layout) -> Result<()> {
-        candle_core::bail!("CudaAdamW got CPU tensors")
-    }
-
-    fn cuda_fwd(&self, p: &mut CudaStorage, lp: &Layout, g: &CudaStorage, lg: &Layout) -> Result<()> {
-        // the kernel reads and writes 4 elements at a time with vector accesses
-        if !lp.is_contiguous() || !lg.is_contiguous() || lp.start_offset() % 4 != 0 || lg.start_offset() % 4 != 0 {
-            candle_core::bail!("lowbit-adamw: parameter and gradient must be contiguous, starting at a multiple of 4 elements");
-        }
-        let g = g.as_cuda_slice::<f32>()?.slice(lg.start_offset()..);
-        let n = self.args.n as usize;
-        let st = self.st;
-        let stream = self.stream;
-        if self.per_tensor {
-            // per-tensor scaling: amax over the whole tensor first (amax buffer zeroed)
-            let mut amax = self.amax.clone();
-            stream.memset_zeros(&mut amax).map_err(err)?;
-            let mut b = stream.launch_builder(&self.kernels.amax);
-            b.arg(&self.args).arg(&g).arg(&st.m_codes).arg(&st.m_scales).arg(&st.v_codes).arg(&st.v_scales);
-            b.arg(&amax).arg(self.maps);
-            let cfg = LaunchConfig { grid_dim: (n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            unsafe { b.launch(cfg) }.map_err(err)?;
-            self.launch_step(p, lp, &g, &amax)?;
-            let mut b = stream.launch_builder(&self.kernels.set_scales);
-            b.arg(&amax).arg(&st.m_scales).arg(&st.v_scales);
-            unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }.map_err(err)?;
-            Ok(())
-        } else {
-            self.launch_step(p, lp, &g, self.amax)
-        }
-    }
-}
-
-impl StepOp<'_> {
-    fn launch_step(
-        &self,
-        p: &mut CudaStorage,
-        lp: &Layout,
-        g: &candle_core::cuda::cudarc::driver::CudaView<'_, f32>,
-        amax: &CudaSlice<u32>,
-    ) -> Result<()> {
-        let st = self.st;
-        // segment per warp: as in adamw.cu (a scale block, or 128 elements)
-        let seg = if self.per_tensor || self.args.block == 0 || !self.scaled { 128 } else { self.args.block as usize };
-        let blocks = (self.args.n as usize).div_ceil(seg).div_ceil(8).clamp(1, 8192) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        macro_rules! go {
-            ($t:ty, $f:expr) => {{
-                let mut b = self.stream.launch_builder($f);
-                b.arg(&self.args);
-                let mut pv = p.as_cuda_slice_mut::<$t>()?.slice_mut(lp.start_offset()..);
-                b.arg(&mut pv).arg(g).arg(&st.m_codes).arg(&st.m_scales).arg(&st.v_codes).arg(&st.v_scales);
-                b.arg(amax).arg(&self.counters).arg(self.maps);
-                unsafe { b.launch(cfg) }.map_err(err)?;
-            }};
-        }
-        match p.dtype() {
-            DType::F32 => go!(f32, &self.kernels.step_f32),
-            DType::BF16 => go!(half::bf16, &self.kernels.step_bf16),
-            d => candle_core::bail!("lowbit-adamw: unsupported weight dtype {d:?}"),
-        }
-        Ok(())
-    }
+    /// Thread blocks that fit on the GPU at once (step kernel).
+    max_blocks: u32,
 }
 
 impl CudaAdamW {
@@ -196,91 +182,173 @@ impl CudaAdamW {
         for t in &host.tensors {
             let (m_codes, m_scales) = upload(&t.m)?;
             let (v_codes, v_scales) = upload(&t.v)?;
-            states.push(DeviceState { m_codes, m_scales, v_codes, v_scales });
+            let addr = [
+                m_codes.device_ptr(&stream).0,
+                m_scales.device_ptr(&stream).0,
+                v_codes.device_ptr(&stream).0,
+                v_scales.device_ptr(&stream).0,
+            ];
+            states.push(DeviceState { m_codes, m_scales, v_codes, v_scales, addr });
         }
         let counters = stream.alloc_zeros::<u64>(COUNTER_RING * host.tensors.len().max(1) * 6).map_err(err)?;
-        let amax = stream.alloc_zeros::<u32>(2).map_err(err)?;
+        let amax = stream.alloc_zeros::<u32>(2 * host.tensors.len().max(1)).map_err(err)?;
         let mut maps_host = int8::dynamic_map(true).to_vec();
         maps_host.extend_from_slice(int8::dynamic_map(false));
         let maps = stream.clone_htod(&maps_host).map_err(err)?;
         let (mf, vf) = (host.spec.m_format.name(), host.spec.v_format.name());
-        let names = [
-            format!("adamw_f32_{mf}_{vf}"),
-            format!("adamw_bf16_{mf}_{vf}"),
-            format!("adamw_amax_{mf}_{vf}"),
-            format!("adamw_set_scales_{mf}_{vf}"),
-        ];
+        let mut names = vec![format!("adamw_amax_{mf}_{vf}"), format!("adamw_set_scales_{mf}_{vf}")];
+        for w in ["f32", "bf16"] {
+            for sr in ["", "_sr"] {
+                for blocks in ["", "_blocks"] {
+                    names.push(format!("adamw_{w}_{mf}_{vf}{sr}{blocks}"));
+                }
+            }
+        }
         let mut f = load(dev, ADAMW_BIN, &names)?.into_iter();
-        let kernels = Kernels {
-            step_f32: f.next().unwrap(),
-            step_bf16: f.next().unwrap(),
-            amax: f.next().unwrap(),
-            set_scales: f.next().unwrap(),
-        };
-        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps })
+        let kernels = Kernels { amax: f.next().unwrap(), set_scales: f.next().unwrap(), step: f.collect() };
+        let sms = stream
+            .context()
+            .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(err)? as u32;
+        let per_sm = kernels.step[Kernels::step_index(false, true, false)]
+            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+            .map_err(err)?;
+        let max_blocks = sms * per_sm.max(1);
+        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, max_blocks })
     }
 
     fn slot(&self, step: u64) -> usize {
         (step as usize % COUNTER_RING) * self.host.tensors.len() * 6
     }
 
-    /// Zero the counter slot of `step` (call once per step, before its tensors).
-    pub fn begin_step(&mut self, step: u64) -> Result<()> {
-        let (s, len) = (self.slot(step), self.host.tensors.len() * 6);
+    /// One optimizer step on every tensor: `params[i]` (F32 or BF16, contiguous, on this
+    /// device) updated in place from the FP32 gradient `grads[i]` (multiplied by
+    /// `grad_scale`), states updated, stall counts of `step` accumulated on the device.
+    /// Asynchronous: a few kernel launches on candle's stream (one per [`MAX_TENSORS`]
+    /// tensors; per-tensor scaling adds an amax and a scale launch each).
+    ///
+    /// Errors: the wrong number of tensors, a size or dtype that does not match the
+    /// optimizer's tensor, a tensor not on this CUDA device or not contiguous.
+    pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
+        let count = self.host.tensors.len();
+        if params.len() != count || grads.len() != count {
+            candle_core::bail!("lowbit-adamw: {} parameters and {} gradients for {count} tensors", params.len(), grads.len());
+        }
+        let (s, len) = (self.slot(step), count * 6);
         let mut view = self.counters.slice_mut(s..s + len);
-        self.stream.memset_zeros(&mut view).map_err(err)
+        self.stream.memset_zeros(&mut view).map_err(err)?;
+        let spec = self.host.spec;
+        let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
+        let per_tensor = scaled && spec.block_size == 0;
+        // segment length, as `rounds` in adamw.cu: two 128-element rounds
+        // (unscaled), one (128-element blocks or per-tensor scales), else one block
+        let seg = match (scaled, spec.block_size) {
+            (false, _) => 256,
+            (true, 0 | 128) => 128,
+            (true, b) => b,
+        };
+        let r: Roundings = self.host.roundings();
+        let zero = |signed| int8::zero_index(int8::dynamic_map(signed)) as u32;
+        let mut tensors = Vec::with_capacity(count);
+        let mut dtypes = Vec::with_capacity(count);
+        let mut first = StepArgs::default();
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let info = &self.host.tensors[i].info;
+            if g.dtype() != DType::F32 || g.elem_count() != info.len || p.elem_count() != info.len {
+                candle_core::bail!("{}: parameter and F32 gradient must have {} elements", info.name, info.len);
+            }
+            let h: StepScalars = self.host.scalars(step, lr, grad_scale, info.weight_decay);
+            let k: StepKeys = self.host.keys(step, i);
+            if i == 0 {
+                first = StepArgs {
+                    segments: 0,
+                    grad_scale: h.grad_scale,
+                    lr: h.lr,
+                    beta1: h.beta1,
+                    beta2: h.beta2,
+                    one_minus_beta1: h.one_minus_beta1,
+                    one_minus_beta2: h.one_minus_beta2,
+                    eps: h.eps,
+                    inv_bias_correction1: h.inv_bias_correction1,
+                    inv_bias_correction2: h.inv_bias_correction2,
+                    block: spec.block_size as u32,
+                    reset_m: h.reset_m as i32,
+                    reset_v: h.reset_v as i32,
+                    round_m: round_id(r.m),
+                    round_v: round_id(r.v),
+                    round_w: round_id(r.w),
+                    zero_m: zero(true),
+                    zero_v: zero(false),
+                    count: 0,
+                };
+            }
+            let a = &self.states[i].addr;
+            tensors.push(TensorArgs {
+                p: address(p, &self.stream, &info.name)?,
+                g: address(g, &self.stream, &info.name)?,
+                mc: a[0],
+                ms: a[1],
+                vc: a[2],
+                vs: a[3],
+                n: info.len as u64,
+                key_m: k.m,
+                key_v: k.v,
+                key_w: k.w,
+                first_segment: 0,
+                decay: h.decay,
+                index: i as u32,
+            });
+            dtypes.push(p.dtype());
+        }
+        if per_tensor {
+            self.stream.memset_zeros(&mut self.amax).map_err(err)?;
+        }
+        // one group of launches per weight dtype, MAX_TENSORS tensors per launch
+        for dtype in [DType::F32, DType::BF16] {
+            let group: Vec<TensorArgs> = tensors.iter().zip(&dtypes).filter(|(_, d)| **d == dtype).map(|(t, _)| *t).collect();
+            for chunk in group.chunks(MAX_TENSORS) {
+                let mut args = LaunchArgs { s: first, t: [TensorArgs::default(); MAX_TENSORS] };
+                let mut segments = 0u64;
+                for (slot, t) in args.t.iter_mut().zip(chunk) {
+                    *slot = TensorArgs { first_segment: segments, ..*t };
+                    segments += t.n.div_ceil(seg as u64);
+                }
+                args.s.segments = segments;
+                args.s.count = chunk.len() as u32;
+                self.launch(dtype, &args, per_tensor, s)?;
+            }
+        }
+        Ok(())
     }
 
-    /// Step tensor `idx`: `p` (F32 or BF16, contiguous, on this device) updated in place
-    /// from the FP32 gradient `g`.
-    pub fn step_tensor(&mut self, step: u64, lr: f64, grad_scale: f32, idx: usize, p: &Tensor, g: &Tensor) -> Result<()> {
-        let info = &self.host.tensors[idx].info;
-        let h: StepScalars = self.host.scalars(step, lr, grad_scale, info.weight_decay);
-        let k: StepKeys = self.host.keys(step, idx);
-        let r: Roundings = self.host.roundings();
-        let spec = self.host.spec;
-        let zero = |signed| int8::zero_index(int8::dynamic_map(signed)) as u32;
-        let args = StepArgs {
-            grad_scale: h.grad_scale,
-            lr: h.lr,
-            beta1: h.beta1,
-            beta2: h.beta2,
-            one_minus_beta1: h.one_minus_beta1,
-            one_minus_beta2: h.one_minus_beta2,
-            eps: h.eps,
-            decay: h.decay,
-            inv_bias_correction1: h.inv_bias_correction1,
-            inv_bias_correction2: h.inv_bias_correction2,
-            key_m: k.m,
-            key_v: k.v,
-            key_w: k.w,
-            n: info.len as u64,
-            block: spec.block_size as u32,
-            reset_m: h.reset_m as i32,
-            reset_v: h.reset_v as i32,
-            round_m: round_id(r.m),
-            round_v: round_id(r.v),
-            round_w: round_id(r.w),
-            zero_m: zero(true),
-            zero_v: zero(false),
-        };
-        let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-        let s = self.slot(step) + idx * 6;
-        let op = StepOp {
-            stream: &self.stream,
-            kernels: &self.kernels,
-            per_tensor: scaled && spec.block_size == 0,
-            scaled,
-            args,
-            st: &self.states[idx],
-            amax: &self.amax,
-            counters: self.counters.slice(s..s + 6),
-            maps: &self.maps,
-        };
-        if g.dtype() != DType::F32 || g.elem_count() != info.len || p.elem_count() != info.len {
-            candle_core::bail!("{}: gradient must be F32 with {} elements", info.name, info.len);
+    /// The step launch of one chunk (with the amax and scale launches of per-tensor scaling).
+    fn launch(&self, dtype: DType, args: &LaunchArgs, per_tensor: bool, slot: usize) -> Result<()> {
+        // at least 16 segments per warp, at most the blocks that fit on the GPU at once
+        let blocks = (args.s.segments.div_ceil(8 * 16) as u32).clamp(1, self.max_blocks);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let stream = &self.stream;
+        if per_tensor {
+            let mut b = stream.launch_builder(&self.kernels.amax);
+            b.arg(args).arg(&self.amax).arg(&self.maps);
+            unsafe { b.launch(cfg) }.map_err(err)?;
         }
-        p.inplace_op2(g, &op)
+        let sr = |r: Rounding| r == Rounding::Stochastic;
+        let r = self.host.roundings();
+        let bf16 = dtype == DType::BF16;
+        let spec = self.host.spec;
+        let blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
+        let f = &self.kernels.step[Kernels::step_index(bf16, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), blocks)];
+        let counters = self.counters.slice(slot..);
+        let mut b = stream.launch_builder(f);
+        b.arg(args).arg(&self.amax).arg(&counters).arg(&self.maps);
+        unsafe { b.launch(cfg) }.map_err(err)?;
+        if per_tensor {
+            let mut b = stream.launch_builder(&self.kernels.set_scales);
+            b.arg(args).arg(&self.amax);
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MAX_TENSORS as u32, 1, 1), shared_mem_bytes: 0 };
+            unsafe { b.launch(one) }.map_err(err)?;
+        }
+        Ok(())
     }
 
     /// Stall counts of every tensor at `step` (one device-to-host copy: synchronises).

@@ -1,6 +1,6 @@
 //! `train bench optimizer` (CUDA builds): speed of the fused optimizer step on the parameter
 //! shapes of a model preset, from one run on one GPU:
-//! * device copy bandwidth (device-to-device copy of a 1 GiB buffer: bytes read + written / s);
+//! * device copy bandwidth (the driver's device-to-device copy of 1 GiB: bytes read + written / s);
 //! * per state format x rounding: step time over all tensors, effective GB/s (bytes the
 //!   step must move: weights read+write, FP32 gradient read, m and v codes read+write,
 //!   scales) and its fraction of copy bandwidth;
@@ -10,7 +10,7 @@
 //! `scripts/bench_optimizer.sh` runs both and writes `bench/optimizer_<gpu>.md`.
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{CudaDevice, DType, Device, Tensor};
 use lowbit_model::{init::param_specs, LlamaConfig};
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
@@ -21,6 +21,8 @@ use std::time::Instant;
 pub struct BenchRow {
     pub m_format: String,
     pub v_format: String,
+    /// Scale block length (0 for unscaled formats).
+    pub block: usize,
     pub rounding: String,
     pub weights: String,
     pub step_ms: f64,
@@ -34,19 +36,21 @@ fn sync(dev: &Device) -> Result<()> {
     Ok(())
 }
 
-/// Device copy bandwidth in GB/s (read + write bytes per second).
-fn copy_bandwidth(dev: &Device, iters: usize) -> Result<f64> {
-    let n = 1usize << 28; // 1 GiB of f32
-    let src = Tensor::zeros(n, DType::F32, dev)?;
-    let mut dst = src.copy()?;
-    sync(dev)?;
+/// Device copy bandwidth in GB/s (read + write bytes per second): `cuMemcpyDtoDAsync` of a
+/// 1 GiB buffer, the driver's own copy.
+fn copy_bandwidth(dev: &CudaDevice, iters: usize) -> Result<f64> {
+    let stream = dev.cuda_stream();
+    let n = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(n)?;
+    let mut dst = stream.alloc_zeros::<u8>(n)?;
+    stream.memcpy_dtod(&src, &mut dst)?;
+    stream.synchronize()?;
     let t = Instant::now();
     for _ in 0..iters {
-        dst = src.copy()?;
+        stream.memcpy_dtod(&src, &mut dst)?;
     }
-    sync(dev)?;
-    drop(dst);
-    Ok(2.0 * 4.0 * n as f64 * iters as f64 / t.elapsed().as_secs_f64() / 1e9)
+    stream.synchronize()?;
+    Ok(2.0 * n as f64 * iters as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
 /// Bytes one step must move for `n` elements: weights and codes (+ scales) read and
@@ -56,30 +60,41 @@ fn bytes_moved(spec: &lowbit_optim::StatesSpec, n: usize, weight_bytes: usize) -
     (2 * weight_bytes * n + 4 * n + codes(spec.m_format) + codes(spec.v_format)) as u64
 }
 
-/// Run the benchmark on the shapes of `preset`; prints a markdown table and returns rows.
-pub fn optimizer(preset: &str, iters: usize) -> Result<(f64, Vec<BenchRow>)> {
-    let dev = Device::new_cuda(0).context("bench needs a CUDA device")?;
-    let cuda = match &dev {
-        Device::Cuda(d) => d.clone(),
-        _ => unreachable!(),
-    };
+/// Run the benchmark on the shapes of `preset` for the m formats in `only_formats` and the
+/// weight dtypes in `only_weights` (empty: all); returns the copy bandwidth and the rows.
+pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weights: &[String]) -> Result<(f64, Vec<BenchRow>)> {
+    let wanted = |list: &[String], x: &str| list.is_empty() || list.iter().any(|l| l == x);
+    let cuda = lowbit_optim::cuda::open_device(0).context("bench needs a CUDA device")?;
+    let dev = Device::Cuda(cuda.clone());
     let mcfg = LlamaConfig::preset(preset, 32100).with_context(|| format!("unknown preset {preset}"))?;
     let specs = param_specs(&mcfg);
     let n: usize = specs.iter().map(|s| s.shape.iter().product::<usize>()).sum();
-    let copy = copy_bandwidth(&dev, 20)?;
+    let copy = copy_bandwidth(&cuda, 20)?;
     println!("preset {preset}: {n} parameters in {} tensors; device copy bandwidth {copy:.0} GB/s", specs.len());
     let grads: Vec<Tensor> = specs
         .iter()
         .map(|s| Tensor::randn(0f32, 1e-3, s.shape.as_slice(), &dev))
         .collect::<candle_core::Result<_>>()?;
     let mut rows = vec![];
-    let formats = [("fp32", "fp32"), ("bf16", "bf16"), ("fp8e4m3", "fp8e4m3"), ("fp8e5m2", "fp8e5m2"), ("fp4e2m1", "fp4ue2m2"), ("int8", "int8")];
+    // int8 twice: bitsandbytes' block of 2048 and the FP8/FP4 block of 128
+    let formats = [
+        ("fp32", "fp32", 0),
+        ("bf16", "bf16", 0),
+        ("fp8e4m3", "fp8e4m3", 128),
+        ("fp8e5m2", "fp8e5m2", 128),
+        ("fp4e2m1", "fp4ue2m2", 128),
+        ("int8", "int8", 2048),
+        ("int8", "int8", 128),
+    ];
     for weights in [DType::F32, DType::BF16] {
+        if !wanted(only_weights, if weights == DType::F32 { "f32" } else { "bf16" }) {
+            continue;
+        }
         let params: Vec<Tensor> = specs
             .iter()
             .map(|s| Tensor::randn(0f32, 0.02, s.shape.as_slice(), &dev).and_then(|t| t.to_dtype(weights)))
             .collect::<candle_core::Result<_>>()?;
-        for (m, v) in formats {
+        for (m, v, block) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
             for rounding in [Rounding::Nearest, Rounding::Stochastic] {
                 let states = StatesConfig {
                     m_format: m.into(),
@@ -87,7 +102,7 @@ pub fn optimizer(preset: &str, iters: usize) -> Result<(f64, Vec<BenchRow>)> {
                     m_rounding: rounding,
                     v_rounding: rounding,
                     weight_rounding: rounding,
-                    block_size: if m == "int8" { 2048 } else { 128 },
+                    block_size: if block == 0 { 128 } else { block },
                     ..Default::default()
                 };
                 let spec = states.resolve().map_err(anyhow::Error::msg)?;
@@ -97,13 +112,7 @@ pub fn optimizer(preset: &str, iters: usize) -> Result<(f64, Vec<BenchRow>)> {
                     .collect();
                 let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
                 let mut opt = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), &cuda)?;
-                let mut step = |s: u64| -> Result<()> {
-                    opt.begin_step(s)?;
-                    for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
-                        opt.step_tensor(s, 1e-4, 1.0, i, p, g)?;
-                    }
-                    Ok(())
-                };
+                let mut step = |s: u64| -> Result<()> { Ok(opt.step(s, 1e-4, 1.0, &params, &grads)?) };
                 for s in 1..=3 {
                     step(s)?;
                 }
@@ -120,6 +129,7 @@ pub fn optimizer(preset: &str, iters: usize) -> Result<(f64, Vec<BenchRow>)> {
                 rows.push(BenchRow {
                     m_format: m.into(),
                     v_format: v.into(),
+                    block,
                     rounding: rounding.as_str().into(),
                     weights: if wb == 4 { "f32".into() } else { "bf16".into() },
                     step_ms: secs * 1e3,
@@ -137,22 +147,23 @@ pub fn optimizer(preset: &str, iters: usize) -> Result<(f64, Vec<BenchRow>)> {
 pub fn render(preset: &str, copy: f64, rows: &[BenchRow]) -> String {
     let mut s = format!(
         "### lowbit fused AdamW step, {preset} shapes\n\ndevice copy bandwidth: {copy:.0} GB/s (read + write)\n\n\
-         | weights | m / v | rounding | step (ms) | moved (MB) | GB/s | of copy | SR / nearest |\n\
-         |---|---|---|---|---|---|---|---|\n"
+         | weights | m / v | block | rounding | step (ms) | moved (MB) | GB/s | of copy | SR / nearest |\n\
+         |---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let ratio = if r.rounding == "stochastic" {
             rows.iter()
-                .find(|n| n.rounding == "nearest" && n.m_format == r.m_format && n.weights == r.weights)
+                .find(|n| n.rounding == "nearest" && n.m_format == r.m_format && n.block == r.block && n.weights == r.weights)
                 .map_or("-".into(), |n| format!("{:.3}", r.step_ms / n.step_ms))
         } else {
             "".into()
         };
         s += &format!(
-            "| {} | {} / {} | {} | {:.3} | {:.0} | {:.0} | {:.0}% | {} |\n",
+            "| {} | {} / {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0}% | {} |\n",
             r.weights,
             r.m_format,
             r.v_format,
+            if r.block == 0 { "-".to_string() } else { r.block.to_string() },
             r.rounding,
             r.step_ms,
             r.bytes_moved as f64 / 1e6,

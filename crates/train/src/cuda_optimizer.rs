@@ -21,11 +21,8 @@ impl DeviceAdamW {
 
 impl Optimizer for DeviceAdamW {
     fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &ParamSet, grads: &[Tensor]) -> Result<()> {
-        self.opt.begin_step(step)?;
-        for (i, (var, g)) in params.vars.iter().zip(grads).enumerate() {
-            self.opt.step_tensor(step, lr, grad_scale, i, var.as_tensor(), g)?;
-        }
-        Ok(())
+        let tensors: Vec<Tensor> = params.vars.iter().map(|v| v.as_tensor().clone()).collect();
+        Ok(self.opt.step(step, lr, grad_scale, &tensors, grads)?)
     }
 
     fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>> {

@@ -82,6 +82,12 @@ enum Cmd {
         /// Timed steps per configuration.
         #[arg(long, default_value_t = 20)]
         iters: usize,
+        /// Only these m formats (comma-separated, e.g. `fp8e4m3,bf16`); default: all.
+        #[arg(long, value_delimiter = ',')]
+        formats: Vec<String>,
+        /// Only these weight dtypes (`f32`, `bf16`); default: both.
+        #[arg(long, value_delimiter = ',')]
+        weights: Vec<String>,
     },
 }
 
@@ -108,8 +114,8 @@ fn real_main() -> Result<()> {
         Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),
         Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
         #[cfg(feature = "cuda")]
-        Some(Cmd::Bench { what: _, preset, iters }) => {
-            let (copy, rows) = lowbit_train::bench::optimizer(&preset, iters)?;
+        Some(Cmd::Bench { what: _, preset, iters, formats, weights }) => {
+            let (copy, rows) = lowbit_train::bench::optimizer(&preset, iters, &formats, &weights)?;
             println!("{}", lowbit_train::bench::render(&preset, copy, &rows));
             Ok(())
         }

@@ -45,7 +45,7 @@ pub fn device(name: &str) -> Result<Device> {
     match name {
         "cpu" => Ok(Device::Cpu),
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(Device::new_cuda(0).context("cannot open CUDA device 0")?),
+        "cuda" => Ok(Device::Cuda(lowbit_optim::cuda::open_device(0).context("cannot open CUDA device 0")?)),
         #[cfg(not(feature = "cuda"))]
         "cuda" => bail!("train.device = \"cuda\" needs a build with `--features cuda`"),
         d => bail!("train.device: unknown device {d:?}"),
