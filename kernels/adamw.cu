@@ -150,11 +150,14 @@ template <typename P> struct WeightCodes;
 template <> struct WeightCodes<float> { static constexpr int F = FMT_F32; };
 template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; };
 
-// Random bits only for stochastic rounding (nearest ignores them). `counter` is
-// key + (i + 1) * GOLDEN for element i (rng.cuh `random_bits`). SR is a template flag: the
+// Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
+// stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
 // kernels of launches without any stochastic rounding carry no hashing code at all.
-template <bool SR> __device__ __forceinline__ uint64_t rand_for(int rounding, unsigned long long counter) {
-    return SR && rounding == ROUND_STOCHASTIC ? mix64(counter) : 0ull;
+template <bool SR, int F>
+__device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, unsigned long long e, uint64_t r[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) r[j] = 0;
+    if (SR && F != FMT_F32 && rounding == ROUND_STOCHASTIC) quad_bits<F == FMT_BF16 ? 16 : 32>(key, e, r);
 }
 
 // Decoded value of a code with its block scale (state.rs `decode_code`).
@@ -162,6 +165,7 @@ template <int F> __device__ __forceinline__ float decode(unsigned c, float scale
     if constexpr (F == FMT_F32) return __uint_as_float(c);
     else if constexpr (F == FMT_BF16) return bf16_decode((uint16_t)c);
     else if constexpr (F == FMT_INT8) return __fmul_rn(map[c], scale);
+    else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) return __fmul_rn(fp8_decode_hw<F>(c), scale);
     else return __fmul_rn(mf_decode<F>(c), scale);
 }
 
@@ -183,7 +187,11 @@ template <int F> __device__ __forceinline__ unsigned encode(float x, float scale
     if constexpr (F == FMT_F32) return __float_as_uint(x);
     else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
     else if constexpr (F == FMT_INT8) return int8_encode(map, __fdiv_rn(x, scale), rounding, rand, zero);
-    else return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
+    else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
+        // nearest: the hardware converter (bit-identical to mf_encode's nearest)
+        if (rounding == ROUND_NEAREST) return fp8_encode_rn_hw<F>(__fmul_rn(x, inv));
+        return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
+    } else return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
 }
 
 template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
@@ -278,7 +286,8 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     constexpr int WF = WeightCodes<P>::F;
     unsigned c[4];
     Codes<WF>::unpack(in.w, c);
-    const unsigned long long counter = t.key_w + (e + 1) * GOLDEN;
+    uint64_t rw[4];
+    quad_rand<SR, FMT_BF16>(WF == FMT_BF16 ? a.round_w : ROUND_NEAREST, t.key_w, e, rw);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
@@ -287,7 +296,7 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
             } else {
                 const float old = bf16_decode((uint16_t)c[j]);
                 const float nv = param_update(old, q.m[j], q.v[j], t.decay, a);
-                const unsigned code = bf16_encode(nv, a.round_w, rand_for<SR>(a.round_w, counter + j * GOLDEN));
+                const unsigned code = bf16_encode(nv, a.round_w, rw[j]);
                 const bool changed = nv != old;
                 cnt[4] += changed;
                 cnt[5] += changed && code == c[j];
@@ -322,12 +331,14 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
                                              const Quad& q, float new_sm, float new_sv, const float* map_m,
                                              const float* map_v, unsigned mn[4], unsigned vn[4], unsigned cnt[6]) {
     const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
-    const unsigned long long cm = t.key_m + (e + 1) * GOLDEN, cv = t.key_v + (e + 1) * GOLDEN;
+    uint64_t rm[4], rv[4];
+    quad_rand<SR, MF>(a.round_m, t.key_m, e, rm);
+    quad_rand<SR, VF>(a.round_v, t.key_v, e, rv);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
-            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, a.round_m, rand_for<SR>(a.round_m, cm + j * GOLDEN), map_m, a.zero_m);
-            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, a.round_v, rand_for<SR>(a.round_v, cv + j * GOLDEN), map_v, a.zero_v);
+            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, a.round_m, rm[j], map_m, a.zero_m);
+            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, a.round_v, rv[j], map_v, a.zero_v);
             const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
             cnt[0] += mch;
             cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);

@@ -133,6 +133,37 @@ template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int roun
     return mag | sign;
 }
 
+// ---- FP8 through the hardware converters (sm_89+) ----
+// Decode: cvt.rn.f16x2.e4m3x2 / e5m2x2 (exact) then f16 -> f32 (exact). NaN payloads may
+// differ from mf_decode's, which nothing observes: every use multiplies by the scale first
+// (the GPU's fmul returns its canonical NaN) or re-encodes (one canonical NaN code).
+template <int F> __device__ __forceinline__ float fp8_decode_hw(unsigned code) {
+    static_assert(F == FMT_E4M3 || F == FMT_E5M2, "FP8 only");
+    unsigned h2;
+    const unsigned short c = (unsigned short)code;
+    if constexpr (F == FMT_E4M3) asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
+    else asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(c));
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xFFFF)));
+    return f;
+}
+
+// Round to nearest even with cvt.rn.satfinite.e4m3x2.f32 / e5m2x2 (saturating, subnormals
+// kept), then the reference's conventions (mf_encode): a zero result is +0, NaN is the one
+// canonical NaN code, and E5M2 keeps Inf (satfinite would give the largest finite value).
+template <int F> __device__ __forceinline__ unsigned fp8_encode_rn_hw(float x) {
+    static_assert(F == FMT_E4M3 || F == FMT_E5M2, "FP8 only");
+    using T = MiniFloat<F>;
+    unsigned short d;
+    if constexpr (F == FMT_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(x));
+    else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(x));
+    unsigned code = d & 0xFFu;
+    if ((code & 0x7Fu) == 0) code = 0;
+    if (isnan(x)) code = T::SPECIALS == SPECIALS_NAN_ONLY ? T::NAN_CODE : (((1u << T::E) - 1) << T::M) | (1u << (T::M - 1));
+    if (T::SPECIALS == SPECIALS_IEEE && isinf(x)) code = (((1u << T::E) - 1) << T::M) | (x < 0.0f ? 0x80u : 0u);
+    return code;
+}
+
 // ---- scale.rs: power-of-two block scale exponent ----
 __device__ __forceinline__ int floor_log2(float x) {
     unsigned b = __float_as_uint(x);

@@ -1,9 +1,12 @@
 // Counter-based random bits for stochastic rounding: the CUDA twin of
 // crates/optim/src/rng.rs (same constants, same order). The host derives the 64-bit stream
-// key of (seed, step, tensor id, state kind); element i of a stream is
-// mix64(key + (i + 1) * GOLDEN) (SplitMix64, Steele et al. 2014), so the bits depend only on
-// the element index, never on the launch shape.
+// key of (seed, step, tensor id, state kind); draw c of a stream is
+// mix64(key + (c + 1) * GOLDEN) (SplitMix64, Steele et al. 2014), and element i of a format
+// consuming W bits (16 for BF16, 32 otherwise) takes the W-bit slice i % (64 / W) of draw
+// i / (64 / W), left-aligned: the bits depend only on the element index, never on the launch
+// shape.
 #pragma once
+#include <stdint.h>
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
 
@@ -16,4 +19,24 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 __device__ __forceinline__ unsigned long long random_bits(unsigned long long key,
                                                           unsigned long long index) {
     return mix64(key + (index + 1ull) * GOLDEN);
+}
+
+// rng.rs `element_bits`: element i's W random bits (W = 16 or 32) in the top of a u64.
+template <int W> __device__ __forceinline__ unsigned long long element_bits(unsigned long long key,
+                                                                           unsigned long long i) {
+    constexpr unsigned PER = 64 / W;
+    return (random_bits(key, i / PER) >> (W * (unsigned)(i % PER))) << (64 - W);
+}
+
+// element_bits of the quad i..i+3 (i % 4 == 0): one draw for W = 16, two for W = 32.
+template <int W> __device__ __forceinline__ void quad_bits(unsigned long long key, unsigned long long i,
+                                                           uint64_t r[4]) {
+    if constexpr (W == 16) {
+        const unsigned long long h = random_bits(key, i / 4);
+#pragma unroll
+        for (int j = 0; j < 4; j++) r[j] = (h >> (16 * j)) << 48;
+    } else {
+        const unsigned long long h0 = random_bits(key, i / 2), h1 = random_bits(key, i / 2 + 1);
+        r[0] = h0 << 32, r[1] = (h0 >> 32) << 32, r[2] = h1 << 32, r[3] = (h1 >> 32) << 32;
+    }
 }

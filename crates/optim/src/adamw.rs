@@ -3,7 +3,7 @@
 //! decode -> m -> v -> bias correction -> decay -> update -> encode.
 
 use crate::format::{bf16, int8, scale, Rounding, StateFormat};
-use crate::rng::random_bits;
+use crate::rng::element_bits;
 use crate::stalls::{Counter, StallCounts};
 use crate::format::minifloat::pow2;
 use crate::state::{Codes, QuantState};
@@ -150,7 +150,7 @@ pub fn step_tensor(
                     vs[j] = v1;
                     let old = bf16::decode(p[j]);
                     let new = param_update(old, m1, v1, h);
-                    let code = bf16::encode(new, r.w, random_bits(keys.w, i as u64));
+                    let code = bf16::encode(new, r.w, element_bits(keys.w, i as u64, 16));
                     cnt.add(new != old, code == p[j]);
                     p[j] = code;
                 }
@@ -195,7 +195,7 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
                 let mut cnt = Counter::default();
                 for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
                     let i = (k * CHUNK + j) as u64;
-                    let code = bf16::encode(x, rounding, random_bits(key, i));
+                    let code = bf16::encode(x, rounding, element_bits(key, i, 16));
                     cnt.add(x != bf16::decode(*c), code == *c);
                     *c = code;
                 }
@@ -244,7 +244,7 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = get(codes, j);
                 let old = mf.decode(old_code) * old_scale;
-                let code = mf.encode(xj * inv, rounding, random_bits(key, first + j as u64));
+                let code = mf.encode(xj * inv, rounding, element_bits(key, first + j as u64, 32));
                 let new = mf.decode(code) * new_scale;
                 cnt.add(xj != old, new.to_bits() == old.to_bits());
                 put(codes, j, code, packed);
@@ -257,7 +257,7 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = codes[j];
                 let old = table[old_code as usize] * old_scale;
-                let code = int8::encode(table, xj / absmax, rounding, random_bits(key, first + j as u64));
+                let code = int8::encode(table, xj / absmax, rounding, element_bits(key, first + j as u64, 32));
                 let new = table[code as usize] * absmax;
                 cnt.add(xj != old, new.to_bits() == old.to_bits());
                 codes[j] = code;

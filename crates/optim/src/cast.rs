@@ -1,13 +1,15 @@
 //! Standalone rounding cast FP32 -> BF16 / FP8 / FP4 (no scaling): the CPU reference of the
-//! `sr_cast_*` CUDA kernels (`kernels/sr_cast.cu`). Element `i` uses `random_bits(key, i)`.
+//! `sr_cast_*` CUDA kernels (`kernels/sr_cast.cu`). Element `i` uses `element_bits(key, i, width)`
+//! (16 random bits for BF16, 32 for FP8/FP4).
 
 use crate::format::{bf16, fp4, fp8, Rounding, StateFormat};
-use crate::rng::random_bits;
+use crate::rng::element_bits;
 
 /// Cast `x` to `format`'s codes: BF16 as little-endian u16 pairs, FP8 one byte each,
 /// FP4 E2M1 packed two per byte (low nibble first). Errors for other formats.
 pub fn cast(x: &[f32], format: StateFormat, rounding: Rounding, key: u64) -> Result<Vec<u8>, String> {
-    let r = |i: usize| random_bits(key, i as u64);
+    let width = if format == StateFormat::Bf16 { 16 } else { 32 };
+    let r = |i: usize| element_bits(key, i as u64, width);
     Ok(match format {
         StateFormat::Bf16 => x
             .iter()

@@ -2,17 +2,18 @@
 //! values that are already on the grid.
 
 use lowbit_optim::format::{bf16, fp4, fp8, int8, minifloat::MiniFloat, Rounding};
-use lowbit_optim::rng::{random_bits, stream_key, StateKind};
+use lowbit_optim::rng::{element_bits, random_bits, stream_key, StateKind};
 
 const DRAWS: u64 = 100_000;
 
-/// Mean of DRAWS stochastic roundings of `x`, and the standard error for a two-point
+/// Mean of DRAWS stochastic roundings of `x` with the random bits the optimizer gives a
+/// format consuming `width` bits (`element_bits`), and the standard error for a two-point
 /// distribution on `lo`/`hi` with mean `x`.
-fn check_unbiased(x: f64, lo: f64, hi: f64, round: impl Fn(u64) -> f64, what: &str) {
+fn check_unbiased(x: f64, lo: f64, hi: f64, width: u32, round: impl Fn(u64) -> f64, what: &str) {
     let key = stream_key(42, 1, x.to_bits(), StateKind::V);
     let mut sum = 0.0;
     for i in 0..DRAWS {
-        let r = round(random_bits(key, i));
+        let r = round(element_bits(key, i, width));
         assert!(r == lo || r == hi, "{what}: {x} rounded to {r}, outside [{lo}, {hi}]");
         sum += r;
     }
@@ -41,6 +42,7 @@ fn minifloat_case(f: &MiniFloat, lo_code: u8, hi_code: u8) {
             x as f64,
             lo as f64,
             hi as f64,
+            32,
             |r| f.decode(f.encode(x, Rounding::Stochastic, r)) as f64,
             &format!("{f:?}"),
         );
@@ -74,6 +76,7 @@ fn bf16_is_unbiased_including_subnormals() {
                 x as f64,
                 l.min(h) as f64,
                 l.max(h) as f64,
+                16,
                 |r| bf16::decode(bf16::encode(x, Rounding::Stochastic, r)) as f64,
                 "bf16",
             );
@@ -91,6 +94,7 @@ fn int8_is_unbiased() {
                     x as f64,
                     t[i] as f64,
                     t[i + 1] as f64,
+                    32,
                     |r| t[int8::encode(t, x, Rounding::Stochastic, r) as usize] as f64,
                     "int8",
                 );
