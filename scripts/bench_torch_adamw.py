@@ -3,7 +3,7 @@
 
 The baseline for `train bench optimizer`: same shapes, same device, FP32 or BF16 weights,
 FP32 m and v (torch.optim.AdamW(fused=True)). Prints one JSON line per weight dtype.
-Usage: python3 scripts/bench_torch_adamw.py [--preset llama100m] [--iters 50]
+Usage: python3 scripts/bench_torch_adamw.py [--preset llama100m] [--iters 20]
 """
 import argparse
 import json
@@ -30,7 +30,7 @@ def shapes(preset, vocab=32100):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="llama100m", choices=sorted(PRESETS))
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=20, help="steps per timed window (median of 7 windows)")
     a = ap.parse_args()
     for dtype in (torch.float32, torch.bfloat16):
         params = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=dtype) * 0.02) for s in shapes(a.preset)]
@@ -39,12 +39,15 @@ def main():
         opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, fused=True)
         for _ in range(3):
             opt.step()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(a.iters):
-            opt.step()
-        torch.cuda.synchronize()
-        secs = (time.perf_counter() - t) / a.iters
+        windows = []
+        for _ in range(7):  # as `train bench optimizer`: median of 7 windows
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(a.iters):
+                opt.step()
+            torch.cuda.synchronize()
+            windows.append((time.perf_counter() - t) / a.iters)
+        secs = sorted(windows)[3]
         n = sum(p.numel() for p in params)
         wb = 4 if dtype == torch.float32 else 2
         moved = n * (2 * wb + wb + 16)  # weights r/w, grad (weight dtype) read, m and v FP32 r/w

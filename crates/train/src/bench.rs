@@ -1,9 +1,9 @@
 //! `train bench optimizer` (CUDA builds): speed of the fused optimizer step on the parameter
 //! shapes of a model preset, from one run on one GPU:
 //! * device copy bandwidth (the driver's device-to-device copy of 1 GiB: bytes read + written / s);
-//! * per state format x rounding: step time over all tensors, effective GB/s (bytes the
-//!   step must move: weights read+write, FP32 gradient read, m and v codes read+write,
-//!   scales) and its fraction of copy bandwidth;
+//! * per state format x rounding: step time over all tensors (median of 7 windows of
+//!   `--iters` steps), effective GB/s (bytes the step must move: weights read+write, FP32
+//!   gradient read, m and v codes read+write, scales) and its fraction of copy bandwidth;
 //! * stochastic / nearest time ratio per format.
 //!
 //! PyTorch's fused AdamW on the same shapes is timed by `scripts/bench_torch_adamw.py`;
@@ -15,6 +15,9 @@ use lowbit_model::{init::param_specs, LlamaConfig};
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
 use std::time::Instant;
+
+/// Timed windows per configuration; the median is reported.
+const REPEATS: usize = 7;
 
 /// One measured configuration.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -116,13 +119,22 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                 for s in 1..=3 {
                     step(s)?;
                 }
-                sync(&dev)?;
-                let t = Instant::now();
-                for s in 4..4 + iters as u64 {
-                    step(s)?;
+                // median over REPEATS windows of `iters` steps (one window is ~10 ms: the
+                // spread between windows is a few percent)
+                let mut windows = Vec::with_capacity(REPEATS);
+                let mut s = 4u64;
+                for _ in 0..REPEATS {
+                    sync(&dev)?;
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        step(s)?;
+                        s += 1;
+                    }
+                    sync(&dev)?;
+                    windows.push(t.elapsed().as_secs_f64() / iters as f64);
                 }
-                sync(&dev)?;
-                let secs = t.elapsed().as_secs_f64() / iters as f64;
+                windows.sort_by(f64::total_cmp);
+                let secs = windows[REPEATS / 2];
                 let wb = if weights == DType::F32 { 4 } else { 2 };
                 let bytes = bytes_moved(&spec, n, wb);
                 let gbs = bytes as f64 / secs / 1e9;
