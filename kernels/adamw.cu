@@ -7,8 +7,8 @@
 // run of segments (so it meets few tensor boundaries). A segment is rounds() x 128 elements
 // (unscaled states, 128-element scale blocks, or per-tensor scales whose amax
 // `adamw_amax_*` computed first), else one scale block of B elements (B a multiple of 4).
-// Each lane takes 4 consecutive elements of a round (16-byte loads of weights and
-// gradients); a segment issues all its loads before computing. Per element, in FP32
+// Each lane takes 4 consecutive elements of a round (one vector load each of gradients,
+// weights and codes); a segment of rounds issues all its loads before computing. Per element, in FP32
 // registers, in the reference's order:
 //   decode -> m -> v -> bias correction -> decay -> update -> encode
 //   g = grad * grad_scale
@@ -29,7 +29,6 @@
 #include "rng.cuh"
 
 #define MAX_TENSORS 40  // per launch: the kernel parameters stay under 4 KiB
-#define WARPS_PER_BLOCK 8
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -212,9 +211,10 @@ __device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code
     else return __float_as_uint(decode<F>(new_code, new_scale, map)) == __float_as_uint(old_val);
 }
 
-// Whether stalls of a block may be decided BY_CODE (see same_stored).
-__device__ __forceinline__ bool scale_kept(float new_scale, float old_scale) {
-    return new_scale == old_scale && new_scale >= 0x1p-100f && new_scale <= 0x1p100f;
+// Whether stalls of a block of format F may be decided BY_CODE (see same_stored); unscaled
+// formats compare codes anyway.
+template <int F> __device__ __forceinline__ bool scale_kept(float new_scale, float old_scale) {
+    return !Codes<F>::SCALED || (new_scale == old_scale && new_scale >= 0x1p-100f && new_scale <= 0x1p100f);
 }
 
 __device__ __forceinline__ float param_update(float p, float m, float v, float decay, const StepArgs& a) {
@@ -235,7 +235,8 @@ template <typename P, int MF, int VF> struct Inputs {
 };
 
 // A reset state reads as its zero code (scale 1), exactly like the CPU's set_zero.
-template <typename P, int MF, int VF>
+// WEIGHTS = false: the weights are not loaded (the per-tensor amax pass).
+template <typename P, int MF, int VF, bool WEIGHTS = true>
 __device__ __forceinline__ void load_inputs(const StepArgs& a, const TensorArgs& t, unsigned long long si,
                                             unsigned long long e, int k, Inputs<P, MF, VF>& in) {
     if (k <= 0) return;  // (a block past the tensor's end has no scale to read)
@@ -251,7 +252,7 @@ __device__ __forceinline__ void load_inputs(const StepArgs& a, const TensorArgs&
             if (j < k) x[j] = g[e + j];
         in.g = make_float4(x[0], x[1], x[2], x[3]);
     }
-    in.w = load_codes<WeightCodes<P>::F>((const void*)t.p, e, k, 0u);
+    if (WEIGHTS) in.w = load_codes<WeightCodes<P>::F>((const void*)t.p, e, k, 0u);
     in.m = load_codes<MF>((const void*)t.mc, e, a.reset_m ? 0 : k, MF == FMT_INT8 ? a.zero_m : 0u);
     in.v = load_codes<VF>((const void*)t.vc, e, a.reset_v ? 0 : k, VF == FMT_INT8 ? a.zero_v : 0u);
 }
@@ -355,7 +356,7 @@ __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs
                                              const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
                                              const float* map_m, const float* map_v, unsigned cnt[6]) {
     unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
-    if (scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv))
+    if (scale_kept<MF>(new_sm, in.sm) && scale_kept<VF>(new_sv, in.sv))
         encode_count<SR, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
     else
         encode_count<SR, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
@@ -395,7 +396,7 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
 
 // 128-element rounds per segment: 2 for unscaled states (both rounds' loads in flight
 // together), 1 for scaled ones (their moments are register-hungry). The host's
-// `segment_len` in cuda.rs must agree.
+// segment length in `CudaAdamW::step` (cuda.rs) must agree.
 template <int MF, int VF> __host__ __device__ constexpr int rounds() { return (Codes<MF>::SCALED || Codes<VF>::SCALED) ? 1 : 2; }
 
 // A segment of ROUNDS x 128 elements (unscaled states, per-tensor scales, or 128-element
@@ -536,7 +537,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
     if (!warp_run(a, s, last)) return;
     unsigned ti = tensor_of(L, 0, s);
     float am = 0.0f, av = 0.0f;
-    Inputs<float, MF, VF> in;  // the weights are not read: any weight type
+    Inputs<float, MF, VF> in;  // the weights are not loaded: any weight type
     Quad q;
     for (; s < last; s++) {
         const unsigned tn = tensor_of(L, ti, s);
@@ -555,7 +556,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
             const unsigned long long e = (s - t.first_segment) * (rounds<MF, VF>() * 128) + 128 * r + 4 * (threadIdx.x % 32);
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
-                load_inputs<float, MF, VF>(a, t, 0, e, k, in);
+                load_inputs<float, MF, VF, false>(a, t, 0, e, k, in);
                 moments<float, MF, VF>(a, in, maps, maps + 256, q);
                 quad_amax(q, k, am, av);
             }

@@ -1,6 +1,7 @@
 // State formats on the GPU: the CUDA twin of crates/optim/src/format/ (bf16.rs,
-// minifloat.rs, fp8.rs, fp4.rs, int8.rs, scale.rs, rounding.rs). Every function mirrors its
-// Rust namesake operation for operation, so encode/decode are bit-identical.
+// minifloat.rs, fp8.rs, fp4.rs, int8.rs, scale.rs, rounding.rs). Every encode/decode gives
+// the Rust reference's results bit for bit; some get there differently (32-bit integer
+// minifloat encoding, FP8 through the hardware converters on sm_89+), each noted below.
 #pragma once
 #include <stdint.h>
 
@@ -137,8 +138,12 @@ template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int roun
 // Decode: cvt.rn.f16x2.e4m3x2 / e5m2x2 (exact) then f16 -> f32 (exact). NaN payloads may
 // differ from mf_decode's, which nothing observes: every use multiplies by the scale first
 // (the GPU's fmul returns its canonical NaN) or re-encodes (one canonical NaN code).
+// Before sm_89 (no FP8 converters) both fall back to mf_decode / mf_encode.
 template <int F> __device__ __forceinline__ float fp8_decode_hw(unsigned code) {
     static_assert(F == FMT_E4M3 || F == FMT_E5M2, "FP8 only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+    return mf_decode<F>(code);
+#else
     unsigned h2;
     const unsigned short c = (unsigned short)code;
     if constexpr (F == FMT_E4M3) asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
@@ -146,6 +151,7 @@ template <int F> __device__ __forceinline__ float fp8_decode_hw(unsigned code) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xFFFF)));
     return f;
+#endif
 }
 
 // Round to nearest even with cvt.rn.satfinite.e4m3x2.f32 / e5m2x2 (saturating, subnormals
@@ -153,6 +159,9 @@ template <int F> __device__ __forceinline__ float fp8_decode_hw(unsigned code) {
 // canonical NaN code, and E5M2 keeps Inf (satfinite would give the largest finite value).
 template <int F> __device__ __forceinline__ unsigned fp8_encode_rn_hw(float x) {
     static_assert(F == FMT_E4M3 || F == FMT_E5M2, "FP8 only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+    return mf_encode<F>(x, ROUND_NEAREST, 0);
+#else
     using T = MiniFloat<F>;
     unsigned short d;
     if constexpr (F == FMT_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(x));
@@ -162,6 +171,7 @@ template <int F> __device__ __forceinline__ unsigned fp8_encode_rn_hw(float x) {
     if (isnan(x)) code = T::SPECIALS == SPECIALS_NAN_ONLY ? T::NAN_CODE : (((1u << T::E) - 1) << T::M) | (1u << (T::M - 1));
     if (T::SPECIALS == SPECIALS_IEEE && isinf(x)) code = (((1u << T::E) - 1) << T::M) | (x < 0.0f ? 0x80u : 0u);
     return code;
+#endif
 }
 
 // ---- scale.rs: power-of-two block scale exponent ----

@@ -227,8 +227,9 @@ impl CudaAdamW {
     /// Asynchronous: a few kernel launches on candle's stream (one per [`MAX_TENSORS`]
     /// tensors; per-tensor scaling adds an amax and a scale launch each).
     ///
-    /// Errors: the wrong number of tensors, a size or dtype that does not match the
-    /// optimizer's tensor, a tensor not on this CUDA device or not contiguous.
+    /// Errors: the wrong number of tensors, a size that does not match the optimizer's
+    /// tensor, a weight dtype other than F32/BF16 or a gradient not F32, a tensor not on a
+    /// CUDA device or not contiguous.
     pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
@@ -323,8 +324,10 @@ impl CudaAdamW {
 
     /// The step launch of one chunk (with the amax and scale launches of per-tensor scaling).
     fn launch(&self, dtype: DType, args: &LaunchArgs, per_tensor: bool, slot: usize) -> Result<()> {
-        // at least 16 segments per warp, at most the blocks that fit on the GPU at once
-        let blocks = (args.s.segments.div_ceil(8 * 16) as u32).clamp(1, self.max_blocks);
+        // at least 2048 elements per warp (8 warps per block), at most the blocks that fit
+        // on the GPU at once
+        let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
+        let blocks = (elements.div_ceil(8 * 2048) as u32).clamp(1, self.max_blocks);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let stream = &self.stream;
         if per_tensor {
@@ -336,8 +339,8 @@ impl CudaAdamW {
         let r = self.host.roundings();
         let bf16 = dtype == DType::BF16;
         let spec = self.host.spec;
-        let blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
-        let f = &self.kernels.step[Kernels::step_index(bf16, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), blocks)];
+        let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
+        let f = &self.kernels.step[Kernels::step_index(bf16, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
         let counters = self.counters.slice(slot..);
         let mut b = stream.launch_builder(f);
         b.arg(args).arg(&self.amax).arg(&counters).arg(&self.maps);

@@ -12,11 +12,16 @@
 //! are 64-bit: no wrap-around in any run.
 //!
 //! Stochastic rounding needs 16 random bits per BF16 element (the DESIGN's "uniform 16-bit
-//! integer") and at most 32 for FP8/FP4/int8 (FP8's 20 dropped bits in the normal range,
-//! int8's 24), so one 64-bit draw serves several consecutive elements: [`element_bits`] gives
+//! integer") and 32 suffice for FP8/FP4/int8 (at most 22 dropped bits for normal results,
+//! 24 for int8; subnormal results below 2^-32 of a grid step then round down: a bias of at
+//! most 2^-32 of a step), so one 64-bit draw serves several consecutive elements: [`element_bits`] gives
 //! element `i` the slice `i % (64 / width)` of draw `i / (64 / width)`. This makes the
 //! random numbers 4x (BF16) or 2x (the others) cheaper, which is what lets the fused GPU
 //! step round stochastically at the speed of round-to-nearest.
+
+/// Name of the random-bit scheme (draws and their slicing), recorded in checkpoints: a
+/// resume under another scheme continues with different stochastic-rounding draws.
+pub const SCHEME: &str = "splitmix64-sliced";
 
 /// The 64-bit golden-ratio increment of SplitMix64's Weyl sequence.
 pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -52,7 +57,7 @@ pub fn stream_key(seed: u64, step: u64, tensor: u64, kind: StateKind) -> u64 {
     mix64(k ^ ((tensor << 2) | kind as u64))
 }
 
-/// 64 random bits for element `index` of the stream `key`.
+/// Draw `index` of the stream `key`: 64 random bits (sliced per element by [`element_bits`]).
 #[inline(always)]
 pub fn random_bits(key: u64, index: u64) -> u64 {
     mix64(key.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN)))

@@ -3,7 +3,8 @@
 //!   `transformers.LlamaForCausalLM.from_pretrained`);
 //! * `optimizer.safetensors`: each state's stored low-precision bytes (`<param>.m.codes`,
 //!   U8) and block scales (`<param>.m.scales`, F32), never dequantized;
-//! * `state.json`: step, tokens, data position, and the optimizer settings it was made with;
+//! * `state.json`: step, tokens, data position, the optimizer settings and random-bit scheme
+//!   it was made with;
 //! * `config.toml`: the resolved run config;
 //! * `export_check.json` ([`ExportCheck`]): the first validation micro-batch and this
 //!   model's loss on it, so `scripts/check_hf_export.py DIR DIR/export_check.json` can check
@@ -38,6 +39,10 @@ pub struct TrainState {
     pub block_size: usize,
     /// Model parameter names and element counts, to refuse a checkpoint of another model.
     pub params: Vec<(String, usize)>,
+    /// Random-bit scheme of the run (`lowbit_optim::rng::SCHEME`; empty in checkpoints
+    /// written before it was recorded).
+    #[serde(default)]
+    pub rng: String,
 }
 
 /// File name of the [`ExportCheck`] in a checkpoint folder.
@@ -232,4 +237,30 @@ pub fn load_tensors(dir: &Path, model: &mut candle_nn::VarMap, opt: &mut LowbitA
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_without_rng_scheme_still_loads() {
+        // state.json written before the random-bit scheme was recorded: `rng` reads as ""
+        // (the trainer then warns that SR draws differ) instead of refusing the checkpoint.
+        let mut v = serde_json::to_value(TrainState {
+            step: 7,
+            tokens: 70,
+            data: DataPosition::default(),
+            nonfinite_in_row: 0,
+            m_format: "fp8e4m3".into(),
+            v_format: "fp8e4m3".into(),
+            block_size: 128,
+            params: vec![("w".into(), 3)],
+            rng: lowbit_optim::rng::SCHEME.into(),
+        })
+        .unwrap();
+        v.as_object_mut().unwrap().remove("rng");
+        let old: TrainState = serde_json::from_value(v).unwrap();
+        assert_eq!((old.step, old.rng.as_str()), (7, ""));
+    }
 }

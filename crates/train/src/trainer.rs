@@ -132,12 +132,13 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         v_format: spec.v_format.name().into(),
         block_size: spec.block_size,
         params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
+        rng: lowbit_optim::rng::SCHEME.into(),
     };
     if let Some(dir) = &launch.resume_from {
         let saved = checkpoint::load_state(dir)?;
         check_compatible(dir, &saved, &state)?;
         checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
-        state = saved;
+        state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), ..saved };
         tracing::info!("resumed from {} at step {}", dir.display(), state.step);
     }
     // Only now, with the checkpoint accepted, touch the run folder (a refused resume must
@@ -398,6 +399,15 @@ fn fmt_frac(f: Option<f64>) -> String {
 }
 
 fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<()> {
+    if saved.rng != now.rng {
+        tracing::warn!(
+            "{}: written with random-bit scheme {:?}, this build uses {:?}: the run continues, but its \
+             stochastic-rounding draws differ from an uninterrupted run of the older build",
+            dir.join("state.json").display(),
+            saved.rng,
+            now.rng
+        );
+    }
     if saved.params != now.params {
         let first = saved.params.iter().zip(&now.params).find(|(a, b)| a != b);
         let what = match first {

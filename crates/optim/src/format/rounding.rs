@@ -45,9 +45,9 @@ impl std::str::FromStr for Rounding {
 ///
 /// Nearest: up when `rem > half`, or `rem == half` and `kept` is odd (ties to even).
 /// Stochastic: up when `rem + top_bits(rand, dropped) >= 2^dropped`, i.e. with probability
-/// exactly `rem / 2^dropped`. For `dropped >= 64` the magnitude is below `2^-40` of a grid
-/// step (our formats keep at least 1 fraction bit of a 24-bit significand): it rounds down
-/// (bias below 2^-40 ULP).
+/// `rem / 2^dropped` quantised to the random bits supplied: exact with 64 random bits; the
+/// optimizer supplies 32 (`rng::element_bits`), so a remainder below `2^-32` of a grid step
+/// (subnormal results only) rounds down. For `dropped >= 64` it always rounds down.
 #[inline(always)]
 pub fn round_up(kept: u64, rem: u64, dropped: u32, rounding: Rounding, rand: u64) -> bool {
     if dropped == 0 || rem == 0 {
