@@ -8,8 +8,8 @@
 // (unscaled states, 128-element scale blocks, or per-tensor scales whose amax
 // `adamw_amax_*` computed first), else one scale block of B elements (B a multiple of 4).
 // Each lane takes 4 consecutive elements of a round (one vector load each of gradients,
-// weights and codes); a segment of rounds issues all its loads before computing. Per element, in FP32
-// registers, in the reference's order:
+// weights and codes); a segment of rounds issues all its loads before computing. Per
+// element, in FP32 registers, in the reference's order:
 //   decode -> m -> v -> bias correction -> decay -> update -> encode
 //   g = grad * grad_scale
 //   m = b1 * m_old + (1 - b1) * g ;  v = b2 * v_old + (1 - b2) * g^2
