@@ -77,14 +77,42 @@ template <int F> __device__ __forceinline__ float mf_decode(unsigned code) {
     return neg ? -v : v;
 }
 
-// Encode with 32-bit integer arithmetic (minifloat.rs `encode`, same results):
-// * target-normal range (the FP32 exponent is at least EMIN): add the rounding increment
-//   (nearest: half - 1 + the kept LSB, ties to even; stochastic: the top 23 - M random bits)
-//   to the FP32 bits, shift the fraction down (a carry moves into the exponent) and rebias;
-//   beyond the largest finite code, saturate;
-// * below it (subnormal result): the 24-bit significand, `dropped` = 23 - M + (EMIN - exp)
-//   bits rounded away; past 31 dropped bits only stochastic rounding can give the smallest
-//   subnormal (64-bit test, as on the CPU).
+// A subnormal result of mf_encode (|x| nonzero, below 2^EMIN; `a` its FP32 bits without the
+// sign): the 24-bit significand with `dropped` = 23 - M + (EMIN - exp) bits rounded away;
+// past 31 dropped bits only stochastic rounding can give the smallest subnormal (64-bit
+// test, as on the CPU).
+template <int F>
+__device__ __forceinline__ unsigned mf_encode_subnormal(unsigned a, int rounding, uint64_t rand, unsigned sign) {
+    using T = MiniFloat<F>;
+    constexpr int EMIN = 1 - T::BIAS;
+    const unsigned ef = a >> 23;
+    const unsigned mant = ef ? (a & 0x7FFFFFu) | 0x800000u : a;
+    const int exp = ef ? (int)ef - 127 : -126;
+    const unsigned dropped = 23 - T::M + (unsigned)(EMIN - exp);
+    unsigned q;
+    if (dropped < 32) {
+        const unsigned kept = mant >> dropped, rem = mant & ((1u << dropped) - 1u);
+        bool up;
+        if (rounding == ROUND_NEAREST) {
+            const unsigned half = 1u << (dropped - 1);
+            up = rem > half || (rem == half && (kept & 1u));
+        } else {
+            up = rem + ((unsigned)(rand >> 32) >> (32 - dropped)) >= (1u << dropped);
+        }
+        q = kept + (up ? 1u : 0u);
+    } else {
+        q = (rounding == ROUND_STOCHASTIC && dropped < 64 &&
+             (uint64_t)mant + (rand >> (64 - dropped)) >= (1ull << dropped)) ? 1u : 0u;
+    }
+    return q == 0 ? 0u : q | sign;  // q <= 2^M: at most the smallest normal code
+}
+
+// Encode with 32-bit integer arithmetic (minifloat.rs `encode`, same results): add the
+// rounding increment (nearest: half - 1 + the kept LSB, ties to even; stochastic: the top D
+// random bits) and shift the D dropped bits away: for a normal result (the FP32 exponent is
+// at least EMIN) on the FP32 bits, D = 23 - M (a carry moves into the exponent), then
+// rebias; beyond the largest finite code, saturate. Subnormal results: the significand, as
+// mf_encode_subnormal.
 template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int rounding, uint64_t rand) {
     using T = MiniFloat<F>;
     constexpr unsigned SIGN = 1u << (T::E + T::M);
@@ -101,36 +129,31 @@ template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int roun
     }
     if (!T::SIGNED && (bits >> 31)) return 0;
     if (a == 0x7F800000u) return (T::SPECIALS == SPECIALS_IEEE ? (ALL_ONES << T::M) : T::MAX_CODE) | sign;
-    const unsigned hi = (unsigned)(rand >> 32);
+    if (a == 0) return 0;
     const unsigned ef = a >> 23;
-    unsigned mag;
-    if ((int)ef >= EMIN + 127) {
+    const bool normal = (int)ef >= EMIN + 127;
+    const unsigned hi = (unsigned)(rand >> 32);
+    if constexpr (T::E > 2) {
+        // FP8: most results are normal, so the normal path is short and a subnormal result
+        // takes a branch (measured faster than the branch-free form below for FP8 SR).
+        if (!normal) return mf_encode_subnormal<F>(a, rounding, rand, sign);
         const unsigned add = rounding == ROUND_NEAREST ? (1u << (DROP - 1)) - 1u + ((a >> DROP) & 1u) : hi >> (32 - DROP);
         const int code = (int)((a + add) >> DROP) - ((127 - T::BIAS) << T::M);
-        mag = code > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)code;
-    } else {
-        if (a == 0) return 0;
-        const unsigned mant = ef ? (a & 0x7FFFFFu) | 0x800000u : a;
-        const int exp = ef ? (int)ef - 127 : -126;
-        const unsigned dropped = DROP + (unsigned)(EMIN - exp);
-        unsigned q;
-        if (dropped < 32) {
-            const unsigned kept = mant >> dropped, rem = mant & ((1u << dropped) - 1u);
-            bool up;
-            if (rounding == ROUND_NEAREST) {
-                const unsigned half = 1u << (dropped - 1);
-                up = rem > half || (rem == half && (kept & 1u));
-            } else {
-                up = rem + (hi >> (32 - dropped)) >= (1u << dropped);
-            }
-            q = kept + (up ? 1u : 0u);
-        } else {
-            q = (rounding == ROUND_STOCHASTIC && dropped < 64 &&
-                 (uint64_t)mant + (rand >> (64 - dropped)) >= (1ull << dropped)) ? 1u : 0u;
-        }
-        if (q == 0) return 0;
-        mag = q;  // at most 2^M: the smallest normal code when rounded up to it
+        return (code > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)code) | sign;
     }
+    // FP4: many results are subnormal; one branch-free form for both ranges (X + add) >> D,
+    // X the FP32 bits and D = DROP for a normal result (then rebias, saturate), X the 24-bit
+    // significand and D = DROP + (EMIN - exp) for a subnormal one.
+    const unsigned X = normal ? a : (ef ? (a & 0x7FFFFFu) | 0x800000u : a);
+    const unsigned D = normal ? DROP : DROP + (unsigned)(EMIN + 126 - (int)(ef ? ef - 1 : 0));
+    const unsigned d = D < 31 ? D : 31;  // D >= 31: X < 2^24 rounds to 0 or (SR) 1, below
+    const unsigned add = rounding == ROUND_NEAREST ? (1u << (d - 1)) - 1u + ((X >> d) & 1u) : hi >> (32 - d);
+    unsigned q = (X + add) >> d;
+    if (D >= 31)  // 64-bit test, as the CPU's: only stochastic rounding rounds up
+        q = (rounding == ROUND_STOCHASTIC && D < 64 && (uint64_t)X + (rand >> (64 - D)) >= (1ull << D)) ? 1u : 0u;
+    if (!normal) return q == 0 ? 0u : q | sign;  // q <= 2^M: at most the smallest normal code
+    const int code = (int)q - ((127 - T::BIAS) << T::M);
+    const unsigned mag = code > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)code;
     return mag | sign;
 }
 
