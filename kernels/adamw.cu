@@ -168,15 +168,12 @@ template <int F> __device__ __forceinline__ float decode(unsigned c, float scale
     else return __fmul_rn(mf_decode<F>(c), scale);
 }
 
-template <int F> __device__ __forceinline__ float max_finite() {
-    if constexpr (F == FMT_E4M3 || F == FMT_E5M2 || F == FMT_E2M1 || F == FMT_UE2M2) return MiniFloat<F>::MAX_FINITE;
-    else return 1.0f;
-}
-
-// New scale from the block amax: 2^k for FP8/FP4, absmax for int8 (scale.rs).
+// New scale from the block amax: 2^k for FP8/FP4, absmax for int8 (scale.rs); 1 for the
+// unscaled FP32/BF16 states.
 template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
-    if constexpr (F == FMT_INT8) return amax > 0.0f ? amax : 1.0f;
-    else return pow2(pow2_scale_exp(amax, max_finite<F>()));
+    if constexpr (!Codes<F>::SCALED) return 1.0f;
+    else if constexpr (F == FMT_INT8) return amax > 0.0f ? amax : 1.0f;
+    else return pow2(pow2_scale_exp(amax, MiniFloat<F>::MAX_FINITE));
 }
 
 // Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`); `inv` is
@@ -211,11 +208,12 @@ __device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code
     else return __float_as_uint(decode<F>(new_code, new_scale, map)) == __float_as_uint(old_val);
 }
 
-// Whether stalls of a block of format F may be decided BY_CODE (see same_stored); unscaled
-// formats compare codes anyway.
-template <int F> __device__ __forceinline__ bool scale_kept(float new_scale, float old_scale) {
-    return !Codes<F>::SCALED || (new_scale == old_scale && new_scale >= 0x1p-100f && new_scale <= 0x1p100f);
+// Whether stalls of a block may be decided BY_CODE (see same_stored); unscaled formats
+// keep the scale 1.
+__device__ __forceinline__ bool scale_kept(float new_scale, float old_scale) {
+    return new_scale == old_scale && new_scale >= 0x1p-100f && new_scale <= 0x1p100f;
 }
+
 
 __device__ __forceinline__ float param_update(float p, float m, float v, float decay, const StepArgs& a) {
     float m_hat = __fmul_rn(m, a.inv_bias_correction1);
@@ -313,6 +311,12 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
+// The block's new scale of format F from the lanes' amax (a warp reduction, only for
+// scaled formats).
+template <int F> __device__ __forceinline__ float block_scale(float lane_amax) {
+    return scale_from_amax<F>(Codes<F>::SCALED ? warp_max(lane_amax) : 0.0f);
+}
+
 __device__ __forceinline__ float finite_abs(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
 
 // Largest finite |m| and |v| of the quad.
@@ -356,7 +360,7 @@ __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs
                                              const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
                                              const float* map_m, const float* map_v, unsigned cnt[6]) {
     unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
-    if (scale_kept<MF>(new_sm, in.sm) && scale_kept<VF>(new_sv, in.sv))
+    if (scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv))
         encode_count<SR, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
     else
         encode_count<SR, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
@@ -381,8 +385,8 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
     }
     float new_sm = 1.0f, new_sv = 1.0f;
     if (scaled && blockwise) {
-        new_sm = scale_from_amax<MF>(warp_max(am));
-        new_sv = scale_from_amax<VF>(warp_max(av));
+        new_sm = block_scale<MF>(am);
+        new_sv = block_scale<VF>(av);
     } else if (scaled) {
         new_sm = scale_from_amax<MF>(amax_pre[0]);
         new_sv = scale_from_amax<VF>(amax_pre[1]);
@@ -449,8 +453,8 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
         quad_amax(q, k, am, av);
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
-    const float new_sm = scale_from_amax<MF>(warp_max(am));
-    const float new_sv = scale_from_amax<VF>(warp_max(av));
+    const float new_sm = block_scale<MF>(am);
+    const float new_sv = block_scale<VF>(av);
     for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
