@@ -28,7 +28,7 @@
 #include "formats.cuh"
 #include "rng.cuh"
 
-#define MAX_TENSORS 40  // per launch: the kernel parameters stay under 4 KiB
+#define MAX_TENSORS 256  // per launch: the kernel parameters (24.7 KiB) stay under 32 KiB (CUDA 12.1+)
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -160,10 +160,10 @@ __device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, 
 }
 
 // Decoded value of a code with its block scale (state.rs `decode_code`).
-template <int F> __device__ __forceinline__ float decode(unsigned c, float scale, const float* map) {
+template <int F> __device__ __forceinline__ float decode(unsigned c, float scale, Int8Map map) {
     if constexpr (F == FMT_F32) return __uint_as_float(c);
     else if constexpr (F == FMT_BF16) return bf16_decode((uint16_t)c);
-    else if constexpr (F == FMT_INT8) return __fmul_rn(map[c], scale);
+    else if constexpr (F == FMT_INT8) return __fmul_rn(map.t[c], scale);
     else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) return __fmul_rn(fp8_decode_hw<F>(c), scale);
     else return __fmul_rn(mf_decode<F>(c), scale);
 }
@@ -179,7 +179,7 @@ template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
 // Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`); `inv` is
 // 1 / scale for FP8/FP4 (scale = 2^k: multiplying by 2^-k is exact).
 template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, float inv, int rounding, uint64_t rand,
-                                                          const float* map, unsigned zero) {
+                                                          Int8Map map, unsigned zero) {
     if constexpr (F == FMT_F32) return __float_as_uint(x);
     else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
     else if constexpr (F == FMT_INT8) return int8_encode(map, __fdiv_rn(x, scale), rounding, rand, zero);
@@ -202,7 +202,7 @@ template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
 // encoders write: every product code x scale is exact or, for int8, a distinct normal float).
 template <int F, bool BY_CODE>
 __device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code, float new_scale, float old_val,
-                                            const float* map) {
+                                            Int8Map map) {
     if constexpr (F == FMT_F32) return false;
     else if constexpr (F == FMT_BF16 || BY_CODE) return new_code == old_code;
     else return __float_as_uint(decode<F>(new_code, new_scale, map)) == __float_as_uint(old_val);
@@ -263,8 +263,8 @@ struct Quad {
 };
 
 template <typename P, int MF, int VF>
-__device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, VF>& in, const float* map_m,
-                                        const float* map_v, Quad& q) {
+__device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, VF>& in, Int8Map map_m,
+                                        Int8Map map_v, Quad& q) {
     const float g[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
     Codes<MF>::unpack(in.m, q.mo);
     Codes<VF>::unpack(in.v, q.vo);
@@ -306,10 +306,8 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     store_codes<WF>((void*)t.p, e, k, c);
 }
 
-__device__ __forceinline__ float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
+// Warp maximum of non-negative floats (they order like their bits): one REDUX.
+__device__ __forceinline__ float warp_max(float x) { return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(x))); }
 
 // The block's new scale of format F from the lanes' amax (a warp reduction, only for
 // scaled formats).
@@ -333,8 +331,8 @@ __device__ __forceinline__ void quad_amax(const Quad& q, int k, float& am, float
 // Encode the new moments with the new scales and count stalls.
 template <bool SR, bool BY_CODE, int MF, int VF>
 __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
-                                             const Quad& q, float new_sm, float new_sv, const float* map_m,
-                                             const float* map_v, unsigned mn[4], unsigned vn[4], unsigned cnt[6]) {
+                                             const Quad& q, float new_sm, float new_sv, Int8Map map_m,
+                                             Int8Map map_v, unsigned mn[4], unsigned vn[4], unsigned cnt[6]) {
     const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
     uint64_t rm[4], rv[4];
     quad_rand<SR, MF>(a.round_m, t.key_m, e, rm);
@@ -358,7 +356,7 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
                                              const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
-                                             const float* map_m, const float* map_v, unsigned cnt[6]) {
+                                             Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
     unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
     if (scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv))
         encode_count<SR, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
@@ -373,7 +371,7 @@ __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t, bool blockwise, unsigned long long si,
                                           unsigned long long e, int k, const Inputs<P, MF, VF>& in,
-                                          const float* amax_pre, const float* map_m, const float* map_v,
+                                          const float* amax_pre, Int8Map map_m, Int8Map map_v,
                                           unsigned cnt[6]) {
     constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
     Quad q;
@@ -409,8 +407,8 @@ template <int MF, int VF> __host__ __device__ constexpr int rounds() { return (C
 // range (all but the last segment of a tensor), so no element needs a bounds test.
 template <bool SR, bool FULL, typename P, int MF, int VF>
 __device__ __forceinline__ void round_segment(const StepArgs& a, const TensorArgs& t, unsigned long long seg,
-                                              bool blockwise, const float* amax_pre, const float* map_m,
-                                              const float* map_v, unsigned cnt[6]) {
+                                              bool blockwise, const float* amax_pre, Int8Map map_m,
+                                              Int8Map map_v, unsigned cnt[6]) {
     constexpr int ROUNDS = rounds<MF, VF>();
     const unsigned long long start = seg * (ROUNDS * 128) + 4 * (threadIdx.x % 32);
     Inputs<P, MF, VF> in[ROUNDS];
@@ -433,7 +431,7 @@ __device__ __forceinline__ void round_segment(const StepArgs& a, const TensorArg
 // again from the same inputs, encode with the new scales, count stalls.
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArgs& t, unsigned long long seg,
-                                              const float* map_m, const float* map_v, unsigned cnt[6]) {
+                                              Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
     const unsigned len = a.block;
     const unsigned long long start = seg * len, end = min(start + len, t.n);
     Inputs<P, MF, VF> in;
@@ -479,10 +477,19 @@ __device__ __forceinline__ bool warp_run(const StepArgs& a, unsigned long long& 
     return first < last;
 }
 
-// Index of the tensor holding segment s, searching forward from tensor ti.
+// Index of the tensor holding segment s (the last with first_segment <= s, so past empty
+// tensors): searching forward from tensor ti, or by bisection.
 __device__ __forceinline__ unsigned tensor_of(const LaunchArgs& L, unsigned ti, unsigned long long s) {
     while (ti + 1 < L.s.count && L.t[ti + 1].first_segment <= s) ti++;
     return ti;
+}
+__device__ __forceinline__ unsigned tensor_at(const LaunchArgs& L, unsigned long long s) {
+    unsigned lo = 0, hi = L.s.count;  // L.t[0].first_segment = 0 <= s
+    while (hi - lo > 1) {
+        const unsigned mid = (lo + hi) / 2;
+        if (L.t[mid].first_segment <= s) lo = mid; else hi = mid;
+    }
+    return lo;
 }
 
 // Warp sum of the six stall counters into the tensor's slot (one atomicAdd each), then zero.
@@ -499,21 +506,23 @@ __device__ __forceinline__ void flush_counters(unsigned cnt[6], unsigned long lo
 // so that its register-hungry two-pass path does not lower the main kernels' occupancy.
 template <bool SR, bool BLOCKS, typename P, int MF, int VF>
 __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* amax_pre, unsigned long long* counters,
-                                           const float* maps) {
-    __shared__ float map_m[256], map_v[256];
+                                           const float* maps, const uint8_t* buckets) {
+    // int8: both maps and their bucket tables in shared memory
+    __shared__ float values[2][256];
+    __shared__ unsigned starts[2][INT8_BUCKETS / 2];  // 2 x INT8_BUCKETS bytes each
     if (MF == FMT_INT8 || VF == FMT_INT8) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-            map_m[i] = maps[i];
-            map_v[i] = maps[256 + i];
-        }
+        for (int i = threadIdx.x; i < 2 * 256; i += blockDim.x) values[i / 256][i % 256] = maps[i];
+        for (int i = threadIdx.x; i < INT8_BUCKETS; i += blockDim.x)
+            starts[i / (INT8_BUCKETS / 2)][i % (INT8_BUCKETS / 2)] = ((const unsigned*)buckets)[i];
         __syncthreads();
     }
+    const Int8Map map_m{values[0], (const uint8_t*)starts[0]}, map_v{values[1], (const uint8_t*)starts[1]};
     const StepArgs& a = L.s;
     unsigned long long s, last;
     if (!warp_run(a, s, last)) return;
     constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
     const bool blockwise = a.block > 0;
-    unsigned ti = tensor_of(L, 0, s);
+    unsigned ti = tensor_at(L, s);
     unsigned cnt[6] = {0, 0, 0, 0, 0, 0};
     for (; s < last; s++) {
         const unsigned tn = tensor_of(L, ti, s);
@@ -539,7 +548,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
     const StepArgs& a = L.s;
     unsigned long long s, last;
     if (!warp_run(a, s, last)) return;
-    unsigned ti = tensor_of(L, 0, s);
+    unsigned ti = tensor_at(L, s);
     float am = 0.0f, av = 0.0f;
     Inputs<float, MF, VF> in;  // the weights are not loaded: any weight type
     Quad q;
@@ -561,7 +570,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
                 load_inputs<float, MF, VF, false>(a, t, 0, e, k, in);
-                moments<float, MF, VF>(a, in, maps, maps + 256, q);
+                moments<float, MF, VF>(a, in, Int8Map{maps, nullptr}, Int8Map{maps + 256, nullptr}, q);
                 quad_amax(q, k, am, av);
             }
         }
@@ -590,8 +599,8 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS(MF, VF))                                    \
         NAME(const __grid_constant__ LaunchArgs L, const float* amax_pre, unsigned long long* counters,      \
-             const float* maps) {                                                                            \
-        adamw_step<SR, BLOCKS, P, MF, VF>(L, amax_pre, counters, maps);                                      \
+             const float* maps, const uint8_t* buckets) {                                                    \
+        adamw_step<SR, BLOCKS, P, MF, VF>(L, amax_pre, counters, maps, buckets);                             \
     }
 #define ADAMW_KERNELS(PN, P, MN, MF, VN, VF)                                  \
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN, false, false, P, MF, VF)           \

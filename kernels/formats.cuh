@@ -77,84 +77,61 @@ template <int F> __device__ __forceinline__ float mf_decode(unsigned code) {
     return neg ? -v : v;
 }
 
-// A subnormal result of mf_encode (|x| nonzero, below 2^EMIN; `a` its FP32 bits without the
-// sign): the 24-bit significand with `dropped` = 23 - M + (EMIN - exp) bits rounded away;
-// past 31 dropped bits only stochastic rounding can give the smallest subnormal (64-bit
-// test, as on the CPU).
-template <int F>
-__device__ __forceinline__ unsigned mf_encode_subnormal(unsigned a, int rounding, uint64_t rand, unsigned sign) {
+// The magnitude code q of a subnormal result (|x| nonzero, below 2^EMIN; `a` its FP32 bits
+// without the sign) in FP32 and 64-bit integer arithmetic: y = |x| / 2^(EMIN - M) (the
+// value in grid steps) is exact and below 2^M. Nearest: rint(y) (ties to even). Stochastic:
+// floor(y + hi * 2^-32), exactly (floor(y * 2^32) + hi) >> 32 (y * 2^32 < 2^(M + 32) is an
+// exact FP32 value). This is the CPU's q: it rounds up when the dropped remainder plus the top
+// D random bits carries (or, past 32 dropped bits, the 64-bit form), and with random bits
+// whose low 32 are zero (element_bits<32>, the only kind any caller passes) both say
+// "frac(y) + hi * 2^-32 >= 1". q <= 2^M: at most the smallest normal code.
+template <int F> __device__ __forceinline__ unsigned mf_subnormal(unsigned a, int rounding, unsigned hi) {
     using T = MiniFloat<F>;
     constexpr int EMIN = 1 - T::BIAS;
-    const unsigned ef = a >> 23;
-    const unsigned mant = ef ? (a & 0x7FFFFFu) | 0x800000u : a;
-    const int exp = ef ? (int)ef - 127 : -126;
-    const unsigned dropped = 23 - T::M + (unsigned)(EMIN - exp);
-    unsigned q;
-    if (dropped < 32) {
-        const unsigned kept = mant >> dropped, rem = mant & ((1u << dropped) - 1u);
-        bool up;
-        if (rounding == ROUND_NEAREST) {
-            const unsigned half = 1u << (dropped - 1);
-            up = rem > half || (rem == half && (kept & 1u));
-        } else {
-            up = rem + ((unsigned)(rand >> 32) >> (32 - dropped)) >= (1u << dropped);
-        }
-        q = kept + (up ? 1u : 0u);
-    } else {
-        q = (rounding == ROUND_STOCHASTIC && dropped < 64 &&
-             (uint64_t)mant + (rand >> (64 - dropped)) >= (1ull << dropped)) ? 1u : 0u;
-    }
-    return q == 0 ? 0u : q | sign;  // q <= 2^M: at most the smallest normal code
+    const float y = __fmul_rn(__uint_as_float(a), pow2(T::M - EMIN));
+    if (rounding == ROUND_NEAREST) return __float2uint_rn(y);
+    return (unsigned)((__float2ull_rz(__fmul_rn(y, 0x1p32f)) + hi) >> 32);
 }
 
-// Encode with 32-bit integer arithmetic (minifloat.rs `encode`, same results): add the
-// rounding increment (nearest: half - 1 + the kept LSB, ties to even; stochastic: the top D
-// random bits) and shift the D dropped bits away: for a normal result (the FP32 exponent is
-// at least EMIN) on the FP32 bits, D = 23 - M (a carry moves into the exponent), then
-// rebias; beyond the largest finite code, saturate. Subnormal results: the significand, as
-// mf_encode_subnormal.
+// Encode with 32-bit integer arithmetic (minifloat.rs `encode`, same results for random bits
+// from element_bits<32>): for a normal result (the FP32 exponent is at least EMIN) add the
+// rounding increment to the FP32 bits (nearest: half - 1 + the kept LSB, ties to even;
+// stochastic: the top D random bits) and shift the D = 23 - M dropped bits away (a carry
+// moves into the exponent), then rebias; beyond the largest finite code, saturate.
+// Subnormal results: mf_subnormal. Special values by selects.
 template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int rounding, uint64_t rand) {
     using T = MiniFloat<F>;
     constexpr unsigned SIGN = 1u << (T::E + T::M);
     constexpr unsigned ALL_ONES = (1u << T::E) - 1;
     constexpr int EMIN = 1 - T::BIAS;
     constexpr unsigned DROP = 23 - T::M;
+    constexpr unsigned NAN_CODE = T::SPECIALS == SPECIALS_NAN_ONLY ? T::NAN_CODE
+                                : T::SPECIALS == SPECIALS_IEEE    ? (ALL_ONES << T::M) | (1u << (T::M - 1))
+                                                                  : 0u;  // canonical: NaN signs differ CPU/GPU
     const unsigned bits = __float_as_uint(x);
     const unsigned sign = (T::SIGNED && (bits >> 31)) ? SIGN : 0u;
     const unsigned a = bits & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) {  // NaN
-        if (T::SPECIALS == SPECIALS_NONE) return 0;
-        if (T::SPECIALS == SPECIALS_NAN_ONLY) return T::NAN_CODE;  // canonical: NaN signs differ CPU/GPU
-        return (ALL_ONES << T::M) | (1u << (T::M - 1));
-    }
-    if (!T::SIGNED && (bits >> 31)) return 0;
-    if (a == 0x7F800000u) return (T::SPECIALS == SPECIALS_IEEE ? (ALL_ONES << T::M) : T::MAX_CODE) | sign;
-    if (a == 0) return 0;
-    const unsigned ef = a >> 23;
-    const bool normal = (int)ef >= EMIN + 127;
+    const bool normal = (int)(a >> 23) >= EMIN + 127;
     const unsigned hi = (unsigned)(rand >> 32);
+    const unsigned add = rounding == ROUND_NEAREST ? (1u << (DROP - 1)) - 1u + ((a >> DROP) & 1u) : hi >> (32 - DROP);
+    const int c = (int)((a + add) >> DROP) - ((127 - T::BIAS) << T::M);
+    unsigned code = (c > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)c) | sign;
     if constexpr (T::E > 2) {
-        // FP8: most results are normal, so the normal path is short and a subnormal result
-        // takes a branch (measured faster than the branch-free form below for FP8 SR).
-        if (!normal) return mf_encode_subnormal<F>(a, rounding, rand, sign);
-        const unsigned add = rounding == ROUND_NEAREST ? (1u << (DROP - 1)) - 1u + ((a >> DROP) & 1u) : hi >> (32 - DROP);
-        const int code = (int)((a + add) >> DROP) - ((127 - T::BIAS) << T::M);
-        return (code > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)code) | sign;
+        // FP8: most results are normal; a subnormal one takes a (short) branch
+        if (!normal && a != 0) {
+            const unsigned q = mf_subnormal<F>(a, rounding, hi);
+            code = q == 0 ? 0u : q | sign;
+        }
+    } else {
+        // FP4: many results are subnormal: both computed, one selected
+        const unsigned q = mf_subnormal<F>(a, rounding, hi);
+        if (!normal) code = q == 0 ? 0u : q | sign;
     }
-    // FP4: many results are subnormal; one branch-free form for both ranges (X + add) >> D,
-    // X the FP32 bits and D = DROP for a normal result (then rebias, saturate), X the 24-bit
-    // significand and D = DROP + (EMIN - exp) for a subnormal one.
-    const unsigned X = normal ? a : (ef ? (a & 0x7FFFFFu) | 0x800000u : a);
-    const unsigned D = normal ? DROP : DROP + (unsigned)(EMIN + 126 - (int)(ef ? ef - 1 : 0));
-    const unsigned d = D < 31 ? D : 31;  // D >= 31: X < 2^24 rounds to 0 or (SR) 1, below
-    const unsigned add = rounding == ROUND_NEAREST ? (1u << (d - 1)) - 1u + ((X >> d) & 1u) : hi >> (32 - d);
-    unsigned q = (X + add) >> d;
-    if (D >= 31)  // 64-bit test, as the CPU's: only stochastic rounding rounds up
-        q = (rounding == ROUND_STOCHASTIC && D < 64 && (uint64_t)X + (rand >> (64 - D)) >= (1ull << D)) ? 1u : 0u;
-    if (!normal) return q == 0 ? 0u : q | sign;  // q <= 2^M: at most the smallest normal code
-    const int code = (int)q - ((127 - T::BIAS) << T::M);
-    const unsigned mag = code > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)code;
-    return mag | sign;
+    // special values (in the reference's order: NaN, negative when unsigned, Inf, 0)
+    if (a == 0x7F800000u) code = (T::SPECIALS == SPECIALS_IEEE ? (ALL_ONES << T::M) : T::MAX_CODE) | sign;
+    if (a == 0 || (!T::SIGNED && (bits >> 31))) code = 0;
+    if (a > 0x7F800000u) code = NAN_CODE;
+    return code;
 }
 
 // ---- FP8 through the hardware converters (sm_89+) ----
@@ -214,16 +191,36 @@ __device__ __forceinline__ int pow2_scale_exp(float amax, float max_finite) {
 }
 
 // ---- int8.rs: index into the sorted 256-entry dynamic map ----
-__device__ __forceinline__ unsigned int8_encode(const float* t, float n, int rounding, uint64_t rand,
+// Bucket table of the search (int8.rs OCTAVES, SUB_BITS, BUCKETS): |n| in [2^-26, 1) in
+// 64 buckets per octave by its FP32 bits, for each sign; a bucket holds a map index at or
+// below every n of the bucket, from which the search steps up.
+#define INT8_OCTAVES 26
+#define INT8_SUB_BITS 6
+#define INT8_BUCKETS (INT8_OCTAVES << INT8_SUB_BITS)
+
+// A map's 256 sorted values and its 2 x INT8_BUCKETS bucket starts (n >= 0, then n < 0).
+struct Int8Map {
+    const float* t;
+    const uint8_t* starts;
+};
+
+// int8.rs `bucket`: n not NaN, |n| < 1.
+__device__ __forceinline__ unsigned int8_bucket(float n) {
+    constexpr unsigned LOWEST = (127u - INT8_OCTAVES) << 23;
+    const unsigned a = __float_as_uint(n) & 0x7FFFFFFFu;
+    const unsigned i = min((a > LOWEST ? a - LOWEST : 0u) >> (23 - INT8_SUB_BITS), (unsigned)INT8_BUCKETS - 1u);
+    return i + (n < 0.0f ? INT8_BUCKETS : 0u);
+}
+
+__device__ __forceinline__ unsigned int8_encode(Int8Map map, float n, int rounding, uint64_t rand,
                                                 unsigned zero_index) {
+    const float* t = map.t;
     if (isnan(n)) return zero_index;
     if (n <= t[0]) return 0;
     if (n >= t[255]) return 255;
-    unsigned lo = 0, hi = 255;
-    while (hi - lo > 1) {
-        unsigned mid = (lo + hi) / 2;
-        if (t[mid] <= n) lo = mid; else hi = mid;
-    }
+    unsigned lo = map.starts[int8_bucket(n)];  // t[lo] <= n < t[255]: the loop ends
+    while (t[lo + 1] <= n) lo++;
+    const unsigned hi = lo + 1;
     float a = t[lo], b = t[hi];
     if (n == a) return lo;
     bool up;

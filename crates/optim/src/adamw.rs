@@ -257,7 +257,7 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = codes[j];
                 let old = table[old_code as usize] * old_scale;
-                let code = int8::encode(table, xj / absmax, rounding, element_bits(key, first + j as u64, 32));
+                let code = table.encode(xj / absmax, rounding, element_bits(key, first + j as u64, 32));
                 let new = table[code as usize] * absmax;
                 cnt.add(xj != old, new.to_bits() == old.to_bits());
                 codes[j] = code;

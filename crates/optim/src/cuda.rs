@@ -4,8 +4,8 @@
 //!
 //! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
 //! results are bit-identical) for every tensor, packed into the parameters of one kernel
-//! launch per [`MAX_TENSORS`] tensors (multi-tensor apply; three launches for per-tensor
-//! scaling: amax, step, scales); stall counters added on the device into a ring of
+//! launch per [`MAX_TENSORS`] tensors of a weight dtype (multi-tensor apply: one launch for
+//! every LLaMA preset; three for per-tensor scaling: amax, step, scales); stall counters added on the device into a ring of
 //! [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation in
 //! the step itself).
 
@@ -46,9 +46,9 @@ impl Kernels {
 /// Steps of stall counters kept on the device before a slot is reused.
 pub const COUNTER_RING: usize = 64;
 
-/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters
-/// stay under 4 KiB).
-pub const MAX_TENSORS: usize = 40;
+/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
+/// 24.7 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
+pub const MAX_TENSORS: usize = 256;
 
 /// Launch-wide kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
 #[repr(C)]
@@ -164,7 +164,9 @@ pub struct CudaAdamW {
     counters: CudaSlice<u64>,
     /// Per-tensor scaling: amax of m and v per tensor (ordered FP32 bits).
     amax: CudaSlice<u32>,
+    /// int8: the signed and the unsigned dynamic map's values, and their bucket tables.
     maps: CudaSlice<f32>,
+    buckets: CudaSlice<u8>,
     /// Thread blocks that fit on the GPU at once (step kernel).
     max_blocks: u32,
 }
@@ -192,9 +194,9 @@ impl CudaAdamW {
         }
         let counters = stream.alloc_zeros::<u64>(COUNTER_RING * host.tensors.len().max(1) * 6).map_err(err)?;
         let amax = stream.alloc_zeros::<u32>(2 * host.tensors.len().max(1)).map_err(err)?;
-        let mut maps_host = int8::dynamic_map(true).to_vec();
-        maps_host.extend_from_slice(int8::dynamic_map(false));
-        let maps = stream.clone_htod(&maps_host).map_err(err)?;
+        let (signed, unsigned) = (int8::dynamic_map(true), int8::dynamic_map(false));
+        let maps = stream.clone_htod(&[&signed.values()[..], unsigned.values()].concat()).map_err(err)?;
+        let buckets = stream.clone_htod(&[signed.bucket_starts(), unsigned.bucket_starts()].concat()).map_err(err)?;
         let (mf, vf) = (host.spec.m_format.name(), host.spec.v_format.name());
         let mut names = vec![format!("adamw_amax_{mf}_{vf}"), format!("adamw_set_scales_{mf}_{vf}")];
         for w in ["f32", "bf16"] {
@@ -214,7 +216,7 @@ impl CudaAdamW {
             .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
             .map_err(err)?;
         let max_blocks = sms * per_sm.max(1);
-        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, max_blocks })
+        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, buckets, max_blocks })
     }
 
     fn slot(&self, step: u64) -> usize {
@@ -249,7 +251,7 @@ impl CudaAdamW {
             (true, b) => b,
         };
         let r: Roundings = self.host.roundings();
-        let zero = |signed| int8::zero_index(int8::dynamic_map(signed)) as u32;
+        let zero = |signed| int8::dynamic_map(signed).zero_index() as u32;
         let mut tensors = Vec::with_capacity(count);
         let mut dtypes = Vec::with_capacity(count);
         let mut first = StepArgs::default();
@@ -343,7 +345,7 @@ impl CudaAdamW {
         let f = &self.kernels.step[Kernels::step_index(bf16, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
         let counters = self.counters.slice(slot..);
         let mut b = stream.launch_builder(f);
-        b.arg(args).arg(&self.amax).arg(&counters).arg(&self.maps);
+        b.arg(args).arg(&self.amax).arg(&counters).arg(&self.maps).arg(&self.buckets);
         unsafe { b.launch(cfg) }.map_err(err)?;
         if per_tensor {
             let mut b = stream.launch_builder(&self.kernels.set_scales);

@@ -71,7 +71,7 @@ impl QuantState {
             Codes::F32(c) => c.fill(0.0),
             Codes::Bf16(c) => c.fill(0),
             Codes::Bytes(c) if self.format == StateFormat::Int8 => {
-                c.fill(int8::zero_index(int8::dynamic_map(self.signed)))
+                c.fill(int8::dynamic_map(self.signed).zero_index())
             }
             Codes::Bytes(c) => c.fill(0),
         }

@@ -95,7 +95,7 @@ fn int8_is_unbiased() {
                     t[i] as f64,
                     t[i + 1] as f64,
                     32,
-                    |r| t[int8::encode(t, x, Rounding::Stochastic, r) as usize] as f64,
+                    |r| t[t.encode(x, Rounding::Stochastic, r) as usize] as f64,
                     "int8",
                 );
             }
