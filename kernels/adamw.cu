@@ -152,11 +152,14 @@ template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; };
 // Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
 // stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
 // kernels of launches without any stochastic rounding carry no hashing code at all.
+template <int F> __host__ __device__ constexpr int rand_width() { return F == FMT_BF16 ? 16 : 32; }
 template <bool SR, int F>
 __device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, unsigned long long e, uint64_t r[4]) {
 #pragma unroll
     for (int j = 0; j < 4; j++) r[j] = 0;
-    if (SR && F != FMT_F32 && rounding == ROUND_STOCHASTIC) quad_bits<F == FMT_BF16 ? 16 : 32>(key, e, r);
+    // (the counter outside the test: streams of one width share its multiplication)
+    const unsigned long long ctr = draw_counter<rand_width<F>()>(e);
+    if (SR && F != FMT_F32 && rounding == ROUND_STOCHASTIC) quad_bits<rand_width<F>()>(key, ctr, r);
 }
 
 // Decoded value of a code with its block scale (state.rs `decode_code`).
@@ -170,6 +173,21 @@ template <int F> __device__ __forceinline__ float decode(unsigned c, float scale
 
 // New scale from the block amax: 2^k for FP8/FP4, absmax for int8 (scale.rs); 1 for the
 // unscaled FP32/BF16 states.
+// Decoded values of a quad's codes (`raw` packed, `c` unpacked) with their block scale: FP8
+// two codes per hardware conversion, the others one by one (decode).
+template <int F> __device__ __forceinline__ void decode_quad(typename Codes<F>::Raw raw, const unsigned c[4], float scale,
+                                                           Int8Map map, float out[4]) {
+    if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
+        fp8_decode2_hw<F>(raw, out);
+        fp8_decode2_hw<F>(raw >> 16, out + 2);
+#pragma unroll
+        for (int j = 0; j < 4; j++) out[j] = __fmul_rn(out[j], scale);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) out[j] = decode<F>(c[j], scale, map);
+    }
+}
+
 template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
     if constexpr (!Codes<F>::SCALED) return 1.0f;
     else if constexpr (F == FMT_INT8) return amax > 0.0f ? amax : 1.0f;
@@ -268,10 +286,10 @@ __device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, V
     const float g[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
     Codes<MF>::unpack(in.m, q.mo);
     Codes<VF>::unpack(in.v, q.vo);
+    decode_quad<MF>(in.m, q.mo, in.sm, map_m, q.m_old);
+    decode_quad<VF>(in.v, q.vo, in.sv, map_v, q.v_old);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        q.m_old[j] = decode<MF>(q.mo[j], in.sm, map_m);
-        q.v_old[j] = decode<VF>(q.vo[j], in.sv, map_v);
         const float gs = __fmul_rn(g[j], a.grad_scale);
         q.m[j] = __fadd_rn(__fmul_rn(a.beta1, q.m_old[j]), __fmul_rn(a.one_minus_beta1, gs));
         q.v[j] = __fadd_rn(__fmul_rn(a.beta2, q.v_old[j]), __fmul_rn(a.one_minus_beta2, __fmul_rn(gs, gs)));

@@ -139,19 +139,25 @@ template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int roun
 // differ from mf_decode's, which nothing observes: every use multiplies by the scale first
 // (the GPU's fmul returns its canonical NaN) or re-encodes (one canonical NaN code).
 // Before sm_89 (no FP8 converters) both fall back to mf_decode / mf_encode.
-template <int F> __device__ __forceinline__ float fp8_decode_hw(unsigned code) {
+// fp8_decode2_hw: the two codes in the low 16 bits of `pair` (low byte first), one converter.
+template <int F> __device__ __forceinline__ void fp8_decode2_hw(unsigned pair, float out[2]) {
     static_assert(F == FMT_E4M3 || F == FMT_E5M2, "FP8 only");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-    return mf_decode<F>(code);
+    out[0] = mf_decode<F>(pair & 0xFF), out[1] = mf_decode<F>((pair >> 8) & 0xFF);
 #else
     unsigned h2;
-    const unsigned short c = (unsigned short)code;
+    const unsigned short c = (unsigned short)pair;
     if constexpr (F == FMT_E4M3) asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
     else asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(c));
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xFFFF)));
-    return f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(out[0]) : "h"((unsigned short)(h2 & 0xFFFF)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(out[1]) : "h"((unsigned short)(h2 >> 16)));
 #endif
+}
+
+template <int F> __device__ __forceinline__ float fp8_decode_hw(unsigned code) {
+    float out[2];
+    fp8_decode2_hw<F>(code & 0xFF, out);
+    return out[0];
 }
 
 // Round to nearest even with cvt.rn.satfinite.e4m3x2.f32 / e5m2x2 (saturating, subnormals

@@ -28,15 +28,22 @@ template <int W> __device__ __forceinline__ unsigned long long element_bits(unsi
     return (random_bits(key, i / PER) >> (W * (unsigned)(i % PER))) << (64 - W);
 }
 
-// element_bits of the quad i..i+3 (i % 4 == 0): one draw for W = 16, two for W = 32.
-template <int W> __device__ __forceinline__ void quad_bits(unsigned long long key, unsigned long long i,
+// Counter term (c + 1) * GOLDEN of the draw that element i of a W-bit format slices
+// (c = i / (64 / W)); computed once per quad and shared by the streams of the same width.
+template <int W> __device__ __forceinline__ unsigned long long draw_counter(unsigned long long i) {
+    return (i / (64 / W) + 1ull) * GOLDEN;
+}
+
+// element_bits of the quad i..i+3 (i % 4 == 0) from ctr = draw_counter<W>(i): one draw for
+// W = 16, two for W = 32.
+template <int W> __device__ __forceinline__ void quad_bits(unsigned long long key, unsigned long long ctr,
                                                            uint64_t r[4]) {
     if constexpr (W == 16) {
-        const unsigned long long h = random_bits(key, i / 4);
+        const unsigned long long h = mix64(key + ctr);
 #pragma unroll
         for (int j = 0; j < 4; j++) r[j] = (h >> (16 * j)) << 48;
     } else {
-        const unsigned long long h0 = random_bits(key, i / 2), h1 = random_bits(key, i / 2 + 1);
+        const unsigned long long h0 = mix64(key + ctr), h1 = mix64(key + ctr + GOLDEN);
         r[0] = h0 << 32, r[1] = (h0 >> 32) << 32, r[2] = h1 << 32, r[3] = (h1 >> 32) << 32;
     }
 }
