@@ -152,6 +152,14 @@ template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; };
 // Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
 // stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
 // kernels of launches without any stochastic rounding carry no hashing code at all.
+// The rounding of a write-back as the kernel compiles it: nearest in kernels without SR code
+// (the host launches those only when nothing rounds stochastically); stochastic when ALL_SR
+// (the launch rounds m and v stochastically, the common case: no per-element test); else
+// the launch's value.
+template <bool SR, bool ALL_SR> __device__ __forceinline__ int rounding_of(int r) {
+    return !SR ? ROUND_NEAREST : ALL_SR ? ROUND_STOCHASTIC : r;
+}
+
 template <int F> __host__ __device__ constexpr int rand_width() { return F == FMT_BF16 ? 16 : 32; }
 template <bool SR, int F>
 __device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, unsigned long long e, uint64_t r[4]) {
@@ -303,8 +311,9 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     constexpr int WF = WeightCodes<P>::F;
     unsigned c[4];
     Codes<WF>::unpack(in.w, c);
+    const int rounding = rounding_of<SR, false>(WF == FMT_BF16 ? a.round_w : ROUND_NEAREST);
     uint64_t rw[4];
-    quad_rand<SR, FMT_BF16>(WF == FMT_BF16 ? a.round_w : ROUND_NEAREST, t.key_w, e, rw);
+    quad_rand<SR, FMT_BF16>(rounding, t.key_w, e, rw);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
@@ -313,7 +322,7 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
             } else {
                 const float old = bf16_decode((uint16_t)c[j]);
                 const float nv = param_update(old, q.m[j], q.v[j], t.decay, a);
-                const unsigned code = bf16_encode(nv, a.round_w, rw[j]);
+                const unsigned code = bf16_encode(nv, rounding, rw[j]);
                 const bool changed = nv != old;
                 cnt[4] += changed;
                 cnt[5] += changed && code == c[j];
@@ -346,20 +355,22 @@ __device__ __forceinline__ void quad_amax(const Quad& q, int k, float& am, float
     }
 }
 
-// Encode the new moments with the new scales and count stalls.
-template <bool SR, bool BY_CODE, int MF, int VF>
+// Encode the new moments with the new scales and count stalls. ALL_SR: m and v both round
+// stochastically (rounding_of).
+template <bool SR, bool BY_CODE, bool ALL_SR, int MF, int VF>
 __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
                                              const Quad& q, float new_sm, float new_sv, Int8Map map_m,
                                              Int8Map map_v, unsigned mn[4], unsigned vn[4], unsigned cnt[6]) {
     const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
+    const int round_m = rounding_of<SR, ALL_SR>(a.round_m), round_v = rounding_of<SR, ALL_SR>(a.round_v);
     uint64_t rm[4], rv[4];
-    quad_rand<SR, MF>(a.round_m, t.key_m, e, rm);
-    quad_rand<SR, VF>(a.round_v, t.key_v, e, rv);
+    quad_rand<SR, MF>(round_m, t.key_m, e, rm);
+    quad_rand<SR, VF>(round_v, t.key_v, e, rv);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
-            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, a.round_m, rm[j], map_m, a.zero_m);
-            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, a.round_v, rv[j], map_v, a.zero_v);
+            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
+            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
             const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
             cnt[0] += mch;
             cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);
@@ -369,17 +380,21 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     }
 }
 
-// Encode, count stalls (by code when both blocks keep their scales: a warp-uniform branch),
-// store the codes.
+// Encode, count stalls (by code when both blocks keep their scales), store the codes. Both
+// tests are warp-uniform branches.
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
                                              const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
                                              Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
     unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
-    if (scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv))
-        encode_count<SR, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
-    else
-        encode_count<SR, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+    const bool by_code = scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv);
+    if (SR && a.round_m == ROUND_STOCHASTIC && a.round_v == ROUND_STOCHASTIC) {
+        if (by_code) encode_count<SR, true, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+        else encode_count<SR, false, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+    } else {
+        if (by_code) encode_count<SR, true, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+        else encode_count<SR, false, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+    }
     store_codes<MF>((void*)t.mc, e, k, mn);
     store_codes<VF>((void*)t.vc, e, k, vn);
 }

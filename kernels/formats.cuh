@@ -81,16 +81,15 @@ template <int F> __device__ __forceinline__ float mf_decode(unsigned code) {
 // without the sign) in FP32 and 64-bit integer arithmetic: y = |x| / 2^(EMIN - M) (the
 // value in grid steps) is exact and below 2^M. Nearest: rint(y) (ties to even). Stochastic:
 // floor(y + hi * 2^-32), exactly (floor(y * 2^32) + hi) >> 32 (y * 2^32 < 2^(M + 32) is an
-// exact FP32 value). This is the CPU's q: it rounds up when the dropped remainder plus the top
+// exact FP32 value; one multiplication by 2^(32 + M - EMIN)). This is the CPU's q: it rounds up when the dropped remainder plus the top
 // D random bits carries (or, past 32 dropped bits, the 64-bit form), and with random bits
 // whose low 32 are zero (element_bits<32>, the only kind any caller passes) both say
 // "frac(y) + hi * 2^-32 >= 1". q <= 2^M: at most the smallest normal code.
 template <int F> __device__ __forceinline__ unsigned mf_subnormal(unsigned a, int rounding, unsigned hi) {
     using T = MiniFloat<F>;
     constexpr int EMIN = 1 - T::BIAS;
-    const float y = __fmul_rn(__uint_as_float(a), pow2(T::M - EMIN));
-    if (rounding == ROUND_NEAREST) return __float2uint_rn(y);
-    return (unsigned)((__float2ull_rz(__fmul_rn(y, 0x1p32f)) + hi) >> 32);
+    if (rounding == ROUND_NEAREST) return __float2uint_rn(__fmul_rn(__uint_as_float(a), pow2(T::M - EMIN)));
+    return (unsigned)((__float2ull_rz(__fmul_rn(__uint_as_float(a), pow2(32 + T::M - EMIN))) + hi) >> 32);
 }
 
 // Encode with 32-bit integer arithmetic (minifloat.rs `encode`, same results for random bits
@@ -116,20 +115,16 @@ template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int roun
     const unsigned add = rounding == ROUND_NEAREST ? (1u << (DROP - 1)) - 1u + ((a >> DROP) & 1u) : hi >> (32 - DROP);
     const int c = (int)((a + add) >> DROP) - ((127 - T::BIAS) << T::M);
     unsigned code = (c > (int)T::MAX_CODE ? T::MAX_CODE : (unsigned)c) | sign;
-    if constexpr (T::E > 2) {
-        // FP8: most results are normal; a subnormal one takes a (short) branch
-        if (!normal && a != 0) {
-            const unsigned q = mf_subnormal<F>(a, rounding, hi);
-            code = q == 0 ? 0u : q | sign;
-        }
-    } else {
-        // FP4: many results are subnormal: both computed, one selected
+    // subnormal results and zeros (q = 0: +0): FP8 branches (most results are normal), FP4
+    // computes both forms and selects (many are subnormal)
+    if (T::E > 2 ? !normal : true) {
         const unsigned q = mf_subnormal<F>(a, rounding, hi);
         if (!normal) code = q == 0 ? 0u : q | sign;
     }
-    // special values (in the reference's order: NaN, negative when unsigned, Inf, 0)
-    if (a == 0x7F800000u) code = (T::SPECIALS == SPECIALS_IEEE ? (ALL_ONES << T::M) : T::MAX_CODE) | sign;
-    if (a == 0 || (!T::SIGNED && (bits >> 31))) code = 0;
+    // special values, as the reference: NaN -> the canonical NaN code (or 0), negative -> 0
+    // when unsigned, Inf -> E5M2's Inf (the other formats saturated above, as they should)
+    if (T::SPECIALS == SPECIALS_IEEE && a == 0x7F800000u) code = (ALL_ONES << T::M) | sign;
+    if (!T::SIGNED && (bits >> 31)) code = 0;
     if (a > 0x7F800000u) code = NAN_CODE;
     return code;
 }
