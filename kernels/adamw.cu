@@ -28,7 +28,7 @@
 #include "formats.cuh"
 #include "rng.cuh"
 
-#define MAX_TENSORS 256  // per launch: the kernel parameters (24.7 KiB) stay under 32 KiB (CUDA 12.1+)
+#define MAX_TENSORS 256  // per launch: the kernel parameters (24.1 KiB) stay under 32 KiB (CUDA 12.1+)
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -149,9 +149,6 @@ template <typename P> struct WeightCodes;
 template <> struct WeightCodes<float> { static constexpr int F = FMT_F32; };
 template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; };
 
-// Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
-// stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
-// kernels of launches without any stochastic rounding carry no hashing code at all.
 // The rounding of a write-back as the kernel compiles it: nearest in kernels without SR code
 // (the host launches those only when nothing rounds stochastically); stochastic when ALL_SR
 // (the launch rounds m and v stochastically, the common case: no per-element test); else
@@ -160,6 +157,9 @@ template <bool SR, bool ALL_SR> __device__ __forceinline__ int rounding_of(int r
     return !SR ? ROUND_NEAREST : ALL_SR ? ROUND_STOCHASTIC : r;
 }
 
+// Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
+// stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
+// kernels of launches without any stochastic rounding carry no hashing code at all.
 template <int F> __host__ __device__ constexpr int rand_width() { return F == FMT_BF16 ? 16 : 32; }
 template <bool SR, int F>
 __device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, unsigned long long e, uint64_t r[4]) {
@@ -179,8 +179,6 @@ template <int F> __device__ __forceinline__ float decode(unsigned c, float scale
     else return __fmul_rn(mf_decode<F>(c), scale);
 }
 
-// New scale from the block amax: 2^k for FP8/FP4, absmax for int8 (scale.rs); 1 for the
-// unscaled FP32/BF16 states.
 // Decoded values of a quad's codes (`raw` packed, `c` unpacked) with their block scale: FP8
 // two codes per hardware conversion, the others one by one (decode).
 template <int F> __device__ __forceinline__ void decode_quad(typename Codes<F>::Raw raw, const unsigned c[4], float scale,
@@ -196,6 +194,8 @@ template <int F> __device__ __forceinline__ void decode_quad(typename Codes<F>::
     }
 }
 
+// New scale from the block amax: 2^k for FP8/FP4, absmax for int8 (scale.rs); 1 for the
+// unscaled FP32/BF16 states.
 template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
     if constexpr (!Codes<F>::SCALED) return 1.0f;
     else if constexpr (F == FMT_INT8) return amax > 0.0f ? amax : 1.0f;
@@ -333,8 +333,25 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     store_codes<WF>((void*)t.p, e, k, c);
 }
 
-// Warp maximum of non-negative floats (they order like their bits): one REDUX.
-__device__ __forceinline__ float warp_max(float x) { return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(x))); }
+// Warp sum: one REDUX on sm_80+, shuffles before.
+__device__ __forceinline__ unsigned warp_sum(unsigned x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+#else
+    return __reduce_add_sync(0xffffffffu, x);
+#endif
+}
+
+// Warp maximum of non-negative floats (they order like their bits): one REDUX on sm_80+.
+__device__ __forceinline__ float warp_max(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+#else
+    return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(x)));
+#endif
+}
 
 // The block's new scale of format F from the lanes' amax (a warp reduction, only for
 // scaled formats).
@@ -529,7 +546,7 @@ __device__ __forceinline__ unsigned tensor_at(const LaunchArgs& L, unsigned long
 __device__ __forceinline__ void flush_counters(unsigned cnt[6], unsigned long long* slot) {
 #pragma unroll
     for (int c = 0; c < 6; c++) {
-        unsigned x = __reduce_add_sync(0xffffffffu, cnt[c]);
+        const unsigned x = warp_sum(cnt[c]);
         if (threadIdx.x % 32 == 0 && x) atomicAdd(slot + c, (unsigned long long)x);
         cnt[c] = 0;
     }

@@ -4,8 +4,8 @@
 //!
 //! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
 //! results are bit-identical) for every tensor, packed into the parameters of one kernel
-//! launch per [`MAX_TENSORS`] tensors of a weight dtype (multi-tensor apply: one launch for
-//! every LLaMA preset; three for per-tensor scaling: amax, step, scales); stall counters added on the device into a ring of
+//! launch per [`MAX_TENSORS`] tensors of a weight dtype (multi-tensor apply: one launch per
+//! weight dtype for every LLaMA preset; three for per-tensor scaling: amax, step, scales); stall counters added on the device into a ring of
 //! [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation in
 //! the step itself).
 
@@ -47,7 +47,7 @@ impl Kernels {
 pub const COUNTER_RING: usize = 64;
 
 /// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
-/// 24.7 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
+/// 24.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
 pub const MAX_TENSORS: usize = 256;
 
 /// Launch-wide kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
@@ -226,8 +226,8 @@ impl CudaAdamW {
     /// One optimizer step on every tensor: `params[i]` (F32 or BF16, contiguous, on this
     /// device) updated in place from the FP32 gradient `grads[i]` (multiplied by
     /// `grad_scale`), states updated, stall counts of `step` accumulated on the device.
-    /// Asynchronous: a few kernel launches on candle's stream (one per [`MAX_TENSORS`]
-    /// tensors; per-tensor scaling adds an amax and a scale launch each).
+    /// Asynchronous: a few kernel launches on candle's stream (one per weight dtype and
+    /// [`MAX_TENSORS`] tensors; per-tensor scaling adds an amax and a scale launch each).
     ///
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
     /// tensor, a weight dtype other than F32/BF16 or a gradient not F32, a tensor not on a
