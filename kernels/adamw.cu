@@ -593,6 +593,15 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* ama
 // Per-tensor scaling (B = 0): the amax of the new moments over each whole tensor, into
 // amax[2 * index] (m) and amax[2 * index + 1] (v) as ordered bits (non-negative floats
 // order like integers).
+// The warp's amax of tensor `index` into its two slots (lane 0, one atomicMax each).
+__device__ __forceinline__ void flush_amax(float am, float av, unsigned* amax, unsigned index) {
+    am = warp_max(am), av = warp_max(av);
+    if (threadIdx.x % 32 == 0) {
+        atomicMax(amax + 2 * index, __float_as_uint(am));
+        atomicMax(amax + 2 * index + 1, __float_as_uint(av));
+    }
+}
+
 template <int MF, int VF>
 __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, const float* maps) {
     const StepArgs& a = L.s;
@@ -605,11 +614,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
     for (; s < last; s++) {
         const unsigned tn = tensor_of(L, ti, s);
         if (tn != ti) {
-            am = warp_max(am), av = warp_max(av);
-            if (threadIdx.x % 32 == 0) {
-                atomicMax(amax + 2 * L.t[ti].index, __float_as_uint(am));
-                atomicMax(amax + 2 * L.t[ti].index + 1, __float_as_uint(av));
-            }
+            flush_amax(am, av, amax, L.t[ti].index);
             am = av = 0.0f;
             ti = tn;
         }
@@ -625,11 +630,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
             }
         }
     }
-    am = warp_max(am), av = warp_max(av);
-    if (threadIdx.x % 32 == 0) {
-        atomicMax(amax + 2 * L.t[ti].index, __float_as_uint(am));
-        atomicMax(amax + 2 * L.t[ti].index + 1, __float_as_uint(av));
-    }
+    flush_amax(am, av, amax, L.t[ti].index);
 }
 
 // Per-tensor scaling, after the step: the new scales from the amax (one thread per tensor).

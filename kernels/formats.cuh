@@ -58,6 +58,20 @@ template <> struct MiniFloat<FMT_UE2M2> {
     static constexpr float MAX_FINITE = 7.0f;
 };
 
+// The codes the encoders store for NaN (one canonical code: NaN signs differ between CPU
+// and GPU; 0 for formats without NaN) and for +Inf (E5M2's Inf, else the largest finite
+// code: saturation), as minifloat.rs `encode`.
+template <int F> __host__ __device__ constexpr unsigned mf_nan_code() {
+    using T = MiniFloat<F>;
+    return T::SPECIALS == SPECIALS_NAN_ONLY ? T::NAN_CODE
+         : T::SPECIALS == SPECIALS_IEEE    ? (((1u << T::E) - 1) << T::M) | (1u << (T::M - 1))
+                                           : 0u;
+}
+template <int F> __host__ __device__ constexpr unsigned mf_inf_code() {
+    using T = MiniFloat<F>;
+    return T::SPECIALS == SPECIALS_IEEE ? ((1u << T::E) - 1) << T::M : T::MAX_CODE;
+}
+
 // Decode on the bits: a normal code's magnitude shifted into an FP32 exponent/fraction
 // (rebias by 127 - BIAS) is its exact value; a subnormal code f is decoded as the normal
 // code (1, f) minus 2^EMIN (exact: Sterbenz). Same values as minifloat.rs `decode`.
@@ -81,10 +95,11 @@ template <int F> __device__ __forceinline__ float mf_decode(unsigned code) {
 // without the sign) in FP32 and 64-bit integer arithmetic: y = |x| / 2^(EMIN - M) (the
 // value in grid steps) is exact and below 2^M. Nearest: rint(y) (ties to even). Stochastic:
 // floor(y + hi * 2^-32), exactly (floor(y * 2^32) + hi) >> 32 (y * 2^32 < 2^(M + 32) is an
-// exact FP32 value; one multiplication by 2^(32 + M - EMIN)). This is the CPU's q: it rounds up when the dropped remainder plus the top
-// D random bits carries (or, past 32 dropped bits, the 64-bit form), and with random bits
-// whose low 32 are zero (element_bits<32>, the only kind any caller passes) both say
-// "frac(y) + hi * 2^-32 >= 1". q <= 2^M: at most the smallest normal code.
+// exact FP32 value; one multiplication by 2^(32 + M - EMIN)). This is the CPU's q: it rounds
+// up when the dropped remainder plus the top D random bits carries (or, past 32 dropped
+// bits, the 64-bit form), and with random bits whose low 32 are zero (element_bits<32>, the
+// only kind any caller passes) both say "frac(y) + hi * 2^-32 >= 1". q <= 2^M: at most the
+// smallest normal code.
 template <int F> __device__ __forceinline__ unsigned mf_subnormal(unsigned a, int rounding, unsigned hi) {
     using T = MiniFloat<F>;
     constexpr int EMIN = 1 - T::BIAS;
@@ -101,12 +116,8 @@ template <int F> __device__ __forceinline__ unsigned mf_subnormal(unsigned a, in
 template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int rounding, uint64_t rand) {
     using T = MiniFloat<F>;
     constexpr unsigned SIGN = 1u << (T::E + T::M);
-    constexpr unsigned ALL_ONES = (1u << T::E) - 1;
     constexpr int EMIN = 1 - T::BIAS;
     constexpr unsigned DROP = 23 - T::M;
-    constexpr unsigned NAN_CODE = T::SPECIALS == SPECIALS_NAN_ONLY ? T::NAN_CODE
-                                : T::SPECIALS == SPECIALS_IEEE    ? (ALL_ONES << T::M) | (1u << (T::M - 1))
-                                                                  : 0u;  // canonical: NaN signs differ CPU/GPU
     const unsigned bits = __float_as_uint(x);
     const unsigned sign = (T::SIGNED && (bits >> 31)) ? SIGN : 0u;
     const unsigned a = bits & 0x7FFFFFFFu;
@@ -123,9 +134,9 @@ template <int F> __device__ __forceinline__ unsigned mf_encode(float x, int roun
     }
     // special values, as the reference: NaN -> the canonical NaN code (or 0), negative -> 0
     // when unsigned, Inf -> E5M2's Inf (the other formats saturated above, as they should)
-    if (T::SPECIALS == SPECIALS_IEEE && a == 0x7F800000u) code = (ALL_ONES << T::M) | sign;
+    if (T::SPECIALS == SPECIALS_IEEE && a == 0x7F800000u) code = mf_inf_code<F>() | sign;
     if (!T::SIGNED && (bits >> 31)) code = 0;
-    if (a > 0x7F800000u) code = NAN_CODE;
+    if (a > 0x7F800000u) code = mf_nan_code<F>();
     return code;
 }
 
@@ -169,8 +180,8 @@ template <int F> __device__ __forceinline__ unsigned fp8_encode_rn_hw(float x) {
     else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(x));
     unsigned code = d & 0xFFu;
     if ((code & 0x7Fu) == 0) code = 0;
-    if (isnan(x)) code = T::SPECIALS == SPECIALS_NAN_ONLY ? T::NAN_CODE : (((1u << T::E) - 1) << T::M) | (1u << (T::M - 1));
-    if (T::SPECIALS == SPECIALS_IEEE && isinf(x)) code = (((1u << T::E) - 1) << T::M) | (x < 0.0f ? 0x80u : 0u);
+    if (isnan(x)) code = mf_nan_code<F>();
+    if (T::SPECIALS == SPECIALS_IEEE && isinf(x)) code = mf_inf_code<F>() | (x < 0.0f ? 0x80u : 0u);
     return code;
 #endif
 }

@@ -5,9 +5,9 @@
 //! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
 //! results are bit-identical) for every tensor, packed into the parameters of one kernel
 //! launch per [`MAX_TENSORS`] tensors of a weight dtype (multi-tensor apply: one launch per
-//! weight dtype for every LLaMA preset; three for per-tensor scaling: amax, step, scales); stall counters added on the device into a ring of
-//! [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation in
-//! the step itself).
+//! weight dtype for every LLaMA preset; three for per-tensor scaling: amax, step, scales);
+//! stall counters added on the device into a ring of [`COUNTER_RING`] step slots that the
+//! host reads when it wants (no synchronisation in the step itself).
 
 use crate::adamw::{Roundings, StepKeys, StepScalars};
 use crate::format::{int8, Rounding, StateFormat};
@@ -52,7 +52,7 @@ pub const MAX_TENSORS: usize = 256;
 
 /// Launch-wide kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct StepArgs {
     segments: u64,
     grad_scale: f32,
@@ -252,41 +252,41 @@ impl CudaAdamW {
         };
         let r: Roundings = self.host.roundings();
         let zero = |signed| int8::dynamic_map(signed).zero_index() as u32;
+        // the launch-wide scalars (every tensor's but its decay, which depends on weight decay)
+        let h: StepScalars = self.host.scalars(step, lr, grad_scale, false);
+        let launch_args = StepArgs {
+            segments: 0,
+            grad_scale: h.grad_scale,
+            lr: h.lr,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            one_minus_beta1: h.one_minus_beta1,
+            one_minus_beta2: h.one_minus_beta2,
+            eps: h.eps,
+            inv_bias_correction1: h.inv_bias_correction1,
+            inv_bias_correction2: h.inv_bias_correction2,
+            block: spec.block_size as u32,
+            reset_m: h.reset_m as i32,
+            reset_v: h.reset_v as i32,
+            round_m: round_id(r.m),
+            round_v: round_id(r.v),
+            round_w: round_id(r.w),
+            zero_m: zero(true),
+            zero_v: zero(false),
+            count: 0,
+        };
+        let decay = |weight_decay: bool| self.host.scalars(step, lr, grad_scale, weight_decay).decay;
+        let (decay_off, decay_on) = (decay(false), decay(true));
+        // (weight dtype, tensor) in optimizer order
         let mut tensors = Vec::with_capacity(count);
-        let mut dtypes = Vec::with_capacity(count);
-        let mut first = StepArgs::default();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let info = &self.host.tensors[i].info;
             if g.dtype() != DType::F32 || g.elem_count() != info.len || p.elem_count() != info.len {
                 candle_core::bail!("{}: parameter and F32 gradient must have {} elements", info.name, info.len);
             }
-            let h: StepScalars = self.host.scalars(step, lr, grad_scale, info.weight_decay);
             let k: StepKeys = self.host.keys(step, i);
-            if i == 0 {
-                first = StepArgs {
-                    segments: 0,
-                    grad_scale: h.grad_scale,
-                    lr: h.lr,
-                    beta1: h.beta1,
-                    beta2: h.beta2,
-                    one_minus_beta1: h.one_minus_beta1,
-                    one_minus_beta2: h.one_minus_beta2,
-                    eps: h.eps,
-                    inv_bias_correction1: h.inv_bias_correction1,
-                    inv_bias_correction2: h.inv_bias_correction2,
-                    block: spec.block_size as u32,
-                    reset_m: h.reset_m as i32,
-                    reset_v: h.reset_v as i32,
-                    round_m: round_id(r.m),
-                    round_v: round_id(r.v),
-                    round_w: round_id(r.w),
-                    zero_m: zero(true),
-                    zero_v: zero(false),
-                    count: 0,
-                };
-            }
             let a = &self.states[i].addr;
-            tensors.push(TensorArgs {
+            tensors.push((p.dtype(), TensorArgs {
                 p: address(p, &self.stream, &info.name)?,
                 g: address(g, &self.stream, &info.name)?,
                 mc: a[0],
@@ -298,19 +298,18 @@ impl CudaAdamW {
                 key_v: k.v,
                 key_w: k.w,
                 first_segment: 0,
-                decay: h.decay,
+                decay: if info.weight_decay { decay_on } else { decay_off },
                 index: i as u32,
-            });
-            dtypes.push(p.dtype());
+            }));
         }
         if per_tensor {
             self.stream.memset_zeros(&mut self.amax).map_err(err)?;
         }
         // one group of launches per weight dtype, MAX_TENSORS tensors per launch
         for dtype in [DType::F32, DType::BF16] {
-            let group: Vec<TensorArgs> = tensors.iter().zip(&dtypes).filter(|(_, d)| **d == dtype).map(|(t, _)| *t).collect();
+            let group: Vec<TensorArgs> = tensors.iter().filter(|(d, _)| *d == dtype).map(|(_, t)| *t).collect();
             for chunk in group.chunks(MAX_TENSORS) {
-                let mut args = LaunchArgs { s: first, t: [TensorArgs::default(); MAX_TENSORS] };
+                let mut args = LaunchArgs { s: launch_args, t: [TensorArgs::default(); MAX_TENSORS] };
                 let mut segments = 0u64;
                 for (slot, t) in args.t.iter_mut().zip(chunk) {
                     *slot = TensorArgs { first_segment: segments, ..*t };

@@ -14,8 +14,8 @@
 //! Stochastic rounding needs 16 random bits per BF16 element (the DESIGN's "uniform 16-bit
 //! integer") and 32 suffice for FP8/FP4/int8 (at most 22 dropped bits for normal results,
 //! 24 for int8; subnormal results below 2^-32 of a grid step then round down: a bias of at
-//! most 2^-32 of a step), so one 64-bit draw serves several consecutive elements: [`element_bits`] gives
-//! element `i` the slice `i % (64 / width)` of draw `i / (64 / width)`. This makes the
+//! most 2^-32 of a step), so one 64-bit draw serves several consecutive elements:
+//! [`element_bits`] gives element `i` the slice `i % (64 / width)` of draw `i / (64 / width)`. This makes the
 //! random numbers 4x (BF16) or 2x (the others) cheaper, which is what lets the fused GPU
 //! step round stochastically at the speed of round-to-nearest.
 

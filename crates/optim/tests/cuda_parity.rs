@@ -4,9 +4,9 @@
 //!
 //! For every state format (as m and as v) x rounding x weight dtype x block size (128 and 64:
 //! moments kept in registers; 256: two passes; per tensor), starting from random non-zero
-//! states, three steps on 48 tensors (more than one launch takes) of odd sizes (not a
-//! multiple of the block) with edge-value gradients (zeros, subnormals, huge, +-Inf, NaN) and a reset at
-//! step 3: weights, codes, scales and stall counts must be identical. NaN is compared as
+//! states, three steps on 265 tensors (more than one launch takes) of odd sizes (not a
+//! multiple of the block) with edge-value gradients (zeros, subnormals, huge, +-Inf, NaN) and
+//! a reset at step 3: weights, codes, scales and stall counts must be identical. NaN is compared as
 //! NaN (IEEE leaves NaN payloads to the hardware; the encoders store one canonical NaN).
 #![cfg(feature = "cuda")]
 

@@ -31,6 +31,8 @@ pub const SUB_BITS: u32 = 6;
 /// Buckets per sign. `INT8_OCTAVES` / `INT8_SUB_BITS` of `kernels/formats.cuh` must agree
 /// (`cuda_parity` fails otherwise).
 pub const BUCKETS: usize = (OCTAVES as usize) << SUB_BITS;
+/// FP32 bits of 2^-OCTAVES: bucket i > 0 starts at these bits plus i bucket widths.
+const LOWEST_BITS: u32 = (127 - OCTAVES) << 23;
 /// Most upward steps the bucket search takes on either map (`bucket_search_matches_binary_search`).
 pub const MAX_STEPS: usize = 2;
 
@@ -61,8 +63,7 @@ pub fn dynamic_map(signed: bool) -> &'static DynamicMap {
 /// Bucket of `n` (not NaN, `|n| < 1`): the index into [`DynamicMap::bucket_starts`].
 #[inline(always)]
 pub fn bucket(n: f32) -> usize {
-    let lowest = (127 - OCTAVES) << 23;
-    let i = ((n.abs().to_bits().saturating_sub(lowest)) >> (23 - SUB_BITS)) as usize;
+    let i = ((n.abs().to_bits().saturating_sub(LOWEST_BITS)) >> (23 - SUB_BITS)) as usize;
     i.min(BUCKETS - 1) + if n < 0.0 { BUCKETS } else { 0 }
 }
 
@@ -71,7 +72,7 @@ fn bucket_floor(i: usize) -> f32 {
     if i == 0 {
         0.0
     } else {
-        f32::from_bits(((127 - OCTAVES) << 23) + ((i as u32) << (23 - SUB_BITS)))
+        f32::from_bits(LOWEST_BITS + ((i as u32) << (23 - SUB_BITS)))
     }
 }
 
