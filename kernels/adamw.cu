@@ -202,13 +202,13 @@ template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
     else return pow2(pow2_scale_exp(amax, MiniFloat<F>::MAX_FINITE));
 }
 
-// Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`); `inv` is
-// 1 / scale for FP8/FP4 (scale = 2^k: multiplying by 2^-k is exact).
-template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, float inv, int rounding, uint64_t rand,
+// Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`): `inv` is
+// inverse_scale of the block's new scale.
+template <int F> __device__ __forceinline__ unsigned encode(float x, float inv, int rounding, uint64_t rand,
                                                           Int8Map map, unsigned zero) {
     if constexpr (F == FMT_F32) return __float_as_uint(x);
     else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
-    else if constexpr (F == FMT_INT8) return int8_encode(map, __fdiv_rn(x, scale), rounding, rand, zero);
+    else if constexpr (F == FMT_INT8) return int8_encode(map, __fmul_rn(x, inv), rounding, rand, zero);
     else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
         // nearest: the hardware converter (bit-identical to mf_encode's nearest)
         if (rounding == ROUND_NEAREST) return fp8_encode_rn_hw<F>(__fmul_rn(x, inv));
@@ -216,8 +216,11 @@ template <int F> __device__ __forceinline__ unsigned encode(float x, float scale
     } else return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
 }
 
+// 1 / scale: 2^-k for FP8/FP4 (scale = 2^k, so multiplying by it is exact), 1 / absmax for
+// int8 (rounded once per block, as adamw.rs `encode_block`).
 template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
-    if constexpr (Codes<F>::SCALED && F != FMT_INT8) return pow2(-floor_log2(scale));
+    if constexpr (F == FMT_INT8) return __fdiv_rn(1.0f, scale);
+    else if constexpr (Codes<F>::SCALED) return pow2(-floor_log2(scale));
     else return 1.0f;
 }
 
@@ -386,8 +389,8 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
-            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
-            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
+            mn[j] = encode<MF>(q.m[j], inv_m, round_m, rm[j], map_m, a.zero_m);
+            vn[j] = encode<VF>(q.v[j], inv_v, round_v, rv[j], map_v, a.zero_v);
             const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
             cnt[0] += mch;
             cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);
@@ -558,10 +561,13 @@ template <bool SR, bool BLOCKS, typename P, int MF, int VF>
 __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* amax_pre, unsigned long long* counters,
                                            const float* maps, const uint8_t* buckets) {
     // int8: both maps and their bucket tables in shared memory
-    __shared__ float values[2][256];
+    __shared__ float values[2][256 + INT8_PAD];
     __shared__ unsigned starts[2][INT8_BUCKETS / 2];  // 2 x INT8_BUCKETS bytes each
     if (MF == FMT_INT8 || VF == FMT_INT8) {
-        for (int i = threadIdx.x; i < 2 * 256; i += blockDim.x) values[i / 256][i % 256] = maps[i];
+        for (int i = threadIdx.x; i < 2 * (256 + INT8_PAD); i += blockDim.x) {
+            const int j = i % (256 + INT8_PAD);
+            values[i / (256 + INT8_PAD)][j] = j < 256 ? maps[i / (256 + INT8_PAD) * 256 + j] : F32_INF;
+        }
         for (int i = threadIdx.x; i < INT8_BUCKETS; i += blockDim.x)
             starts[i / (INT8_BUCKETS / 2)][i % (INT8_BUCKETS / 2)] = ((const unsigned*)buckets)[i];
         __syncthreads();

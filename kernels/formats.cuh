@@ -210,7 +210,10 @@ __device__ __forceinline__ int pow2_scale_exp(float amax, float max_finite) {
 #define INT8_SUB_BITS 6
 #define INT8_BUCKETS (INT8_OCTAVES << INT8_SUB_BITS)
 
-// A map's 256 sorted values and its 2 x INT8_BUCKETS bucket starts (n >= 0, then n < 0).
+// A map's sorted values (256, then INT8_PAD entries of +Inf: the search reads up to 3 past a
+// bucket start, which is at most 254) and its 2 x INT8_BUCKETS bucket starts (n >= 0, then
+// n < 0).
+#define INT8_PAD 2
 struct Int8Map {
     const float* t;
     const uint8_t* starts;
@@ -224,24 +227,27 @@ __device__ __forceinline__ unsigned int8_bucket(float n) {
     return i + (n < 0.0f ? INT8_BUCKETS : 0u);
 }
 
+// int8.rs `DynamicMap::encode` of n = x * (1 / absmax), without branches: the bucket start
+// lo0 and its two upward steps (int8.rs MAX_STEPS = 2) give lo with t[lo] <= n < t[lo + 1]
+// and the neighbours a = t[lo], b = t[lo + 1] from three table reads. Out-of-range n need no
+// test below the map (n <= t[0]: lo = 0 and neither rounding moves up, -Inf included); n >= 1
+// (= t[255] of both maps, +Inf included) gives 255 and NaN the index of zero, by selects.
 __device__ __forceinline__ unsigned int8_encode(Int8Map map, float n, int rounding, uint64_t rand,
                                                 unsigned zero_index) {
     const float* t = map.t;
-    if (isnan(n)) return zero_index;
-    if (n <= t[0]) return 0;
-    if (n >= t[255]) return 255;
-    unsigned lo = map.starts[int8_bucket(n)];  // t[lo] <= n < t[255]: the loop ends
-    while (t[lo + 1] <= n) lo++;
-    const unsigned hi = lo + 1;
-    float a = t[lo], b = t[hi];
-    if (n == a) return lo;
+    const unsigned lo0 = map.starts[int8_bucket(n)];
+    const float t1 = t[lo0 + 1], t2 = t[lo0 + 2];
+    const bool s1 = t1 <= n, s2 = t2 <= n;  // s2 implies s1 (t is sorted)
+    const float edge = t[s2 ? lo0 + 3 : lo0];
+    const float a = s2 ? t2 : (s1 ? t1 : edge), b = s2 ? edge : (s1 ? t2 : t1);
+    const unsigned lo = lo0 + s1 + s2;
     bool up;
     if (rounding == ROUND_NEAREST) {
-        float dl = __fsub_rn(n, a), du = __fsub_rn(b, n);
-        up = du < dl || (du == dl && hi % 2 == 0);
+        const float dl = __fsub_rn(n, a), du = __fsub_rn(b, n);
+        up = du < dl || (du == dl && lo % 2 == 1);  // ties to the even index lo + 1
     } else {
-        float frac = __fdiv_rn(__fsub_rn(n, a), __fsub_rn(b, a));
-        up = __fmul_rn((float)(rand >> 40), 1.0f / 16777216.0f) < frac;
+        up = __fmul_rn(__fmul_rn((float)(rand >> 40), 1.0f / 16777216.0f), __fsub_rn(b, a)) < __fsub_rn(n, a);
     }
-    return up ? hi : lo;
+    const unsigned code = n >= 1.0f ? 255u : lo + up;
+    return isnan(n) ? zero_index : code;
 }

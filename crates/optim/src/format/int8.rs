@@ -3,15 +3,17 @@
 //!
 //! Each block of B elements stores `absmax` (FP32) and one byte per element: the index of
 //! the nearest value of a fixed 256-entry *dynamic tree* map over [-1, 1] (signed, for m) or
-//! [0, 1] (unsigned, for v) to `x / absmax`. The map has 7 decades (10^-6 .. 1) with a growing
+//! [0, 1] (unsigned, for v) to `n = x * (1 / absmax)` (the reciprocal once per block, then one
+//! multiplication per element, as bitsandbytes' `kQuantizeBlockwise`). The map has 7 decades (10^-6 .. 1) with a growing
 //! number of linear fraction steps per decade, plus 0 and 1. The grid is not relative to the
 //! value, so the closed-form stall theory (which assumes a constant eps) does not apply.
 //!
 //! Rounding: the neighbours `t[i] <= n < t[i+1]` are found through a bucket table (below);
-//! nearest picks the closer one (ties to the even index); stochastic picks `t[i+1]` with
-//! probability `(n - t[i]) / (t[i+1] - t[i])` using 24 random bits. All FP32 operations are
-//! single correctly-rounded IEEE operations, so the CUDA port (which receives these same
-//! tables) is bit-identical.
+//! nearest picks the closer one (ties to the even index); stochastic picks `t[i+1]` when
+//! `u * (t[i+1] - t[i]) < n - t[i]` for `u` uniform on the 24-bit grid of [0, 1) (probability
+//! `(n - t[i]) / (t[i+1] - t[i])` up to FP32 rounding of the two sides, without a division).
+//! A value on the map (`n = t[i]`) stays. All FP32 operations are single correctly-rounded
+//! IEEE operations, so the CUDA port (which receives these same tables) is bit-identical.
 //!
 //! Bucket table: `|n|` in [2^-[`OCTAVES`], 1) is cut into [`BUCKETS`] buckets,
 //! 2^[`SUB_BITS`] per octave, indexed by the FP32 bits of `|n|` (exponent and top fraction
@@ -114,7 +116,9 @@ impl DynamicMap {
         lo
     }
 
-    /// Encode `n = x / absmax` (in the map's range) to a map index.
+    /// Encode `n = x * (1 / absmax)` to a map index: NaN -> the index of 0, at or beyond
+    /// the ends -> 0 or 255, else `i` or `i + 1` for `t[i] <= n < t[i+1]` (see the module
+    /// docs; the top 24 of `rand`'s 64 bits drive stochastic rounding).
     #[inline]
     pub fn encode(&self, n: f32, rounding: Rounding, rand: u64) -> u8 {
         let t = &self.values;
@@ -130,18 +134,13 @@ impl DynamicMap {
         let lo = self.lower_index(n);
         let hi = lo + 1;
         let (a, b) = (t[lo], t[hi]);
-        if n == a {
-            return lo as u8;
-        }
+        // n == a: dl = 0 < du (nearest), n - a = 0 (stochastic): lo
         let up = match rounding {
             Rounding::Nearest => {
                 let (dl, du) = (n - a, b - n);
                 du < dl || (du == dl && hi % 2 == 0)
             }
-            Rounding::Stochastic => {
-                let frac = (n - a) / (b - a);
-                ((rand >> 40) as f32) * (1.0 / 16_777_216.0) < frac
-            }
+            Rounding::Stochastic => ((rand >> 40) as f32) * (1.0 / 16_777_216.0) * (b - a) < n - a,
         };
         if up {
             hi as u8
