@@ -219,7 +219,7 @@ template <int F> __device__ __forceinline__ unsigned encode(float x, float inv, 
 // 1 / scale: 2^-k for FP8/FP4 (scale = 2^k, so multiplying by it is exact), 1 / absmax for
 // int8 (rounded once per block, as adamw.rs `encode_block`).
 template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
-    if constexpr (F == FMT_INT8) return __fdiv_rn(1.0f, scale);
+    if constexpr (F == FMT_INT8) return __frcp_rn(scale);
     else if constexpr (Codes<F>::SCALED) return pow2(-floor_log2(scale));
     else return 1.0f;
 }

@@ -234,11 +234,11 @@ __device__ __forceinline__ unsigned int8_bucket(float n) {
 // (= t[255] of both maps, +Inf included) gives 255 and NaN the index of zero, by selects.
 __device__ __forceinline__ unsigned int8_encode(Int8Map map, float n, int rounding, uint64_t rand,
                                                 unsigned zero_index) {
-    const float* t = map.t;
     const unsigned lo0 = map.starts[int8_bucket(n)];
-    const float t1 = t[lo0 + 1], t2 = t[lo0 + 2];
-    const bool s1 = t1 <= n, s2 = t2 <= n;  // s2 implies s1 (t is sorted)
-    const float edge = t[s2 ? lo0 + 3 : lo0];
+    const float* t = map.t + lo0;  // (t[1], t[2], t[3]: immediate offsets of one address)
+    const float t1 = t[1], t2 = t[2];
+    const bool s1 = t1 <= n, s2 = t2 <= n;  // s2 implies s1 (the map is sorted)
+    const float edge = t[s2 ? 3 : 0];
     const float a = s2 ? t2 : (s1 ? t1 : edge), b = s2 ? edge : (s1 ? t2 : t1);
     const unsigned lo = lo0 + s1 + s2;
     bool up;
