@@ -229,17 +229,17 @@ __device__ __forceinline__ unsigned int8_bucket(float n) {
 
 // int8.rs `DynamicMap::encode` of n = x * (1 / absmax), without branches: the bucket start
 // lo0 and its two upward steps (int8.rs MAX_STEPS = 2) give lo with t[lo] <= n < t[lo + 1]
-// and the neighbours a = t[lo], b = t[lo + 1] from three table reads. Out-of-range n need no
+// and the neighbours a = t[lo], b = t[lo + 1] from four independent table reads (t[lo0 + 3]
+// read up front, not after the compare: 3% faster on the H200). Out-of-range n need no
 // test below the map (n <= t[0]: lo = 0 and neither rounding moves up, -Inf included); n >= 1
 // (= t[255] of both maps, +Inf included) gives 255 and NaN the index of zero, by selects.
 __device__ __forceinline__ unsigned int8_encode(Int8Map map, float n, int rounding, uint64_t rand,
                                                 unsigned zero_index) {
     const unsigned lo0 = map.starts[int8_bucket(n)];
-    const float* t = map.t + lo0;  // (t[1], t[2], t[3]: immediate offsets of one address)
-    const float t1 = t[1], t2 = t[2];
+    const float* t = map.t + lo0;  // (t[0..3]: immediate offsets of one address)
+    const float t0 = t[0], t1 = t[1], t2 = t[2], t3 = t[3];
     const bool s1 = t1 <= n, s2 = t2 <= n;  // s2 implies s1 (the map is sorted)
-    const float edge = t[s2 ? 3 : 0];
-    const float a = s2 ? t2 : (s1 ? t1 : edge), b = s2 ? edge : (s1 ? t2 : t1);
+    const float a = s2 ? t2 : (s1 ? t1 : t0), b = s2 ? t3 : (s1 ? t2 : t1);
     const unsigned lo = lo0 + s1 + s2;
     bool up;
     if (rounding == ROUND_NEAREST) {

@@ -1,9 +1,11 @@
 //! `train bench optimizer` (CUDA builds): speed of the fused optimizer step on the parameter
 //! shapes of a model preset, from one run on one GPU:
-//! * device copy bandwidth (the driver's device-to-device copy of 1 GiB: bytes read + written / s);
+//! * device copy bandwidth (the driver's device-to-device copy of 1 GiB: bytes read + written / s,
+//!   after a warm-up);
 //! * per state format x rounding: step time over all tensors (median of 7 windows of
-//!   `--iters` steps), effective GB/s (bytes the step must move: weights read+write, FP32
-//!   gradient read, m and v codes read+write, scales) and its fraction of copy bandwidth;
+//!   `--iters` steps; a format's nearest and stochastic windows alternate), effective GB/s
+//!   (bytes the step must move: weights read+write, FP32 gradient read, m and v codes
+//!   read+write, scales) and its fraction of copy bandwidth;
 //! * stochastic / nearest time ratio per format.
 //!
 //! PyTorch's fused AdamW on the same shapes is timed by `scripts/bench_torch_adamw.py`;
@@ -40,20 +42,28 @@ fn sync(dev: &Device) -> Result<()> {
 }
 
 /// Device copy bandwidth in GB/s (read + write bytes per second): `cuMemcpyDtoDAsync` of a
-/// 1 GiB buffer, the driver's own copy.
+/// 1 GiB buffer, the driver's own copy; the median of REPEATS windows of `iters` copies after
+/// ~0.1 s of copies that bring the clocks up (a GPU fresh from idle copied 25% slower).
 fn copy_bandwidth(dev: &CudaDevice, iters: usize) -> Result<f64> {
     let stream = dev.cuda_stream();
     let n = 1usize << 30;
     let src = stream.alloc_zeros::<u8>(n)?;
     let mut dst = stream.alloc_zeros::<u8>(n)?;
-    stream.memcpy_dtod(&src, &mut dst)?;
-    stream.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..iters {
+    for _ in 0..200 {
         stream.memcpy_dtod(&src, &mut dst)?;
     }
     stream.synchronize()?;
-    Ok(2.0 * n as f64 * iters as f64 / t.elapsed().as_secs_f64() / 1e9)
+    let mut windows = Vec::with_capacity(REPEATS);
+    for _ in 0..REPEATS {
+        let t = Instant::now();
+        for _ in 0..iters {
+            stream.memcpy_dtod(&src, &mut dst)?;
+        }
+        stream.synchronize()?;
+        windows.push(2.0 * n as f64 * iters as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    windows.sort_by(f64::total_cmp);
+    Ok(windows[REPEATS / 2])
 }
 
 /// Bytes one step must move for `n` elements: weights and codes (+ scales) read and
@@ -98,7 +108,11 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
             .map(|s| Tensor::randn(0f32, 0.02, s.shape.as_slice(), &dev).and_then(|t| t.to_dtype(weights)))
             .collect::<candle_core::Result<_>>()?;
         for (m, v, block) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
-            for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+            // one optimizer per rounding, their windows interleaved (nearest, SR, nearest, ...)
+            // so that clock or thermal drift during the run moves both medians alike
+            let roundings = [Rounding::Nearest, Rounding::Stochastic];
+            let mut opts = Vec::with_capacity(roundings.len());
+            for rounding in roundings {
                 let states = StatesConfig {
                     m_format: m.into(),
                     v_format: v.into(),
@@ -115,24 +129,27 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     .collect();
                 let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
                 let mut opt = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), &cuda)?;
-                let mut step = |s: u64| -> Result<()> { Ok(opt.step(s, 1e-4, 1.0, &params, &grads)?) };
                 for s in 1..=3 {
-                    step(s)?;
+                    opt.step(s, 1e-4, 1.0, &params, &grads)?;
                 }
-                // median over REPEATS windows of `iters` steps (one window is ~10 ms: the
-                // spread between windows is a few percent)
-                let mut windows = Vec::with_capacity(REPEATS);
-                let mut s = 4u64;
-                for _ in 0..REPEATS {
+                opts.push((rounding, spec, opt, Vec::with_capacity(REPEATS)));
+            }
+            // median over REPEATS windows of `iters` steps (one window is ~10 ms: the spread
+            // between windows is a few percent)
+            let mut s = 4u64;
+            for _ in 0..REPEATS {
+                for (_, _, opt, windows) in opts.iter_mut() {
                     sync(&dev)?;
                     let t = Instant::now();
                     for _ in 0..iters {
-                        step(s)?;
+                        opt.step(s, 1e-4, 1.0, &params, &grads)?;
                         s += 1;
                     }
                     sync(&dev)?;
                     windows.push(t.elapsed().as_secs_f64() / iters as f64);
                 }
+            }
+            for (rounding, spec, _, mut windows) in opts {
                 windows.sort_by(f64::total_cmp);
                 let secs = windows[REPEATS / 2];
                 let wb = if weights == DType::F32 { 4 } else { 2 };
