@@ -203,12 +203,12 @@ template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
 }
 
 // Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`): `inv` is
-// inverse_scale of the block's new scale.
-template <int F> __device__ __forceinline__ unsigned encode(float x, float inv, int rounding, uint64_t rand,
+// inverse_scale of the block's new scale (int8: n = (x * int8_pre(scale)) * inv).
+template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, float inv, int rounding, uint64_t rand,
                                                           Int8Map map, unsigned zero) {
     if constexpr (F == FMT_F32) return __float_as_uint(x);
     else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
-    else if constexpr (F == FMT_INT8) return int8_encode(map, __fmul_rn(x, inv), rounding, rand, zero);
+    else if constexpr (F == FMT_INT8) return int8_encode(map, __fmul_rn(__fmul_rn(x, int8_pre(scale)), inv), rounding, rand, zero);
     else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
         // nearest: the hardware converter (bit-identical to mf_encode's nearest)
         if (rounding == ROUND_NEAREST) return fp8_encode_rn_hw<F>(__fmul_rn(x, inv));
@@ -216,10 +216,11 @@ template <int F> __device__ __forceinline__ unsigned encode(float x, float inv, 
     } else return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
 }
 
-// 1 / scale: 2^-k for FP8/FP4 (scale = 2^k, so multiplying by it is exact), 1 / absmax for
-// int8 (rounded once per block, as adamw.rs `encode_block`).
+// 1 / scale: 2^-k for FP8/FP4 (scale = 2^k, so multiplying by it is exact), for int8
+// 1 / (absmax * int8_pre(absmax)) (int8.rs `normalizer`; the same rounded quotient for every
+// element of a block).
 template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
-    if constexpr (F == FMT_INT8) return __frcp_rn(scale);
+    if constexpr (F == FMT_INT8) return __frcp_rn(__fmul_rn(scale, int8_pre(scale)));
     else if constexpr (Codes<F>::SCALED) return pow2(-floor_log2(scale));
     else return 1.0f;
 }
@@ -389,8 +390,8 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
-            mn[j] = encode<MF>(q.m[j], inv_m, round_m, rm[j], map_m, a.zero_m);
-            vn[j] = encode<VF>(q.v[j], inv_v, round_v, rv[j], map_v, a.zero_v);
+            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
+            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
             const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
             cnt[0] += mch;
             cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);

@@ -219,7 +219,12 @@ struct Int8Map {
     const uint8_t* starts;
 };
 
-// int8.rs `bucket`: n not NaN, |n| < 1.
+// int8.rs `normalizer`: a block's pre-scale (n = (x * pre) * inv, inv = 1 / (absmax * pre)):
+// 2^64 below absmax 2^-100, where 1 / absmax could overflow, else 1.
+__device__ __forceinline__ float int8_pre(float absmax) { return absmax < 0x1p-100f ? 0x1p64f : 1.0f; }
+
+// int8.rs `bucket` for |n| < 1; NaN and |n| >= 1 land in the last bucket of their sign
+// (the clamp), which int8_encode's selects then override.
 __device__ __forceinline__ unsigned int8_bucket(float n) {
     constexpr unsigned LOWEST = (127u - INT8_OCTAVES) << 23;
     const unsigned a = __float_as_uint(n) & 0x7FFFFFFFu;

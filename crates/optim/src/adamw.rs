@@ -254,11 +254,11 @@ pub fn encode_block(
         None => {
             let table = int8::dynamic_map(signed);
             let absmax = if amax > 0.0 { amax } else { 1.0 };
-            let inv = 1.0 / absmax;
+            let (pre, inv) = int8::normalizer(absmax);
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = codes[j];
                 let old = table[old_code as usize] * old_scale;
-                let code = table.encode(xj * inv, rounding, element_bits(key, first + j as u64, 32));
+                let code = table.encode(xj * pre * inv, rounding, element_bits(key, first + j as u64, 32));
                 let new = table[code as usize] * absmax;
                 cnt.add(xj != old, new.to_bits() == old.to_bits());
                 codes[j] = code;

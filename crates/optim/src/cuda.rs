@@ -195,6 +195,9 @@ impl CudaAdamW {
         let counters = stream.alloc_zeros::<u64>(COUNTER_RING * host.tensors.len().max(1) * 6).map_err(err)?;
         let amax = stream.alloc_zeros::<u32>(2 * host.tensors.len().max(1)).map_err(err)?;
         let (signed, unsigned) = (int8::dynamic_map(true), int8::dynamic_map(false));
+        // the kernel's int8_encode takes MAX_STEPS = 2 steps and tests n >= 1 for the top code
+        const _: () = assert!(int8::MAX_STEPS == 2);
+        assert!(signed[255] == 1.0 && unsigned[255] == 1.0, "int8 maps must end at 1");
         let maps = stream.clone_htod(&[&signed.values()[..], unsigned.values()].concat()).map_err(err)?;
         let buckets = stream.clone_htod(&[signed.bucket_starts(), unsigned.bucket_starts()].concat()).map_err(err)?;
         let (mf, vf) = (host.spec.m_format.name(), host.spec.v_format.name());

@@ -137,3 +137,26 @@ fn bf16_weights_count_stalls() {
     assert_eq!(s.w.stalled, s.w.updated);
     assert!(w.iter().all(|&x| bf16::decode(x) == 1.0));
 }
+
+/// int8 blocks with a tiny absmax (below 2^-128 the plain reciprocal 1 / absmax overflows)
+/// are normalized like every other block (`int8::normalizer`): the largest element keeps
+/// code 255, smaller ones land next to their value, zeros stay zero (with an infinite
+/// reciprocal every nonzero element would saturate to an end of the map).
+#[test]
+fn int8_blocks_with_subnormal_absmax_keep_their_values() {
+    use lowbit_optim::adamw::encode_block;
+    use lowbit_optim::format::{int8, Rounding, StateFormat};
+    let t = int8::dynamic_map(true);
+    for absmax in [1e-39f32, f32::from_bits(3), 1e-30] {
+        let x = [absmax, -absmax / 2.0, 0.0, absmax / 4.0];
+        let (mut codes, mut scale) = ([0u8; 4], 1.0f32);
+        encode_block(StateFormat::Int8, true, &mut codes, &mut scale, &x, Rounding::Nearest, 0, 0);
+        assert_eq!(scale, absmax);
+        assert_eq!(codes[0], 255, "absmax {absmax:e}");
+        assert_eq!(codes[2], t.zero_index(), "absmax {absmax:e}");
+        for j in [1, 3] {
+            let back = t[codes[j] as usize] * absmax;
+            assert!((back - x[j]).abs() <= 0.02 * absmax, "absmax {absmax:e}: {} -> {back:e}", x[j]);
+        }
+    }
+}

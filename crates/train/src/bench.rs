@@ -108,8 +108,8 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
             .map(|s| Tensor::randn(0f32, 0.02, s.shape.as_slice(), &dev).and_then(|t| t.to_dtype(weights)))
             .collect::<candle_core::Result<_>>()?;
         for (m, v, block) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
-            // one optimizer per rounding, their windows interleaved (nearest, SR, nearest, ...)
-            // so that clock or thermal drift during the run moves both medians alike
+            // one optimizer per rounding (both states in memory at once), their windows
+            // interleaved so that clock or thermal drift during the run moves both medians alike
             let roundings = [Rounding::Nearest, Rounding::Stochastic];
             let mut opts = Vec::with_capacity(roundings.len());
             for rounding in roundings {
@@ -135,10 +135,12 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                 opts.push((rounding, spec, opt, Vec::with_capacity(REPEATS)));
             }
             // median over REPEATS windows of `iters` steps (one window is ~10 ms: the spread
-            // between windows is a few percent)
+            // between windows is a few percent), in the order N S S N N S ... so that a linear
+            // drift cancels; the step counter is shared (each optimizer sees gaps: harmless)
             let mut s = 4u64;
-            for _ in 0..REPEATS {
-                for (_, _, opt, windows) in opts.iter_mut() {
+            for r in 0..REPEATS {
+                for i in [r % 2, 1 - r % 2] {
+                    let (_, _, opt, windows) = &mut opts[i];
                     sync(&dev)?;
                     let t = Instant::now();
                     for _ in 0..iters {

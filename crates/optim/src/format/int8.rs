@@ -1,10 +1,13 @@
 //! Int8 block-wise dynamic quantization, as in 8-bit Adam (Dettmers et al., "8-bit
 //! Optimizers via Block-wise Quantization", ICLR 2022; bitsandbytes `create_dynamic_map`).
 //!
-//! Each block of B elements stores `absmax` (FP32) and one byte per element: the index of
-//! the nearest value of a fixed 256-entry *dynamic tree* map over [-1, 1] (signed, for m) or
-//! [0, 1] (unsigned, for v) to `n = x * (1 / absmax)` (the reciprocal once per block, then one
-//! multiplication per element, as bitsandbytes' `kQuantizeBlockwise`). The map has 7 decades (10^-6 .. 1) with a growing
+//! Each block of B elements stores `absmax` (FP32) and one byte per element: the index of a
+//! value of a fixed 256-entry *dynamic tree* map over [-1, 1] (signed, for m) or [0, 1]
+//! (unsigned, for v) next to `n = x * (1 / absmax)` (the reciprocal once per block, then one
+//! multiplication per element, as bitsandbytes' `kQuantizeBlockwise`; see [`normalizer`] for
+//! blocks with absmax below 2^-100, whose reciprocal could overflow). `absmax * (1 / absmax)`
+//! may be 1 - 2^-24, so stochastic rounding can store a block's largest element one map step
+//! low (probability ~1e-5 per block). The map has 7 decades (10^-6 .. 1) with a growing
 //! number of linear fraction steps per decade, plus 0 and 1. The grid is not relative to the
 //! value, so the closed-form stall theory (which assumes a constant eps) does not apply.
 //!
@@ -68,6 +71,21 @@ pub fn bucket(n: f32) -> usize {
     let i = ((n.abs().to_bits().saturating_sub(LOWEST_BITS)) >> (23 - SUB_BITS)) as usize;
     i.min(BUCKETS - 1) + if n < 0.0 { BUCKETS } else { 0 }
 }
+
+/// Multipliers `(pre, inv)` that normalize a block: `n = (x * pre) * inv` (two FP32
+/// multiplications, left to right). `pre = 1`, `inv = 1 / absmax` (the bitsandbytes form),
+/// except below `absmax = 2^-100`, where `1 / absmax` could overflow (from 2^-128 on):
+/// there `pre = 2^64` (exact on any `|x| <= absmax`) and `inv = 1 / (absmax * 2^64)`.
+/// `absmax` is positive and finite (1 for an all-zero block).
+#[inline]
+pub fn normalizer(absmax: f32) -> (f32, f32) {
+    let pre = if absmax < TINY_ABSMAX { f32::from_bits((127 + 64) << 23) } else { 1.0 };
+    (pre, 1.0 / (absmax * pre))
+}
+
+/// 2^-100: below this absmax, [`normalizer`] pre-scales by 2^64 (`int8_pre` in
+/// kernels/formats.cuh).
+pub const TINY_ABSMAX: f32 = f32::from_bits((127 - 100) << 23);
 
 /// Smallest `|n|` of bucket `i < BUCKETS` (0 for bucket 0, which also takes every smaller `|n|`).
 fn bucket_floor(i: usize) -> f32 {
