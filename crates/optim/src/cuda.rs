@@ -278,8 +278,7 @@ impl CudaAdamW {
             zero_v: zero(false),
             count: 0,
         };
-        let decay = |weight_decay: bool| self.host.scalars(step, lr, grad_scale, weight_decay).decay;
-        let (decay_off, decay_on) = (decay(false), decay(true));
+        let (decay_off, decay_on) = (h.decay, self.host.scalars(step, lr, grad_scale, true).decay);
         // (weight dtype, tensor) in optimizer order
         let mut tensors = Vec::with_capacity(count);
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {

@@ -62,8 +62,13 @@ fn copy_bandwidth(dev: &CudaDevice, iters: usize) -> Result<f64> {
         stream.synchronize()?;
         windows.push(2.0 * n as f64 * iters as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
+    Ok(median(windows))
+}
+
+/// Median of the REPEATS timed windows.
+fn median(mut windows: Vec<f64>) -> f64 {
     windows.sort_by(f64::total_cmp);
-    Ok(windows[REPEATS / 2])
+    windows[windows.len() / 2]
 }
 
 /// Bytes one step must move for `n` elements: weights and codes (+ scales) read and
@@ -151,9 +156,8 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     windows.push(t.elapsed().as_secs_f64() / iters as f64);
                 }
             }
-            for (rounding, spec, _, mut windows) in opts {
-                windows.sort_by(f64::total_cmp);
-                let secs = windows[REPEATS / 2];
+            for (rounding, spec, _, windows) in opts {
+                let secs = median(windows);
                 let wb = if weights == DType::F32 { 4 } else { 2 };
                 let bytes = bytes_moved(&spec, n, wb);
                 let gbs = bytes as f64 / secs / 1e9;

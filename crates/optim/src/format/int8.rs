@@ -134,7 +134,8 @@ impl DynamicMap {
         lo
     }
 
-    /// Encode `n = x * (1 / absmax)` to a map index: NaN -> the index of 0, at or beyond
+    /// Encode `n`, an element normalized by its block ([`normalizer`]), to a map index:
+    /// NaN -> the index of 0, at or beyond
     /// the ends -> 0 or 255, else `i` or `i + 1` for `t[i] <= n < t[i+1]` (see the module
     /// docs; the top 24 of `rand`'s 64 bits drive stochastic rounding).
     #[inline]
