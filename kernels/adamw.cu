@@ -387,11 +387,28 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     uint64_t rm[4], rv[4];
     quad_rand<SR, MF>(round_m, t.key_m, e, rm);
     quad_rand<SR, VF>(round_v, t.key_v, e, rv);
+    // The layout of the quad's encodes, each the fastest measured on the H200: FP4 states
+    // encode all four elements first, as straight-line code, then count (10% faster than
+    // inside the counting loop); int8 states encode all four inside the loop, without testing
+    // j < k; the others only the k in range, inside the loop (encoding first made FP32 and
+    // FP8 states 2-4% slower). Elements past k hold the moments of zero inputs and are never
+    // stored.
+    constexpr bool FP4 = MF == FMT_E2M1 || VF == FMT_UE2M2;
+    constexpr bool ALL4 = FP4 || MF == FMT_INT8 || VF == FMT_INT8;
+    if constexpr (FP4) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        if (j < k) {
+        for (int j = 0; j < 4; j++) {
             mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
             vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (!FP4 && (ALL4 || j < k)) {
+            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
+            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
+        }
+        if (j < k) {
             const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
             cnt[0] += mch;
             cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);
@@ -561,19 +578,24 @@ __device__ __forceinline__ void flush_counters(unsigned cnt[6], unsigned long lo
 template <bool SR, bool BLOCKS, typename P, int MF, int VF>
 __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* amax_pre, unsigned long long* counters,
                                            const float* maps, const uint8_t* buckets) {
-    // int8: both maps and their bucket tables in shared memory
-    __shared__ float values[2][256 + INT8_PAD];
+    // int8: both maps, their search windows and bucket tables in shared memory
+    __shared__ float values[2][256];
+    __shared__ float4 windows[2][256];
     __shared__ unsigned starts[2][INT8_BUCKETS / 2];  // 2 x INT8_BUCKETS bytes each
     if (MF == FMT_INT8 || VF == FMT_INT8) {
-        for (int i = threadIdx.x; i < 2 * (256 + INT8_PAD); i += blockDim.x) {
-            const int j = i % (256 + INT8_PAD);
-            values[i / (256 + INT8_PAD)][j] = j < 256 ? maps[i / (256 + INT8_PAD) * 256 + j] : F32_INF;
+        for (int i = threadIdx.x; i < 2 * 256; i += blockDim.x) {
+            const float* t = maps + i / 256 * 256;
+            const int j = i % 256;
+            const auto at = [&](int k) { return k < 256 ? t[k] : F32_INF; };
+            values[i / 256][j] = t[j];
+            windows[i / 256][j] = make_float4(t[j], at(j + 1), at(j + 2), at(j + 3));
         }
         for (int i = threadIdx.x; i < INT8_BUCKETS; i += blockDim.x)
             starts[i / (INT8_BUCKETS / 2)][i % (INT8_BUCKETS / 2)] = ((const unsigned*)buckets)[i];
         __syncthreads();
     }
-    const Int8Map map_m{values[0], (const uint8_t*)starts[0]}, map_v{values[1], (const uint8_t*)starts[1]};
+    const Int8Map map_m{values[0], windows[0], (const uint8_t*)starts[0]};
+    const Int8Map map_v{values[1], windows[1], (const uint8_t*)starts[1]};
     const StepArgs& a = L.s;
     unsigned long long s, last;
     if (!warp_run(a, s, last)) return;
@@ -632,7 +654,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
                 load_inputs<float, MF, VF, false>(a, t, 0, e, k, in);
-                moments<float, MF, VF>(a, in, Int8Map{maps, nullptr}, Int8Map{maps + 256, nullptr}, q);
+                moments<float, MF, VF>(a, in, Int8Map{maps, nullptr, nullptr}, Int8Map{maps + 256, nullptr, nullptr}, q);
                 quad_amax(q, k, am, av);
             }
         }

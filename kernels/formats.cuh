@@ -210,12 +210,13 @@ __device__ __forceinline__ int pow2_scale_exp(float amax, float max_finite) {
 #define INT8_SUB_BITS 6
 #define INT8_BUCKETS (INT8_OCTAVES << INT8_SUB_BITS)
 
-// A map's sorted values (256, then INT8_PAD entries of +Inf: the search reads up to 3 past a
-// bucket start, which is at most 254) and its 2 x INT8_BUCKETS bucket starts (n >= 0, then
+// A map's 256 sorted values t (decoding), its search windows w[i] = (t[i], t[i + 1],
+// t[i + 2], t[i + 3]) (t past 255 reads +Inf; the search reads the window of a bucket start,
+// at most 254, in one 128-bit access) and its 2 x INT8_BUCKETS bucket starts (n >= 0, then
 // n < 0).
-#define INT8_PAD 2
 struct Int8Map {
     const float* t;
+    const float4* w;
     const uint8_t* starts;
 };
 
@@ -234,15 +235,15 @@ __device__ __forceinline__ unsigned int8_bucket(float n) {
 
 // int8.rs `DynamicMap::encode` of n = x * (1 / absmax), without branches: the bucket start
 // lo0 and its two upward steps (int8.rs MAX_STEPS = 2) give lo with t[lo] <= n < t[lo + 1]
-// and the neighbours a = t[lo], b = t[lo + 1] from four independent table reads (t[lo0 + 3]
-// read up front, not after the compare: 3% faster on the H200). Out-of-range n need no
-// test below the map (n <= t[0]: lo = 0 and neither rounding moves up, -Inf included); n >= 1
-// (= t[255] of both maps, +Inf included) gives 255 and NaN the index of zero, by selects.
+// and the neighbours a = t[lo], b = t[lo + 1] from the window w[lo0] (one 128-bit
+// shared-memory read instead of four 32-bit ones). Out-of-range n need no test below the
+// map (n <= t[0]: lo = 0 and neither rounding moves up, -Inf included); n >= 1 (= t[255] of
+// both maps, +Inf included) gives 255 and NaN the index of zero, by selects.
 __device__ __forceinline__ unsigned int8_encode(Int8Map map, float n, int rounding, uint64_t rand,
                                                 unsigned zero_index) {
     const unsigned lo0 = map.starts[int8_bucket(n)];
-    const float* t = map.t + lo0;  // (t[0..3]: immediate offsets of one address)
-    const float t0 = t[0], t1 = t[1], t2 = t[2], t3 = t[3];
+    const float4 w = map.w[lo0];
+    const float t0 = w.x, t1 = w.y, t2 = w.z, t3 = w.w;
     const bool s1 = t1 <= n, s2 = t2 <= n;  // s2 implies s1 (the map is sorted)
     const float a = s2 ? t2 : (s1 ? t1 : t0), b = s2 ? t3 : (s1 ? t2 : t1);
     const unsigned lo = lo0 + s1 + s2;
