@@ -393,21 +393,18 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     // j < k; the others only the k in range, inside the loop (encoding first made FP32 and
     // FP8 states 2-4% slower). Elements past k hold the moments of zero inputs and are never
     // stored.
-    constexpr bool FP4 = MF == FMT_E2M1 || VF == FMT_UE2M2;
-    constexpr bool ALL4 = FP4 || MF == FMT_INT8 || VF == FMT_INT8;
+    constexpr bool FP4 = MF == FMT_E2M1 || VF == FMT_UE2M2, INT8 = MF == FMT_INT8 || VF == FMT_INT8;
+    const auto encode_pair = [&](int j) {
+        mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
+        vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
+    };
     if constexpr (FP4) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
-            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
-        }
+        for (int j = 0; j < 4; j++) encode_pair(j);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        if (!FP4 && (ALL4 || j < k)) {
-            mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
-            vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
-        }
+        if (!FP4 && (INT8 || j < k)) encode_pair(j);
         if (j < k) {
             const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
             cnt[0] += mch;
@@ -675,8 +672,9 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 // adamw_<weights>_<m>_<v>[_sr][_blocks]: _sr with stochastic rounding code (any write-back
 // stochastic), _blocks for scale blocks other than 128 elements. Thread blocks of 256 per SM
 // at once (occupancy beats spilling here, measured on the H200): 4 (at most 64 registers per
-// thread) for BF16 m and v and for int8 states (which spill, and still run ~10% faster than
-// with 3), 3 for the others (80 registers; 2 blocks without spills ran 15% slower).
+// thread) for BF16 m and v and for int8 states (which spill; with 3 blocks int8 ran no
+// faster with 128-blocks and 12% slower with 2048-blocks, with 5 and 6 blocks 15% and 65%
+// slower), 3 for the others (80 registers; 2 blocks without spills ran 15% slower).
 #define MIN_BLOCKS(MF, VF) (((MF) == FMT_BF16 && (VF) == FMT_BF16) || (MF) == FMT_INT8 || (VF) == FMT_INT8 ? 4 : 3)
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS(MF, VF))                                    \
