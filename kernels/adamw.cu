@@ -44,7 +44,7 @@ struct StepArgs {
 
 // One tensor of the launch (mirrors StepKeys + the per-tensor decay).
 struct TensorArgs {
-    unsigned long long p, g, mc, ms, vc, vs;  // weights, FP32 gradient, m/v codes and scales
+    unsigned long long p, g, mc, ms, vc, vs;  // weights, gradient, m/v codes and scales
     unsigned long long n, key_m, key_v, key_w;
     unsigned long long first_segment;         // in the launch's numbering
     float decay;                              // 1 - lr * wd
@@ -144,10 +144,15 @@ template <int F> __device__ __forceinline__ void store_codes(void* c, unsigned l
         if (j < k) Codes<F>::store(c, e + j, o[j]);
 }
 
-// Weights as codes: FP32 words or BF16 bit patterns.
+// The weight type P of a kernel: FP32 weights (float) or BF16 weights (uint16_t) with FP32
+// gradients, or BF16 weights with BF16 gradients (Bf16Grads, as a BF16 model's backward
+// gives them: widened exactly to FP32 on load). F: the weights as codes (FP32 words or BF16
+// bit patterns); G16: the gradients are BF16.
+struct Bf16Grads {};
 template <typename P> struct WeightCodes;
-template <> struct WeightCodes<float> { static constexpr int F = FMT_F32; };
-template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; };
+template <> struct WeightCodes<float> { static constexpr int F = FMT_F32; static constexpr bool G16 = false; };
+template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; static constexpr bool G16 = false; };
+template <> struct WeightCodes<Bf16Grads> { static constexpr int F = FMT_BF16; static constexpr bool G16 = true; };
 
 // The rounding of a write-back as the kernel compiles it: nearest in kernels without SR code
 // (the host launches those only when nothing rounds stochastically); stochastic when ALL_SR
@@ -270,14 +275,18 @@ __device__ __forceinline__ void load_inputs(const StepArgs& a, const TensorArgs&
     if (k <= 0) return;  // (a block past the tensor's end has no scale to read)
     in.sm = (Codes<MF>::SCALED && !a.reset_m) ? ((const float*)t.ms)[si] : 1.0f;
     in.sv = (Codes<VF>::SCALED && !a.reset_v) ? ((const float*)t.vs)[si] : 1.0f;
-    const float* g = (const float*)t.g;
-    if (k == 4) {
-        in.g = *(const float4*)(g + e);
+    if constexpr (WeightCodes<P>::G16) {  // BF16 gradients, widened exactly
+        unsigned c[4];
+        Codes<FMT_BF16>::unpack(load_codes<FMT_BF16>((const void*)t.g, e, k, 0u), c);
+        in.g = make_float4(bf16_decode((uint16_t)c[0]), bf16_decode((uint16_t)c[1]), bf16_decode((uint16_t)c[2]),
+                           bf16_decode((uint16_t)c[3]));
+    } else if (k == 4) {
+        in.g = *(const float4*)((const float*)t.g + e);
     } else {
         float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            if (j < k) x[j] = g[e + j];
+            if (j < k) x[j] = ((const float*)t.g)[e + j];
         in.g = make_float4(x[0], x[1], x[2], x[3]);
     }
     if (WEIGHTS) in.w = load_codes<WeightCodes<P>::F>((const void*)t.p, e, k, 0u);
@@ -628,14 +637,15 @@ __device__ __forceinline__ void flush_amax(float am, float av, unsigned* amax, u
     }
 }
 
-template <int MF, int VF>
+// P: the gradients' type (float: FP32; Bf16Grads: BF16); the weights are not loaded.
+template <typename P, int MF, int VF>
 __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, const float* maps) {
     const StepArgs& a = L.s;
     unsigned long long s, last;
     if (!warp_run(a, s, last)) return;
     unsigned ti = tensor_at(L, s);
     float am = 0.0f, av = 0.0f;
-    Inputs<float, MF, VF> in;  // the weights are not loaded: any weight type
+    Inputs<P, MF, VF> in;
     Quad q;
     for (; s < last; s++) {
         const unsigned tn = tensor_of(L, ti, s);
@@ -650,8 +660,8 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
             const unsigned long long e = (s - t.first_segment) * (rounds<MF, VF>() * 128) + 128 * r + 4 * (threadIdx.x % 32);
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
-                load_inputs<float, MF, VF, false>(a, t, 0, e, k, in);
-                moments<float, MF, VF>(a, in, Int8Map{maps, nullptr, nullptr}, Int8Map{maps + 256, nullptr, nullptr}, q);
+                load_inputs<P, MF, VF, false>(a, t, 0, e, k, in);
+                moments<P, MF, VF>(a, in, Int8Map{maps, nullptr, nullptr}, Int8Map{maps + 256, nullptr, nullptr}, q);
                 quad_amax(q, k, am, av);
             }
         }
@@ -669,8 +679,9 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 }
 
 // ---- one extern "C" kernel per (weight dtype, m format, v format) ----
-// adamw_<weights>_<m>_<v>[_sr][_blocks]: _sr with stochastic rounding code (any write-back
-// stochastic), _blocks for scale blocks other than 128 elements. Thread blocks of 256 per SM
+// adamw_<weights>_<m>_<v>[_sr][_blocks] (weights: f32, bf16, bf16g = BF16 weights with BF16
+// gradients): _sr with stochastic rounding code (any write-back stochastic), _blocks for
+// scale blocks other than 128 elements; adamw_amax[_bf16g]_<m>_<v> per gradient dtype. Thread blocks of 256 per SM
 // at once (occupancy beats spilling here, measured on the H200): 4 (at most 64 registers per
 // thread) for BF16 m and v and for int8 states (which spill; with 3 blocks int8 ran no
 // faster with 128-blocks and 12% slower with 2048-blocks, with 5 and 6 blocks 15% and 65%
@@ -687,11 +698,14 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_sr, true, false, P, MF, VF)       \
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_blocks, false, true, P, MF, VF)   \
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_sr_blocks, true, true, P, MF, VF)
+#define ADAMW_AMAX(NAME, P, MF, VF)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const __grid_constant__ LaunchArgs L, unsigned* amax, \
+                                                           const float* maps) {                              \
+        adamw_amax<P, MF, VF>(L, amax, maps);                                                                \
+    }
 #define ADAMW_AUX(MN, MF, VN, VF)                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) adamw_amax_##MN##_##VN(                                \
-        const __grid_constant__ LaunchArgs L, unsigned* amax, const float* maps) {                           \
-        adamw_amax<MF, VF>(L, amax, maps);                                                                   \
-    }                                                                                                        \
+    ADAMW_AMAX(adamw_amax_##MN##_##VN, float, MF, VF)                                                        \
+    ADAMW_AMAX(adamw_amax_bf16g_##MN##_##VN, Bf16Grads, MF, VF)                                              \
     extern "C" __global__ void adamw_set_scales_##MN##_##VN(const __grid_constant__ LaunchArgs L,           \
                                                             const unsigned* amax) {                          \
         adamw_set_scales<MF, VF>(L, amax);                                                                   \
@@ -699,6 +713,7 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 #define ADAMW_V(MN, MF, VN, VF)                          \
     ADAMW_KERNELS(f32, float, MN, MF, VN, VF)            \
     ADAMW_KERNELS(bf16, uint16_t, MN, MF, VN, VF)        \
+    ADAMW_KERNELS(bf16g, Bf16Grads, MN, MF, VN, VF)      \
     ADAMW_AUX(MN, MF, VN, VF)
 #define ADAMW_M(MN, MF)                       \
     ADAMW_V(MN, MF, fp32, FMT_F32)            \

@@ -4,8 +4,9 @@
 //!
 //! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
 //! results are bit-identical) for every tensor, packed into the parameters of one kernel
-//! launch per [`MAX_TENSORS`] tensors of a weight dtype (multi-tensor apply: one launch per
-//! weight dtype for every LLaMA preset; three for per-tensor scaling: amax, step, scales);
+//! launch per [`MAX_TENSORS`] tensors of a weight dtype x gradient dtype (multi-tensor
+//! apply: one launch per dtype pair for every LLaMA preset; three for per-tensor scaling:
+//! amax, step, scales);
 //! stall counters added on the device into a ring of [`COUNTER_RING`] step slots that the
 //! host reads when it wants (no synchronisation in the step itself).
 
@@ -30,16 +31,23 @@ fn load(dev: &CudaDevice, image: &[u8], names: &[String]) -> Result<Vec<CudaFunc
 
 /// The kernels of one (m format, v format) pair, loaded once.
 struct Kernels {
-    /// Step kernels indexed by [`Kernels::step_index`]: weight dtype x stochastic rounding
-    /// code (any write-back stochastic) x scale blocks other than 128 elements.
+    /// Step kernels indexed by [`Kernels::step_index`]: weights x stochastic rounding code
+    /// (any write-back stochastic) x scale blocks other than 128 elements.
     step: Vec<CudaFunction>,
-    amax: CudaFunction,
+    /// Per-tensor amax kernels for FP32 and for BF16 gradients.
+    amax: [CudaFunction; 2],
     set_scales: CudaFunction,
 }
 
+/// The kernels' weight variants (`adamw_<weights>_...` in kernels/adamw.cu): FP32 weights
+/// (with FP32 gradients), BF16 weights with FP32 gradients, BF16 weights with BF16 gradients.
+const WEIGHT_VARIANTS: [(DType, DType, &str); 3] =
+    [(DType::F32, DType::F32, "f32"), (DType::BF16, DType::F32, "bf16"), (DType::BF16, DType::BF16, "bf16g")];
+
 impl Kernels {
-    fn step_index(bf16: bool, sr: bool, blocks: bool) -> usize {
-        4 * bf16 as usize + 2 * sr as usize + blocks as usize
+    /// `variant` indexes [`WEIGHT_VARIANTS`].
+    fn step_index(variant: usize, sr: bool, blocks: bool) -> usize {
+        4 * variant + 2 * sr as usize + blocks as usize
     }
 }
 
@@ -201,8 +209,12 @@ impl CudaAdamW {
         let maps = stream.clone_htod(&[&signed.values()[..], unsigned.values()].concat()).map_err(err)?;
         let buckets = stream.clone_htod(&[signed.bucket_starts(), unsigned.bucket_starts()].concat()).map_err(err)?;
         let (mf, vf) = (host.spec.m_format.name(), host.spec.v_format.name());
-        let mut names = vec![format!("adamw_amax_{mf}_{vf}"), format!("adamw_set_scales_{mf}_{vf}")];
-        for w in ["f32", "bf16"] {
+        let mut names = vec![
+            format!("adamw_amax_{mf}_{vf}"),
+            format!("adamw_amax_bf16g_{mf}_{vf}"),
+            format!("adamw_set_scales_{mf}_{vf}"),
+        ];
+        for (_, _, w) in WEIGHT_VARIANTS {
             for sr in ["", "_sr"] {
                 for blocks in ["", "_blocks"] {
                     names.push(format!("adamw_{w}_{mf}_{vf}{sr}{blocks}"));
@@ -210,12 +222,13 @@ impl CudaAdamW {
             }
         }
         let mut f = load(dev, ADAMW_BIN, &names)?.into_iter();
-        let kernels = Kernels { amax: f.next().unwrap(), set_scales: f.next().unwrap(), step: f.collect() };
+        let amax_kernels = [f.next().unwrap(), f.next().unwrap()];
+        let kernels = Kernels { amax: amax_kernels, set_scales: f.next().unwrap(), step: f.collect() };
         let sms = stream
             .context()
             .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(err)? as u32;
-        let per_sm = kernels.step[Kernels::step_index(false, true, false)]
+        let per_sm = kernels.step[Kernels::step_index(0, true, false)]
             .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
             .map_err(err)?;
         let max_blocks = sms * per_sm.max(1);
@@ -227,14 +240,16 @@ impl CudaAdamW {
     }
 
     /// One optimizer step on every tensor: `params[i]` (F32 or BF16, contiguous, on this
-    /// device) updated in place from the FP32 gradient `grads[i]` (multiplied by
+    /// device) updated in place from the gradient `grads[i]` (F32; for BF16 weights also BF16,
+    /// widened exactly to FP32 in the kernel, so both give the same step; multiplied by
     /// `grad_scale`), states updated, stall counts of `step` accumulated on the device.
-    /// Asynchronous: a few kernel launches on candle's stream (one per weight dtype and
-    /// [`MAX_TENSORS`] tensors; per-tensor scaling adds an amax and a scale launch each).
+    /// Asynchronous: a few kernel launches on candle's stream (one per weight dtype x
+    /// gradient dtype and [`MAX_TENSORS`] tensors; per-tensor scaling adds an amax and a scale
+    /// launch each).
     ///
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
-    /// tensor, a weight dtype other than F32/BF16 or a gradient not F32, a tensor not on a
-    /// CUDA device or not contiguous.
+    /// tensor, a weight dtype other than F32/BF16, a gradient dtype other than those, a tensor
+    /// not on a CUDA device or not contiguous.
     pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
@@ -279,16 +294,24 @@ impl CudaAdamW {
             count: 0,
         };
         let (decay_off, decay_on) = (h.decay, self.host.scalars(step, lr, grad_scale, true).decay);
-        // (weight dtype, tensor) in optimizer order
+        // (weight dtype, gradient dtype, tensor) in optimizer order
         let mut tensors = Vec::with_capacity(count);
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let info = &self.host.tensors[i].info;
-            if g.dtype() != DType::F32 || g.elem_count() != info.len || p.elem_count() != info.len {
-                candle_core::bail!("{}: parameter and F32 gradient must have {} elements", info.name, info.len);
+            if !WEIGHT_VARIANTS.iter().any(|&(w, d, _)| (w, d) == (p.dtype(), g.dtype())) {
+                candle_core::bail!(
+                    "{}: {:?} weights with {:?} gradients (F32 weights take F32 gradients, BF16 weights F32 or BF16)",
+                    info.name,
+                    p.dtype(),
+                    g.dtype()
+                );
+            }
+            if g.elem_count() != info.len || p.elem_count() != info.len {
+                candle_core::bail!("{}: parameter and gradient must have {} elements", info.name, info.len);
             }
             let k: StepKeys = self.host.keys(step, i);
             let a = &self.states[i].addr;
-            tensors.push((p.dtype(), TensorArgs {
+            tensors.push((p.dtype(), g.dtype(), TensorArgs {
                 p: address(p, &self.stream, &info.name)?,
                 g: address(g, &self.stream, &info.name)?,
                 mc: a[0],
@@ -307,9 +330,10 @@ impl CudaAdamW {
         if per_tensor {
             self.stream.memset_zeros(&mut self.amax).map_err(err)?;
         }
-        // one group of launches per weight dtype, MAX_TENSORS tensors per launch
-        for dtype in [DType::F32, DType::BF16] {
-            let group: Vec<TensorArgs> = tensors.iter().filter(|(d, _)| *d == dtype).map(|(_, t)| *t).collect();
+        // one group of launches per weight variant, MAX_TENSORS tensors per launch
+        for (variant, (dtype, grad, _)) in WEIGHT_VARIANTS.into_iter().enumerate() {
+            let group: Vec<TensorArgs> =
+                tensors.iter().filter(|(w, g, _)| (*w, *g) == (dtype, grad)).map(|(_, _, t)| *t).collect();
             for chunk in group.chunks(MAX_TENSORS) {
                 let mut args = LaunchArgs { s: launch_args, t: [TensorArgs::default(); MAX_TENSORS] };
                 let mut segments = 0u64;
@@ -319,14 +343,14 @@ impl CudaAdamW {
                 }
                 args.s.segments = segments;
                 args.s.count = chunk.len() as u32;
-                self.launch(dtype, &args, per_tensor, s)?;
+                self.launch(variant, &args, per_tensor, s)?;
             }
         }
         Ok(())
     }
 
     /// The step launch of one chunk (with the amax and scale launches of per-tensor scaling).
-    fn launch(&self, dtype: DType, args: &LaunchArgs, per_tensor: bool, slot: usize) -> Result<()> {
+    fn launch(&self, variant: usize, args: &LaunchArgs, per_tensor: bool, slot: usize) -> Result<()> {
         // at least 2048 elements per warp (8 warps per block), at most the blocks that fit
         // on the GPU at once
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
@@ -334,16 +358,16 @@ impl CudaAdamW {
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let stream = &self.stream;
         if per_tensor {
-            let mut b = stream.launch_builder(&self.kernels.amax);
+            let mut b = stream.launch_builder(&self.kernels.amax[(WEIGHT_VARIANTS[variant].1 == DType::BF16) as usize]);
             b.arg(args).arg(&self.amax).arg(&self.maps);
             unsafe { b.launch(cfg) }.map_err(err)?;
         }
         let sr = |r: Rounding| r == Rounding::Stochastic;
         let r = self.host.roundings();
-        let bf16 = dtype == DType::BF16;
+        let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
         let spec = self.host.spec;
         let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
-        let f = &self.kernels.step[Kernels::step_index(bf16, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
+        let f = &self.kernels.step[Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
         let counters = self.counters.slice(slot..);
         let mut b = stream.launch_builder(f);
         b.arg(args).arg(&self.amax).arg(&counters).arg(&self.maps).arg(&self.buckets);

@@ -6,8 +6,10 @@
 //! moments kept in registers; 256: two passes; per tensor), starting from random non-zero
 //! states, three steps on 265 tensors (more than one launch takes) of odd sizes (not a
 //! multiple of the block) with edge-value gradients (zeros, subnormals, huge, +-Inf, NaN) and
-//! a reset at step 3: weights, codes, scales and stall counts must be identical. NaN is compared as
-//! NaN (IEEE leaves NaN payloads to the hardware; the encoders store one canonical NaN).
+//! a reset at step 3: weights, codes, scales and stall counts must be identical. With BF16
+//! weights, steps 3 and 5 pass BF16 gradients (as a BF16 model with one micro-batch does; the
+//! CPU gets the same values in FP32), step 4 FP32 ones. NaN is compared as NaN (IEEE leaves
+//! NaN payloads to the hardware; the encoders store one canonical NaN).
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
@@ -125,12 +127,19 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         let mut grads = vec![];
         for (i, &n) in sizes.iter().enumerate() {
             let g = values(300 + step * 10 + i as u64, n, 1e-2, true);
+            let bf16_grads = c.bf16_weights && step % 2 == 1;
+            let g: Vec<f32> = if bf16_grads { g.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() } else { g };
             cpu_counts.push(if c.bf16_weights {
                 cpu.step_cpu(step, 1e-3, 0.5, i, Weights::Bf16(&mut w16[i]), &g)
             } else {
                 cpu.step_cpu(step, 1e-3, 0.5, i, Weights::F32(&mut w32[i]), &g)
             });
-            grads.push(Tensor::from_vec(g, n, dev).map_err(|e| e.to_string())?);
+            let grad = if bf16_grads {
+                Tensor::from_vec(g.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(), n, dev)
+            } else {
+                Tensor::from_vec(g, n, dev)
+            };
+            grads.push(grad.map_err(|e| e.to_string())?);
         }
         gpu.step(step, 1e-3, 0.5, &params, &grads).map_err(|e| e.to_string())?;
         let gpu_counts = gpu.read_counts(step).map_err(|e| e.to_string())?;

@@ -4,8 +4,8 @@
 //!   after a warm-up);
 //! * per state format x rounding: step time over all tensors (median of 7 windows of
 //!   `--iters` steps; a format's nearest and stochastic windows alternate), effective GB/s
-//!   (bytes the step must move: weights read+write, FP32 gradient read, m and v codes
-//!   read+write, scales) and its fraction of copy bandwidth;
+//!   (bytes the step must move: weights read+write, gradient read (in the weights' dtype, as
+//!   training with one micro-batch passes them), m and v codes read+write, scales) and its fraction of copy bandwidth;
 //! * stochastic / nearest time ratio per format.
 //!
 //! PyTorch's fused AdamW on the same shapes is timed by `scripts/bench_torch_adamw.py`;
@@ -72,10 +72,10 @@ fn median(mut windows: Vec<f64>) -> f64 {
 }
 
 /// Bytes one step must move for `n` elements: weights and codes (+ scales) read and
-/// written, the FP32 gradient read.
+/// written, the gradient (in the weights' dtype) read.
 fn bytes_moved(spec: &lowbit_optim::StatesSpec, n: usize, weight_bytes: usize) -> u64 {
     let codes = |f: lowbit_optim::StateFormat| 2 * f.storage_bytes(n, spec.block_size);
-    (2 * weight_bytes * n + 4 * n + codes(spec.m_format) + codes(spec.v_format)) as u64
+    (3 * weight_bytes * n + codes(spec.m_format) + codes(spec.v_format)) as u64
 }
 
 /// Run the benchmark on the shapes of `preset` for the m formats in `only_formats` and the
@@ -112,6 +112,9 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
             .iter()
             .map(|s| Tensor::randn(0f32, 0.02, s.shape.as_slice(), &dev).and_then(|t| t.to_dtype(weights)))
             .collect::<candle_core::Result<_>>()?;
+        // gradients in the weights' dtype, as a BF16 model's backward gives them (and PyTorch's
+        // fused AdamW reads them)
+        let grads: Vec<Tensor> = grads.iter().map(|g| g.to_dtype(weights)).collect::<candle_core::Result<_>>()?;
         for (m, v, block) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
             // one optimizer per rounding (both states in memory at once), their windows
             // interleaved so that clock or thermal drift during the run moves both medians alike

@@ -32,8 +32,9 @@ impl ParamSet {
 
 /// An optimizer over a [`ParamSet`].
 pub trait Optimizer {
-    /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the FP32
-    /// gradient of `params.vars[i]`, multiplied by `grad_scale` inside the step.
+    /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the gradient of
+    /// `params.vars[i]` (F32, or BF16 from a BF16 model: widened exactly to FP32),
+    /// multiplied by `grad_scale` inside the step.
     fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &ParamSet, grads: &[Tensor]) -> Result<()>;
 
     /// Stall counts of each tensor at a completed `step` (reading them may wait for the
@@ -110,11 +111,11 @@ impl Optimizer for HostAdamW {
     }
 }
 
-/// Sum of squares of all gradients, as one FP32 number (one host sync).
+/// Global L2 norm of all gradients, squares summed in FP32 (one host sync).
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
     let mut total: Option<Tensor> = None;
     for g in grads {
-        let s = g.sqr()?.sum_all()?;
+        let s = g.to_dtype(DType::F32)?.sqr()?.sum_all()?;
         total = Some(match total {
             None => s,
             Some(t) => (t + s)?,

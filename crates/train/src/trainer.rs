@@ -206,7 +206,10 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         let step = state.step + 1;
         let t0 = Instant::now();
         let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
-        // Forward/backward over the micro-batches, gradients summed in FP32.
+        // Forward/backward over the micro-batches, gradients summed in FP32; one micro-batch's
+        // gradients go to the optimizer in their own dtype (BF16 for a BF16 model: the
+        // optimizer widens them exactly, so the step is the same and 2 bytes per parameter
+        // less are written and read).
         let mut acc: Vec<Option<Tensor>> = vec![None; params.vars.len()];
         let (mut loss_sum, mut step_tokens) = (0f64, 0u64);
         let mut position = state.data.clone();
@@ -219,10 +222,8 @@ pub fn run(launch: Launch) -> Result<Outcome> {
             loss_sum += loss.to_scalar::<f32>()? as f64;
             let grads = loss.backward()?;
             for (a, var) in acc.iter_mut().zip(&params.vars) {
-                let g = grads
-                    .get(var.as_tensor())
-                    .with_context(|| "a parameter received no gradient")?
-                    .to_dtype(DType::F32)?;
+                let g = grads.get(var.as_tensor()).with_context(|| "a parameter received no gradient")?;
+                let g = if cfg.train.grad_accum == 1 { g.clone() } else { g.to_dtype(DType::F32)? };
                 *a = Some(match a.take() {
                     None => g,
                     Some(prev) => (prev + g)?,
