@@ -134,7 +134,7 @@ pub fn open_device(ordinal: usize) -> Result<CudaDevice> {
 }
 
 /// Device address of the first element of `t` (contiguous, on a CUDA device, start offset
-/// a multiple of 4 elements: the kernel uses 16-byte vector accesses).
+/// a multiple of 4 elements: the kernel moves 4 elements per vector access, 8 or 16 bytes).
 fn address(t: &Tensor, stream: &CudaStream, what: &str) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("{what}: not on a CUDA device") };
@@ -248,8 +248,8 @@ impl CudaAdamW {
     /// launch each).
     ///
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
-    /// tensor, a weight dtype other than F32/BF16, a gradient dtype other than those, a tensor
-    /// not on a CUDA device or not contiguous.
+    /// tensor, a (weight, gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a
+    /// tensor not on a CUDA device or not contiguous.
     pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
@@ -298,20 +298,20 @@ impl CudaAdamW {
         let mut tensors = Vec::with_capacity(count);
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let info = &self.host.tensors[i].info;
-            if !WEIGHT_VARIANTS.iter().any(|&(w, d, _)| (w, d) == (p.dtype(), g.dtype())) {
+            let Some(variant) = WEIGHT_VARIANTS.iter().position(|&(w, d, _)| (w, d) == (p.dtype(), g.dtype())) else {
                 candle_core::bail!(
                     "{}: {:?} weights with {:?} gradients (F32 weights take F32 gradients, BF16 weights F32 or BF16)",
                     info.name,
                     p.dtype(),
                     g.dtype()
                 );
-            }
+            };
             if g.elem_count() != info.len || p.elem_count() != info.len {
                 candle_core::bail!("{}: parameter and gradient must have {} elements", info.name, info.len);
             }
             let k: StepKeys = self.host.keys(step, i);
             let a = &self.states[i].addr;
-            tensors.push((p.dtype(), g.dtype(), TensorArgs {
+            tensors.push((variant, TensorArgs {
                 p: address(p, &self.stream, &info.name)?,
                 g: address(g, &self.stream, &info.name)?,
                 mc: a[0],
@@ -331,9 +331,8 @@ impl CudaAdamW {
             self.stream.memset_zeros(&mut self.amax).map_err(err)?;
         }
         // one group of launches per weight variant, MAX_TENSORS tensors per launch
-        for (variant, (dtype, grad, _)) in WEIGHT_VARIANTS.into_iter().enumerate() {
-            let group: Vec<TensorArgs> =
-                tensors.iter().filter(|(w, g, _)| (*w, *g) == (dtype, grad)).map(|(_, _, t)| *t).collect();
+        for variant in 0..WEIGHT_VARIANTS.len() {
+            let group: Vec<TensorArgs> = tensors.iter().filter(|(v, _)| *v == variant).map(|(_, t)| *t).collect();
             for chunk in group.chunks(MAX_TENSORS) {
                 let mut args = LaunchArgs { s: launch_args, t: [TensorArgs::default(); MAX_TENSORS] };
                 let mut segments = 0u64;

@@ -7,8 +7,9 @@
 //! states, three steps on 265 tensors (more than one launch takes) of odd sizes (not a
 //! multiple of the block) with edge-value gradients (zeros, subnormals, huge, +-Inf, NaN) and
 //! a reset at step 3: weights, codes, scales and stall counts must be identical. With BF16
-//! weights, steps 3 and 5 pass BF16 gradients (as a BF16 model with one micro-batch does; the
-//! CPU gets the same values in FP32), step 4 FP32 ones. NaN is compared as NaN (IEEE leaves
+//! weights, half of the tensors of each step (alternating) get BF16 gradients (as a BF16
+//! model with one micro-batch gives them; the CPU gets the same values in FP32), so one
+//! step launches both BF16-weight kernel variants. NaN is compared as NaN (IEEE leaves
 //! NaN payloads to the hardware; the encoders store one canonical NaN).
 #![cfg(feature = "cuda")]
 
@@ -127,7 +128,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         let mut grads = vec![];
         for (i, &n) in sizes.iter().enumerate() {
             let g = values(300 + step * 10 + i as u64, n, 1e-2, true);
-            let bf16_grads = c.bf16_weights && step % 2 == 1;
+            let bf16_grads = c.bf16_weights && (step + i as u64) % 2 == 1;
             let g: Vec<f32> = if bf16_grads { g.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() } else { g };
             cpu_counts.push(if c.bf16_weights {
                 cpu.step_cpu(step, 1e-3, 0.5, i, Weights::Bf16(&mut w16[i]), &g)
@@ -233,4 +234,20 @@ fn cast_kernel_matches_cpu() {
             assert_eq!(got, want, "{format:?} {rounding:?}");
         }
     }
+}
+
+#[test]
+fn bf16_gradients_for_f32_weights_are_refused() {
+    let Some(dev) = gpu() else { return };
+    let Device::Cuda(cuda_dev) = &dev else { unreachable!() };
+    let spec = StatesConfig::default().resolve().unwrap();
+    let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+    let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 8, weight_decay: false }];
+    let mut gpu = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), cuda_dev).unwrap();
+    let p = Tensor::zeros(8, DType::F32, &dev).unwrap();
+    let g = Tensor::zeros(8, DType::BF16, &dev).unwrap();
+    let e = gpu.step(1, 1e-3, 1.0, &[p.clone()], &[g]).unwrap_err().to_string();
+    assert!(e.contains("w: F32 weights with BF16 gradients"), "{e}");
+    let g = Tensor::zeros(8, DType::F32, &dev).unwrap();
+    gpu.step(1, 1e-3, 1.0, &[p], &[g]).unwrap();
 }

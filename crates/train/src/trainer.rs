@@ -208,8 +208,8 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
         // Forward/backward over the micro-batches, gradients summed in FP32; one micro-batch's
         // gradients go to the optimizer in their own dtype (BF16 for a BF16 model: the
-        // optimizer widens them exactly, so the step is the same and 2 bytes per parameter
-        // less are written and read).
+        // optimizer widens them exactly, so the step is the same: 2 bytes per parameter less
+        // for it to read, and no FP32 copy of the gradients kept through the step).
         let mut acc: Vec<Option<Tensor>> = vec![None; params.vars.len()];
         let (mut loss_sum, mut step_tokens) = (0f64, 0u64);
         let mut position = state.data.clone();
