@@ -625,9 +625,6 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* ama
     flush_counters(cnt, counters + 6ull * L.t[ti].index);
 }
 
-// Per-tensor scaling (B = 0): the amax of the new moments over each whole tensor, into
-// amax[2 * index] (m) and amax[2 * index + 1] (v) as ordered bits (non-negative floats
-// order like integers).
 // The warp's amax of tensor `index` into its two slots (lane 0, one atomicMax each).
 __device__ __forceinline__ void flush_amax(float am, float av, unsigned* amax, unsigned index) {
     am = warp_max(am), av = warp_max(av);
@@ -637,7 +634,10 @@ __device__ __forceinline__ void flush_amax(float am, float av, unsigned* amax, u
     }
 }
 
-// P: the gradients' type (float: FP32; Bf16Grads: BF16); the weights are not loaded.
+// Per-tensor scaling (B = 0): the amax of the new moments over each whole tensor, into
+// amax[2 * index] (m) and amax[2 * index + 1] (v) as ordered bits (non-negative floats
+// order like integers). P: the gradients' type (float: FP32; Bf16Grads: BF16); the weights
+// are not loaded.
 template <typename P, int MF, int VF>
 __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, const float* maps) {
     const StepArgs& a = L.s;
@@ -681,11 +681,12 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 // ---- one extern "C" kernel per (weight dtype, m format, v format) ----
 // adamw_<weights>_<m>_<v>[_sr][_blocks] (weights: f32, bf16, bf16g = BF16 weights with BF16
 // gradients): _sr with stochastic rounding code (any write-back stochastic), _blocks for
-// scale blocks other than 128 elements; adamw_amax[_bf16g]_<m>_<v> per gradient dtype. Thread blocks of 256 per SM
-// at once (occupancy beats spilling here, measured on the H200): 4 (at most 64 registers per
-// thread) for BF16 m and v and for int8 states (which spill; with 3 blocks int8 ran no
-// faster with 128-blocks and 12% slower with 2048-blocks, with 5 and 6 blocks 15% and 65%
-// slower), 3 for the others (80 registers; 2 blocks without spills ran 15% slower).
+// scale blocks other than 128 elements; adamw_amax[_bf16g]_<m>_<v> per gradient dtype.
+// Thread blocks of 256 per SM at once (occupancy beats spilling here, measured on the
+// H200): 4 (at most 64 registers per thread) for BF16 m and v and for int8 states (which
+// spill; with 3 blocks int8 ran no faster with 128-blocks and 12% slower with 2048-blocks,
+// with 5 and 6 blocks 15% and 65% slower), 3 for the others (80 registers; 2 blocks without
+// spills ran 15% slower).
 #define MIN_BLOCKS(MF, VF) (((MF) == FMT_BF16 && (VF) == FMT_BF16) || (MF) == FMT_INT8 || (VF) == FMT_INT8 ? 4 : 3)
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS(MF, VF))                                    \
