@@ -709,14 +709,19 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 // adamw_<weights>_<m>_<v>[_sr][_blocks] (weights: f32, bf16, bf16g = BF16 weights with BF16
 // gradients): _sr with stochastic rounding code (any write-back stochastic), _blocks for
 // scale blocks other than 128 elements; adamw_amax[_bf16g]_<m>_<v> per gradient dtype.
-// Thread blocks of 256 per SM at once (occupancy beats spilling here, measured on the
-// H200): 4 (at most 64 registers per thread) for BF16 m and v and for int8 states (which
-// spill; with 3 blocks int8 ran no faster with 128-blocks and 12% slower with 2048-blocks,
-// with 5 and 6 blocks 15% and 65% slower), 3 for the others (80 registers; 2 blocks without
-// spills ran 15% slower).
-#define MIN_BLOCKS(MF, VF) (((MF) == FMT_BF16 && (VF) == FMT_BF16) || (MF) == FMT_INT8 || (VF) == FMT_INT8 ? 4 : 3)
+// Thread blocks of 256 per SM at once (`__launch_bounds__`; measured on the H200): 4 (at most
+// 64 registers per thread) for int8 states (which spill; with 3 blocks int8 ran no faster
+// with 128-blocks and 12% slower with 2048-blocks, with 5 and 6 blocks 15% and 65% slower)
+// and for BF16 m and v with BF16 weights (3 blocks: 4% slower); 3 for the others (80
+// registers; 2 blocks without spills ran 15% slower), BF16 m and v with FP32 weights
+// included: with 4 blocks their SR kernel spilled and ran 4% slower than nearest, with 3 it
+// is within 1% (0.527-0.532 ms SR, nearest unchanged).
+template <typename P, int MF, int VF> constexpr int min_blocks() {
+    return MF == FMT_INT8 || VF == FMT_INT8 || (MF == FMT_BF16 && VF == FMT_BF16 && WeightCodes<P>::F == FMT_BF16) ? 4
+                                                                                                                 : 3;
+}
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
-    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS(MF, VF))                                    \
+    extern "C" __global__ void __launch_bounds__(256, min_blocks<P, MF, VF>())                              \
         NAME(const __grid_constant__ LaunchArgs L, const float* amax_pre, unsigned long long* counters,      \
              const float* maps, const uint8_t* buckets) {                                                    \
         adamw_step<SR, BLOCKS, P, MF, VF>(L, amax_pre, counters, maps, buckets);                             \

@@ -175,8 +175,8 @@ pub struct CudaAdamW {
     /// int8: the signed and the unsigned dynamic map's values, and their bucket tables.
     maps: CudaSlice<f32>,
     buckets: CudaSlice<u8>,
-    /// Thread blocks that fit on the GPU at once (step kernel).
-    max_blocks: u32,
+    /// Thread blocks that fit on the GPU at once, per weight variant (step kernels).
+    max_blocks: [u32; WEIGHT_VARIANTS.len()],
 }
 
 impl CudaAdamW {
@@ -228,10 +228,14 @@ impl CudaAdamW {
             .context()
             .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(err)? as u32;
-        let per_sm = kernels.step[Kernels::step_index(0, true, false)]
-            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-            .map_err(err)?;
-        let max_blocks = sms * per_sm.max(1);
+        // per weight variant, from its SR kernel (the launch bounds differ by weight dtype)
+        let mut max_blocks = [0u32; WEIGHT_VARIANTS.len()];
+        for (v, m) in max_blocks.iter_mut().enumerate() {
+            let per_sm = kernels.step[Kernels::step_index(v, true, false)]
+                .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                .map_err(err)?;
+            *m = sms * per_sm.max(1);
+        }
         Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, buckets, max_blocks })
     }
 
@@ -353,7 +357,7 @@ impl CudaAdamW {
         // at least 2048 elements per warp (8 warps per block), at most the blocks that fit
         // on the GPU at once
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
-        let blocks = (elements.div_ceil(8 * 2048) as u32).clamp(1, self.max_blocks);
+        let blocks = (elements.div_ceil(8 * 2048) as u32).clamp(1, self.max_blocks[variant]);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let stream = &self.stream;
         if per_tensor {
