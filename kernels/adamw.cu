@@ -573,14 +573,13 @@ __device__ __forceinline__ unsigned tensor_at(const LaunchArgs& L, unsigned long
 
 // The warp's segments [s, last) in order: segment(t, s) for each, done(t) after a tensor's
 // last one. PER_TENSOR: a loop over the run's tensors around a loop over each tensor's
-// segments, else one loop over the segments that looks the tensor up for each. Measured on
-// the H200 (A/B in one run): with FP32 weights the per-tensor loops made int8 states 6%
-// faster (0.870 -> 0.818 ms) and fp8 4% (in the per-segment loop one of a tensor's pointer
-// reads from the kernel parameters shared a scoreboard with a global load of the segment, so
-// int8 waited for that load before issuing the gradient and weight loads; SASS); with BF16
-// weights they made fp32, bf16 and int8 states 17-27% slower with the same instructions less
-// 7% (some SMs ran 27% longer than the average: a memory-system effect that PyTorch's fused
-// AdamW also shows in some runs, 0.58 vs 0.72 ms), so those keep the per-segment loop.
+// segments (a tensor's arguments loop-invariant), else one loop over the segments that looks
+// the tensor up for each. The step kernels with FP32 weights take PER_TENSOR: in the one
+// loop the compiler re-read the pointers from the kernel parameters between a segment's
+// global loads, and in the int8 kernel one such read shared a scoreboard with a global load,
+// delaying the gradient and weight loads by a memory latency (SASS). With BF16 weights
+// PER_TENSOR was 17-27% slower for fp32, bf16 and int8 states, cause not found. Numbers:
+// bench/optimizer_h200.md.
 template <bool PER_TENSOR, typename Segment, typename Done>
 __device__ __forceinline__ void for_each_segment(const LaunchArgs& L, unsigned long long s, unsigned long long last,
                                                  Segment segment, Done done) {
@@ -643,8 +642,8 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* ama
     constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
     const bool blockwise = a.block > 0;
     unsigned cnt[6] = {0, 0, 0, 0, 0, 0};
-    const auto segment = [&](const TensorArgs& t, unsigned long long s) {
-        const unsigned long long seg = s - t.first_segment;
+    const auto segment = [&](const TensorArgs& t, unsigned long long i) {
+        const unsigned long long seg = i - t.first_segment;
         if constexpr (BLOCKS) {
             if constexpr (scaled) block_segment<SR, P, MF, VF>(a, t, seg, map_m, map_v, cnt);
         } else if ((seg + 1) * (rounds<MF, VF>() * 128) <= t.n)
@@ -677,10 +676,10 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
     Inputs<P, MF, VF> in;
     Quad q;
     float am = 0.0f, av = 0.0f;
-    const auto segment = [&](const TensorArgs& t, unsigned long long s) {
+    const auto segment = [&](const TensorArgs& t, unsigned long long i) {
 #pragma unroll
         for (int r = 0; r < rounds<MF, VF>(); r++) {
-            const unsigned long long e = (s - t.first_segment) * (rounds<MF, VF>() * 128) + 128 * r + 4 * (threadIdx.x % 32);
+            const unsigned long long e = (i - t.first_segment) * (rounds<MF, VF>() * 128) + 128 * r + 4 * (threadIdx.x % 32);
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
                 load_inputs<P, MF, VF, false>(a, t, 0, e, k, in);
@@ -693,7 +692,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
         flush_amax(am, av, amax, t.index);
         am = av = 0.0f;
     };
-    for_each_segment<WeightCodes<P>::F == FMT_F32>(L, s, last, segment, done);  // (P = float: FP32 gradients)
+    for_each_segment<false>(L, s, last, segment, done);  // (the per-tensor form is not measured for this pass)
 }
 
 // Per-tensor scaling, after the step: the new scales from the amax (one thread per tensor).
