@@ -5,7 +5,8 @@
 //! * per state format x rounding: step time over all tensors (median of 7 windows of
 //!   `--iters` steps; a format's nearest and stochastic windows alternate), effective GB/s
 //!   (bytes the step must move: weights read+write, gradient read (in the weights' dtype, as
-//!   training with one micro-batch passes them), m and v codes read+write, scales) and its fraction of copy bandwidth;
+//!   training with one micro-batch passes them), m and v codes read+write, scales) and its
+//!   fraction of copy bandwidth;
 //! * stochastic / nearest time ratio per format.
 //!
 //! PyTorch's fused AdamW on the same shapes is timed by `scripts/bench_torch_adamw.py`;
