@@ -132,12 +132,12 @@ fn truncated_gzip_is_skipped_with_a_warning() {
 fn missing_file_and_empty_glob_name_the_pattern() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("c4-train.00000-of-01024.json.gz").display().to_string();
-    let err = expand_shards(&[missing.clone()], "train").unwrap_err();
+    let err = expand_shards(std::slice::from_ref(&missing), "train").unwrap_err();
     assert!(matches!(err, DataError::MissingFile { .. }));
     assert_eq!(err.to_string(), format!("train shard '{missing}' does not exist"));
 
     let pattern = dir.path().join("c4-validation.*.json.gz").display().to_string();
-    let err = expand_shards(&[pattern.clone()], "validation").unwrap_err();
+    let err = expand_shards(std::slice::from_ref(&pattern), "validation").unwrap_err();
     assert_eq!(err.to_string(), format!("validation pattern '{pattern}' matched no file"));
 }
 

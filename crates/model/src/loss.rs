@@ -57,6 +57,9 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
     }
 }
 
+/// The cross-entropy's inputs as slices: `(logits, target, weight, V)`.
+type CeInputs<'a> = (&'a [f32], &'a [u32], &'a [f32], usize);
+
 /// Checks shapes and targets; returns `(logits, target, weight, V)`.
 fn ce_inputs<'a>(
     s1: &'a CpuStorage,
@@ -65,7 +68,7 @@ fn ce_inputs<'a>(
     l2: &Layout,
     s3: &'a CpuStorage,
     l3: &Layout,
-) -> Result<(&'a [f32], &'a [u32], &'a [f32], usize)> {
+) -> Result<CeInputs<'a>> {
     let v = l1.shape().dims().last().copied().unwrap_or(0);
     let n = l1.shape().elem_count() / v.max(1);
     let x = f32_slice(s1, l1, "logits")?;

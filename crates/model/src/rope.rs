@@ -24,7 +24,7 @@ pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
 impl Rope {
     /// Builds the tables on `device`. `head_dim` must be even.
     pub fn new(head_dim: usize, max_seq_len: usize, theta: f64, device: &Device) -> Result<Self> {
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             candle_core::bail!("rope: head_dim {head_dim} must be even");
         }
         let half = head_dim / 2;

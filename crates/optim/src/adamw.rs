@@ -204,7 +204,7 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
         ),
         Codes::Bytes(c) => {
             let bytes_per_block = if format.bits() == 4 { block.div_ceil(2) } else { block };
-            assert!(format.bits() != 4 || block % 2 == 0 || block >= new.len(), "fp4 block must be even");
+            assert!(format.bits() != 4 || block.is_multiple_of(2) || block >= new.len(), "fp4 block must be even");
             sum_counters(
                 c.par_chunks_mut(bytes_per_block)
                     .zip(state.scales.par_iter_mut())

@@ -76,14 +76,14 @@ impl StatesConfig {
             .map_err(|e| format!("optim.states.m_format: {e}"))?;
         let v_format = StateFormat::parse(&self.v_format, true)
             .map_err(|e| format!("optim.states.v_format: {e}"))?;
-        if self.block_size % 4 != 0 {
+        if !self.block_size.is_multiple_of(4) {
             return Err(format!(
                 "optim.states.block_size: must be a multiple of 4 (fp4 packs two codes per byte; the \
                  CUDA kernel moves 4 elements at a time), or 0 for one scale per tensor; got {}",
                 self.block_size
             ));
         }
-        if self.v_reset_every > 0 && (self.m_reset_every == 0 || self.v_reset_every % self.m_reset_every != 0) {
+        if self.v_reset_every > 0 && (self.m_reset_every == 0 || !self.v_reset_every.is_multiple_of(self.m_reset_every)) {
             return Err(format!(
                 "optim.states.v_reset_every = {}: a v reset needs an m reset at the same step \
                  (m_reset_every must divide it, got {}): with v = 0 and m != 0 the update of an \

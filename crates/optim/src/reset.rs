@@ -16,7 +16,7 @@ pub fn reset_at(step: u64, every: u64, mode: BiasCorrection) -> (bool, u64) {
         return (false, step);
     }
     let last = (step - 1) / every * every; // step index just before the current state started
-    let reset = step > 1 && (step - 1) % every == 0;
+    let reset = step > 1 && (step - 1).is_multiple_of(every);
     let t = match mode {
         BiasCorrection::Restart => step - last,
         BiasCorrection::Continue => step,

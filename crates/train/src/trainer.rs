@@ -280,7 +280,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         }
 
         let last = step == max_steps;
-        if (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last {
+        if (cfg.train.eval_every > 0 && step.is_multiple_of(cfg.train.eval_every)) || last {
             let vl = evaluate(&model, &val, &dev)?;
             last_val = Some(vl);
             metrics.write(&MetricsRow::Eval { step, tokens: state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
@@ -288,7 +288,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         }
         let too_many = state.nonfinite_in_row > 0 && state.nonfinite_in_row >= cfg.train.max_nonfinite_steps.max(1);
         let interrupted = launch.interrupt.load(Ordering::SeqCst) || launch.stop_after == Some(step);
-        let periodic = cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0;
+        let periodic = cfg.train.checkpoint_every > 0 && step.is_multiple_of(cfg.train.checkpoint_every);
         if periodic || last || too_many || interrupted {
             stall_log.flush(&mut pending, 0, opt.as_mut(), &mut stalls)?;
             let check = export_check(&model, &val, &dev, dtype)?;

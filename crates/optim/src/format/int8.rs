@@ -157,7 +157,7 @@ impl DynamicMap {
         let up = match rounding {
             Rounding::Nearest => {
                 let (dl, du) = (n - a, b - n);
-                du < dl || (du == dl && hi % 2 == 0)
+                du < dl || (du == dl && hi.is_multiple_of(2))
             }
             Rounding::Stochastic => ((rand >> 40) as f32) * (1.0 / 16_777_216.0) * (b - a) < n - a,
         };
