@@ -306,7 +306,8 @@ impl DocSource {
                     self.shard = 0;
                     self.whole_epoch = true;
                     self.docs_this_epoch = 0;
-                    tracing::info!(epoch = self.epoch, shards = self.shards.len(), "reader (ahead of training) reached the end of the train shards; continuing with the next epoch");
+                    // (debug: the reader runs megabytes ahead of training, which logs the epoch it reaches)
+                    tracing::debug!(epoch = self.epoch, shards = self.shards.len(), "reader reached the end of the train shards; next epoch");
                 }
                 let mut r = ShardReader::open(&self.shards[self.shard], self.on_bad)?;
                 if self.skip > 0 {

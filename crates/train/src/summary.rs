@@ -106,7 +106,7 @@ impl Summary {
         format!(
             "\n── run summary ─────────────────────────────────────────────\n\
              steps {} | tokens {} | {:.0} tokens/s | peak memory {}\n\
-             validation loss {} -> {} | final train loss {}\n\
+             validation loss {} -> {} | train loss (mean of last 10 steps) {}\n\
              stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}\n\
              params {} | optimizer states {} bytes ({:.3} bytes/param){}\n",
             self.steps,

@@ -252,6 +252,9 @@ pub fn run(launch: Launch) -> Result<Outcome> {
             device_peak = Some(peak);
             tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
         }
+        if position.epoch > state.data.epoch {
+            bar.suspend(|| tracing::info!("step {step}: the train shards are used up; epoch {} begins", position.epoch));
+        }
         state.step = step;
         state.tokens += step_tokens;
         state.data = position;
@@ -278,13 +281,18 @@ pub fn run(launch: Launch) -> Result<Outcome> {
                 step_tokens as f64 / dt
             ));
         }
+        // Without a terminal (output to a file or pipe) the bar is hidden: its line goes to
+        // the log 20 times per run instead.
+        if bar.is_hidden() && (step.is_multiple_of(max_steps.div_ceil(20)) || step == max_steps) {
+            tracing::info!("step {step}/{max_steps}: {}", bar.message());
+        }
 
         let last = step == max_steps;
         if (cfg.train.eval_every > 0 && step.is_multiple_of(cfg.train.eval_every)) || last {
             let vl = evaluate(&model, &val, &dev)?;
             last_val = Some(vl);
             metrics.write(&MetricsRow::Eval { step, tokens: state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
-            bar.println(format!("step {step}: validation loss {vl:.4} (ppl {:.1})", vl.exp()));
+            bar.suspend(|| tracing::info!("step {step}: validation loss {vl:.4} (ppl {:.1})", vl.exp()));
         }
         let too_many = state.nonfinite_in_row > 0 && state.nonfinite_in_row >= cfg.train.max_nonfinite_steps.max(1);
         let interrupted = launch.interrupt.load(Ordering::SeqCst) || launch.stop_after == Some(step);
