@@ -306,7 +306,7 @@ impl DocSource {
                     self.shard = 0;
                     self.whole_epoch = true;
                     self.docs_this_epoch = 0;
-                    // (debug: the reader runs megabytes ahead of training, which logs the epoch it reaches)
+                    // (debug: the reader runs megabytes ahead; the trainer logs when training reaches the epoch)
                     tracing::debug!(epoch = self.epoch, shards = self.shards.len(), "reader reached the end of the train shards; next epoch");
                 }
                 let mut r = ShardReader::open(&self.shards[self.shard], self.on_bad)?;
