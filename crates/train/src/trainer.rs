@@ -281,13 +281,12 @@ pub fn run(launch: Launch) -> Result<Outcome> {
                 step_tokens as f64 / dt
             ));
         }
+        let last = step == max_steps;
         // Without a terminal (output to a file or pipe) the bar is hidden: its line goes to
         // the log 20 times per run instead.
-        if bar.is_hidden() && (step.is_multiple_of(max_steps.div_ceil(20)) || step == max_steps) {
+        if bar.is_hidden() && (step.is_multiple_of(max_steps.div_ceil(20)) || last) {
             tracing::info!("step {step}/{max_steps}: {}", bar.message());
         }
-
-        let last = step == max_steps;
         if (cfg.train.eval_every > 0 && step.is_multiple_of(cfg.train.eval_every)) || last {
             let vl = evaluate(&model, &val, &dev)?;
             last_val = Some(vl);
