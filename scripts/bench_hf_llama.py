@@ -3,8 +3,11 @@
 shape, for a side-by-side with `train --device cuda` (tokens/s and peak GPU memory).
 
 Same shape (preset), micro-batch, sequence length and weight dtype; AdamW(fused=True) with
-FP32 states; random token ids (throughput does not depend on the text).
-Usage: python3 scripts/bench_hf_llama.py --preset llama100m --batch 32 --seq 256 --dtype bf16 --steps 30
+FP32 states; random token ids (throughput does not depend on the text). `--compile` wraps the
+model in torch.compile (default mode). FP32 runs use PyTorch's default full-FP32 matmuls.
+Prints one JSON row: {"system": "transformers_eager" | "torch_compile", "dtype", "batch", "seq",
+"tokens_per_s", "peak_memory_gib", ...}.
+Usage: python3 scripts/bench_hf_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32]
 """
 import argparse
 import json
@@ -25,18 +28,22 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--vocab", type=int, default=32100)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--tf32", action="store_true", help="FP32 matmuls with TF32 inputs (allow_tf32)")
     a = ap.parse_args()
     h, i, heads, layers = PRESETS[a.preset]
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=h, intermediate_size=i, num_attention_heads=heads,
                       num_key_value_heads=heads, num_hidden_layers=layers, max_position_embeddings=1024,
                       rms_norm_eps=1e-6, tie_word_embeddings=False)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
     model = LlamaForCausalLM(cfg).to("cuda", dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    fwd = torch.compile(model) if a.compile else model
     x = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device="cuda")
 
     def step():
-        out = model(input_ids=x[:, :-1], labels=x[:, 1:].contiguous())
+        out = fwd(input_ids=x[:, :-1], labels=x[:, 1:].contiguous())
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -50,9 +57,10 @@ def main():
         step()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t
-    print(json.dumps({"impl": "transformers LlamaForCausalLM", "attn": model.config._attn_implementation,
+    print(json.dumps({"system": "torch_compile" if a.compile else "transformers_eager",
+                      "impl": "transformers LlamaForCausalLM", "attn": model.config._attn_implementation,
                       "preset": a.preset, "params": sum(p.numel() for p in model.parameters()),
-                      "dtype": a.dtype, "batch": a.batch, "seq": a.seq,
+                      "dtype": a.dtype, "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "seq": a.seq,
                       "tokens_per_s": a.steps * a.batch * a.seq / secs,
                       "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}))
 

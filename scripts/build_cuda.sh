@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the CUDA binaries on a machine without a GPU and pack them for the GPU machine.
-#   scripts/build_cuda.sh            -> dist/train.gz, dist/cuda_parity.gz (stripped, gzipped)
+#   scripts/build_cuda.sh            -> dist/train.gz, dist/cuda_parity.gz, dist/fused_parity.gz
+#                                       (stripped, gzipped)
 # First time: `cargo fetch` and ../shared/cuda/setup_cuda_home.sh .cuda (CUDA 13.0 from pip
 # wheels; see ../shared/cuda/README.md). Builds into target-cuda/ so the CPU build in
 # target/ is not invalidated. On the GPU machine: gunzip, chmod +x, run; set CUDA_CACHE_PATH
@@ -14,8 +15,10 @@ export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CARGO_TARGET_DIR=$root/target-cu
 cargo build --release --features cuda -p lowbit-train
 parity=$(cargo test --release --features cuda -p lowbit-optim --test cuda_parity --no-run 2>&1 \
   | grep -o 'target-cuda/release/deps/cuda_parity-[0-9a-f]*' | head -1)
+fused=$(cargo test --release --features cuda -p lowbit-model --test fused_parity --no-run 2>&1 \
+  | grep -o 'target-cuda/release/deps/fused_parity-[0-9a-f]*' | head -1)
 mkdir -p dist
-for pair in "target-cuda/release/train:train" "$parity:cuda_parity"; do
+for pair in "target-cuda/release/train:train" "$parity:cuda_parity" "$fused:fused_parity"; do
   src=${pair%%:*}; name=${pair##*:}
   strip -o "dist/$name" "$src"
   gzip -f "dist/$name"

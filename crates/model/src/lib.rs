@@ -8,8 +8,10 @@
 //! `lm_head.weight`), so `VarMap::save` plus [`LlamaConfig::hf_config_json`] is a checkpoint
 //! transformers loads.
 //!
-//! All ops are composed from candle tensor ops that have a backward pass on CPU and CUDA
-//! (candle-nn 0.11's fused `rms_norm`, `rope` and `softmax_last_dim` have none).
+//! Two implementations of the ops ([`Kernels`]): composed from candle tensor ops with a
+//! backward on every device (candle-nn 0.11's fused `rms_norm`, `rope` and
+//! `softmax_last_dim` have none), and, in `cuda` builds on CUDA tensors, this crate's fused
+//! kernels ([`fused`]), each op one custom op with its own backward (the default there).
 //!
 //! | module      | holds |
 //! |-------------|-------|
@@ -18,6 +20,8 @@
 //! | [`llama`]   | [`Llama`]: the model |
 //! | [`attention`], [`mlp`], [`norm`], [`rope`] | its parts |
 //! | [`loss`]    | [`masked_cross_entropy`] |
+//! | [`kernels`] | [`Kernels`]: composed or fused ops |
+//! | `fused`     | the CUDA ops (`cuda` feature) |
 //! | [`groups`]  | [`ParamGroup`], [`param_group`] |
 //!
 //! ```
@@ -50,8 +54,11 @@
 pub mod attention;
 pub mod config;
 pub mod error;
+#[cfg(feature = "cuda")]
+pub mod fused;
 pub mod groups;
 pub mod init;
+pub mod kernels;
 pub mod llama;
 pub mod loss;
 pub mod mlp;
@@ -62,5 +69,6 @@ pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use groups::{param_group, try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec, INIT_STD};
+pub use kernels::Kernels;
 pub use llama::Llama;
-pub use loss::masked_cross_entropy;
+pub use loss::{masked_cross_entropy, masked_cross_entropy_with};

@@ -1,6 +1,6 @@
 //! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head.
 
-use candle_core::{Device, Module, Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::attention::{causal_mask, Attention};
@@ -8,6 +8,7 @@ use crate::config::LlamaConfig;
 use crate::mlp::{linear, Mlp};
 use crate::norm::RmsNorm;
 use crate::rope::Rope;
+use crate::Kernels;
 
 /// One HF `LlamaDecoderLayer`.
 #[derive(Debug, Clone)]
@@ -29,9 +30,10 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
-        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?)?;
-        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor, k: Kernels) -> Result<Tensor> {
+        let attn = self.self_attn.forward(&self.input_layernorm.forward_with(x, k)?, rope, mask, k)?;
+        let h = (x + attn)?;
+        &h + self.mlp.forward_with(&self.post_attention_layernorm.forward_with(&h, k)?, k)?
     }
 }
 
@@ -48,6 +50,7 @@ pub struct Llama {
     rope: Rope,
     mask: Tensor,
     device: Device,
+    kernels: Kernels,
 }
 
 impl Llama {
@@ -72,8 +75,22 @@ impl Llama {
             lm_head: vb.pp("lm_head").get((v, h), "weight")?,
             rope: Rope::new(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, &device)?,
             mask: causal_mask(cfg.max_seq_len, &device)?,
+            kernels: Kernels::for_device(&device),
             device,
         })
+    }
+
+    /// The same model running `kernels` (default: [`Kernels::for_device`]). Errors when the
+    /// kernels cannot run on the model's device.
+    pub fn with_kernels(mut self, kernels: Kernels) -> Result<Self> {
+        kernels.check(&self.device)?;
+        self.kernels = kernels;
+        Ok(self)
+    }
+
+    /// The ops the forward pass runs.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
     }
 
     /// The configuration the model was built with.
@@ -93,15 +110,43 @@ impl Llama {
         if t > self.cfg.max_seq_len {
             candle_core::bail!("sequence length {t} exceeds max_seq_len {}", self.cfg.max_seq_len);
         }
-        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&input.flatten_all()?, 0)?
-            .reshape((b, t, self.cfg.hidden_size))?;
+        let k = self.kernels;
+        let mask = match k {
+            Kernels::Composed => self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?,
+            Kernels::Fused => self.mask.clone(), // the fused attention masks by position
+        };
+        let mut x = self.embed(input)?.reshape((b, t, self.cfg.hidden_size))?;
         for layer in &self.layers {
-            x = layer.forward(&x, &self.rope, &mask)?;
+            x = layer.forward(&x, &self.rope, &mask, k)?;
         }
-        self.norm.forward(&x)
+        self.norm.forward_with(&x, k)
+    }
+
+    /// Embedding rows of `input`'s ids, `[B·T, H]`.
+    fn embed(&self, input: &Tensor) -> Result<Tensor> {
+        let ids = input.flatten_all()?;
+        #[cfg(feature = "cuda")]
+        if self.kernels == Kernels::Fused {
+            return crate::fused::embedding(&self.embed_tokens, &ids);
+        }
+        self.embed_tokens.index_select(&ids, 0)
+    }
+
+    /// Mean next-token loss over the positions where `mask` is nonzero, as
+    /// [`crate::masked_cross_entropy`] of [`Llama::forward`]: `input`, `target` `[B, T]` u32,
+    /// `mask` `[B, T]` (1 = counts) → F32 scalar. With [`Kernels::Fused`] the LM head and
+    /// the loss run in chunks of rows ([`crate::fused::lm_head_cross_entropy`]): the
+    /// `[B, T, V]` logits are never held, in the forward or the backward.
+    pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if self.kernels == Kernels::Fused {
+            let hidden = self.forward_hidden(input)?;
+            let (b, t, h) = hidden.dims3()?;
+            let (target, mask, denom) = crate::loss::flat_targets(target, mask, b * t)?;
+            let nll = crate::fused::lm_head_cross_entropy(&hidden.reshape((b * t, h))?, &self.lm_head, &target, &mask)?;
+            return nll.sum_all()? / denom;
+        }
+        crate::masked_cross_entropy_with(&self.forward(input)?, target, mask, self.kernels)
     }
 
     /// Next-token logits: `input` `[B, T]` u32 token ids → `[B, T, V]` in the weights' dtype.

@@ -406,3 +406,16 @@ fn throughput_tiny_cpu() {
         );
     }
 }
+
+/// The fused kernels need a CUDA device: asking for them on the CPU is an error that says so,
+/// and the CPU default is the composed ops.
+#[test]
+fn fused_kernels_on_cpu_are_an_error() {
+    use lowbit_model::Kernels;
+    let cfg = LlamaConfig::preset("tiny", 64).unwrap();
+    let varmap = init_params(&cfg, 0, DType::F32, &Device::Cpu).unwrap();
+    let m = Llama::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    assert_eq!(m.kernels(), Kernels::Composed);
+    let err = m.with_kernels(Kernels::Fused).unwrap_err().to_string();
+    assert!(err.contains("CUDA"), "{err}");
+}

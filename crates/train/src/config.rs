@@ -38,6 +38,31 @@ pub enum WeightDtype {
     Bf16,
 }
 
+/// `model.kernels`: which implementation of the model's ops runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelChoice {
+    /// Fused CUDA kernels on a GPU, composed candle ops on the CPU.
+    #[default]
+    Auto,
+    /// The fused CUDA kernels (`lowbit_model::fused`); an error on the CPU.
+    Fused,
+    /// Candle's composed ops under candle's autograd (the reference; slow on a GPU).
+    Composed,
+}
+
+/// `model.matmul_precision`: how FP32 matrix products run on the GPU (BF16 models are
+/// unaffected: BF16 inputs, FP32 accumulation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulPrecision {
+    /// Full FP32 (PyTorch's default, `torch.backends.cuda.matmul.allow_tf32 = False`).
+    #[default]
+    Fp32,
+    /// TensorFloat-32 inputs (10-bit mantissa), FP32 accumulation: several times faster.
+    Tf32,
+}
+
 /// `[model]`: a preset by name, optionally with explicit dims overriding it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +82,12 @@ pub struct ModelSection {
     pub max_seq_len: Option<usize>,
     pub rms_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
+    /// "auto" (default), "fused" or "composed".
+    #[serde(default)]
+    pub kernels: KernelChoice,
+    /// "fp32" (default) or "tf32".
+    #[serde(default)]
+    pub matmul_precision: MatmulPrecision,
 }
 
 /// `[optim]`: AdamW hyper-parameters and the learning-rate schedule.

@@ -15,6 +15,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod bench_training;
 pub mod checkpoint;
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -27,5 +29,6 @@ pub mod reproduce;
 pub mod schedule;
 pub mod stall_log;
 pub mod stalls_table;
+pub mod step;
 pub mod summary;
 pub mod trainer;

@@ -70,12 +70,18 @@ enum Cmd {
     },
     /// Run every cell of one of the paper's loss tables; write reproduce/<table>-<scale>.md.
     Reproduce(lowbit_train::reproduce::ReproduceArgs),
-    /// Speed of the fused optimizer step (CUDA builds): `train bench optimizer`.
+    /// Speed benchmarks (CUDA builds): `train bench optimizer`, `train bench training`.
     #[cfg(feature = "cuda")]
-    Bench {
-        /// What to time (only `optimizer`).
-        #[arg(value_parser = ["optimizer"])]
-        what: String,
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+/// What `train bench` times.
+#[cfg(feature = "cuda")]
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// The fused optimizer step on a preset's parameter shapes, every state format.
+    Optimizer {
         /// Model preset whose parameter shapes are stepped.
         #[arg(long, default_value = "llama100m")]
         preset: String,
@@ -88,6 +94,40 @@ enum Cmd {
         /// Only these weight dtypes (`f32`, `bf16`); default: both.
         #[arg(long, value_delimiter = ',')]
         weights: Vec<String>,
+    },
+    /// The whole training step (data, forward, backward, optimizer): tokens/s, MFU, peak
+    /// memory and the per-phase split.
+    Training {
+        /// Run config (its states, data and model; the flags below override it).
+        #[arg(long, default_value = "configs/llama100m_fp8_sr_reset.toml")]
+        config: PathBuf,
+        /// Model preset.
+        #[arg(long, default_value = "llama100m")]
+        preset: String,
+        /// Sequences per optimizer step.
+        #[arg(long, default_value_t = 128)]
+        batch: usize,
+        /// Sequences per forward/backward (default: --batch).
+        #[arg(long)]
+        micro_batch: Option<usize>,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        seq: usize,
+        /// Weight and activation dtype: bf16 or f32.
+        #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+        dtype: String,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 5)]
+        warmup: u64,
+        /// Steps per timed window (two windows: throughput, then the phase split).
+        #[arg(long, default_value_t = 10)]
+        steps: u64,
+        /// Config overrides, `section.key=value` (e.g. `model.kernels=composed`).
+        #[arg(long = "set")]
+        sets: Vec<String>,
+        /// Also append the result as one JSON line to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
 }
 
@@ -114,13 +154,33 @@ fn real_main() -> Result<()> {
         Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),
         Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
         #[cfg(feature = "cuda")]
-        Some(Cmd::Bench { what: _, preset, iters, formats, weights }) => {
-            let (copy, rows) = lowbit_train::bench::optimizer(&preset, iters, &formats, &weights)?;
-            println!("{}", lowbit_train::bench::render(&preset, copy, &rows));
-            Ok(())
-        }
+        Some(Cmd::Bench(b)) => bench(b),
         None => train(cli.train),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn bench(b: BenchCmd) -> Result<()> {
+    use lowbit_train::{bench, bench_training};
+    match b {
+        BenchCmd::Optimizer { preset, iters, formats, weights } => {
+            let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
+            println!("{}", bench::render(&preset, copy, &rows));
+        }
+        BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
+            sets.insert(0, format!("model.preset={preset}"));
+            let cfg = bench_training::bench_config(&config, &sets, batch, micro_batch.unwrap_or(batch), seq, &dtype)?;
+            let row = bench_training::training(&cfg, warmup, steps)?;
+            println!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
+            if let Some(path) = json {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                writeln!(f, "{}", serde_json::to_string(&row)?)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn train(a: TrainArgs) -> Result<()> {

@@ -111,11 +111,13 @@ impl Optimizer for HostAdamW {
     }
 }
 
-/// Global L2 norm of all gradients, squares summed in FP32 (one host sync).
+/// Global L2 norm of all gradients, squares summed in FP32 (one host sync). Matrices are
+/// summed by rows first: candle reduces a whole tensor in one thread block.
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
     let mut total: Option<Tensor> = None;
     for g in grads {
-        let s = g.to_dtype(DType::F32)?.sqr()?.sum_all()?;
+        let sq = g.to_dtype(DType::F32)?.sqr()?;
+        let s = if g.rank() >= 2 { sq.sum(candle_core::D::Minus1)?.sum_all()? } else { sq.sum_all()? };
         total = Some(match total {
             None => s,
             Some(t) => (t + s)?,

@@ -3,17 +3,18 @@
 //! intervals. Deterministic from `train.seed`; resumes bit-identically from a checkpoint.
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{RunConfig, WeightDtype};
+use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use crate::metrics::{JsonlWriter, MetricsRow};
-use crate::optimizer::{global_norm, HostAdamW, Optimizer, ParamSet};
+use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
+use crate::step::{batch_tensors, train_step, StepContext};
 use crate::schedule::learning_rate;
 use crate::stall_log::{StallRow, Theory};
 use crate::summary::{self, Summary};
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use lowbit_data::{load_tokenizer, validation_batches, Batch, DataPosition, TrainStream};
-use lowbit_model::{init_params, masked_cross_entropy, param_group, Llama, LlamaConfig};
+use lowbit_model::{init_params, param_group, Kernels, Llama, LlamaConfig};
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StallCounts};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -67,13 +68,20 @@ pub fn param_infos(params: &ParamSet) -> Vec<ParamInfo> {
         .collect()
 }
 
-fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
-    let shape = (b.rows, b.seq_len);
-    Ok((
-        Tensor::from_slice(&b.input, shape, dev)?,
-        Tensor::from_slice(&b.target, shape, dev)?,
-        Tensor::from_slice(&b.mask, shape, dev)?,
-    ))
+/// The model on `dev` with the configured kernels and FP32 matmul precision.
+pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarMap, dtype: DType, dev: &Device) -> Result<Llama> {
+    let model = Llama::new(mcfg, candle_nn::VarBuilder::from_varmap(varmap, dtype, dev))?;
+    let kernels = match cfg.model.kernels {
+        KernelChoice::Auto => Kernels::for_device(dev),
+        KernelChoice::Fused => Kernels::Fused,
+        KernelChoice::Composed => Kernels::Composed,
+    };
+    let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;
+    #[cfg(feature = "cuda")]
+    candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
+    #[cfg(not(feature = "cuda"))]
+    let _ = tf32; // CPU matrix products are FP32
+    model.with_kernels(kernels).context("model.kernels")
 }
 
 /// Mean validation loss (nats per target token) over the fixed validation batches.
@@ -82,7 +90,7 @@ pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
     for b in batches {
         let (x, y, m) = batch_tensors(b, dev)?;
         let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
-        let loss = masked_cross_entropy(&model.forward(&x)?, &y, &m)?.to_scalar::<f32>()? as f64;
+        let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
         nll += loss * n;
         count += n;
     }
@@ -110,7 +118,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         WeightDtype::Bf16 => DType::BF16,
     };
     let mut varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
-    let model = Llama::new(&mcfg, candle_nn::VarBuilder::from_varmap(&varmap, dtype, &dev))?;
+    let model = build_model(&cfg, &mcfg, &varmap, dtype, &dev)?;
     let params = ParamSet::from_varmap(&varmap);
     let infos = param_infos(&params);
     let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
@@ -210,44 +218,24 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         // gradients go to the optimizer in their own dtype (BF16 for a BF16 model: the
         // optimizer widens them exactly, so the step is the same: 2 bytes per parameter less
         // for it to read, and no FP32 copy of the gradients kept through the step).
-        let mut acc: Vec<Option<Tensor>> = vec![None; params.vars.len()];
-        let (mut loss_sum, mut step_tokens) = (0f64, 0u64);
-        let mut position = state.data.clone();
-        for _ in 0..cfg.train.grad_accum {
-            let b = stream.next_batch(cfg.train.micro_batch).map_err(data_err)?;
-            step_tokens += b.mask.iter().filter(|&&m| m > 0.0).count() as u64;
-            position = b.position.clone();
-            let (x, y, m) = batch_tensors(&b, &dev)?;
-            let loss = masked_cross_entropy(&model.forward(&x)?, &y, &m)?;
-            loss_sum += loss.to_scalar::<f32>()? as f64;
-            let grads = loss.backward()?;
-            for (a, var) in acc.iter_mut().zip(&params.vars) {
-                let g = grads.get(var.as_tensor()).with_context(|| "a parameter received no gradient")?;
-                let g = if cfg.train.grad_accum == 1 { g.clone() } else { g.to_dtype(DType::F32)? };
-                *a = Some(match a.take() {
-                    None => g,
-                    Some(prev) => (prev + g)?,
-                });
-            }
-        }
-        let grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
-        let accum = cfg.train.grad_accum as f32;
-        let loss = loss_sum / cfg.train.grad_accum as f64;
-        let norm = global_norm(&grads)? / accum;
-        let finite = loss.is_finite() && norm.is_finite();
+        let mut ctx = StepContext {
+            model: &model,
+            params: &params,
+            opt: opt.as_mut(),
+            stream: &mut stream,
+            device: &dev,
+            micro_batch: cfg.train.micro_batch,
+            grad_accum: cfg.train.grad_accum,
+            grad_clip: cfg.optim.grad_clip,
+        };
+        let out = train_step(&mut ctx, step, lr, None)?;
+        let (loss, norm, finite, step_tokens, position) = (out.loss, out.grad_norm, out.updated, out.tokens, out.position);
         if finite {
-            let clip = cfg.optim.grad_clip as f32;
-            let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
             state.nonfinite_in_row = 0;
-            opt.step(step, lr, factor / accum, &params, &grads)?;
         } else {
             state.nonfinite_in_row += 1;
             tracing::warn!("step {step}: non-finite loss {loss} or gradient norm {norm}: update skipped");
         }
-        drop(grads);
-        // A stream synchronisation lets the CUDA memory pool trim the blocks this step freed;
-        // without it the pool fragments and runs out of memory after ~80 steps of LLaMA-100M.
-        dev.synchronize()?;
         if let Some((used, peak)) = device_memory(&dev) {
             device_peak = Some(peak);
             tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
@@ -458,7 +446,7 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
 pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<checkpoint::ExportCheck> {
     let b = val.first().context("validation set is empty: no batch for export_check.json")?;
     let (x, y, m) = batch_tensors(b, dev)?;
-    let loss = masked_cross_entropy(&model.forward(&x)?, &y, &m)?.to_scalar::<f32>()? as f64;
+    let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
     let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
     Ok(checkpoint::ExportCheck {
         input_ids: rows(&b.input),

@@ -1,0 +1,114 @@
+//! Causal self-attention: scores by cuBLAS, a fused causal softmax, and a backward that
+//! recomputes the scores instead of keeping them (the `[T, T]` matrices exist only inside
+//! one pass of one layer).
+
+use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, Gemm, THREADS};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+
+/// `softmax(q kᵀ · scale + causal mask) v` per batch entry and head.
+///
+/// `q`, `k`: `[B, heads, T, d]` (as [`super::rope`] gives them); `v`: `[B, T, heads · d]`
+/// (a projection's output); one dtype (BF16 or F32), as many key/value heads as query
+/// heads (repeat them first for GQA) → `[B, T, heads · d]` (the output projection's input:
+/// the head layouts change inside the op, so autograd sees no transposes). Scores are
+/// accumulated and normalised in FP32; the probabilities are rounded to the input dtype
+/// before the product with `v` (as the composed path). Differentiable in `q`, `k`, `v`; the
+/// backward recomputes the scores (flash-attention's trade: `[T, T]` memory per pass instead
+/// of per layer).
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    if q.dims() != k.dims() || v.dims() != [b, t, h * d] {
+        candle_core::bail!("causal_attention: q {:?}, k {:?} [B, heads, T, d] and v {:?} [B, T, heads * d] do not match", q.shape(), k.shape(), v.shape());
+    }
+    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, Attention { scale: scale as f32 })
+}
+
+struct Attention {
+    scale: f32,
+}
+
+/// Shape `[B, heads, T, d]` as (batch entries B·heads, T, d).
+fn dims(shape: &Shape) -> Result<(usize, usize, usize)> {
+    let (b, h, t, d) = shape.dims4()?;
+    Ok((b * h, t, d))
+}
+
+/// `[B, T, heads, d]` → `[B, heads, T, d]` (`split_heads`) or back (`merge_heads`) into a new
+/// buffer.
+fn relayout(dev: &CudaDevice, name: &str, dtype: DType, src: u64, shape: &Shape) -> Result<(CudaStorage, u64)> {
+    let (b, h, t, d) = shape.dims4()?;
+    let out = alloc(dev, dtype, b * h * t * d)?;
+    let n = b * h * t * d;
+    launch(dev, name, dtype, grid(n.div_ceil(THREADS as usize), 0), &args![src, out.1, b as i32, t as i32, h as i32, d as i32])?;
+    Ok(out)
+}
+
+/// `P = causal_softmax(scale · q kᵀ)` for every batch entry: returns P (`dtype`) and the
+/// FP32 scores buffer (reused by the backward for dP).
+fn probabilities(dev: &CudaDevice, dtype: DType, q: u64, k: u64, (bh, t, d): (usize, usize, usize), scale: f32) -> Result<((CudaStorage, u64), (CudaStorage, u64))> {
+    let s = alloc(dev, DType::F32, bh * t * t)?;
+    Gemm { m: t, n: t, k: d, a_t: false, b_t: true, batch: bh, stride_a: t * d, stride_b: t * d, stride_c: t * t }
+        .run(dev, dtype, DType::F32, q, k, s.1, false)?;
+    let p = alloc(dev, dtype, bh * t * t)?;
+    let (rows, ti, sp, pp) = ((bh * t) as i32, t as i32, s.1, p.1);
+    launch(dev, "causal_softmax_fwd", dtype, grid((bh * t).div_ceil(8), 0), &args![sp, pp, rows, ti, scale])?;
+    Ok((p, s))
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "lowbit-fused-causal-attention"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported(self.name())
+    }
+
+    fn cuda_fwd(&self, qs: &CudaStorage, ql: &Layout, ks: &CudaStorage, kl: &Layout, vs: &CudaStorage, vl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let dev = qs.device().clone();
+        let dtype = qs.dtype();
+        if ks.dtype() != dtype || vs.dtype() != dtype {
+            candle_core::bail!("causal_attention: q, k, v must have one dtype");
+        }
+        let (bh, t, d) = dims(ql.shape())?;
+        let (q, k) = (storage_ptr(qs, ql, "q")?, storage_ptr(ks, kl, "k")?);
+        let (_v, v) = relayout(&dev, "split_heads", dtype, storage_ptr(vs, vl, "v")?, ql.shape())?;
+        let ((_p, p), _s) = probabilities(&dev, dtype, q, k, (bh, t, d), self.scale)?;
+        let (_o, o) = alloc(&dev, dtype, bh * t * d)?;
+        Gemm { m: t, n: d, k: t, a_t: false, b_t: false, batch: bh, stride_a: t * t, stride_b: t * d, stride_c: t * d }
+            .run(&dev, dtype, dtype, p, v, o, false)?;
+        let (out, _) = relayout(&dev, "merge_heads", dtype, o, ql.shape())?;
+        Ok((out, vl.shape().clone()))
+    }
+
+    fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, _res: &Tensor, d_out: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dev = cuda_device(q)?;
+        let dtype = q.dtype();
+        let d_out = d_out.contiguous()?;
+        let (bh, t, d) = dims(q.shape())?;
+        let (qp, kp) = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?);
+        let (_v, vp) = relayout(&dev, "split_heads", dtype, tensor_ptr(v, "v")?, q.shape())?;
+        let (_g, gp) = relayout(&dev, "split_heads", dtype, tensor_ptr(&d_out, "dO")?, q.shape())?;
+        let ((_p, p), (_dp, dp)) = probabilities(&dev, dtype, qp, kp, (bh, t, d), self.scale)?;
+        let (tt, td) = (t * t, t * d);
+        // dP = dO vᵀ (FP32, into the scores' buffer), dS = scale · P ∘ (dP − rowsum(P ∘ dP))
+        Gemm { m: t, n: t, k: d, a_t: false, b_t: true, batch: bh, stride_a: td, stride_b: td, stride_c: tt }
+            .run(&dev, dtype, DType::F32, gp, vp, dp, false)?;
+        let (_ds, ds) = alloc(&dev, dtype, bh * tt)?;
+        let (rows, ti, scale) = ((bh * t) as i32, t as i32, self.scale);
+        launch(&dev, "causal_softmax_bwd", dtype, grid((bh * t).div_ceil(8), 0), &args![p, dp, ds, rows, ti, scale])?;
+        let grad = |a: u64, a_t: bool, b: u64| -> Result<(CudaStorage, u64)> {
+            let (s, c) = alloc(&dev, dtype, bh * td)?;
+            Gemm { m: t, n: d, k: t, a_t, b_t: false, batch: bh, stride_a: tt, stride_b: td, stride_c: td }
+                .run(&dev, dtype, dtype, a, b, c, false)?;
+            Ok((s, c))
+        };
+        let (_dv, dv) = grad(p, true, gp)?; // Pᵀ dO
+        let (dv, _) = relayout(&dev, "merge_heads", dtype, dv, q.shape())?;
+        let (dq, _) = grad(ds, false, kp)?; // dS k
+        let (dk, _) = grad(ds, true, qp)?; // dSᵀ q
+        let shape = q.shape().clone();
+        Ok((Some(wrap(dq, shape.clone())), Some(wrap(dk, shape)), Some(wrap(dv, v.shape().clone()))))
+    }
+}

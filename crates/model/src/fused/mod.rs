@@ -1,0 +1,313 @@
+//! Fused CUDA forward and backward passes of the model's ops (`cuda` feature), as candle
+//! custom ops: [`linear`], [`rms_norm`], [`rope`] (fused with the head transpose), [`causal_attention`]
+//! (scores recomputed in the backward: no `[T, T]` matrix is kept between the passes),
+//! [`gate_up_swiglu`] (both MLP input projections as one product, and the SwiGLU gate),
+//! [`embedding`] (backward without atomics), [`cross_entropy_rows`] and
+//! [`lm_head_cross_entropy`] (the LM head and the loss in chunks of rows: no `[B·T, V]`
+//! logits in either pass).
+//!
+//! The kernels are `kernels/model/ops.cu`, compiled to a fatbin at build time and launched
+//! on candle's stream; the attention's matrix products go through cuBLAS
+//! (`cublasGemmStridedBatchedEx`, FP32 accumulation; TF32 for FP32 inputs when candle's
+//! `set_gemm_reduced_precision_f32` is on). BF16 and FP32 tensors; every reduction runs in a
+//! fixed order, so two runs give the same bits. Tested against the composed ops in
+//! `crates/model/tests/fused_parity.rs` (on a GPU).
+
+mod attention;
+mod cross_entropy;
+mod embedding;
+mod linear;
+mod lm_head;
+mod norm;
+mod mlp;
+mod rope;
+
+pub use attention::causal_attention;
+pub use cross_entropy::cross_entropy_rows;
+pub use embedding::embedding;
+pub use linear::linear;
+pub use lm_head::lm_head_cross_entropy;
+pub use norm::rms_norm;
+pub use rope::rope;
+pub use mlp::gate_up_swiglu;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::cublas::{result as cublas, sys as blas};
+use candle_core::cuda::cudarc::driver::{CudaFunction, CudaModule, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::DeviceId;
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
+use half::bf16;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+const OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
+
+/// Threads per block of every kernel (the row kernels run one row per warp, 8 per block).
+pub(crate) const THREADS: u32 = 256;
+
+fn err(e: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Cuda(e.to_string().into())
+}
+
+/// Kernel `<name>_<bf16|f32>` of `kernels/model/ops.cu` on `dev` (the module is loaded
+/// once per device, each function looked up once).
+pub(crate) fn kernel(dev: &CudaDevice, name: &str, dtype: DType) -> Result<CudaFunction> {
+    type Cache = HashMap<DeviceId, (Arc<CudaModule>, HashMap<String, CudaFunction>)>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let suffix = match dtype {
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        d => candle_core::bail!("fused {name}: {d:?} tensors are not supported (BF16 or F32)"),
+    };
+    let full = format!("{name}_{suffix}");
+    let mut cache = CACHE.get_or_init(Default::default).lock().expect("kernel cache");
+    let (module, functions) = match cache.entry(dev.id()) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let module = dev.cuda_stream().context().load_module(Ptx::from_binary(OPS_BIN.to_vec())).map_err(err)?;
+            e.insert((module, HashMap::new()))
+        }
+    };
+    if let Some(f) = functions.get(&full) {
+        return Ok(f.clone());
+    }
+    let f = module.load_function(&full).map_err(err)?;
+    functions.insert(full, f.clone());
+    Ok(f)
+}
+
+/// One kernel parameter: a device address or `size_t` (u64), an `int` (i32), a `float`.
+pub(crate) enum Arg {
+    U64(u64),
+    I32(i32),
+    F32(f32),
+}
+
+impl From<u64> for Arg {
+    fn from(v: u64) -> Self {
+        Arg::U64(v)
+    }
+}
+impl From<i32> for Arg {
+    fn from(v: i32) -> Self {
+        Arg::I32(v)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Self {
+        Arg::F32(v)
+    }
+}
+
+/// The kernel parameters `[Arg; N]` of a [`launch`], in the kernel's order.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { [$($crate::fused::Arg::from($a)),*] };
+}
+pub(crate) use args;
+
+/// Launches `name` for `dtype` with `cfg` and the parameters `args` (see [`args!`]).
+pub(crate) fn launch(dev: &CudaDevice, name: &str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+    let f = kernel(dev, name, dtype)?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::U64(v) => b.arg(v),
+            Arg::I32(v) => b.arg(v),
+            Arg::F32(v) => b.arg(v),
+        };
+    }
+    unsafe { b.launch(cfg) }.map_err(err)?;
+    Ok(())
+}
+
+/// `blocks` blocks of [`THREADS`] threads, `smem` bytes of dynamic shared memory.
+pub(crate) fn grid(blocks: usize, smem: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem as u32 }
+}
+
+/// Device address of a contiguous buffer (its layout's start offset applied).
+pub(crate) fn storage_ptr(s: &CudaStorage, l: &Layout, what: &str) -> Result<u64> {
+    let Some((start, _)) = l.contiguous_offsets() else {
+        candle_core::bail!("fused {what}: the tensor must be contiguous")
+    };
+    let stream = s.device().cuda_stream();
+    let (base, size) = match s.dtype() {
+        DType::BF16 => (s.as_cuda_slice::<bf16>()?.device_ptr(&stream).0, 2),
+        DType::F32 => (s.as_cuda_slice::<f32>()?.device_ptr(&stream).0, 4),
+        DType::U32 => (s.as_cuda_slice::<u32>()?.device_ptr(&stream).0, 4),
+        d => candle_core::bail!("fused {what}: {d:?} tensors are not supported"),
+    };
+    Ok(base + (start * size) as u64)
+}
+
+/// Device address of a contiguous CUDA tensor.
+pub(crate) fn tensor_ptr(t: &Tensor, what: &str) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cuda(s) => storage_ptr(s, layout, what),
+        _ => candle_core::bail!("fused {what}: the tensor is not on a CUDA device"),
+    }
+}
+
+/// The CUDA device of a tensor.
+pub(crate) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+    match t.device() {
+        candle_core::Device::Cuda(d) => Ok(d.clone()),
+        _ => candle_core::bail!("fused ops run on CUDA tensors only"),
+    }
+}
+
+/// An uninitialised buffer of `n` elements of `dtype` and its device address.
+pub(crate) fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
+    let stream = dev.cuda_stream();
+    let n = n.max(1);
+    Ok(match dtype {
+        DType::BF16 => {
+            let s = unsafe { dev.alloc::<bf16>(n)? };
+            let p = s.device_ptr(&stream).0;
+            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+        }
+        DType::F32 => {
+            let s = unsafe { dev.alloc::<f32>(n)? };
+            let p = s.device_ptr(&stream).0;
+            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+        }
+        d => candle_core::bail!("fused ops: cannot allocate {d:?}"),
+    })
+}
+
+/// A zero-filled buffer of `n` elements of `dtype` and its device address.
+pub(crate) fn alloc_zeroed(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
+    let stream = dev.cuda_stream();
+    let n = n.max(1);
+    Ok(match dtype {
+        DType::BF16 => {
+            let s = dev.alloc_zeros::<bf16>(n)?;
+            let p = s.device_ptr(&stream).0;
+            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+        }
+        DType::F32 => {
+            let s = dev.alloc_zeros::<f32>(n)?;
+            let p = s.device_ptr(&stream).0;
+            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+        }
+        d => candle_core::bail!("fused ops: cannot allocate {d:?}"),
+    })
+}
+
+/// A tensor (no gradient tracking) over `storage` with `shape`.
+pub(crate) fn wrap(storage: CudaStorage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+/// One row-major strided-batched matrix product `C[m, n] = op(A)[m, k] · op(B)[k, n]` per
+/// batch entry, with `op(A) = Aᵀ` when `a_t` (A stored `[k, m]`) and likewise for B
+/// (stored `[n, k]` when `b_t`); dense rows; strides between batch entries in elements.
+pub(crate) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_t: bool,
+    pub b_t: bool,
+    pub batch: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+fn cuda_type(d: DType) -> Result<blas::cudaDataType> {
+    Ok(match d {
+        DType::BF16 => blas::cudaDataType::CUDA_R_16BF,
+        DType::F32 => blas::cudaDataType::CUDA_R_32F,
+        d => candle_core::bail!("gemm: {d:?} is not supported"),
+    })
+}
+
+impl Gemm {
+    /// Runs the product on `dev`'s cuBLAS handle (candle's stream): A and B in `ab`, C in
+    /// `c_dtype`, FP32 accumulation (TF32 for FP32 inputs when candle's reduced-precision
+    /// FP32 gemm switch is on); `accumulate`: C += instead of C =.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(&self, dev: &CudaDevice, ab: DType, c_dtype: DType, a: u64, b: u64, c: u64, accumulate: bool) -> Result<()> {
+        use blas::cublasOperation_t::{CUBLAS_OP_N as N, CUBLAS_OP_T as T};
+        let compute = if ab == DType::F32 && candle_core::cuda::gemm_reduced_precision_f32() {
+            blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            blas::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ.
+        let ldb = if self.b_t { self.k } else { self.n };
+        let lda = if self.a_t { self.m } else { self.k };
+        let ldc = self.n;
+        let blas = dev.cublas_handle();
+        unsafe {
+            cublas::gemm_strided_batched_ex(
+                *blas.handle(),
+                if self.b_t { T } else { N },
+                if self.a_t { T } else { N },
+                self.n as i32,
+                self.m as i32,
+                self.k as i32,
+                &alpha as *const f32 as *const _,
+                b as *const _,
+                cuda_type(ab)?,
+                ldb as i32,
+                self.stride_b as i64,
+                a as *const _,
+                cuda_type(ab)?,
+                lda as i32,
+                self.stride_a as i64,
+                &beta as *const f32 as *const _,
+                c as *mut _,
+                cuda_type(c_dtype)?,
+                ldc as i32,
+                self.stride_c as i64,
+                self.batch as i32,
+                compute,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+            )
+        }
+        .map_err(err)
+    }
+}
+
+/// A matrix extent padded to a multiple of 8 elements. cuBLAS picks its Hopper kernels only
+/// when every extent and row stride is (16 bytes in BF16); LLaMA-100M's 1708-wide MLP and
+/// the T5 vocabulary's 32100 logits otherwise run Ampere kernels for 2-element alignment
+/// at about a third of the speed. The fused ops pad with zero rows and columns of the
+/// weights, so the padding of every product is exactly 0.
+pub(crate) fn aligned(cols: usize) -> usize {
+    cols.div_ceil(8) * 8
+}
+
+/// Copies `rows` rows of `cols` elements from `src` (row stride `src_ld`) to `dst` (row
+/// stride `dst_ld`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_rows(dev: &CudaDevice, dtype: DType, src: u64, dst: u64, rows: usize, cols: usize, src_ld: usize, dst_ld: usize) -> Result<()> {
+    let a = args![src, dst, rows as i32, cols as i32, src_ld as i32, dst_ld as i32];
+    launch(dev, "copy_rows", dtype, grid((rows * cols).div_ceil(THREADS as usize), 0), &a)
+}
+
+/// A `[rows, cols]` matrix copied into a zero-filled `[rows_out, cols_out]` (each at least
+/// as large): a weight padded with zero rows and columns.
+pub(crate) fn zero_padded(dev: &CudaDevice, dtype: DType, src: u64, (rows, cols): (usize, usize), (rows_out, cols_out): (usize, usize)) -> Result<(CudaStorage, u64)> {
+    let out = alloc_zeroed(dev, dtype, rows_out * cols_out)?;
+    copy_rows(dev, dtype, src, out.1, rows, cols, cols, cols_out)?;
+    Ok(out)
+}
+
+/// The top-left `[rows, cols]` of a matrix with row stride `ld`, as a new dense tensor.
+pub(crate) fn unpadded(dev: &CudaDevice, dtype: DType, src: u64, ld: usize, (rows, cols): (usize, usize)) -> Result<Tensor> {
+    let (s, p) = alloc(dev, dtype, rows * cols)?;
+    copy_rows(dev, dtype, src, p, rows, cols, ld, cols)?;
+    Ok(wrap(s, (rows, cols)))
+}
+
+/// The error of a fused op's CPU forward: these ops run on CUDA tensors only.
+pub(crate) fn cpu_unsupported<T>(name: &str) -> Result<T> {
+    candle_core::bail!("{name} is a CUDA op; on the CPU the model uses the composed ops")
+}

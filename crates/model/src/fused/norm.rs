@@ -1,0 +1,75 @@
+//! RMSNorm (HF `LlamaRMSNorm` semantics) as one kernel forward and two backward (the input
+//! gradient; the gain gradient as per-block partial sums, then a column sum: no atomics).
+
+use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, THREADS};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+/// Rows each block of the gain-gradient kernel sums (one partial row per block).
+const ROWS_PER_BLOCK: usize = 64;
+
+/// `y = w * round(x / sqrt(mean(x², last dim) + eps))`, normalisation in FP32 and rounded to
+/// x's dtype before the gain, as HF `LlamaRMSNorm` and [`crate::norm::RmsNorm`].
+///
+/// `x`: `[..., H]` BF16 or F32 CUDA tensor; `w`: `[H]`, same dtype → `[..., H]`, x's dtype.
+/// Differentiable in both (the rounding before the gain counts as the identity in the
+/// backward). Shared memory of the gain-gradient kernel limits `H` to 1536.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+fn rows_and_width(shape: &Shape) -> Result<(usize, usize)> {
+    let h = *shape.dims().last().ok_or_else(|| candle_core::Error::Msg("rms_norm of a scalar".into()))?;
+    Ok((shape.elem_count() / h.max(1), h))
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "lowbit-fused-rms-norm"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_unsupported(self.name())
+    }
+
+    fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, ws: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let dev = xs.device().clone();
+        let dtype = xs.dtype();
+        let (rows, h) = rows_and_width(xl.shape())?;
+        if ws.dtype() != dtype || wl.shape().elem_count() != h {
+            candle_core::bail!("rms_norm: gain {:?} {:?} for input {:?} {:?}", wl.shape(), ws.dtype(), xl.shape(), dtype);
+        }
+        let (x, w) = (storage_ptr(xs, xl, "rms_norm x")?, storage_ptr(ws, wl, "rms_norm w")?);
+        let (out, y) = alloc(&dev, dtype, rows * h)?;
+        let (r, hh) = (rows as i32, h as i32);
+        launch(&dev, "rmsnorm_fwd", dtype, grid(rows.div_ceil(8), 0), &args![x, w, y, r, hh, self.eps])?;
+        Ok((out, xl.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dev = cuda_device(x)?;
+        let dtype = x.dtype();
+        let dy = dy.contiguous()?;
+        let (rows, h) = rows_and_width(x.shape())?;
+        if h > 1536 {
+            candle_core::bail!("fused rms_norm backward: hidden size {h} > 1536 does not fit shared memory");
+        }
+        let (xp, wp, dyp) = (tensor_ptr(x, "x")?, tensor_ptr(w, "w")?, tensor_ptr(&dy, "dy")?);
+        let (r, hh) = (rows as i32, h as i32);
+        let (dx_s, dx) = alloc(&dev, dtype, rows * h)?;
+        launch(&dev, "rmsnorm_bwd_x", dtype, grid(rows.div_ceil(8), 0), &args![xp, wp, dyp, dx, r, hh, self.eps])?;
+        let blocks = rows.div_ceil(ROWS_PER_BLOCK).max(1);
+        let (partial_s, partial) = alloc(&dev, DType::F32, blocks * h)?;
+        let rpb = ROWS_PER_BLOCK as i32;
+        launch(&dev, "rmsnorm_bwd_w", dtype, grid(blocks, 8 * h * 4), &args![xp, dyp, partial, r, hh, self.eps, rpb])?;
+        let (dw_s, dw) = alloc(&dev, dtype, h)?;
+        let nb = blocks as i32;
+        launch(&dev, "colsum", dtype, grid(h.div_ceil(THREADS as usize), 0), &args![partial, dw, nb, hh])?;
+        drop(partial_s);
+        Ok((Some(wrap(dx_s, x.shape().clone())), Some(wrap(dw_s, w.shape().clone()))))
+    }
+}

@@ -1,0 +1,176 @@
+//! `train bench training` (CUDA builds): speed of the real training step (the trainer's
+//! [`train_step`] on a run config: data reader and tokenizer, model, optimizer) on one GPU.
+//!
+//! After `--warmup` steps: a window of `--steps` steps without any extra synchronisation
+//! gives tokens/s; a second window with a device synchronisation at each phase boundary
+//! gives the split into data, forward, backward and optimizer. Peak memory is the CUDA
+//! pool's high-water mark over the whole run. MFU counts `6 N + 12 L H T` FLOPs per token
+//! (nanoGPT's and PaLM's estimate; N = parameters without the embedding table, whose
+//! lookup is no matrix product) against the H200's dense peak: 989 TFLOP/s in BF16, 494 in
+//! TF32, 67 in FP32 (NVIDIA's H200 datasheet, SXM).
+//!
+//! `scripts/bench_training.sh` runs it beside `scripts/bench_hf_llama.py` (transformers eager
+//! and `torch.compile`) in one device command and writes `bench/training_h200.{md,json}`.
+
+use crate::config::{MatmulPrecision, RunConfig, WeightDtype};
+use crate::cuda_optimizer::{device_pool_memory, DeviceAdamW};
+use crate::optimizer::ParamSet;
+use crate::schedule::learning_rate;
+use crate::step::{train_step, Phases, StepContext};
+use crate::trainer::{build_model, param_infos};
+use anyhow::{Context, Result};
+use candle_core::DType;
+use lowbit_data::{load_tokenizer, DataPosition, TrainStream};
+use lowbit_model::init_params;
+use lowbit_optim::{Hyper, LowbitAdamW};
+use std::time::Instant;
+
+/// One measured configuration: the issue's JSON row plus the split.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainingRow {
+    pub system: String,
+    pub dtype: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub micro_batch: usize,
+    pub kernels: String,
+    pub matmul_precision: String,
+    pub tokens_per_s: f64,
+    pub peak_memory_gib: f64,
+    pub mfu: f64,
+    /// Milliseconds per step of each phase (synchronised window).
+    pub phases_ms: Phases,
+}
+
+/// Dense peak FLOP/s of an H200 SXM for the model's matrix products.
+fn peak_flops(dtype: DType, tf32: bool) -> f64 {
+    match (dtype, tf32) {
+        (DType::BF16, _) => 989e12,
+        (_, true) => 494e12,
+        _ => 67e12,
+    }
+}
+
+/// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
+/// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
+pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
+    let dev = crate::trainer::device("cuda")?;
+    let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
+    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mcfg = cfg.model_config(tok.vocab_size())?;
+    let dtype = if cfg.model.dtype == WeightDtype::Bf16 { DType::BF16 } else { DType::F32 };
+    let varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
+    let model = build_model(cfg, &mcfg, &varmap, dtype, &dev)?;
+    let params = ParamSet::from_varmap(&varmap);
+    let hyper = Hyper { beta1: cfg.optim.beta1, beta2: cfg.optim.beta2, eps: cfg.optim.eps, weight_decay: cfg.optim.weight_decay };
+    let host = LowbitAdamW::new(hyper, spec, cfg.train.seed, param_infos(&params));
+    let mut opt = DeviceAdamW::new(host, &dev)?;
+    let mut stream = TrainStream::new(&cfg.data, &tok, DataPosition::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let total = warmup + 2 * steps;
+    let mut ctx = StepContext {
+        model: &model,
+        params: &params,
+        opt: &mut opt,
+        stream: &mut stream,
+        device: &dev,
+        micro_batch: cfg.train.micro_batch,
+        grad_accum: cfg.train.grad_accum,
+        grad_clip: cfg.optim.grad_clip,
+    };
+    let mut step = 0u64;
+    let mut run = |ctx: &mut StepContext, phases: Option<&mut Phases>| -> Result<u64> {
+        step += 1;
+        let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio);
+        let out = train_step(ctx, step, lr, phases)?;
+        if step == 1 || step % 10 == 0 {
+            tracing::info!("step {step}: loss {:.4}", out.loss);
+        }
+        Ok(out.tokens)
+    };
+    for _ in 0..warmup {
+        run(&mut ctx, None)?;
+    }
+    dev.synchronize()?;
+    let t = Instant::now();
+    let mut tokens = 0u64;
+    for _ in 0..steps {
+        tokens += run(&mut ctx, None)?;
+    }
+    dev.synchronize()?;
+    let tokens_per_s = tokens as f64 / t.elapsed().as_secs_f64();
+    let mut phases = Phases::default();
+    for _ in 0..steps {
+        run(&mut ctx, Some(&mut phases))?;
+    }
+    let per_step = |x: f64| 1e3 * x / steps as f64;
+    let phases_ms = Phases {
+        data: per_step(phases.data),
+        forward: per_step(phases.forward),
+        backward: per_step(phases.backward),
+        optimizer: per_step(phases.optimizer),
+    };
+    let peak = device_pool_memory(&dev).map_or(0.0, |(_, p)| p as f64 / (1u64 << 30) as f64);
+    let n = params.num_params() - mcfg.vocab_size * mcfg.hidden_size;
+    let t_len = cfg.data.seq_len;
+    let flops_per_token = 6.0 * n as f64 + 12.0 * (mcfg.num_layers * mcfg.hidden_size * t_len) as f64;
+    let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;
+    Ok(TrainingRow {
+        system: "lowbit".into(),
+        dtype: if dtype == DType::BF16 { "bf16" } else { "f32" }.into(),
+        batch: cfg.train.micro_batch * cfg.train.grad_accum,
+        seq: t_len,
+        micro_batch: cfg.train.micro_batch,
+        kernels: format!("{:?}", model.kernels()).to_lowercase(),
+        matmul_precision: if tf32 { "tf32" } else { "fp32" }.into(),
+        tokens_per_s,
+        peak_memory_gib: peak,
+        mfu: tokens_per_s * flops_per_token / peak_flops(dtype, tf32),
+        phases_ms,
+    })
+}
+
+/// One markdown table row (see [`render_header`]).
+pub fn render_row(r: &TrainingRow) -> String {
+    let p = &r.phases_ms;
+    format!(
+        "| {} | {} | {} | {} x {} (micro {}) | {:.0} | {:.1}% | {:.1} | {:.1} / {:.1} / {:.1} / {:.1} |",
+        r.system,
+        r.dtype,
+        r.kernels,
+        r.batch,
+        r.seq,
+        r.micro_batch,
+        r.tokens_per_s,
+        100.0 * r.mfu,
+        r.peak_memory_gib,
+        p.data,
+        p.forward,
+        p.backward,
+        p.optimizer
+    )
+}
+
+/// Header of the markdown table of [`render_row`].
+pub fn render_header() -> String {
+    "| system | dtype | kernels | batch x seq | tokens/s | MFU | peak GiB | data / fwd / bwd / optim (ms per step) |\n\
+     |---|---|---|---|---|---|---|---|"
+        .into()
+}
+
+/// The run config for the benchmark: `config` with `--set` overrides, the device forced to
+/// CUDA and the batch given as `batch` sequences of `seq` tokens in micro-batches of
+/// `micro_batch` (batch a multiple of it).
+pub fn bench_config(config: &std::path::Path, sets: &[String], batch: usize, micro_batch: usize, seq: usize, dtype: &str) -> Result<RunConfig> {
+    if micro_batch == 0 || batch % micro_batch != 0 {
+        anyhow::bail!("--batch {batch} must be a multiple of --micro-batch {micro_batch}");
+    }
+    let mut all = vec![
+        "train.device=cuda".to_string(),
+        format!("train.micro_batch={micro_batch}"),
+        format!("train.grad_accum={}", batch / micro_batch),
+        format!("data.seq_len={seq}"),
+        format!("model.dtype={dtype}"),
+    ];
+    all.extend(sets.iter().cloned());
+    RunConfig::load(config, &all).with_context(|| format!("bench config {}", config.display()))
+}

@@ -1,0 +1,138 @@
+//! One training step, as nanoGPT's loop reads it: micro-batches → forward → backward →
+//! gradient sum → global norm → clip → optimizer.
+//!
+//! The only host waits are the global norm (the clip factor and the skip decision need it
+//! on the host; the losses, summed on the device, are read with it) and the stream
+//! synchronisation after the optimizer (it lets the CUDA memory pool trim what the step freed).
+
+use crate::optimizer::{global_norm, Optimizer, ParamSet};
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use lowbit_data::{Batch, DataPosition, TrainStream};
+use lowbit_model::Llama;
+use std::time::Instant;
+
+/// Token ids, targets and loss mask of a batch as `[rows, seq_len]` tensors on `dev`.
+pub fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+    let shape = (b.rows, b.seq_len);
+    Ok((
+        Tensor::from_slice(&b.input, shape, dev)?,
+        Tensor::from_slice(&b.target, shape, dev)?,
+        Tensor::from_slice(&b.mask, shape, dev)?,
+    ))
+}
+
+/// What a step needs besides its number and learning rate.
+pub struct StepContext<'a> {
+    pub model: &'a Llama,
+    pub params: &'a ParamSet,
+    pub opt: &'a mut dyn Optimizer,
+    pub stream: &'a mut TrainStream,
+    pub device: &'a Device,
+    pub micro_batch: usize,
+    pub grad_accum: usize,
+    /// Clip the global gradient norm to this (0 = no clipping).
+    pub grad_clip: f64,
+}
+
+/// What a step did.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// Mean of the micro-batches' mean losses (nats per target token).
+    pub loss: f64,
+    /// Global L2 norm of the averaged gradient, before clipping.
+    pub grad_norm: f32,
+    /// Target tokens of the step.
+    pub tokens: u64,
+    /// Data position after the step's last micro-batch.
+    pub position: DataPosition,
+    /// False when the loss or norm was non-finite and the update was skipped.
+    pub updated: bool,
+}
+
+/// Seconds spent per phase, summed over steps; measured only when asked
+/// (`train bench training`), with a device synchronisation at each phase boundary.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Phases {
+    /// Reading and tokenizing the micro-batches, copying them to the device.
+    pub data: f64,
+    pub forward: f64,
+    pub backward: f64,
+    /// Gradient sum, global norm, optimizer step and the end-of-step synchronisation.
+    pub optimizer: f64,
+}
+
+/// Adds the time since the previous lap to one field of [`Phases`] (device synchronised).
+struct Clock<'a> {
+    phases: Option<&'a mut Phases>,
+    dev: &'a Device,
+    last: Instant,
+}
+
+impl Clock<'_> {
+    fn lap(&mut self, field: fn(&mut Phases) -> &mut f64) -> Result<()> {
+        if let Some(p) = self.phases.as_deref_mut() {
+            self.dev.synchronize()?;
+            let now = Instant::now();
+            *field(p) += (now - self.last).as_secs_f64();
+            self.last = now;
+        }
+        Ok(())
+    }
+}
+
+/// Runs step `step` at learning rate `lr`. `phases`: add this step's phase times to it.
+pub fn train_step(ctx: &mut StepContext, step: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
+    let dev = ctx.device;
+    if phases.is_some() {
+        dev.synchronize()?;
+    }
+    let mut clock = Clock { phases, dev, last: Instant::now() };
+    // Gradients summed in FP32 over micro-batches; one micro-batch's gradients go to the
+    // optimizer in their own dtype (BF16 for a BF16 model: the optimizer widens them
+    // exactly, so the step is the same, with 2 bytes per parameter less for it to read).
+    let mut acc: Vec<Option<Tensor>> = vec![None; ctx.params.vars.len()];
+    let mut loss_sum: Option<Tensor> = None;
+    let mut tokens = 0u64;
+    let mut position = None;
+    for _ in 0..ctx.grad_accum {
+        let b = ctx.stream.next_batch(ctx.micro_batch).map_err(|e| anyhow::anyhow!("{e}"))?;
+        tokens += b.mask.iter().filter(|&&m| m > 0.0).count() as u64;
+        position = Some(b.position.clone());
+        let (x, y, m) = batch_tensors(&b, dev)?;
+        clock.lap(|p| &mut p.data)?;
+        let loss = ctx.model.loss(&x, &y, &m)?;
+        clock.lap(|p| &mut p.forward)?;
+        let grads = loss.backward()?;
+        for (a, var) in acc.iter_mut().zip(&ctx.params.vars) {
+            let g = grads.get(var.as_tensor()).context("a parameter received no gradient")?;
+            let g = if ctx.grad_accum == 1 { g.clone() } else { g.to_dtype(DType::F32)? };
+            *a = Some(match a.take() {
+                None => g,
+                Some(prev) => (prev + g)?,
+            });
+        }
+        let loss = loss.detach();
+        loss_sum = Some(match loss_sum.take() {
+            None => loss,
+            Some(s) => (s + loss)?,
+        });
+        clock.lap(|p| &mut p.backward)?;
+    }
+    let grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
+    let accum = ctx.grad_accum as f32;
+    let norm = global_norm(&grads)? / accum;
+    let loss = loss_sum.context("grad_accum is 0")?.to_scalar::<f32>()? as f64 / ctx.grad_accum as f64;
+    let updated = loss.is_finite() && norm.is_finite();
+    if updated {
+        let clip = ctx.grad_clip as f32;
+        let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
+        ctx.opt.step(step, lr, factor / accum, ctx.params, &grads)?;
+    }
+    drop(grads);
+    // A stream synchronisation lets the CUDA memory pool trim the blocks this step freed;
+    // without it the pool fragments and runs out of memory after ~80 steps of LLaMA-100M.
+    dev.synchronize()?;
+    clock.lap(|p| &mut p.optimizer)?;
+    Ok(StepOutput { loss, grad_norm: norm, tokens, position: position.context("grad_accum is 0")?, updated })
+}

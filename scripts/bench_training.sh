@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Training-step benchmark on one GPU, in one run: lowbit (`train bench training`, fused and
+# composed kernels, BF16 and FP32 models) and transformers' LlamaForCausalLM (eager and
+# torch.compile) on the same shape: LLaMA-100M, batch 128 x 256, FP8 states SR + resets for
+# lowbit (configs/llama100m_fp8_sr_reset.toml on the bundled text sample).
+# Usage (on the GPU machine): scripts/bench_training.sh [TRAIN_BINARY] [OUT_DIR] [WHAT]
+#   WHAT: any of lowbit, composed, f32, hf, compile (default: all); HF rows: eager BF16, FP32
+#   (full FP32 and TF32 matmuls), torch.compile BF16 and FP32
+# Writes OUT_DIR/training_rows.jsonl (one JSON row per system and dtype) and prints the table.
+set -euo pipefail
+BIN=${1:-target/release/train}
+OUT=${2:-bench}
+WHAT=${3:-lowbit,composed,f32,hf,compile}
+mkdir -p "$OUT"
+ROWS=$OUT/training_rows.jsonl
+DATA=(--set 'data.train=["data/c4-sample/en-train.*.json.gz"]' --set 'data.validation=["data/c4-sample/en-validation.*.json.gz"]')
+has() { [[ ",$WHAT," == *",$1,"* ]]; }
+echo "# $(date -u +%Y-%m-%d) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+if has lowbit; then
+  "$BIN" bench training --batch 128 --seq 256 --dtype bf16 "${DATA[@]}" --json "$ROWS"
+  "$BIN" bench training --batch 128 --micro-batch 64 --seq 256 --dtype bf16 "${DATA[@]}" --json "$ROWS"
+fi
+if has composed; then
+  "$BIN" bench training --batch 128 --micro-batch 64 --seq 256 --dtype bf16 --warmup 2 --steps 4 "${DATA[@]}" --set model.kernels=composed --json "$ROWS"
+  "$BIN" bench training --batch 128 --micro-batch 64 --seq 256 --dtype f32 --warmup 1 --steps 2 "${DATA[@]}" --set model.kernels=composed --json "$ROWS"
+fi
+if has f32; then
+  "$BIN" bench training --batch 128 --seq 256 --dtype f32 "${DATA[@]}" --json "$ROWS"
+  "$BIN" bench training --batch 128 --seq 256 --dtype f32 "${DATA[@]}" --set model.matmul_precision=tf32 --json "$ROWS"
+fi
+HF="$(dirname "$0")/bench_hf_llama.py"
+if has hf; then
+  python3 "$HF" --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 | tee -a "$ROWS"
+  python3 "$HF" --preset llama100m --batch 128 --seq 256 --dtype f32 --steps 10 | tee -a "$ROWS"
+  python3 "$HF" --preset llama100m --batch 128 --seq 256 --dtype f32 --steps 10 --tf32 | tee -a "$ROWS"
+fi
+if has compile; then
+  python3 "$HF" --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 --compile | tee -a "$ROWS"
+  python3 "$HF" --preset llama100m --batch 128 --seq 256 --dtype f32 --steps 10 --compile | tee -a "$ROWS"
+fi
