@@ -1,5 +1,5 @@
 //! One training step, as nanoGPT's loop reads it: micro-batches → forward → backward →
-//! gradient sum → global norm → clip → optimizer.
+//! token-weighted gradient sum → global norm → clip → optimizer.
 //!
 //! The only host waits are the global norm (the clip factor and the skip decision need it
 //! on the host; the losses, summed on the device, are read with it) and the stream
@@ -38,9 +38,9 @@ pub struct StepContext<'a> {
 /// What a step did.
 #[derive(Debug, Clone)]
 pub struct StepOutput {
-    /// Mean of the micro-batches' mean losses (nats per target token).
+    /// Mean loss over all of the step's target tokens (nats per target token).
     pub loss: f64,
-    /// Global L2 norm of the averaged gradient, before clipping.
+    /// Global L2 norm of the token-weighted mean gradient, before clipping.
     pub grad_norm: f32,
     /// Target tokens of the step.
     pub tokens: u64,
@@ -82,26 +82,35 @@ impl Clock<'_> {
 }
 
 /// Runs step `step` at learning rate `lr`. `phases`: add this step's phase times to it.
+///
+/// The step's loss and gradient are the mean over all of its target tokens, whatever the
+/// split into micro-batches: the micro-batches are read first (host data) to count the
+/// step's targets `N`, then micro-batch `i`'s mean loss is weighted by `n_i / N` before its
+/// backward, so the summed gradients are the token-weighted mean.
 pub fn train_step(ctx: &mut StepContext, step: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
     let dev = ctx.device;
     if phases.is_some() {
         dev.synchronize()?;
     }
     let mut clock = Clock { phases, dev, last: Instant::now() };
+    let batches = (0..ctx.grad_accum)
+        .map(|_| ctx.stream.next_batch(ctx.micro_batch).map_err(|e| anyhow::anyhow!("{e}")))
+        .collect::<Result<Vec<Batch>>>()?;
+    let position = batches.last().context("grad_accum is 0")?.position.clone();
+    let targets: Vec<f64> = batches.iter().map(|b| b.mask.iter().map(|&m| m as f64).sum()).collect();
+    let tokens = batches.iter().map(|b| b.mask.iter().filter(|&&m| m > 0.0).count() as u64).sum();
+    let total: f64 = targets.iter().sum();
     // Gradients summed in FP32 over micro-batches; one micro-batch's gradients go to the
     // optimizer in their own dtype (BF16 for a BF16 model: the optimizer widens them
     // exactly, so the step is the same, with 2 bytes per parameter less for it to read).
     let mut acc: Vec<Option<Tensor>> = vec![None; ctx.params.vars.len()];
     let mut loss_sum: Option<Tensor> = None;
-    let mut tokens = 0u64;
-    let mut position = None;
-    for _ in 0..ctx.grad_accum {
-        let b = ctx.stream.next_batch(ctx.micro_batch).map_err(|e| anyhow::anyhow!("{e}"))?;
-        tokens += b.mask.iter().filter(|&&m| m > 0.0).count() as u64;
-        position = Some(b.position.clone());
-        let (x, y, m) = batch_tensors(&b, dev)?;
+    for (b, n) in batches.iter().zip(&targets) {
+        let (x, y, m) = batch_tensors(b, dev)?;
         clock.lap(|p| &mut p.data)?;
-        let loss = ctx.model.loss(&x, &y, &m)?;
+        // A step without targets has loss 0 in every micro-batch: any weight keeps it 0.
+        let weight = if total > 0.0 { n / total } else { 1.0 };
+        let loss = ctx.model.loss(&x, &y, &m)?.affine(weight, 0.0)?;
         clock.lap(|p| &mut p.forward)?;
         let grads = loss.backward()?;
         for (a, var) in acc.iter_mut().zip(&ctx.params.vars) {
@@ -120,19 +129,18 @@ pub fn train_step(ctx: &mut StepContext, step: u64, lr: f64, phases: Option<&mut
         clock.lap(|p| &mut p.backward)?;
     }
     let grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
-    let accum = ctx.grad_accum as f32;
-    let norm = global_norm(&grads)? / accum;
-    let loss = loss_sum.context("grad_accum is 0")?.to_scalar::<f32>()? as f64 / ctx.grad_accum as f64;
+    let norm = global_norm(&grads)?;
+    let loss = loss_sum.context("grad_accum is 0")?.to_scalar::<f32>()? as f64;
     let updated = loss.is_finite() && norm.is_finite();
     if updated {
         let clip = ctx.grad_clip as f32;
         let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
-        ctx.opt.step(step, lr, factor / accum, ctx.params, &grads)?;
+        ctx.opt.step(step, lr, factor, ctx.params, &grads)?;
     }
     drop(grads);
     // A stream synchronisation lets the CUDA memory pool trim the blocks this step freed;
     // without it the pool fragments and runs out of memory after ~80 steps of LLaMA-100M.
     dev.synchronize()?;
     clock.lap(|p| &mut p.optimizer)?;
-    Ok(StepOutput { loss, grad_norm: norm, tokens, position: position.context("grad_accum is 0")?, updated })
+    Ok(StepOutput { loss, grad_norm: norm, tokens, position, updated })
 }
