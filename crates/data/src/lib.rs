@@ -50,6 +50,7 @@ mod config;
 mod error;
 mod pipeline;
 mod reader;
+mod special;
 mod stream;
 mod tokenize;
 mod validation;

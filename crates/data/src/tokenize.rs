@@ -2,7 +2,9 @@
 //!
 //! A document becomes `encode(text, add_special_tokens = false) ++ [EOS]`: the tokenizer's
 //! own post-processor is not used, so T5 (which would append `</s>` itself) and LLaMA
-//! (which would prepend `<s>`) give the same layout: text tokens, then one EOS.
+//! (which would prepend `<s>`) give the same layout: text tokens, then one EOS. Special-token
+//! strings inside the text (`"a </s> b"`, `<pad>`, `<extra_id_0>`) are encoded as the text
+//! they are, so special ids enter only where the pipeline puts them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 use crate::error::{DataError, Result};
+use crate::special::text_tokenizer;
 
 /// A loaded tokenizer with the ids this crate needs.
 ///
@@ -107,14 +110,18 @@ impl Tokens {
     /// Loads a `tokenizer.json` file and looks up `</s>` and `<pad>`.
     ///
     /// Truncation and padding settings stored in the file are switched off: rows are cut
-    /// and padded by this crate.
+    /// and padded by this crate. Special tokens are not split out of text
+    /// (`set_encode_special_tokens(true)`, and a Unigram model's special pieces are never
+    /// matched: [`crate::special`]).
     ///
     /// # Errors
-    /// [`DataError::Tokenizer`] if the file cannot be parsed or has no `</s>` token.
+    /// [`DataError::Tokenizer`] if the file cannot be parsed, has no `</s>` token, or a
+    /// special token written as text still encodes to a special id.
     pub fn from_file(path: &Path) -> Result<Self> {
         let spec = path.display().to_string();
-        let mut tokenizer = Tokenizer::from_file(path)
-            .map_err(|e| tok_err(&spec, format!("cannot load tokenizer.json: {e}")))?;
+        let text = std::fs::read_to_string(path).map_err(|e| tok_err(&spec, format!("cannot read tokenizer.json: {e}")))?;
+        let json = serde_json::from_str(&text).map_err(|e| tok_err(&spec, format!("cannot load tokenizer.json: {e}")))?;
+        let mut tokenizer = text_tokenizer(json).map_err(|msg| tok_err(&spec, msg))?;
         tokenizer
             .with_truncation(None)
             .map_err(|e| tok_err(&spec, format!("cannot disable truncation: {e}")))?;

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use lowbit_data::{load_tokenizer, DataError};
+use lowbit_data::{load_tokenizer, DataError, Tokens};
 
 #[test]
 fn t5_hello_world() {
@@ -17,11 +17,7 @@ fn t5_hello_world() {
 
 #[test]
 fn llama2_uses_eos_2_and_pads_with_eos() {
-    let path = std::path::Path::new("/work/shared/data/tokenizers/llama2-tokenizer.json");
-    if !path.exists() {
-        eprintln!("skipped: {} not present", path.display());
-        return;
-    }
+    let Some(path) = shared_tokenizer("llama2-tokenizer.json") else { return };
     let tok = load_tokenizer(path.to_str().unwrap(), false).unwrap();
     assert_eq!((tok.eos_id, tok.pad_id, tok.vocab_size()), (2, 2, 32000));
     // No BOS: documents are text + EOS only.
@@ -39,4 +35,43 @@ fn missing_file_and_undownloadable_hub_id_say_how_to_fix() {
     std::env::set_var("HF_HOME", dir.path());
     let err = load_tokenizer("google-t5/t5-base", false).unwrap_err().to_string();
     assert!(err.contains("allow_download = true") && err.contains("data/tokenizers/t5-tokenizer.json"), "{err}");
+}
+
+/// Every special token of `tok`, written in a document's text, stays text: the only control
+/// id of the encoding is the EOS the pipeline appends (`<unk>` may stand for a character the
+/// vocabulary lacks, such as T5's `<`, as it would anywhere in text).
+fn special_tokens_in_text_stay_text(tok: &Tokens) {
+    let unk = tok.tokenizer().token_to_id("<unk>");
+    let specials: Vec<(u32, String)> = tok
+        .tokenizer()
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(id, t)| (id, t.content))
+        .collect();
+    assert!(specials.len() >= 3, "{} special tokens", specials.len());
+    for (_, text) in &specials {
+        for doc in [format!("a {text} b"), format!("a{text}b"), text.clone()] {
+            let ids = tok.encode(&doc).unwrap();
+            let (last, body) = ids.split_last().unwrap();
+            assert_eq!(*last, tok.eos_id, "{doc:?}: {ids:?}");
+            let control: Vec<&u32> =
+                body.iter().filter(|&&i| Some(i) != unk && specials.iter().any(|(s, _)| *s == i)).collect();
+            assert!(control.is_empty(), "{doc:?} encodes control ids {control:?} inside the text: {ids:?}");
+            // The text is kept (decoding skips special ids, so a leading `<` may be lost).
+            let decoded = tok.decode(&ids).unwrap();
+            assert!(decoded.contains(&text[1..]), "{doc:?} -> {ids:?} -> {decoded:?}");
+        }
+    }
+}
+
+#[test]
+fn t5_special_tokens_in_text_stay_text() {
+    special_tokens_in_text_stay_text(&t5());
+}
+
+#[test]
+fn llama2_special_tokens_in_text_stay_text() {
+    let Some(path) = shared_tokenizer("llama2-tokenizer.json") else { return };
+    special_tokens_in_text_stay_text(&load_tokenizer(path.to_str().unwrap(), false).unwrap());
 }

@@ -11,6 +11,18 @@ pub fn repo_data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data")
 }
 
+/// `tokenizers/NAME` of the shared data beside the checkout (`../shared/data`), or `None`
+/// (with a note on stderr naming the path) when it is absent.
+pub fn shared_tokenizer(name: &str) -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tokenizers").join(name);
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipped: {} not present (the shared data lives beside the checkout)", path.display());
+        None
+    }
+}
+
 pub fn t5() -> Tokens {
     load_tokenizer(repo_data().join("tokenizers/t5-tokenizer.json").to_str().unwrap(), false).unwrap()
 }
