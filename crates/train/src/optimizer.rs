@@ -111,18 +111,42 @@ impl Optimizer for HostAdamW {
     }
 }
 
-/// Global L2 norm of all gradients, squares summed in FP32 (one host sync). Matrices are
-/// summed by rows first: candle reduces a whole tensor in one thread block.
+/// Global L2 norm of all gradients (any float dtype), squares summed in F64 so that finite
+/// gradients give a finite norm (four elements of 1e19: 2e19; in FP32 the squares overflow);
+/// one host sync. Matrices are summed by rows first: candle reduces a whole tensor in one
+/// thread block. A norm beyond `f32::MAX` is returned as `inf`.
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
     let mut total: Option<Tensor> = None;
     for g in grads {
-        let sq = g.to_dtype(DType::F32)?.sqr()?;
+        let sq = g.to_dtype(DType::F64)?.sqr()?;
         let s = if g.rank() >= 2 { sq.sum(candle_core::D::Minus1)?.sum_all()? } else { sq.sum_all()? };
         total = Some(match total {
             None => s,
             Some(t) => (t + s)?,
         });
     }
-    let sq = total.context("no gradients")?.to_scalar::<f32>()?;
-    Ok(sq.sqrt())
+    let sq = total.context("no gradients")?.to_scalar::<f64>()?;
+    Ok(sq.sqrt() as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Squares of 1e19 overflow FP32 (1e38 each, 4e38 in all); the norm does not: 2e19.
+    #[test]
+    fn global_norm_of_huge_finite_gradients_is_finite() -> Result<()> {
+        let dev = Device::Cpu;
+        let matrix = Tensor::new(&[[1e19f32, 1e19], [0.0, 0.0]], &dev)?;
+        let vector = Tensor::new(&[1e19f32, -1e19], &dev)?;
+        let norm = global_norm(&[matrix, vector.to_dtype(DType::BF16)?])?;
+        assert!((norm - 2e19).abs() < 2e19 * 1e-2, "{norm}"); // BF16 holds 1e19 to 3 digits
+        let norm = global_norm(&[Tensor::new(&[[1e19f32, 1e19, 1e19, 1e19]], &dev)?])?;
+        assert_eq!(norm, 2e19);
+        // Tiny gradients keep their precision too (squares below FP32's smallest normal).
+        let norm = global_norm(&[Tensor::new(&[3e-23f32, 4e-23], &dev)?])?;
+        assert!((norm - 5e-23).abs() < 5e-23 * 1e-6, "{norm}");
+        Ok(())
+    }
 }
