@@ -11,10 +11,16 @@ BATCH.json is the `export_check.json` that `train` writes into every checkpoint 
     {"input_ids": [[...], ...], "targets": [[...], ...], "mask": [[1.0, ...], ...],
      "loss": 10.37, "dtype": "float32" | "bfloat16"}
 
+It also checks that config.json carries the tokenizer's special ids (`bos_token_id`,
+`eos_token_id`, `pad_token_id`: keys present, eos an integer; T5: null, 1, 0) and that
+generation stops: with the LM head's EOS row made to dominate, a greedy `generate` of up to
+8 new tokens ends after one token, that EOS.
+
 Exit status: 0 when |loss_hf - loss| <= rtol * |loss| (default rtol 1e-4 for float32
-weights, 2e-2 for bfloat16, where the two implementations round activations differently),
-1 beyond the tolerance, 2 when the checkpoint does not load cleanly (missing, unexpected
-or mis-shaped tensors).
+weights, 2e-2 for bfloat16, where the two implementations round activations differently)
+and generation stops at EOS, 1 beyond the tolerance or when generation does not stop, 2
+when the checkpoint does not load cleanly (missing, unexpected or mis-shaped tensors, or
+config.json without the special ids).
 
 Usage:
     python3 scripts/check_hf_export.py runs/NAME/checkpoints/step_0000200 [BATCH.json]
@@ -68,6 +74,13 @@ def main() -> int:
         print(f"{a.checkpoint}: the checkpoint does not load cleanly: {bad}", file=sys.stderr)
         return 2
     model = model.to(device=device, dtype=dtype).eval()
+    with open(os.path.join(a.checkpoint, "config.json")) as f:
+        config = json.load(f)
+    missing = [k for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k not in config]
+    if missing or not isinstance(config.get("eos_token_id"), int):
+        print(f"{a.checkpoint}/config.json: special ids missing {missing} or eos_token_id not an "
+              f"integer ({config.get('eos_token_id')!r})", file=sys.stderr)
+        return 2
 
     ids = torch.tensor(batch["input_ids"], dtype=torch.long, device=device)
     tgt = torch.tensor(batch["targets"], dtype=torch.long, device=device)
@@ -91,7 +104,24 @@ def main() -> int:
         f"relative difference {rel:.2e} ({'within' if ok else 'BEYOND'} {rtol:g}; "
         f"{dtype_name} weights, batch {tuple(ids.shape)}, {device})"
     )
-    return 0 if ok else 1
+    stops = generation_stops_at_eos(torch, model, ids[:1, :4], config["eos_token_id"])
+    return 0 if ok and stops else 1
+
+
+def generation_stops_at_eos(torch, model, prompt, eos: int) -> bool:
+    """Greedy `generate` (up to 8 new tokens) after the LM head's EOS row is scaled up and
+    its bias-free logit made the largest by copying the final hidden state's direction:
+    transformers must take `eos_token_id` from config.json and stop after one token."""
+    with torch.no_grad():
+        hidden = model.model(input_ids=prompt).last_hidden_state[0, -1].float()
+        head = model.lm_head.weight
+        head[eos] = (hidden / hidden.norm().clamp_min(1e-6) * 1e4).to(head.dtype)
+        out = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    new = out[0, prompt.shape[1]:].tolist()
+    stops = new == [eos]
+    print(f"generate after EOS made the most likely token: new tokens {new} "
+          f"({'stops at' if stops else 'does NOT stop at'} eos {eos})")
+    return stops
 
 
 if __name__ == "__main__":

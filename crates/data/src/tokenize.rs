@@ -22,6 +22,9 @@ pub struct Tokens {
     tokenizer: Arc<Tokenizer>,
     /// Id of `</s>`, appended to every document (T5: 1, LLaMA-1/2: 2).
     pub eos_id: u32,
+    /// Id of `<s>` if the vocabulary has one (LLaMA: 1; T5: none). Documents do not start
+    /// with it; it is written to the exported `config.json`.
+    pub bos_id: Option<u32>,
     /// Id of `<pad>` if the vocabulary has one (T5: 0), else `eos_id` (LLaMA). Used only by
     /// `truncate_pad` rows, where padded targets are masked out of the loss.
     pub pad_id: u32,
@@ -35,6 +38,7 @@ impl std::fmt::Debug for Tokens {
             .field("source", &self.source)
             .field("vocab_size", &self.vocab_size())
             .field("eos_id", &self.eos_id)
+            .field("bos_id", &self.bos_id)
             .field("pad_id", &self.pad_id)
             .finish()
     }
@@ -130,13 +134,27 @@ impl Tokens {
             .token_to_id("</s>")
             .ok_or_else(|| tok_err(&spec, "the vocabulary has no `</s>` (EOS) token".into()))?;
         let pad_id = tokenizer.token_to_id("<pad>").unwrap_or(eos_id);
-        Ok(Self { tokenizer: Arc::new(tokenizer), eos_id, pad_id, source: path.to_path_buf() })
+        let bos_id = tokenizer.token_to_id("<s>");
+        Ok(Self { tokenizer: Arc::new(tokenizer), eos_id, bos_id, pad_id, source: path.to_path_buf() })
     }
 
     /// Vocabulary size including added tokens (T5: 32100, LLaMA: 32000): the embedding rows
     /// the model needs.
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
+    }
+
+    /// `bos_token_id`, `eos_token_id` and `pad_token_id` for a transformers `config.json`:
+    /// `<s>`, `</s>` and `<pad>`, `null` where the vocabulary has no such token (T5: null, 1,
+    /// 0; LLaMA-2: 1, 2, null). Written explicitly, as transformers otherwise assumes
+    /// LLaMA's ids (bos 1, eos 2: T5's `</s>` and `<unk>`).
+    pub fn hf_token_ids(&self) -> serde_json::Map<String, serde_json::Value> {
+        let pad = self.tokenizer.token_to_id("<pad>");
+        let mut ids = serde_json::Map::new();
+        ids.insert("bos_token_id".into(), self.bos_id.into());
+        ids.insert("eos_token_id".into(), self.eos_id.into());
+        ids.insert("pad_token_id".into(), pad.into());
+        ids
     }
 
     /// The wrapped `tokenizers` tokenizer.

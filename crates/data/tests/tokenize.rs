@@ -9,7 +9,7 @@ use lowbit_data::{load_tokenizer, DataError, Tokens};
 fn t5_hello_world() {
     let tok = t5();
     assert_eq!(tok.encode("Hello world").unwrap(), [8774, 296, 1]);
-    assert_eq!((tok.eos_id, tok.pad_id, tok.vocab_size()), (1, 0, 32100));
+    assert_eq!((tok.eos_id, tok.pad_id, tok.vocab_size(), tok.bos_id), (1, 0, 32100, None));
     let batch = tok.encode_batch(&["Hello world", "Hello"]).unwrap();
     assert_eq!(batch, vec![vec![8774, 296, 1], vec![8774, 1]]);
     assert_eq!(tok.decode(&batch[0]).unwrap(), "Hello world");
@@ -19,7 +19,7 @@ fn t5_hello_world() {
 fn llama2_uses_eos_2_and_pads_with_eos() {
     let Some(path) = shared_tokenizer("llama2-tokenizer.json") else { return };
     let tok = load_tokenizer(path.to_str().unwrap(), false).unwrap();
-    assert_eq!((tok.eos_id, tok.pad_id, tok.vocab_size()), (2, 2, 32000));
+    assert_eq!((tok.eos_id, tok.pad_id, tok.vocab_size(), tok.bos_id), (2, 2, 32000, Some(1)));
     // No BOS: documents are text + EOS only.
     assert_eq!(tok.encode("Hello world!").unwrap(), [15043, 3186, 29991, 2]);
 }

@@ -117,6 +117,9 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         WeightDtype::F32 => DType::F32,
         WeightDtype::Bf16 => DType::BF16,
     };
+    // The exported config.json: the model, and the tokenizer's special ids for `generate`.
+    let mut hf_config = mcfg.hf_config_json_with_dtype(dtype);
+    hf_config.as_object_mut().context("config.json is a JSON object")?.extend(tok.hf_token_ids());
     let mut varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
     let model = build_model(&cfg, &mcfg, &varmap, dtype, &dev)?;
     let params = ParamSet::from_varmap(&varmap);
@@ -290,7 +293,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
             let dir = checkpoint::save(
                 &run_dir,
                 &varmap,
-                &mcfg.hf_config_json_with_dtype(dtype),
+                &hf_config,
                 opt.states()?,
                 &state,
                 &config_toml,

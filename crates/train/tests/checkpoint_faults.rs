@@ -201,6 +201,35 @@ fn checkpoint_layout_and_retention() {
     assert!(out.summary.final_val_loss.is_some());
 }
 
+/// The exported config.json carries the tokenizer's special ids (transformers would assume
+/// LLaMA's bos 1 / eos 2 otherwise, and `generate` from a T5-vocabulary model never stops).
+#[test]
+fn exported_config_json_has_the_tokenizers_special_ids() {
+    let shared = common::root().join("../shared/data/tokenizers/llama2-tokenizer.json");
+    let mut cases = vec![(None, (Value::Null, Value::from(1), Value::from(0)))];
+    if shared.is_file() {
+        cases.push((Some(shared), (Value::from(1), Value::from(2), Value::Null)));
+    } else {
+        eprintln!("LLaMA-2 case skipped: {} not present (the shared data lives beside the checkout)", shared.display());
+    }
+    for (tokenizer, (bos, eos, pad)) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut sets = vec!["train.max_steps=1".to_string()];
+        if let Some(t) = &tokenizer {
+            sets.push(format!("data.tokenizer=\"{}\"", t.display()));
+        }
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let out = launch(config(tmp.path(), "ids", &sets), None, None).unwrap();
+        let ck = checkpoint::latest(&out.run_dir).unwrap();
+        let hf: Value = serde_json::from_slice(&read(&ck.join("config.json"))).unwrap();
+        let got = (hf["bos_token_id"].clone(), hf["eos_token_id"].clone(), hf["pad_token_id"].clone());
+        assert_eq!(got, (bos, eos, pad), "{tokenizer:?}: {hf}");
+        for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+            assert!(hf.get(key).is_some(), "{key} missing (null must be written): {hf}");
+        }
+    }
+}
+
 #[test]
 fn interrupt_writes_a_checkpoint_and_stops_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
