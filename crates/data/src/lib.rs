@@ -10,7 +10,8 @@
 //! - [`TrainStream`]: endless train batches (epochs over the sorted shards, no shuffling),
 //!   read and tokenized in background threads, deterministic, resumable exactly from any
 //!   batch's [`DataPosition`].
-//! - [`validation_batches`]: the first `val_tokens` targets of the validation shards.
+//! - [`validation_batches`]: the first `val_tokens` targets of the validation shards;
+//!   [`shared_documents`]: how many sampled training documents are also validation documents.
 //! - [`ShardReader`] / [`expand_shards`]: the streaming shard reader on its own.
 //!
 //! Packing ([`SeqMode`]): `concat` joins documents (each + EOS) into one stream cut into rows
@@ -48,6 +49,7 @@
 mod batch;
 mod config;
 mod error;
+mod overlap;
 mod pipeline;
 mod reader;
 mod special;
@@ -58,6 +60,7 @@ mod validation;
 pub use batch::{Batch, DataPosition};
 pub use config::{BadInput, DataConfig, SeqMode};
 pub use error::{DataError, Result};
+pub use overlap::{shared_documents, OVERLAP_SAMPLE};
 pub use reader::{expand_shards, ShardReader};
 pub use stream::TrainStream;
 pub use tokenize::{load_tokenizer, Tokens};

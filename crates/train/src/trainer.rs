@@ -13,7 +13,7 @@ use crate::summary::{self, Summary};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
-use lowbit_data::{load_tokenizer, validation_batches, Batch, DataPosition, TrainStream};
+use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
 use lowbit_model::{init_params, param_group, Kernels, Llama, LlamaConfig};
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StallCounts};
 use std::collections::VecDeque;
@@ -185,6 +185,16 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     }
 
     let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
+    let shared = shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)?;
+    if shared > 0 {
+        tracing::warn!(
+            shared,
+            sample = OVERLAP_SAMPLE,
+            "the validation shards share documents with the training shards ({shared} of the first \
+             {OVERLAP_SAMPLE} documents of each training shard): the validation loss measures \
+             memorisation; check data.validation"
+        );
+    }
     let mut stream = TrainStream::new(&cfg.data, &tok, state.data.clone()).map_err(data_err)?;
     let resumed = launch.resume_from.is_some();
     let keep = resumed.then_some(state.step);
