@@ -27,6 +27,7 @@ pub mod plot;
 pub mod predict;
 pub mod reproduce;
 pub mod schedule;
+pub mod session;
 pub mod stall_log;
 pub mod stalls_table;
 pub mod step;

@@ -1,0 +1,272 @@
+//! A run between its steps: [`Session::open`] sets up data, model, optimizer, resume and the
+//! run folder; then [`Session::step`], [`Session::validate`] and [`Session::checkpoint`]
+//! are the units that [`crate::trainer::run`]'s loop calls.
+
+use crate::checkpoint::{self, TrainState};
+use crate::config::{RunConfig, WeightDtype};
+use crate::metrics::{JsonlWriter, MetricsRow};
+use crate::optimizer::{Optimizer, ParamSet};
+use crate::schedule::learning_rate;
+use crate::stall_log::Theory;
+use crate::step::{train_step, StepContext, StepOutput};
+use crate::trainer::{
+    build_model, check_compatible, data_err, device, device_memory, evaluate, export_check, make_optimizer, param_infos,
+    Launch, StallWriter,
+};
+use anyhow::{Context, Result};
+use candle_core::{DType, Device};
+use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
+use lowbit_model::{init_params, Llama};
+use lowbit_optim::{Hyper, LowbitAdamW};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Everything a run holds between steps.
+pub struct Session {
+    pub cfg: RunConfig,
+    pub run_dir: PathBuf,
+    config_toml: String,
+    pub dev: Device,
+    dtype: DType,
+    /// The exported `config.json`: the model and the tokenizer's special ids.
+    hf_config: serde_json::Value,
+    varmap: candle_nn::VarMap,
+    model: Llama,
+    params: ParamSet,
+    opt: Box<dyn Optimizer>,
+    pub state: TrainState,
+    val: Vec<Batch>,
+    stream: TrainStream,
+    metrics: JsonlWriter,
+    stalls: JsonlWriter,
+    stall_log: StallWriter,
+    /// Steps whose stall rows are not written yet (counts are read `count_lag` steps late).
+    pending: VecDeque<(u64, bool)>,
+    pub n_params: usize,
+    pub state_bytes: usize,
+    /// CUDA pool high-water mark, bytes.
+    pub device_peak: Option<u64>,
+    pub last_checkpoint: Option<PathBuf>,
+}
+
+/// What one step did, for the progress line and the stop conditions.
+pub struct StepReport {
+    pub out: StepOutput,
+    /// Seconds the step took.
+    pub seconds: f64,
+    /// Stalled fractions (m, v) of the newest stall row written, if one was.
+    pub stalls: Option<(Option<f64>, Option<f64>)>,
+    /// The epoch the step's data reached, when it began a new one.
+    pub new_epoch: Option<u64>,
+}
+
+impl Session {
+    /// Sets up a run (or resumes one): tokenizer, model, optimizer states, the checkpoint's
+    /// state, validation batches, the training stream and the run folder's writers. The run
+    /// folder is touched only after a resume's checkpoint is accepted.
+    pub fn open(launch: &Launch) -> Result<Session> {
+        let cfg = launch.config.clone();
+        let run_dir = cfg.run_dir();
+        let config_toml = cfg.to_toml();
+        let dev = device(&cfg.train.device)?;
+        let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
+
+        // Data and model.
+        let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(data_err)?;
+        let mcfg = cfg
+            .model_config(tok.vocab_size())
+            .with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
+        let dtype = match cfg.model.dtype {
+            WeightDtype::F32 => DType::F32,
+            WeightDtype::Bf16 => DType::BF16,
+        };
+        // The exported config.json: the model, and the tokenizer's special ids for `generate`.
+        let mut hf_config = mcfg.hf_config_json_with_dtype(dtype);
+        hf_config.as_object_mut().context("config.json is a JSON object")?.extend(tok.hf_token_ids());
+        let mut varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
+        let model = build_model(&cfg, &mcfg, &varmap, dtype, &dev)?;
+        let params = ParamSet::from_varmap(&varmap);
+        let infos = param_infos(&params);
+        let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
+        let hyper = Hyper {
+            beta1: cfg.optim.beta1,
+            beta2: cfg.optim.beta2,
+            eps: cfg.optim.eps,
+            weight_decay: cfg.optim.weight_decay,
+        };
+        let mut host = LowbitAdamW::new(hyper, spec, cfg.train.seed, infos.clone());
+
+        // Resume.
+        let mut state = TrainState {
+            step: 0,
+            tokens: 0,
+            data: DataPosition::default(),
+            nonfinite_in_row: 0,
+            m_format: spec.m_format.name().into(),
+            v_format: spec.v_format.name().into(),
+            block_size: spec.block_size,
+            params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
+            rng: lowbit_optim::rng::SCHEME.into(),
+        };
+        if let Some(dir) = &launch.resume_from {
+            let saved = checkpoint::load_state(dir)?;
+            check_compatible(dir, &saved, &state)?;
+            checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
+            state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), ..saved };
+            tracing::info!("resumed from {} at step {}", dir.display(), state.step);
+        }
+        // Only now, with the checkpoint accepted, touch the run folder (a refused resume must
+        // not overwrite the run's config).
+        std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+        // a summary marks a finished run (`train stalls --follow` stops on it)
+        let _ = std::fs::remove_file(run_dir.join("summary.json"));
+        checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
+        let mut opt: Box<dyn Optimizer> = make_optimizer(host, &dev)?;
+
+        let n_params = params.num_params();
+        let state_bytes = opt.states()?.state_bytes();
+        let theory = Theory::for_spec(&spec, cfg.optim.beta2);
+        let global_batch = cfg.train.micro_batch * cfg.train.grad_accum;
+        println!(
+            "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
+            n_params,
+            mcfg.num_layers,
+            mcfg.hidden_size,
+            dtype,
+            model.kernels(),
+            spec.m_format.name(),
+            spec.v_format.name(),
+            spec.m_rounding.as_str(),
+            spec.v_rounding.as_str(),
+            state_bytes,
+            state_bytes as f64 / n_params as f64,
+            global_batch,
+            cfg.data.seq_len,
+            cfg.train.device,
+        );
+        if let Some(p) = theory.v {
+            println!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+        }
+
+        let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
+        let shared = shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)?;
+        if shared > 0 {
+            tracing::warn!(
+                shared,
+                sample = OVERLAP_SAMPLE,
+                "the validation shards share documents with the training shards ({shared} of the first \
+                 {OVERLAP_SAMPLE} documents of each training shard): the validation loss measures \
+                 memorisation; check data.validation"
+            );
+        }
+        let stream = TrainStream::new(&cfg.data, &tok, state.data.clone()).map_err(data_err)?;
+        let keep = launch.resume_from.is_some().then_some(state.step);
+        let metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
+        let stalls = JsonlWriter::open(&run_dir.join("stalls.jsonl"), keep)?;
+        let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every };
+        Ok(Session {
+            cfg,
+            run_dir,
+            config_toml,
+            dev,
+            dtype,
+            hf_config,
+            varmap,
+            model,
+            params,
+            opt,
+            state,
+            val,
+            stream,
+            metrics,
+            stalls,
+            stall_log,
+            pending: VecDeque::new(),
+            n_params,
+            state_bytes,
+            device_peak: None,
+            last_checkpoint: None,
+        })
+    }
+
+    /// Training step `step` (= `state.step + 1`): the step itself ([`train_step`]), then the
+    /// run's state, the metrics row and the stall rows that are due.
+    pub fn step(&mut self, step: u64) -> Result<StepReport> {
+        let t0 = Instant::now();
+        let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
+        let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
+        let mut ctx = StepContext {
+            model: &self.model,
+            params: &self.params,
+            opt: self.opt.as_mut(),
+            stream: &mut self.stream,
+            device: &self.dev,
+            micro_batch: cfg.train.micro_batch,
+            grad_accum: cfg.train.grad_accum,
+            grad_clip: cfg.optim.grad_clip,
+        };
+        let out = train_step(&mut ctx, step, lr, None)?;
+        if out.updated {
+            self.state.nonfinite_in_row = 0;
+        } else {
+            self.state.nonfinite_in_row += 1;
+            tracing::warn!("step {step}: non-finite loss {} or gradient norm {}: update skipped", out.loss, out.grad_norm);
+        }
+        if let Some((used, peak)) = device_memory(&self.dev) {
+            self.device_peak = Some(peak);
+            tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
+        }
+        let new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
+        self.state.step = step;
+        self.state.tokens += out.tokens;
+        self.state.data = out.position.clone();
+        let seconds = t0.elapsed().as_secs_f64();
+        self.metrics.write(&MetricsRow::Train {
+            step,
+            tokens: self.state.tokens,
+            lr,
+            loss: out.loss,
+            grad_norm: out.grad_norm as f64,
+            step_time: seconds,
+            tokens_per_s: out.tokens as f64 / seconds,
+            skipped: !out.updated,
+        })?;
+        self.pending.push_back((step, out.updated));
+        let lag = self.opt.count_lag();
+        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), &mut self.stalls)?;
+        Ok(StepReport { out, seconds, stalls, new_epoch })
+    }
+
+    /// Validation loss of the model now, written to `metrics.jsonl` as step `step`.
+    pub fn validate(&mut self, step: u64) -> Result<f64> {
+        let vl = evaluate(&self.model, &self.val, &self.dev)?;
+        self.metrics.write(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
+        Ok(vl)
+    }
+
+    /// Writes the stall rows still pending, then a checkpoint of the current step.
+    pub fn checkpoint(&mut self) -> Result<PathBuf> {
+        self.flush_stalls()?;
+        let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
+        let dir = checkpoint::save(
+            &self.run_dir,
+            &self.varmap,
+            &self.hf_config,
+            self.opt.states()?,
+            &self.state,
+            &self.config_toml,
+            self.cfg.train.keep_checkpoints,
+            &[(checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?)],
+        )?;
+        tracing::info!("checkpoint {}", dir.display());
+        self.last_checkpoint = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// Writes every pending stall row (waits for the device's counters).
+    pub fn flush_stalls(&mut self) -> Result<()> {
+        self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), &mut self.stalls)?;
+        Ok(())
+    }
+}
