@@ -111,22 +111,32 @@ impl Optimizer for HostAdamW {
     }
 }
 
-/// Global L2 norm of all gradients (any float dtype), squares summed in F64 so that finite
-/// gradients give a finite norm (four elements of 1e19: 2e19; in FP32 the squares overflow);
-/// one host sync. Matrices are summed by rows first: candle reduces a whole tensor in one
-/// thread block. A norm beyond `f32::MAX` is returned as `inf`.
+/// Global L2 norm of all gradients (any float dtype), so that finite gradients give a
+/// finite norm (four elements of 1e19: 2e19) and tiny ones keep their precision: squares
+/// summed in FP32, and again in F64 only when that sum overflowed or is below 1e-20 (where
+/// FP32 squares may have underflowed); F64 every step costs two more copies of every
+/// gradient. One host sync per pass. Matrices are summed by rows first: candle reduces a
+/// whole tensor in one thread block. A norm beyond `f32::MAX` is returned as `inf`.
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
+    let sq = sum_of_squares(grads, DType::F32)?;
+    if sq.is_nan() || (sq.is_finite() && sq >= 1e-20) {
+        return Ok(sq.sqrt() as f32);
+    }
+    Ok(sum_of_squares(grads, DType::F64)?.sqrt() as f32)
+}
+
+/// Σ g² over all gradients, each squared and summed in `dtype`, read to the host.
+fn sum_of_squares(grads: &[Tensor], dtype: DType) -> Result<f64> {
     let mut total: Option<Tensor> = None;
     for g in grads {
-        let sq = g.to_dtype(DType::F64)?.sqr()?;
+        let sq = g.to_dtype(dtype)?.sqr()?;
         let s = if g.rank() >= 2 { sq.sum(candle_core::D::Minus1)?.sum_all()? } else { sq.sum_all()? };
         total = Some(match total {
             None => s,
             Some(t) => (t + s)?,
         });
     }
-    let sq = total.context("no gradients")?.to_scalar::<f64>()?;
-    Ok(sq.sqrt() as f32)
+    Ok(total.context("no gradients")?.to_dtype(DType::F64)?.to_scalar::<f64>()?)
 }
 
 #[cfg(test)]
