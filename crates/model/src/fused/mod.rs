@@ -33,9 +33,9 @@ pub use mlp::gate_up_swiglu;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::cublas::{result as cublas, sys as blas};
-use candle_core::cuda::cudarc::driver::{CudaFunction, CudaModule, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::{CudaFunction, CudaModule, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
-use candle_core::cuda_backend::DeviceId;
+use candle_core::cuda_backend::{CudaDType, DeviceId};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 use half::bf16;
@@ -162,40 +162,27 @@ pub(crate) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
 
 /// An uninitialised buffer of `n` elements of `dtype` and its device address.
 pub(crate) fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
-    let stream = dev.cuda_stream();
-    let n = n.max(1);
-    Ok(match dtype {
-        DType::BF16 => {
-            let s = unsafe { dev.alloc::<bf16>(n)? };
-            let p = s.device_ptr(&stream).0;
-            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
-        }
-        DType::F32 => {
-            let s = unsafe { dev.alloc::<f32>(n)? };
-            let p = s.device_ptr(&stream).0;
-            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
-        }
-        d => candle_core::bail!("fused ops: cannot allocate {d:?}"),
-    })
+    buffer(dev, dtype, n, false)
 }
 
 /// A zero-filled buffer of `n` elements of `dtype` and its device address.
 pub(crate) fn alloc_zeroed(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
-    let stream = dev.cuda_stream();
+    buffer(dev, dtype, n, true)
+}
+
+/// A buffer of at least one element of `dtype`, zero-filled or not, and its address.
+fn buffer(dev: &CudaDevice, dtype: DType, n: usize, zeroed: bool) -> Result<(CudaStorage, u64)> {
+    fn typed<T: CudaDType + DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, n: usize, zeroed: bool) -> Result<(CudaStorage, u64)> {
+        let s = if zeroed { dev.alloc_zeros::<T>(n)? } else { unsafe { dev.alloc::<T>(n)? } };
+        let p = s.device_ptr(&dev.cuda_stream()).0;
+        Ok((CudaStorage::wrap_cuda_slice(s, dev.clone()), p))
+    }
     let n = n.max(1);
-    Ok(match dtype {
-        DType::BF16 => {
-            let s = dev.alloc_zeros::<bf16>(n)?;
-            let p = s.device_ptr(&stream).0;
-            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
-        }
-        DType::F32 => {
-            let s = dev.alloc_zeros::<f32>(n)?;
-            let p = s.device_ptr(&stream).0;
-            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
-        }
+    match dtype {
+        DType::BF16 => typed::<bf16>(dev, n, zeroed),
+        DType::F32 => typed::<f32>(dev, n, zeroed),
         d => candle_core::bail!("fused ops: cannot allocate {d:?}"),
-    })
+    }
 }
 
 /// A tensor (no gradient tracking) over `storage` with `shape`.
