@@ -40,6 +40,8 @@ struct StepArgs {
     int round_m, round_v, round_w;
     unsigned zero_m, zero_v;      // int8: index of 0 in the signed / unsigned map
     unsigned count;               // tensors in this launch
+    unsigned frac_m, frac_v;      // e8mK states: K
+    unsigned v_floor;             // 1: a block-scaled v never encodes to 0 in a non-zero block
 };
 
 // One tensor of the launch (mirrors StepKeys + the per-tensor decay).
@@ -120,6 +122,7 @@ struct NibbleCodes {
         for (int k = 0; k < 4; k++) o[k] = (r >> (4 * k)) & 0xF;
     }
 };
+template <> struct Codes<FMT_E8M> : Codes<FMT_BF16> {};
 template <> struct Codes<FMT_E4M3> : ByteCodes {};
 template <> struct Codes<FMT_E5M2> : ByteCodes {};
 template <> struct Codes<FMT_INT8> : ByteCodes {};
@@ -169,7 +172,7 @@ template <bool SR, bool ALL_SR> __device__ __forceinline__ int rounding_of(int r
 // Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
 // stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
 // kernels of launches without any stochastic rounding carry no hashing code at all.
-template <int F> __host__ __device__ constexpr int rand_width() { return F == FMT_BF16 ? 16 : 32; }
+template <int F> __host__ __device__ constexpr int rand_width() { return F == FMT_BF16 ? 16 : 32; }  // e8m: 32
 template <bool SR, int F>
 __device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, unsigned long long e, uint64_t r[4]) {
 #pragma unroll
@@ -182,7 +185,7 @@ __device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, 
 // Decoded value of a code with its block scale (state.rs `decode_code`).
 template <int F> __device__ __forceinline__ float decode(unsigned c, float scale, Int8Map map) {
     if constexpr (F == FMT_F32) return __uint_as_float(c);
-    else if constexpr (F == FMT_BF16) return bf16_decode((uint16_t)c);
+    else if constexpr (F == FMT_BF16 || F == FMT_E8M) return bf16_decode((uint16_t)c);
     else if constexpr (F == FMT_INT8) return __fmul_rn(map.t[c], scale);
     else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) return __fmul_rn(fp8_decode_hw<F>(c), scale);
     else return __fmul_rn(mf_decode<F>(c), scale);
@@ -212,12 +215,14 @@ template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
 }
 
 // Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`): `inv` is
-// inverse_scale of the block's new scale (int8: n = (x * int8_pre(scale)) * inv).
+// inverse_scale of the block's new scale (int8: n = (x * int8_pre(scale)) * inv). `aux`: for
+// int8 the map's index of 0, for e8m the fraction bits K.
 template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, float inv, int rounding, uint64_t rand,
-                                                          Int8Map map, unsigned zero) {
+                                                          Int8Map map, unsigned aux) {
     if constexpr (F == FMT_F32) return __float_as_uint(x);
     else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
-    else if constexpr (F == FMT_INT8) return int8_encode(map, __fmul_rn(__fmul_rn(x, int8_pre(scale)), inv), rounding, rand, zero);
+    else if constexpr (F == FMT_E8M) return e8m_encode(x, aux, rounding, rand);
+    else if constexpr (F == FMT_INT8) return int8_encode(map, __fmul_rn(__fmul_rn(x, int8_pre(scale)), inv), rounding, rand, aux);
     else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
         // nearest: the hardware converter (bit-identical to mf_encode's nearest)
         if (rounding == ROUND_NEAREST) return fp8_encode_rn_hw<F>(__fmul_rn(x, inv));
@@ -243,7 +248,7 @@ template <int F, bool BY_CODE>
 __device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code, float new_scale, float old_val,
                                             Int8Map map) {
     if constexpr (F == FMT_F32) return false;
-    else if constexpr (F == FMT_BF16 || BY_CODE) return new_code == old_code;
+    else if constexpr (F == FMT_BF16 || F == FMT_E8M || BY_CODE) return new_code == old_code;
     else return __float_as_uint(decode<F>(new_code, new_scale, map)) == __float_as_uint(old_val);
 }
 
@@ -370,10 +375,20 @@ __device__ __forceinline__ float warp_max(float x) {
 #endif
 }
 
-// The block's new scale of format F from the lanes' amax (a warp reduction, only for
-// scaled formats).
+// The block's amax of format F's state from the lanes' (a warp reduction, only for scaled
+// formats), and the block's new scale from it.
+template <int F> __device__ __forceinline__ float block_amax(float lane_amax) {
+    return Codes<F>::SCALED ? warp_max(lane_amax) : 0.0f;
+}
 template <int F> __device__ __forceinline__ float block_scale(float lane_amax) {
-    return scale_from_amax<F>(Codes<F>::SCALED ? warp_max(lane_amax) : 0.0f);
+    return scale_from_amax<F>(block_amax<F>(lane_amax));
+}
+
+// The smallest code v may take in a block whose (finite) amax is `amax_v`: 1 (the grid's
+// smallest positive value) with `v_floor` in a non-zero block, else 0 (adamw.rs
+// `encode_block`, `zero_free`).
+__device__ __forceinline__ unsigned v_floor_code(const StepArgs& a, float amax_v) {
+    return a.v_floor && amax_v > 0.0f ? 1u : 0u;
 }
 
 __device__ __forceinline__ float finite_abs(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
@@ -389,12 +404,13 @@ __device__ __forceinline__ void quad_amax(const Quad& q, int k, float& am, float
     }
 }
 
-// Encode the new moments with the new scales and count stalls. ALL_SR: m and v both round
-// stochastically (rounding_of).
+// Encode the new moments with the new scales (v no lower than code `floor_v`) and count
+// stalls. ALL_SR: m and v both round stochastically (rounding_of).
 template <bool SR, bool BY_CODE, bool ALL_SR, int MF, int VF>
 __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
-                                             const Quad& q, float new_sm, float new_sv, Int8Map map_m,
-                                             Int8Map map_v, unsigned mn[4], unsigned vn[4], unsigned cnt[6]) {
+                                             const Quad& q, float new_sm, float new_sv, unsigned floor_v,
+                                             Int8Map map_m, Int8Map map_v, unsigned mn[4], unsigned vn[4],
+                                             unsigned cnt[6]) {
     const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
     const int round_m = rounding_of<SR, ALL_SR>(a.round_m), round_v = rounding_of<SR, ALL_SR>(a.round_v);
     uint64_t rm[4], rv[4];
@@ -407,9 +423,11 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     // FP8 states 2-4% slower). Elements past k hold the moments of zero inputs and are never
     // stored.
     constexpr bool FP4 = MF == FMT_E2M1 || VF == FMT_UE2M2, INT8 = MF == FMT_INT8 || VF == FMT_INT8;
+    const unsigned aux_m = MF == FMT_E8M ? a.frac_m : a.zero_m, aux_v = VF == FMT_E8M ? a.frac_v : a.zero_v;
     const auto encode_pair = [&](int j) {
-        mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, a.zero_m);
-        vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, a.zero_v);
+        mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, aux_m);
+        vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, aux_v);
+        if constexpr (Codes<VF>::SCALED) vn[j] = max(vn[j], floor_v);
     };
     if constexpr (FP4) {
 #pragma unroll
@@ -433,15 +451,15 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
                                              const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
-                                             Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
+                                             unsigned floor_v, Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
     unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
     const bool by_code = scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv);
     if (SR && a.round_m == ROUND_STOCHASTIC && a.round_v == ROUND_STOCHASTIC) {
-        if (by_code) encode_count<SR, true, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
-        else encode_count<SR, false, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+        if (by_code) encode_count<SR, true, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
+        else encode_count<SR, false, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
     } else {
-        if (by_code) encode_count<SR, true, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
-        else encode_count<SR, false, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, map_m, map_v, mn, vn, cnt);
+        if (by_code) encode_count<SR, true, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
+        else encode_count<SR, false, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
     }
     store_codes<MF>((void*)t.mc, e, k, mn);
     store_codes<VF>((void*)t.vc, e, k, vn);
@@ -462,15 +480,16 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
         quad_amax(q, k, am, av);
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
-    float new_sm = 1.0f, new_sv = 1.0f;
+    float new_sm = 1.0f, new_sv = 1.0f, amax_v = 0.0f;
     if (scaled && blockwise) {
         new_sm = block_scale<MF>(am);
-        new_sv = block_scale<VF>(av);
+        amax_v = block_amax<VF>(av);
     } else if (scaled) {
         new_sm = scale_from_amax<MF>(amax_pre[0]);
-        new_sv = scale_from_amax<VF>(amax_pre[1]);
+        amax_v = amax_pre[1];
     }
-    if (k > 0) encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, map_m, map_v, cnt);
+    if (scaled) new_sv = scale_from_amax<VF>(amax_v);
+    if (k > 0) encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, v_floor_code(a, amax_v), map_m, map_v, cnt);
     if (scaled && blockwise && threadIdx.x % 32 == 0 && k > 0) {  // lane 0 holds the block's start
         if (Codes<MF>::SCALED) ((float*)t.ms)[si] = new_sm;
         if (Codes<VF>::SCALED) ((float*)t.vs)[si] = new_sv;
@@ -533,12 +552,12 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
     const float new_sm = block_scale<MF>(am);
-    const float new_sv = block_scale<VF>(av);
+    const float amax_v = block_amax<VF>(av), new_sv = scale_from_amax<VF>(amax_v);
     for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
         moments<P, MF, VF>(a, in, map_m, map_v, q);
-        encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, map_m, map_v, cnt);
+        encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, v_floor_code(a, amax_v), map_m, map_v, cnt);
     }
     __syncwarp();
     if (threadIdx.x % 32 == 0) {
@@ -717,9 +736,10 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 // registers; 2 blocks without spills ran 15% slower), BF16 m and v with FP32 weights
 // included: with 4 blocks their SR kernel spilled and ran 4% slower than nearest, with 3 it
 // is within 1% (0.527-0.532 ms SR, nearest unchanged).
+// e8m states count as BF16 (the same containers; not measured separately).
+template <int F> constexpr bool is16() { return F == FMT_BF16 || F == FMT_E8M; }
 template <typename P, int MF, int VF> constexpr int min_blocks() {
-    return MF == FMT_INT8 || VF == FMT_INT8 || (MF == FMT_BF16 && VF == FMT_BF16 && WeightCodes<P>::F == FMT_BF16) ? 4
-                                                                                                                 : 3;
+    return MF == FMT_INT8 || VF == FMT_INT8 || (is16<MF>() && is16<VF>() && WeightCodes<P>::F == FMT_BF16) ? 4 : 3;
 }
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
     extern "C" __global__ void __launch_bounds__(256, min_blocks<P, MF, VF>())                              \
@@ -763,3 +783,10 @@ ADAMW_M(fp8e4m3, FMT_E4M3)
 ADAMW_M(fp8e5m2, FMT_E5M2)
 ADAMW_M(fp4e2m1, FMT_E2M1)
 ADAMW_M(int8, FMT_INT8)
+// precision-only states (e8m, any K) pair with fp32, bf16 and e8m states only (cuda.rs
+// `kernel_pair` says so before loading)
+ADAMW_V(fp32, FMT_F32, e8m, FMT_E8M)
+ADAMW_V(bf16, FMT_BF16, e8m, FMT_E8M)
+ADAMW_V(e8m, FMT_E8M, fp32, FMT_F32)
+ADAMW_V(e8m, FMT_E8M, bf16, FMT_BF16)
+ADAMW_V(e8m, FMT_E8M, e8m, FMT_E8M)

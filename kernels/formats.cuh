@@ -8,8 +8,9 @@
 #define F32_NAN __uint_as_float(0x7FC00000u)
 #define F32_INF __uint_as_float(0x7F800000u)
 
-// Format ids (same order as StateFormat::ALL in Rust).
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_E4M3 = 2, FMT_E5M2 = 3, FMT_E2M1 = 4, FMT_UE2M2 = 5, FMT_INT8 = 6 };
+// Format ids (same order as StateFormat::ALL in Rust; FMT_E8M is every e8mK, K a launch
+// argument).
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_E4M3 = 2, FMT_E5M2 = 3, FMT_E2M1 = 4, FMT_UE2M2 = 5, FMT_INT8 = 6, FMT_E8M = 7 };
 enum { ROUND_NEAREST = 0, ROUND_STOCHASTIC = 1 };
 enum { SPECIALS_NONE = 0, SPECIALS_NAN_ONLY = 1, SPECIALS_IEEE = 2 };
 
@@ -24,6 +25,17 @@ __device__ __forceinline__ uint16_t bf16_encode(float x, int rounding, uint64_t 
     if (isnan(x)) return 0x7FC0;  // canonical quiet NaN
     unsigned add = rounding == ROUND_NEAREST ? 0x7FFFu + ((bits >> 16) & 1u) : (unsigned)(rand >> 48);
     uint16_t h = (uint16_t)((bits + add) >> 16);
+    return (h & 0x7FFF) == 0 ? 0 : h;
+}
+
+// ---- precision.rs: e8mK, K = 1..6 fraction bits in BF16's container (decode: bf16_decode) ----
+// The BF16 trick on the D = 23 - K dropped bits: nearest adds 2^(D-1) - 1 + the kept LSB,
+// stochastic the top D of the 32 random bits (element_bits<32>); then the low D bits go.
+__device__ __forceinline__ uint16_t e8m_encode(float x, unsigned k, int rounding, uint64_t rand) {
+    if (isnan(x)) return 0x7FC0;  // canonical quiet NaN
+    const unsigned bits = __float_as_uint(x), d = 23u - k;
+    const unsigned add = rounding == ROUND_NEAREST ? (1u << (d - 1)) - 1u + ((bits >> d) & 1u) : (unsigned)(rand >> 32) >> (32u - d);
+    const uint16_t h = (uint16_t)((((bits + add) >> d) << d) >> 16);
     return (h & 0x7FFF) == 0 ? 0 : h;
 }
 

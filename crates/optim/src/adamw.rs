@@ -2,7 +2,7 @@
 //! (`kernels/adamw.cu`) matches bit for bit. Same names, same step order:
 //! decode -> m -> v -> bias correction -> decay -> update -> encode.
 
-use crate::format::{bf16, int8, scale, Rounding, StateFormat};
+use crate::format::{bf16, int8, precision, scale, Rounding, StateFormat};
 use crate::rng::element_bits;
 use crate::stalls::{Counter, StallCounts};
 use crate::format::minifloat::pow2;
@@ -178,6 +178,7 @@ fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
 pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64) -> Counter {
     let format = state.format;
     let signed = state.signed;
+    let zero_free = state.zero_free;
     let block = state.block_len();
     match &mut state.codes {
         Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).map(
@@ -195,7 +196,10 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
                 let mut cnt = Counter::default();
                 for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
                     let i = (k * CHUNK + j) as u64;
-                    let code = bf16::encode(x, rounding, element_bits(key, i, 16));
+                    let code = match format {
+                        StateFormat::E8m(bits) => precision::encode(x, bits as u32, rounding, element_bits(key, i, 32)),
+                        _ => bf16::encode(x, rounding, element_bits(key, i, 16)),
+                    };
                     cnt.add(x != bf16::decode(*c), code == *c);
                     *c = code;
                 }
@@ -211,7 +215,7 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
                     .zip(new.par_chunks(block))
                     .enumerate()
                     .map(|(b, ((codes, scale), x))| {
-                        encode_block(format, signed, codes, scale, x, rounding, key, (b * block) as u64)
+                        encode_block(format, signed, zero_free, codes, scale, x, rounding, key, (b * block) as u64)
                     }),
             )
         }
@@ -219,12 +223,16 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
 }
 
 /// Encode one scaled block: compute the new scale, round every element, count stalls.
-/// `first` is the tensor index of the block's first element (the RNG counter).
+/// `first` is the tensor index of the block's first element (the RNG counter). `zero_free`
+/// ([`QuantState::zero_free`]): when the block's amax is non-zero, a code that would decode to
+/// 0 becomes code 1, the grid's smallest positive value (v only: unsigned values, so zero is
+/// code 0 in every v map).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn encode_block(
     format: StateFormat,
     signed: bool,
+    zero_free: bool,
     codes: &mut [u8],
     scale: &mut f32,
     x: &[f32],
@@ -234,6 +242,7 @@ pub fn encode_block(
 ) -> Counter {
     let old_scale = *scale;
     let amax = scale::amax(x.iter().copied());
+    let floor = u8::from(zero_free && amax > 0.0);
     let mut cnt = Counter::default();
     let packed = format.bits() == 4;
     let get = |codes: &[u8], j: usize| if packed { (codes[j / 2] >> (4 * (j % 2))) & 0xF } else { codes[j] };
@@ -244,7 +253,7 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = get(codes, j);
                 let old = mf.decode(old_code) * old_scale;
-                let code = mf.encode(xj * inv, rounding, element_bits(key, first + j as u64, 32));
+                let code = mf.encode(xj * inv, rounding, element_bits(key, first + j as u64, 32)).max(floor);
                 let new = mf.decode(code) * new_scale;
                 cnt.add(xj != old, new.to_bits() == old.to_bits());
                 put(codes, j, code, packed);
@@ -258,7 +267,7 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = codes[j];
                 let old = table[old_code as usize] * old_scale;
-                let code = table.encode(xj * pre * inv, rounding, element_bits(key, first + j as u64, 32));
+                let code = table.encode(xj * pre * inv, rounding, element_bits(key, first + j as u64, 32)).max(floor);
                 let new = table[code as usize] * absmax;
                 cnt.add(xj != old, new.to_bits() == old.to_bits());
                 codes[j] = code;

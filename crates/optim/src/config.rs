@@ -13,15 +13,43 @@ pub enum BiasCorrection {
     Continue,
 }
 
+/// Whether a block-scaled second moment may decode to 0 in a non-zero block (DESIGN.md,
+/// "Second moment without zero"; the zero-point problem of Li et al., "Memory Efficient
+/// Optimizers with 4-bit States", NeurIPS 2023).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VZero {
+    /// In a block with a non-zero amax, v's smallest stored value is the grid's smallest
+    /// positive one: values below it encode to it (default). An all-zero block stays 0.
+    Exclude,
+    /// v rounds to 0 like any value (reproduces the fault: an element with v = 0, m != 0 moves
+    /// by lr * m / eps).
+    Keep,
+}
+
+impl VZero {
+    /// Config name (`exclude` / `keep`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VZero::Exclude => "exclude",
+            VZero::Keep => "keep",
+        }
+    }
+}
+
 /// `[optim.states]`: storage format, rounding and reset period of m and v, and the rounding
 /// of BF16 weights. Every cell of the paper's tables is a combination of these knobs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StatesConfig {
-    /// First-moment format: fp32, bf16, fp8 (= fp8e4m3), fp8e5m2, fp4 (= fp4e2m1), int8.
+    /// First-moment format: fp32, bf16, fp8 (= fp8e4m3), fp8e5m2, fp4 (= fp4e2m1), int8, or
+    /// a precision-only e8m1 .. e8m7 (e8m7 = bf16).
     pub m_format: String,
     /// Second-moment format: as m, plus fp4ue2m2; `fp4` means the unsigned fp4ue2m2 here.
     pub v_format: String,
+    /// Block-scaled v (fp8, fp8e5m2, fp4, int8): `exclude` (default) keeps v off 0 in a
+    /// non-zero block, `keep` lets it round to 0. Ignored by unscaled formats.
+    pub v_zero: VZero,
     /// Write-back rounding of m: `nearest` or `stochastic`.
     pub m_rounding: Rounding,
     /// Write-back rounding of v.
@@ -44,6 +72,7 @@ impl Default for StatesConfig {
         StatesConfig {
             m_format: "fp32".into(),
             v_format: "fp32".into(),
+            v_zero: VZero::Exclude,
             m_rounding: Rounding::Nearest,
             v_rounding: Rounding::Nearest,
             block_size: 128,
@@ -60,6 +89,7 @@ impl Default for StatesConfig {
 pub struct StatesSpec {
     pub m_format: StateFormat,
     pub v_format: StateFormat,
+    pub v_zero: VZero,
     pub m_rounding: Rounding,
     pub v_rounding: Rounding,
     pub block_size: usize,
@@ -94,6 +124,7 @@ impl StatesConfig {
         Ok(StatesSpec {
             m_format,
             v_format,
+            v_zero: self.v_zero,
             m_rounding: self.m_rounding,
             v_rounding: self.v_rounding,
             block_size: self.block_size,

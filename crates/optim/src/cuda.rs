@@ -81,6 +81,9 @@ struct StepArgs {
     zero_m: u32,
     zero_v: u32,
     count: u32,
+    frac_m: u32,
+    frac_v: u32,
+    v_floor: u32,
 }
 
 /// One tensor of a launch: `struct TensorArgs` of `kernels/adamw.cu` (device addresses).
@@ -120,6 +123,31 @@ fn round_id(r: Rounding) -> i32 {
 
 fn err(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Cuda(e.to_string().into())
+}
+
+/// The name of `format` in kernel names: every precision-only `e8mK` shares the `e8m`
+/// kernels (K is a launch argument).
+fn kernel_format(format: StateFormat) -> &'static str {
+    match format {
+        StateFormat::E8m(_) => "e8m",
+        f => f.name(),
+    }
+}
+
+/// The `(m, v)` kernel names' formats. Errors for pairs without kernels: precision-only
+/// states pair only with fp32, bf16 or precision-only states (kernels/adamw.cu).
+fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static str)> {
+    let precision = |f| matches!(f, StateFormat::E8m(_));
+    let plain = |f| matches!(f, StateFormat::Fp32 | StateFormat::Bf16 | StateFormat::E8m(_));
+    if (precision(m) || precision(v)) && !(plain(m) && plain(v)) {
+        candle_core::bail!(
+            "optim.states: the CUDA optimizer pairs a precision-only format (e8m1..e8m6) only with fp32, bf16 or \
+             another precision-only format, got m = {} and v = {}",
+            m.name(),
+            v.name()
+        );
+    }
+    Ok((kernel_format(m), kernel_format(v)))
 }
 
 /// Open CUDA device `ordinal` for training with these kernels. Candle runs every operation
@@ -208,7 +236,7 @@ impl CudaAdamW {
         assert!(signed[255] == 1.0 && unsigned[255] == 1.0, "int8 maps must end at 1");
         let maps = stream.clone_htod(&[&signed.values()[..], unsigned.values()].concat()).map_err(err)?;
         let buckets = stream.clone_htod(&[signed.bucket_starts(), unsigned.bucket_starts()].concat()).map_err(err)?;
-        let (mf, vf) = (host.spec.m_format.name(), host.spec.v_format.name());
+        let (mf, vf) = kernel_pair(host.spec.m_format, host.spec.v_format)?;
         let mut names = vec![
             format!("adamw_amax_{mf}_{vf}"),
             format!("adamw_amax_bf16g_{mf}_{vf}"),
@@ -296,6 +324,9 @@ impl CudaAdamW {
             zero_m: zero(true),
             zero_v: zero(false),
             count: 0,
+            frac_m: spec.m_format.fraction_bits().unwrap_or(0),
+            frac_v: spec.v_format.fraction_bits().unwrap_or(0),
+            v_floor: self.host.tensors.first().is_some_and(|t| t.v.zero_free) as u32,
         };
         let (decay_off, decay_on) = (h.decay, self.host.scalars(step, lr, grad_scale, true).decay);
         // (weight dtype, gradient dtype, tensor) in optimizer order

@@ -50,7 +50,7 @@ pub mod stalls;
 pub mod state;
 pub mod theory;
 
-pub use config::{BiasCorrection, StatesConfig, StatesSpec};
+pub use config::{BiasCorrection, StatesConfig, StatesSpec, VZero};
 pub use format::{rounding::Rounding, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};

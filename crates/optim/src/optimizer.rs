@@ -3,7 +3,7 @@
 //! CPU reference step. The CUDA path (`cuda` feature) uses the same constants and keys.
 
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
-use crate::config::StatesSpec;
+use crate::config::{StatesSpec, VZero};
 use crate::reset::reset_at;
 use crate::rng::{stream_key, StateKind};
 use crate::stalls::StallCounts;
@@ -65,7 +65,8 @@ impl LowbitAdamW {
             .into_iter()
             .map(|info| TensorState {
                 m: QuantState::zeros(spec.m_format, info.len, spec.block_size, true),
-                v: QuantState::zeros(spec.v_format, info.len, spec.block_size, false),
+                v: QuantState::zeros(spec.v_format, info.len, spec.block_size, false)
+                    .with_zero_free(spec.v_zero == VZero::Exclude),
                 info,
             })
             .collect();

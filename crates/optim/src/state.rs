@@ -12,7 +12,7 @@ use crate::format::{bf16, int8, num_scales, StateFormat};
 pub enum Codes {
     /// FP32 words (format `fp32`).
     F32(Vec<f32>),
-    /// BF16 bit patterns (format `bf16`).
+    /// BF16 bit patterns (format `bf16`, and the 16-bit containers of `e8m1`..`e8m6`).
     Bf16(Vec<u16>),
     /// One byte per element (FP8, int8) or two FP4 codes per byte (low nibble first).
     Bytes(Vec<u8>),
@@ -33,6 +33,12 @@ pub struct QuantState {
     pub scales: Vec<f32>,
     /// Whether the state may be negative (m: true, v: false); selects int8's map.
     pub signed: bool,
+    /// Second moment without zero (`optim.states.v_zero = "exclude"`, DESIGN.md): in a block
+    /// whose new amax is non-zero, no element encodes to 0; values below the grid's smallest
+    /// positive value (code 1: FP8/FP4 smallest subnormal, int8 unsigned map entry 1) encode to
+    /// it, under either rounding. An all-zero block still stores exact 0. Only ever true for
+    /// unsigned (v) states of block-scaled formats.
+    pub zero_free: bool,
 }
 
 impl QuantState {
@@ -41,7 +47,7 @@ impl QuantState {
     pub fn zeros(format: StateFormat, len: usize, block: usize, signed: bool) -> Self {
         let codes = match format {
             StateFormat::Fp32 => Codes::F32(vec![0.0; len]),
-            StateFormat::Bf16 => Codes::Bf16(vec![0; len]),
+            StateFormat::Bf16 | StateFormat::E8m(_) => Codes::Bf16(vec![0; len]),
             f => Codes::Bytes(vec![0; (len * f.bits() as usize).div_ceil(8)]),
         };
         let mut s = QuantState {
@@ -51,9 +57,17 @@ impl QuantState {
             codes,
             scales: vec![1.0; num_scales(format, len, block)],
             signed,
+            zero_free: false,
         };
         s.set_zero();
         s
+    }
+
+    /// The same state with the second-moment floor on or off ([`Self::zero_free`]); it is
+    /// only switched on for unsigned states of block-scaled formats.
+    pub fn with_zero_free(mut self, on: bool) -> Self {
+        self.zero_free = on && !self.signed && self.format.is_scaled();
+        self
     }
 
     /// Elements per block as used for indexing (the whole tensor when `block == 0`).
@@ -135,7 +149,7 @@ impl QuantState {
             StateFormat::Fp32 => Codes::F32(
                 bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
             ),
-            StateFormat::Bf16 => Codes::Bf16(
+            StateFormat::Bf16 | StateFormat::E8m(_) => Codes::Bf16(
                 bytes.chunks_exact(2).map(|b| u16::from_le_bytes(b.try_into().unwrap())).collect(),
             ),
             _ => Codes::Bytes(bytes.to_vec()),

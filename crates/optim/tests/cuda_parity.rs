@@ -2,7 +2,9 @@
 //! `cargo test --release --features cuda -p lowbit-optim --test cuda_parity`; without one the
 //! test prints why and passes vacuously).
 //!
-//! For every state format (as m and as v) x rounding x weight dtype x block size (128 and 64:
+//! For every state format (as m and as v; the precision-only e8mK with K = 1, 2, 3, 6; block-
+//! scaled v with `v_zero` exclude, and keep for fp8, fp4 and int8) x rounding x weight dtype x
+//! block size (128 and 64:
 //! moments kept in registers; 256: two passes; per tensor), starting from random non-zero
 //! states, three steps on 265 tensors (more than one launch takes) of odd sizes (not a
 //! multiple of the block) with edge-value gradients (zeros, subnormals, huge, +-Inf, NaN) and
@@ -19,7 +21,7 @@ use lowbit_optim::adamw::Weights;
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::format::bf16 as bf;
 use lowbit_optim::rng::{random_bits, stream_key, StateKind};
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig, VZero};
 
 fn gpu() -> Option<Device> {
     match lowbit_optim::cuda::open_device(0) {
@@ -66,6 +68,7 @@ struct Case {
     rounding: Rounding,
     bf16_weights: bool,
     block: usize,
+    v_zero: VZero,
 }
 
 fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
@@ -81,6 +84,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         m_reset_every: 2,
         v_reset_every: 0,
         weight_rounding: c.rounding,
+        v_zero: c.v_zero,
         ..Default::default()
     };
     if c.m == "fp32" {
@@ -197,17 +201,23 @@ fn kernels_match_cpu_reference_bit_for_bit() {
         ("bf16", "fp4ue2m2"),
         ("fp4e2m1", "fp8e5m2"),
         ("int8", "fp32"),
+        ("e8m3", "e8m3"),
+        ("e8m1", "e8m2"),
+        ("fp32", "e8m6"),
+        ("e8m2", "bf16"),
     ];
+    let keep = [("fp8e4m3", "fp8e4m3"), ("fp4e2m1", "fp4ue2m2"), ("int8", "int8")];
+    let runs = pairs.iter().map(|&p| (p, VZero::Exclude)).chain(keep.iter().map(|&p| (p, VZero::Keep)));
     let mut failures = vec![];
     let mut cases = 0;
-    for (m, v) in pairs {
+    for ((m, v), v_zero) in runs {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 64, 256, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block };
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero };
                     cases += 1;
                     if let Err(e) = run_case(&dev, &c) {
-                        failures.push(format!("m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
+                        failures.push(format!("m={m} v={v} {v_zero:?} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
                     }
                 }
             }
@@ -250,4 +260,15 @@ fn bf16_gradients_for_f32_weights_are_refused() {
     assert!(e.contains("w: F32 weights with BF16 gradients"), "{e}");
     let g = Tensor::zeros(8, DType::F32, &dev).unwrap();
     gpu.step(1, 1e-3, 1.0, &[p], &[g]).unwrap();
+}
+
+#[test]
+fn precision_only_with_block_scaled_states_is_refused() {
+    let Some(dev) = gpu() else { return };
+    let Device::Cuda(cuda_dev) = &dev else { unreachable!() };
+    let states = StatesConfig { m_format: "e8m3".into(), v_format: "fp8".into(), ..Default::default() };
+    let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+    let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 8, weight_decay: false }];
+    let e = CudaAdamW::new(LowbitAdamW::new(hyper, states.resolve().unwrap(), 0, infos), cuda_dev).err().unwrap().to_string();
+    assert!(e.contains("m = e8m3 and v = fp8e4m3"), "{e}");
 }

@@ -119,3 +119,18 @@ fn bf16_nearest_even_and_specials() {
     assert_eq!(bf16::encode(f32::from_bits(0x0001_8000), Rounding::Nearest, 0), 0x0002);
     assert_eq!(bf16::encode(-1e-45, Rounding::Nearest, 0), 0, "canonical zero");
 }
+
+/// Precision-only formats: the theory's fraction bits, 2 bytes per element and no scales
+/// (state bytes reported honestly: a precision simulation, not a memory saving).
+#[test]
+fn precision_only_formats_report_bits_and_bytes() {
+    use lowbit_optim::StateFormat;
+    for k in 1..=6u8 {
+        let f = StateFormat::parse(&format!("e8m{k}"), k > 1).unwrap();
+        assert_eq!(f, StateFormat::E8m(k));
+        assert_eq!(f.name(), format!("e8m{k}"));
+        assert_eq!(f.fraction_bits(), Some(k as u32));
+        assert_eq!(f.storage_bytes(1000, 128), 2000);
+        assert!(!f.is_scaled() && f.is_signed());
+    }
+}

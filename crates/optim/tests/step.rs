@@ -150,7 +150,7 @@ fn int8_blocks_with_subnormal_absmax_keep_their_values() {
     for absmax in [1e-39f32, f32::from_bits(3), 1e-30] {
         let x = [absmax, -absmax / 2.0, 0.0, absmax / 4.0];
         let (mut codes, mut scale) = ([0u8; 4], 1.0f32);
-        encode_block(StateFormat::Int8, true, &mut codes, &mut scale, &x, Rounding::Nearest, 0, 0);
+        encode_block(StateFormat::Int8, true, false, &mut codes, &mut scale, &x, Rounding::Nearest, 0, 0);
         assert_eq!(scale, absmax);
         assert_eq!(codes[0], 255, "absmax {absmax:e}");
         assert_eq!(codes[2], t.zero_index(), "absmax {absmax:e}");

@@ -1,7 +1,7 @@
 //! Stochastic rounding is unbiased for every format (subnormals included) and never moves
 //! values that are already on the grid.
 
-use lowbit_optim::format::{bf16, fp4, fp8, int8, minifloat::MiniFloat, Rounding};
+use lowbit_optim::format::{bf16, fp4, fp8, int8, minifloat::MiniFloat, precision, Rounding};
 use lowbit_optim::rng::{element_bits, random_bits, stream_key, StateKind};
 
 const DRAWS: u64 = 100_000;
@@ -84,6 +84,54 @@ fn bf16_is_unbiased_including_subnormals() {
     }
 }
 
+/// e8mK: between neighbours of a normal binade (1 + j 2^-K), of a tiny binade (no range
+/// limit) and of FP32 subnormals (the exponent field 0, fraction rounded to K bits).
+#[test]
+fn precision_only_formats_are_unbiased() {
+    for k in precision::FRACTION_BITS {
+        let step = 2f32.powi(-(k as i32));
+        for (lo, hi) in [(1.0f32, 1.0 + step), (-2.0 * (1.0 + step), -2.0), (1.5e-40, 1.5e-40 + 2f32.powi(-126) * step)] {
+            let (lo, hi) = (precision::decode(precision::encode(lo, k, Rounding::Nearest, 0)), precision::decode(precision::encode(hi, k, Rounding::Nearest, 0)));
+            assert!(lo < hi, "e8m{k}: {lo} {hi}");
+            for x in between(lo, hi) {
+                check_unbiased(
+                    x as f64,
+                    lo as f64,
+                    hi as f64,
+                    32,
+                    |r| precision::decode(precision::encode(x, k, Rounding::Stochastic, r)) as f64,
+                    &format!("e8m{k}"),
+                );
+            }
+        }
+    }
+}
+
+/// e8m7 would be BF16: with 7 fraction bits the precision-only rounding is BF16's, which is
+/// why the config name `e8m7` resolves to `bf16`.
+#[test]
+fn seven_fraction_bits_is_bf16() {
+    use lowbit_optim::StateFormat;
+    assert_eq!(StateFormat::parse("e8m7", true), Ok(StateFormat::Bf16));
+    assert_eq!(StateFormat::parse("e8m3", false), Ok(StateFormat::E8m(3)));
+    assert!(StateFormat::parse("e8m0", false).unwrap_err().contains("1 to 7"));
+    assert!(StateFormat::parse("e8m8", false).is_err());
+    for i in 0..20_000u32 {
+        let x = f32::from_bits(i.wrapping_mul(2_654_435_761));
+        if x.is_nan() {
+            continue;
+        }
+        // the nearest-even rule on 16 dropped bits, written out for K = 7
+        let bits = x.to_bits();
+        let want = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+        let want = if want & 0x7FFF == 0 { 0 } else { want };
+        assert_eq!(bf16::encode(x, Rounding::Nearest, 0), want);
+        // K = 6 keeps one fraction bit less: its result is BF16-representable with an even
+        // last BF16 fraction bit
+        assert_eq!(precision::encode(x, 6, Rounding::Nearest, 0) & 1, 0);
+    }
+}
+
 #[test]
 fn int8_is_unbiased() {
     for signed in [true, false] {
@@ -118,6 +166,12 @@ fn exact_values_never_move() {
         let h = (i as u16).wrapping_mul(7919) & 0x7F7F;
         if h & 0x7FFF != 0 {
             assert_eq!(bf16::encode(bf16::decode(h), Rounding::Stochastic, r), h);
+            for k in precision::FRACTION_BITS {
+                let on_grid = h & !((1u16 << (7 - k)) - 1);
+                if on_grid & 0x7FFF != 0 {
+                    assert_eq!(precision::encode(precision::decode(on_grid), k, Rounding::Stochastic, r), on_grid);
+                }
+            }
         }
     }
 }

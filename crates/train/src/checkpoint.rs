@@ -37,6 +37,10 @@ pub struct TrainState {
     pub m_format: String,
     pub v_format: String,
     pub block_size: usize,
+    /// `optim.states.v_zero` the states were written with (`exclude` / `keep`; empty in
+    /// checkpoints written before it was recorded, which behaved as `keep`).
+    #[serde(default)]
+    pub v_zero: String,
     /// Model parameter names and element counts, to refuse a checkpoint of another model.
     pub params: Vec<(String, usize)>,
     /// Random-bit scheme of the run (`lowbit_optim::rng::SCHEME`; empty in checkpoints
@@ -255,6 +259,7 @@ mod tests {
             m_format: "fp8e4m3".into(),
             v_format: "fp8e4m3".into(),
             block_size: 128,
+            v_zero: "exclude".into(),
             params: vec![("w".into(), 3)],
             rng: lowbit_optim::rng::SCHEME.into(),
         })

@@ -3,8 +3,15 @@
 //!
 //! ```text
 //! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full [--jobs N] [--seeds N]
-//!                 [--set section.key=value ...] [--configs DIR] [--out DIR] [--force]
+//!                 [--states paper|storage|both] [--set section.key=value ...] [--configs DIR]
+//!                 [--out DIR] [--force]
 //! ```
+//!
+//! `--states` picks what the FP8 and FP4 cells store their states in (DESIGN.md): `paper`
+//! (default) the precision-only formats the paper's cells are reproduced with (FP8 = e8m3,
+//! FP4 = e8m2 for v and [`PAPER_FP4_M`] for m), `storage` the block-scaled formats of the
+//! config files (real 8- and 4-bit storage), `both` one report each. FP32 and BF16 cells are
+//! the same in both and run once.
 //!
 //! A cell is one config file (`configs/llama100m_<states>_<fix>.toml` for the BF16-model main
 //! table, `configs/fp32_model/llama100m_f32model_<states>_<fix>.toml` for the FP32-model
@@ -45,6 +52,10 @@ pub struct ReproduceArgs {
     /// Seeds per cell, 0..N, paired across cells (default: smoke 1, h200 2, full 1).
     #[arg(long)]
     pub seeds: Option<usize>,
+    /// FP8/FP4 cells on the paper's precision-only formats, on the block-scaled storage
+    /// formats of the config files, or both (one report each).
+    #[arg(long, value_enum, default_value = "paper")]
+    pub states: StatesArg,
     /// Extra override for every run, applied after the scale's (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -87,6 +98,91 @@ impl Table {
         match self {
             Table::Bf16Model => "main table (BF16 model)",
             Table::Fp32Model => "Table 2 (FP32 model)",
+        }
+    }
+}
+
+/// `--states`: which state formats the FP8/FP4 cells run on.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatesArg {
+    Paper,
+    Storage,
+    Both,
+}
+
+impl StatesArg {
+    /// The kinds to run, in report order.
+    pub fn kinds(self) -> Vec<States> {
+        match self {
+            StatesArg::Paper => vec![States::Paper],
+            StatesArg::Storage => vec![States::Storage],
+            StatesArg::Both => vec![States::Paper, States::Storage],
+        }
+    }
+}
+
+/// What the FP8 and FP4 cells store their states in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum States {
+    /// The precision-only formats (FP32's exponent, 3 or 2 fraction bits: the theory's grids,
+    /// the paper's setting as DESIGN.md reads it).
+    Paper,
+    /// The block-scaled formats of the config files (FP8 E4M3, FP4 E2M1 / unsigned E2M2,
+    /// blocks of 128, zero-free v): the product's real memory saving.
+    Storage,
+}
+
+/// The first moment of the paper's FP4 cells: E2M1's precision, 1 fraction bit (the paper
+/// does not say whether m keeps E2M1's 1 or E2M2's 2 bits; DESIGN.md, "Precision-only
+/// formats").
+pub const PAPER_FP4_M: &str = "e8m1";
+
+impl States {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            States::Paper => "paper",
+            States::Storage => "storage",
+        }
+    }
+    /// Overrides of a cell's state formats: the precision-only formats for the paper's FP8 and
+    /// FP4 cells, none otherwise (the config files hold the storage formats).
+    pub fn overrides(self, fmt: Fmt) -> Vec<String> {
+        let (m, v) = match (self, fmt) {
+            (States::Paper, Fmt::Fp8) => ("e8m3", "e8m3"),
+            (States::Paper, Fmt::Fp4) => (PAPER_FP4_M, "e8m2"),
+            _ => return vec![],
+        };
+        vec![format!("optim.states.m_format=\"{m}\""), format!("optim.states.v_format=\"{v}\"")]
+    }
+    /// Folder of a cell's runs under `--runs`: `<table>-<scale>` for cells the kind does not
+    /// change (FP32, BF16 states), `<table>-<scale>-<kind>` for FP8 and FP4 cells.
+    pub fn runs_dir(self, root: &Path, table: Table, scale: Scale, fmt: Fmt) -> PathBuf {
+        let base = format!("{}-{}", table.as_str(), scale.as_str());
+        match fmt {
+            Fmt::Fp8 | Fmt::Fp4 => root.join(format!("{base}-{}", self.as_str())),
+            Fmt::Fp32 | Fmt::Bf16 => root.join(base),
+        }
+    }
+    /// The report's file name under `--out`: the reproduction (`paper`) keeps the plain name.
+    pub fn report_name(self, table: Table, scale: Scale) -> String {
+        match self {
+            States::Paper => format!("{}-{}.md", table.as_str(), scale.as_str()),
+            States::Storage => format!("{}-{}-storage.md", table.as_str(), scale.as_str()),
+        }
+    }
+    /// What the report says about the FP8/FP4 cells' formats.
+    pub fn description(self) -> String {
+        match self {
+            States::Paper => format!(
+                "States of the FP8 and FP4 cells: **precision-only formats** (the paper's setting as DESIGN.md \
+                 reads it): FP32's sign and exponent, the fraction rounded to 3 bits (FP8 = `e8m3` for m and v) \
+                 or 2 bits (FP4: `e8m2` for v, `{PAPER_FP4_M}` for m), stored in 2 bytes: the stall theory's \
+                 grids, no range limit, no memory saving. The storage formats' table is `*-storage.md`."
+            ),
+            States::Storage => "States of the FP8 and FP4 cells: **block-scaled storage formats** (the product's real \
+                 memory saving, not the paper's setting): FP8 E4M3 for m and v, FP4 E2M1 for m and unsigned E2M2 for v, \
+                 one power-of-two scale per 128 elements, zero-free v (`optim.states.v_zero = \"exclude\"`)."
+                .into(),
         }
     }
 }
@@ -601,6 +697,8 @@ pub struct RunInfo {
     pub runs_dir: String,
     /// Scale text (normally [`scale_description`]).
     pub scale_text: String,
+    /// What the FP8/FP4 cells store their states in ([`States::description`]).
+    pub states_text: String,
 }
 
 fn opt(x: Option<f64>, digits: usize) -> String {
@@ -640,6 +738,9 @@ pub fn render(table: Table, scale: Scale, r: &Results, info: &RunInfo) -> String
         let _ = writeln!(w, "**{} run(s) failed or did not finish** (see `train.log` in their folders): {}.\n", info.runs_failed.len(), info.runs_failed.join(", "));
     }
     let _ = writeln!(w, "{}\n", info.scale_text);
+    if !info.states_text.is_empty() {
+        let _ = writeln!(w, "{}\n", info.states_text);
+    }
     let _ = writeln!(
         w,
         "Paper: LLaMA-100M on C4, {} (DESIGN.md). Losses are final validation losses (nats/token); \
@@ -768,9 +869,20 @@ pub struct Job {
     pub resolved: String,
 }
 
-/// The overrides of one (cell, seed) run: scale, then folder and seed, then the user's.
-pub fn run_overrides(scale: Scale, cell: Cell, runs_dir: &Path, name: &str, seed: usize, extra: &[String]) -> Vec<String> {
+/// The overrides of one (cell, seed) run: scale, state formats, then folder and seed, then
+/// the user's.
+#[allow(clippy::too_many_arguments)]
+pub fn run_overrides(
+    scale: Scale,
+    states: States,
+    cell: Cell,
+    runs_dir: &Path,
+    name: &str,
+    seed: usize,
+    extra: &[String],
+) -> Vec<String> {
     let mut o = scale_overrides(scale, cell);
+    o.extend(states.overrides(cell.0));
     o.push(format!("run.dir={}", toml_str(&runs_dir.to_string_lossy())));
     o.push(format!("run.name={}", toml_str(name)));
     o.push(format!("train.seed={seed}"));
@@ -782,15 +894,25 @@ fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
-/// Plan every run (seed-major, so partial results stay paired), loading each config.
-pub fn plan(table: Table, scale: Scale, seeds: usize, configs: &Path, runs_root: &Path, extra: &[String]) -> Result<Vec<Job>> {
-    let runs_dir = runs_root.join(format!("{}-{}", table.as_str(), scale.as_str()));
+/// Plan every run of one state kind (seed-major, so partial results stay paired), loading
+/// each config.
+#[allow(clippy::too_many_arguments)]
+pub fn plan(
+    table: Table,
+    scale: Scale,
+    states: States,
+    seeds: usize,
+    configs: &Path,
+    runs_root: &Path,
+    extra: &[String],
+) -> Result<Vec<Job>> {
     let mut jobs = Vec::new();
     for seed in 0..seeds {
         for cell in cells(table) {
             let config = cell_config(configs, table, cell);
             let name = format!("{}-s{seed}", cell_name(table, cell));
-            let overrides = run_overrides(scale, cell, &runs_dir, &name, seed, extra);
+            let runs_dir = states.runs_dir(runs_root, table, scale, cell.0);
+            let overrides = run_overrides(scale, states, cell, &runs_dir, &name, seed, extra);
             let cfg = RunConfig::load(&config, &overrides)
                 .with_context(|| format!("cell {} (seed {seed})", cell_name(table, cell)))?;
             jobs.push(Job {
@@ -850,11 +972,22 @@ fn spawn(job: &Job, threads: usize) -> Result<Child> {
     cmd.spawn().context("cannot start a training run")
 }
 
-/// `train reproduce`.
+/// `train reproduce`: every run of every state kind asked for (a run shared by two kinds, an
+/// FP32 or BF16 cell, once), then one report per kind.
 pub fn run(a: &ReproduceArgs) -> Result<()> {
     let seeds = a.seeds.unwrap_or(a.scale.default_seeds()).max(1);
     let jobs_at_once = a.jobs.unwrap_or(a.scale.default_jobs()).max(1);
-    let jobs = plan(a.table, a.scale, seeds, &a.configs, &a.runs, &a.set)?;
+    let kinds = a.states.kinds();
+    let plans = kinds
+        .iter()
+        .map(|&k| plan(a.table, a.scale, k, seeds, &a.configs, &a.runs, &a.set))
+        .collect::<Result<Vec<_>>>()?;
+    let mut jobs: Vec<Job> = Vec::new();
+    for j in plans.iter().flatten() {
+        if !jobs.iter().any(|k| k.run_dir == j.run_dir) {
+            jobs.push(j.clone());
+        }
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cpus / jobs_at_once).max(1);
     let started = Instant::now();
@@ -917,43 +1050,45 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         }
     }
 
-    // Collect.
-    let mut results: Results = BTreeMap::new();
-    let mut info = RunInfo {
-        command: std::iter::once("train".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
-        seeds,
-        jobs: jobs_at_once,
-        runs_total: jobs.len(),
-        runs_dir: a.runs.join(format!("{}-{}", a.table.as_str(), a.scale.as_str())).display().to_string(),
-        scale_text: scale_description(a.scale),
-        ..Default::default()
-    };
-    for j in &jobs {
-        let slot = results.entry(j.cell).or_insert_with(|| vec![None; seeds]);
-        match read_result(&j.run_dir, j.max_steps) {
-            Some((r, v)) => {
-                slot[j.seed] = Some(r);
-                info.params = info.params.or(v.get("params").and_then(|x| x.as_u64()));
-                info.tokens_per_run = info.tokens_per_run.or(v.get("tokens").and_then(|x| x.as_u64()));
-                info.steps = info.steps.or(v.get("steps").and_then(|x| x.as_u64()));
-            }
-            None => {
-                if !failed.contains(&name_of(j)) {
-                    failed.push(name_of(j));
+    // Collect, one report per state kind.
+    let wall_s = (!a.report_only && done.len() < jobs.len()).then(|| started.elapsed().as_secs_f64());
+    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    for (kind, plan) in kinds.iter().zip(&plans) {
+        let mut results: Results = BTreeMap::new();
+        let mut info = RunInfo {
+            command: std::iter::once("train".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
+            seeds,
+            jobs: jobs_at_once,
+            runs_total: plan.len(),
+            runs_dir: a.runs.display().to_string(),
+            scale_text: scale_description(a.scale),
+            states_text: kind.description(),
+            wall_s,
+            ..Default::default()
+        };
+        for j in plan {
+            let slot = results.entry(j.cell).or_insert_with(|| vec![None; seeds]);
+            match read_result(&j.run_dir, j.max_steps) {
+                Some((r, v)) => {
+                    slot[j.seed] = Some(r);
+                    info.params = info.params.or(v.get("params").and_then(|x| x.as_u64()));
+                    info.tokens_per_run = info.tokens_per_run.or(v.get("tokens").and_then(|x| x.as_u64()));
+                    info.steps = info.steps.or(v.get("steps").and_then(|x| x.as_u64()));
+                }
+                None => {
+                    if !failed.contains(&name_of(j)) {
+                        failed.push(name_of(j));
+                    }
+                    info.runs_failed.push(name_of(j));
                 }
             }
         }
+        let md = render(a.table, a.scale, &results, &info);
+        let out = a.out.join(kind.report_name(a.table, a.scale));
+        std::fs::write(&out, &md).with_context(|| format!("cannot write {}", out.display()))?;
+        println!("{md}");
+        eprintln!("reproduce: wrote {} ({:.0}s)", out.display(), started.elapsed().as_secs_f64());
     }
-    info.runs_failed = failed.clone();
-    if !a.report_only && done.len() < jobs.len() {
-        info.wall_s = Some(started.elapsed().as_secs_f64());
-    }
-    let md = render(a.table, a.scale, &results, &info);
-    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-    let out = a.out.join(format!("{}-{}.md", a.table.as_str(), a.scale.as_str()));
-    std::fs::write(&out, &md).with_context(|| format!("cannot write {}", out.display()))?;
-    println!("{md}");
-    eprintln!("reproduce: wrote {} ({:.0}s)", out.display(), started.elapsed().as_secs_f64());
     if !failed.is_empty() {
         bail!("{} of {} runs failed or are missing: {}", failed.len(), jobs.len(), failed.join(", "));
     }

@@ -106,6 +106,7 @@ impl Session {
             m_format: spec.m_format.name().into(),
             v_format: spec.v_format.name().into(),
             block_size: spec.block_size,
+            v_zero: spec.v_zero.as_str().into(),
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
         };
@@ -113,7 +114,7 @@ impl Session {
             let saved = checkpoint::load_state(dir)?;
             check_compatible(dir, &saved, &state)?;
             checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
-            state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), ..saved };
+            state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), v_zero: spec.v_zero.as_str().into(), ..saved };
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
         // Only now, with the checkpoint accepted, touch the run folder (a refused resume must

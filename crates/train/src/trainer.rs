@@ -280,19 +280,23 @@ pub(crate) fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState)
             dir.join("state.json").display()
         );
     }
-    if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size)
-        != (now.m_format.as_str(), now.v_format.as_str(), now.block_size)
+    // (v_zero: a checkpoint without the field was written as "keep")
+    let saved_v_zero = if saved.v_zero.is_empty() { "keep" } else { saved.v_zero.as_str() };
+    if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size, saved_v_zero)
+        != (now.m_format.as_str(), now.v_format.as_str(), now.block_size, now.v_zero.as_str())
     {
         bail!(
-            "{}: checkpoint states are m={} v={} block {}, the config asks for m={} v={} block {} \
-             (optim.states.m_format / v_format / block_size must match to resume)",
+            "{}: checkpoint states are m={} v={} block {} v_zero {}, the config asks for m={} v={} block {} \
+             v_zero {} (optim.states.m_format / v_format / block_size / v_zero must match to resume)",
             dir.join("state.json").display(),
             saved.m_format,
             saved.v_format,
             saved.block_size,
+            saved_v_zero,
             now.m_format,
             now.v_format,
-            now.block_size
+            now.block_size,
+            now.v_zero
         );
     }
     Ok(())

@@ -86,12 +86,36 @@ fn grids_match_the_config_files() {
     }
 }
 
+/// `configs/paper/<table>/<cell>_precision.toml` (the paper's FP8/FP4 cells on the
+/// precision-only formats) are the storage cells with `reproduce --states paper`'s formats.
+#[test]
+fn precision_configs_are_the_storage_cells_on_the_paper_formats() {
+    let mut n = 0;
+    for (table, sub) in [(Table::Bf16Model, "bf16_model"), (Table::Fp32Model, "fp32_model")] {
+        for cell @ (f, _) in cells(table) {
+            if !matches!(f, Fmt::Fp8 | Fmt::Fp4) {
+                continue;
+            }
+            let name = format!("{}_precision", cell_name(table, cell));
+            let path = configs().join("paper").join(sub).join(format!("{name}.toml"));
+            let got = RunConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            let mut want = RunConfig::load(&cell_config(&configs(), table, cell), &States::Paper.overrides(f)).unwrap();
+            assert_eq!(got.run.name, name);
+            want.run.name = name;
+            assert_eq!(got.to_toml(), want.to_toml(), "{}", path.display());
+            assert!(got.optim.states.m_format.starts_with("e8m") && got.optim.states.v_format.starts_with("e8m"));
+            n += 1;
+        }
+    }
+    assert_eq!(n, 16);
+}
+
 #[test]
 fn scales_override_the_run_and_reset_periods() {
     let cell = (Fmt::Fp8, Fix::SrReset);
     let path = cell_config(&configs(), Table::Bf16Model, cell);
     let load = |scale| {
-        let o = run_overrides(scale, cell, Path::new("runs/reproduce/x"), "c-s1", 1, &[]);
+        let o = run_overrides(scale, States::Storage, cell, Path::new("runs/reproduce/x"), "c-s1", 1, &[]);
         RunConfig::load(&path, &o).unwrap()
     };
     let smoke = load(Scale::Smoke);
@@ -124,7 +148,7 @@ fn scales_override_the_run_and_reset_periods() {
 fn plan_is_seed_major_with_one_folder_per_run() {
     let tmp = tempfile::tempdir().unwrap();
     let extra = vec!["optim.states.weight_rounding=\"stochastic\"".to_string()];
-    let jobs = plan(Table::Fp32Model, Scale::Smoke, 2, &configs(), tmp.path(), &extra).unwrap();
+    let jobs = plan(Table::Fp32Model, Scale::Smoke, States::Paper, 2, &configs(), tmp.path(), &extra).unwrap();
     assert_eq!(jobs.len(), 28);
     assert!(jobs[..14].iter().all(|j| j.seed == 0) && jobs[14..].iter().all(|j| j.seed == 1));
     let dirs: std::collections::BTreeSet<_> = jobs.iter().map(|j| j.run_dir.clone()).collect();
@@ -134,6 +158,43 @@ fn plan_is_seed_major_with_one_folder_per_run() {
         tmp.path().join("fp32-model-smoke").join("llama100m_f32model_fp32_reset-s1")
     );
     assert!(jobs.iter().all(|j| j.resolved.contains("weight_rounding = \"stochastic\"")));
+}
+
+/// `--states`: the paper's FP8/FP4 cells run on the precision-only formats in their own
+/// folder, the storage cells on the config files' formats; FP32 and BF16 cells are shared.
+#[test]
+fn states_kinds_pick_formats_and_folders() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paper = plan(Table::Fp32Model, Scale::Smoke, States::Paper, 1, &configs(), tmp.path(), &[]).unwrap();
+    let storage = plan(Table::Fp32Model, Scale::Smoke, States::Storage, 1, &configs(), tmp.path(), &[]).unwrap();
+    let formats = |j: &Job| {
+        let c: toml::Value = toml::from_str(&j.resolved).unwrap();
+        let s = &c["optim"]["states"];
+        (s["m_format"].as_str().unwrap().to_string(), s["v_format"].as_str().unwrap().to_string())
+    };
+    for (p, s) in paper.iter().zip(&storage) {
+        assert_eq!(p.cell, s.cell);
+        let (pf, sf) = (formats(p), formats(s));
+        match p.cell.0 {
+            Fmt::Fp8 => {
+                assert_eq!(pf, ("e8m3".into(), "e8m3".into()));
+                assert_eq!(sf, ("fp8".into(), "fp8".into()));
+                assert_eq!(p.run_dir.parent().unwrap(), tmp.path().join("fp32-model-smoke-paper"));
+                assert_eq!(s.run_dir.parent().unwrap(), tmp.path().join("fp32-model-smoke-storage"));
+            }
+            Fmt::Fp4 => {
+                assert_eq!(pf, (PAPER_FP4_M.into(), "e8m2".into()));
+                assert_eq!(sf, ("fp4".into(), "fp4".into()));
+            }
+            Fmt::Fp32 | Fmt::Bf16 => {
+                assert_eq!(pf, sf);
+                assert_eq!(p.run_dir, s.run_dir, "shared cells run once");
+                assert_eq!(p.run_dir.parent().unwrap(), tmp.path().join("fp32-model-smoke"));
+            }
+        }
+    }
+    assert_eq!(States::Paper.report_name(Table::Bf16Model, Scale::H200), "bf16-model-h200.md");
+    assert_eq!(States::Storage.report_name(Table::Bf16Model, Scale::H200), "bf16-model-h200-storage.md");
 }
 
 // ───────── pure functions on hand-made numbers ─────────
@@ -231,9 +292,11 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
         steps: Some(40),
         runs_dir: "runs/reproduce/fp32-model-smoke".into(),
         scale_text: scale_description(Scale::Smoke),
+        states_text: States::Paper.description(),
     };
     let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
+    assert!(md.contains("**precision-only formats**"));
     assert!(md.contains("wall time 2m05s with up to 2 at once"));
     assert!(md.contains("**2 run(s) failed"));
     assert!(md.contains("÷ 50"));

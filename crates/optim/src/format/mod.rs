@@ -9,14 +9,19 @@
 //! | `fp4e2m1`   | 4    | 1 (2^-1), signed     | power-of-two per block       | OCP MX FP4           |
 //! | `fp4ue2m2`  | 4    | 2 (2^-2), unsigned   | power-of-two per block       | E2M2 without sign    |
 //! | `int8`      | 8    | non-uniform          | absmax per block             | 8-bit Adam dynamic   |
+//! | `e8m1`..`e8m6` | 16 (container) | 1..6 (2^-K) | none: FP32's exponent range  | precision-only (DESIGN.md) |
 //!
-//! Config aliases: `fp8` = `fp8e4m3`; `fp4` = `fp4e2m1` for m and `fp4ue2m2` for v.
+//! Config aliases: `fp8` = `fp8e4m3`; `fp4` = `fp4e2m1` for m and `fp4ue2m2` for v;
+//! `e8m7` = `bf16`. The precision-only formats ([`precision`]) are the paper's FP8/FP4 cells
+//! (the theory's grids, no range limit), stored in 2 bytes per element; the block-scaled
+//! formats are the real 8- and 4-bit storage.
 
 pub mod bf16;
 pub mod fp4;
 pub mod fp8;
 pub mod int8;
 pub mod minifloat;
+pub mod precision;
 pub mod rounding;
 pub use rounding::Rounding;
 pub mod scale;
@@ -42,11 +47,15 @@ pub enum StateFormat {
     Fp4UE2M2,
     /// 8-bit Adam block-wise dynamic quantization (absmax scales).
     Int8,
+    /// Precision-only `e8mK`: FP32's exponent, the fraction rounded to K = 1..=6 bits, in a
+    /// 16-bit container ([`precision`]). Build it with [`StateFormat::parse`] (`"e8m3"`), which
+    /// checks K.
+    E8m(u8),
 }
 
 impl StateFormat {
     /// All formats, for tests and tables.
-    pub const ALL: [StateFormat; 7] = [
+    pub const ALL: [StateFormat; 13] = [
         StateFormat::Fp32,
         StateFormat::Bf16,
         StateFormat::Fp8E4M3,
@@ -54,11 +63,25 @@ impl StateFormat {
         StateFormat::Fp4E2M1,
         StateFormat::Fp4UE2M2,
         StateFormat::Int8,
+        StateFormat::E8m(1),
+        StateFormat::E8m(2),
+        StateFormat::E8m(3),
+        StateFormat::E8m(4),
+        StateFormat::E8m(5),
+        StateFormat::E8m(6),
     ];
 
     /// Parse a config name for the first (`for_v = false`) or second moment. `fp8` means
-    /// E4M3; `fp4` means E2M1 for m and unsigned E2M2 for v.
+    /// E4M3; `fp4` means E2M1 for m and unsigned E2M2 for v; `e8m1`..`e8m6` are the
+    /// precision-only formats and `e8m7` is `bf16`.
     pub fn parse(name: &str, for_v: bool) -> Result<Self, String> {
+        if let Some(k) = name.strip_prefix("e8m").and_then(|k| k.parse::<u32>().ok()) {
+            return match k {
+                7 => Ok(StateFormat::Bf16),
+                k if precision::FRACTION_BITS.contains(&k) => Ok(StateFormat::E8m(k as u8)),
+                _ => Err(format!("precision-only format `{name}`: fraction bits must be 1 to 7 (e8m7 = bf16)")),
+            };
+        }
         let f = match name {
             "fp32" | "f32" => StateFormat::Fp32,
             "bf16" => StateFormat::Bf16,
@@ -71,7 +94,7 @@ impl StateFormat {
             _ => {
                 return Err(format!(
                     "unknown state format `{name}` (expected one of fp32, bf16, fp8, fp8e4m3, \
-                     fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8)"
+                     fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8, e8m1 .. e8m7)"
                 ))
             }
         };
@@ -81,9 +104,11 @@ impl StateFormat {
         Ok(f)
     }
 
-    /// Canonical name (`fp8e4m3`, ...).
+    /// Canonical name (`fp8e4m3`, `e8m3`, ...).
     pub fn name(self) -> &'static str {
+        const E8M: [&str; 6] = ["e8m1", "e8m2", "e8m3", "e8m4", "e8m5", "e8m6"];
         match self {
+            StateFormat::E8m(k) => E8M[k as usize - 1],
             StateFormat::Fp32 => "fp32",
             StateFormat::Bf16 => "bf16",
             StateFormat::Fp8E4M3 => "fp8e4m3",
@@ -111,6 +136,7 @@ impl StateFormat {
             StateFormat::Fp32 => Some(23),
             StateFormat::Bf16 => Some(7),
             StateFormat::Int8 => None,
+            StateFormat::E8m(k) => Some(k as u32),
             f => f.minifloat().map(|m| m.man_bits),
         }
     }
@@ -119,7 +145,7 @@ impl StateFormat {
     pub fn bits(self) -> u32 {
         match self {
             StateFormat::Fp32 => 32,
-            StateFormat::Bf16 => 16,
+            StateFormat::Bf16 | StateFormat::E8m(_) => 16,
             StateFormat::Fp8E4M3 | StateFormat::Fp8E5M2 | StateFormat::Int8 => 8,
             StateFormat::Fp4E2M1 | StateFormat::Fp4UE2M2 => 4,
         }
@@ -127,7 +153,7 @@ impl StateFormat {
 
     /// Whether the format carries one FP32 scale per block.
     pub fn is_scaled(self) -> bool {
-        !matches!(self, StateFormat::Fp32 | StateFormat::Bf16)
+        !matches!(self, StateFormat::Fp32 | StateFormat::Bf16 | StateFormat::E8m(_))
     }
 
     /// Whether negative values are representable (v-only formats are not).
