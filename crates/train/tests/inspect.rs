@@ -88,7 +88,7 @@ fn tiny_run(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, base_toml(&dir.join("runs"), name)).unwrap();
     let config = RunConfig::load(&path, &[]).unwrap();
-    trainer::run(Launch { config, resume_from: None, interrupt: Default::default(), stop_after: None }).unwrap().run_dir
+    trainer::run(Launch::new(config)).unwrap().run_dir
 }
 
 #[test]
