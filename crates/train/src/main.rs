@@ -190,13 +190,13 @@ fn bench(b: BenchCmd) -> Result<()> {
     match b {
         BenchCmd::Optimizer { preset, iters, formats, weights } => {
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
-            println!("{}", bench::render(&preset, copy, &rows));
+            lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
         }
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
             sets.insert(0, format!("model.preset={preset}"));
             let cfg = bench_training::bench_config(&config, &sets, batch, micro_batch.unwrap_or(batch), seq, &dtype)?;
             let row = bench_training::training(&cfg, warmup, steps)?;
-            println!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
+            lowbit_train::outln!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
             if let Some(path) = json {
                 use std::io::Write;
                 let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)
@@ -236,7 +236,7 @@ fn train(a: TrainArgs) -> Result<()> {
         config.set_run_dir(d)?;
     }
     if a.print_config {
-        lowbit_train::output::print(config.to_toml().trim_end());
+        lowbit_train::out!("{}", config.to_toml());
         return Ok(());
     }
     let resume_from = match &resume_dir {

@@ -127,7 +127,7 @@ impl Session {
         let state_bytes = opt.states()?.state_bytes();
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = cfg.train.micro_batch * cfg.train.grad_accum;
-        println!(
+        crate::outln!(
             "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
             n_params,
             mcfg.num_layers,
@@ -145,7 +145,7 @@ impl Session {
             cfg.train.device,
         );
         if let Some(p) = theory.v {
-            println!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+            crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
         }
 
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;

@@ -126,7 +126,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         crate::manifest::verify_for_resume(dir)?;
         let (done, max_steps) = (checkpoint::load_state(dir)?.step, launch.config.train.max_steps);
         if done >= max_steps {
-            println!(
+            crate::outln!(
                 "{}: already finished at step {done} (train.max_steps = {max_steps}); nothing to do \
                  (raise train.max_steps, e.g. --set train.max_steps={}, to continue it)",
                 launch.config.run_dir().display(),
@@ -137,6 +137,14 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     }
     let mut s = Session::open(&launch)?;
     let max_steps = s.cfg.train.max_steps;
+    if s.cfg.optim.warmup_steps >= max_steps {
+        tracing::warn!(
+            "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} \
+             steps so that the learning rate still decays",
+            s.cfg.optim.warmup_steps,
+            max_steps - 1
+        );
+    }
     if s.state.step == 0 {
         tracing::info!("step 0: validation loss of the initial model ({} batches of the validation set)", s.val_batches());
         let vl = s.validate(0)?;
@@ -239,7 +247,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     }
     let stopped_early = status == RunStatus::Interrupted;
     if !stopped_early {
-        crate::output::print(&summary.render());
+        crate::outln!("{}", summary.render());
         if s.cfg.run.plots {
             if let Err(e) = crate::plot::plot_run(&s.run_dir) {
                 tracing::warn!("plots not written: {e:#}");
