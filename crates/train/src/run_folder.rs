@@ -78,6 +78,8 @@ pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
         );
     }
     let aside = move_aside(dir)?;
+    let mut lock = lock;
+    lock.path = aside.join(LOCK_FILE); // the lock file moved with the folder: removed on drop
     drop(lock);
     tracing::warn!("--overwrite: moved the previous run in {} to {}", dir.display(), aside.display());
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create the run folder {}", dir.display()))?;
@@ -146,6 +148,7 @@ mod tests {
         assert!(dir.join("metrics.jsonl").exists());
         let held = claim(&dir, FolderUse::Overwrite).unwrap();
         assert_eq!(std::fs::read_to_string(tmp.path().join("x.old-1/metrics.jsonl")).unwrap(), "old\n");
+        assert!(!tmp.path().join("x.old-1").join(LOCK_FILE).exists(), "the moved run is as it was");
         assert!(run_files(&dir).is_empty());
         assert_eq!(std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(), std::process::id().to_string());
         drop(held);
