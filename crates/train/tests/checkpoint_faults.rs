@@ -276,16 +276,23 @@ fn non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint() {
     assert!(err.contains(&ck.display().to_string()), "{err}");
     let st = checkpoint::load_state(&ck).unwrap();
     assert_eq!((st.step, st.nonfinite_in_row), (last, 3));
+    // the optimizer counts applied updates only (issue 17, item 8)
+    assert_eq!(st.updates, last - 3);
     // skipped steps leave the stall counters empty
     let stalls = rows(&run_dir.join("stalls.jsonl"));
     assert_eq!(stalls.last().unwrap()["v"]["updated"].as_u64().unwrap_or(0), 0);
 
-    // Below the limit the run finishes, and its NaN rows (written as null) read back.
+    // Below the limit the run reaches max_steps, but ends non-finite: an error (exit 1), with
+    // its summary (NaN rows, written as null, read back) and checkpoint written.
     let mut sets = blowup.to_vec();
     sets.extend(["train.max_nonfinite_steps=100", "train.max_steps=4", "train.eval_every=0"]);
-    let out = launch(config(tmp.path(), "nan_ok", &sets), None, None).unwrap();
-    assert!(out.summary.as_ref().unwrap().skipped_steps >= 2, "{:?}", out.summary);
-    assert!(checkpoint::latest(&out.run_dir).is_ok());
+    let cfg = config(tmp.path(), "nan_ok", &sets);
+    let run_dir = cfg.run_dir();
+    one_line_error(launch(cfg, None, None), &["the run ended non-finite at step 4", "checkpoints/step_0000004"]);
+    let summary: Value = serde_json::from_slice(&read(&run_dir.join("summary.json"))).unwrap();
+    assert_eq!(summary["status"], "non_finite");
+    assert!(summary["skipped_steps"].as_u64().unwrap() >= 2, "{summary}");
+    assert!(checkpoint::latest(&run_dir).is_ok());
 }
 
 #[test]
