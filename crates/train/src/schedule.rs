@@ -4,24 +4,25 @@
 //!
 //! Edges, defined so that every run reaches the peak and a run of two steps or more ends at
 //! the minimum:
-//! * the first step after the warmup is at the peak (with `warmup = 0`, step 1 is);
+//! * without warmup (`warmup = 0`) step 1 is at the peak;
 //! * a run of one step runs at the peak;
 //! * a warmup as long as the run or longer (`warmup >= total`) is cut to `total - 1` steps
-//!   (the trainer warns), so the last step is still at the minimum instead of the run
-//!   never decaying.
+//!   (the trainer warns), so the last step is still at the minimum instead of the run never
+//!   decaying.
 
 /// Learning rate at optimizer step `step` (1-based).
 ///
-/// With `w = min(warmup, total - 1)`: `step <= w`: `peak * step / w`; afterwards
-/// `peak * (min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2)` with
-/// `progress = (step - w - 1) / (total - w - 1)` clamped to [0, 1] (0 when `total - w - 1 = 0`).
+/// With `w = min(warmup, total - 1)` and the peak at step `p = max(w, 1)`: `step <= w`:
+/// `peak * step / w`; afterwards `peak * (min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2)`
+/// with `progress = (step - p) / (total - p)` clamped to [0, 1] (0 when `total = p`).
 pub fn learning_rate(step: u64, peak: f64, warmup: u64, total: u64, min_ratio: f64) -> f64 {
     let warmup = warmup.min(total.saturating_sub(1));
     if step <= warmup {
         return peak * step as f64 / warmup as f64;
     }
-    let span = total.saturating_sub(warmup + 1);
-    let progress = if span == 0 { 0.0 } else { ((step - warmup - 1) as f64 / span as f64).clamp(0.0, 1.0) };
+    let at_peak = warmup.max(1);
+    let span = total.saturating_sub(at_peak);
+    let progress = if span == 0 { 0.0 } else { (step.saturating_sub(at_peak) as f64 / span as f64).clamp(0.0, 1.0) };
     let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
     peak * (min_ratio + (1.0 - min_ratio) * cosine)
 }
@@ -32,14 +33,13 @@ mod tests {
 
     #[test]
     fn warmup_then_cosine_to_min_ratio() {
-        let lr = |s| learning_rate(s, 1e-3, 10, 111, 0.1);
+        let lr = |s| learning_rate(s, 1e-3, 10, 110, 0.1);
         assert!((lr(1) - 1e-4).abs() < 1e-15);
         assert!((lr(5) - 5e-4).abs() < 1e-15);
         assert!((lr(10) - 1e-3).abs() < 1e-15);
-        assert!((lr(11) - 1e-3).abs() < 1e-15, "the first decay step is at the peak");
-        // halfway through the decay (steps 11..=111): min + (1 - min) / 2 = 0.55 of peak
-        assert!((lr(61) - 0.55e-3).abs() < 1e-12);
-        assert!((lr(111) - 1e-4).abs() < 1e-15);
+        // halfway through the decay: min + (1 - min) / 2 = 0.55 of peak
+        assert!((lr(60) - 0.55e-3).abs() < 1e-12);
+        assert!((lr(110) - 1e-4).abs() < 1e-15);
         assert!((lr(500) - 1e-4).abs() < 1e-15, "clamped after the end");
     }
 
