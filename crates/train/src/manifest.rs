@@ -87,7 +87,9 @@ pub fn verify(dir: &Path) -> Result<()> {
 /// checkpoint of the run that passes and says how to resume from it.
 pub fn verify_for_resume(dir: &Path) -> Result<()> {
     let Err(e) = verify(dir) else { return Ok(()) };
-    let run_dir = dir.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+    let Some(run_dir) = dir.parent().filter(|p| p.ends_with("checkpoints")).and_then(Path::parent) else {
+        return Err(e); // not in a run's checkpoints/ folder: no siblings to offer
+    };
     let older = crate::checkpoint::list(run_dir)?;
     let good = older.iter().rev().filter(|(_, p)| p.as_path() != dir).find(|(_, p)| verify(p).is_ok());
     match good {

@@ -496,6 +496,7 @@ fn resume_refuses_checkpoints_of_another_config() {
     let weights = read(&copy.join("model.safetensors"));
     std::fs::write(copy.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
     one_line_error(launch(config(d, "dmg", &[]), Some(copy.clone()), None), &["model.safetensors", "corrupt:"]);
+    std::fs::write(copy.join("model.safetensors"), &weights).unwrap();
     std::fs::write(copy.join("state.json"), b"{ not json").unwrap();
     one_line_error(launch(config(d, "dmg", &[]), Some(copy), None), &["state.json", "corrupt:"]);
 }
