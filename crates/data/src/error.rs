@@ -15,6 +15,10 @@ pub enum DataError {
     #[error("{what} shard '{pattern}' does not exist")]
     MissingFile { what: &'static str, pattern: String },
 
+    /// A plain path in `train`/`validation` is a folder.
+    #[error("{what} shard '{pattern}' is a folder, not a shard file: list its files, or use a glob such as '{pattern}/*.json.gz'")]
+    IsFolder { what: &'static str, pattern: String },
+
     /// A glob pattern in `train`/`validation` matched no file.
     #[error("{what} pattern '{pattern}' matched no file")]
     NoMatch { what: &'static str, pattern: String },

@@ -10,7 +10,9 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use flate2::read::MultiGzDecoder;
 use serde::Deserialize;
@@ -23,7 +25,8 @@ use crate::error::{DataError, Result};
 /// `what` ("train" / "validation") only labels error messages.
 ///
 /// # Errors
-/// [`DataError::MissingFile`] for a plain path that does not exist, [`DataError::NoMatch`]
+/// [`DataError::MissingFile`] for a plain path that does not exist, [`DataError::IsFolder`]
+/// for one that is a folder, [`DataError::NoMatch`]
 /// for a pattern that matches nothing, [`DataError::BadPattern`] for a malformed pattern.
 pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
@@ -31,6 +34,9 @@ pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<Path
         let is_glob = pattern.contains(['*', '?', '[']);
         if !is_glob {
             let p = PathBuf::from(pattern);
+            if p.is_dir() {
+                return Err(DataError::IsFolder { what, pattern: pattern.clone() });
+            }
             if !p.is_file() {
                 return Err(DataError::MissingFile { what, pattern: pattern.clone() });
             }
@@ -61,6 +67,17 @@ pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<Path
     Ok(out)
 }
 
+/// Log `msg` as a warning the first time this process meets `(path, line)`: shards are read
+/// more than once (validation, overlap sample, each epoch, read-ahead), a bad line is one
+/// problem however often it is read.
+fn warn_once(path: &Path, line: u64, msg: std::fmt::Arguments) {
+    static SEEN: Mutex<Option<HashSet<(PathBuf, u64)>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.get_or_insert_with(HashSet::new).insert((path.to_path_buf(), line)) {
+        tracing::warn!("{msg}");
+    }
+}
+
 /// The one field of a C4 line we need; `timestamp`, `url` and anything else are ignored.
 #[derive(Deserialize)]
 struct C4Line<'a> {
@@ -74,7 +91,8 @@ struct C4Line<'a> {
 /// warning naming `file:line` and counted in [`ShardReader::bad_lines`], or returned as
 /// [`DataError::BadLine`]. A corrupt or truncated gzip stream ends the shard with a warning
 /// (`Skip`) or is returned as [`DataError::Corrupt`] (`Fail`). Lines whose `text` is empty or
-/// only whitespace are passed over silently (they hold no tokens).
+/// only whitespace, and blank lines, are passed over silently (they hold no tokens). Each
+/// warning is logged once per process for a file and line, however often the shard is read.
 pub struct ShardReader {
     path: PathBuf,
     reader: Box<dyn BufRead + Send>,
@@ -156,7 +174,7 @@ impl ShardReader {
             Ok(0) => {
                 self.done = true;
                 if self.line == 0 {
-                    tracing::warn!(shard = %self.path.display(), "empty shard (no lines)");
+                    warn_once(&self.path, 0, format_args!("{}: empty shard (no lines)", self.path.display()));
                 }
                 Ok(false)
             }
@@ -171,11 +189,15 @@ impl ShardReader {
                         Err(DataError::Corrupt { path: self.path.clone(), line: self.line, source })
                     }
                     BadInput::Skip => {
-                        tracing::warn!(
-                            "{}: corrupt or truncated gzip stream after line {}: {source}; \
-                             skipping the rest of this shard",
-                            self.path.display(),
-                            self.line
+                        warn_once(
+                            &self.path,
+                            self.line + 1,
+                            format_args!(
+                                "{}: corrupt or truncated gzip stream after line {}: {source}; skipping the \
+                                 rest of this shard",
+                                self.path.display(),
+                                self.line
+                            ),
                         );
                         Ok(false)
                     }
@@ -193,6 +215,9 @@ impl ShardReader {
         loop {
             if !self.read_raw_line()? {
                 return Ok(None);
+            }
+            if self.buf.trim_ascii().is_empty() {
+                continue; // a blank line holds no document, and is no error
             }
             let parsed = match serde_json::from_slice::<C4Line>(&self.buf) {
                 Ok(l) => Ok(l.text),
@@ -213,7 +238,11 @@ impl ShardReader {
                     }
                     BadInput::Skip => {
                         self.bad_lines += 1;
-                        tracing::warn!("{}:{}: skipping bad C4 line: {msg}", self.path.display(), self.line);
+                        warn_once(
+                            &self.path,
+                            self.line,
+                            format_args!("{}:{}: skipping bad C4 line: {msg}", self.path.display(), self.line),
+                        );
                     }
                 },
             }

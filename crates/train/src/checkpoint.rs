@@ -5,6 +5,9 @@
 //!   U8) and block scales (`<param>.m.scales`, F32), never dequantized;
 //! * `state.json`: step, tokens, data position, the optimizer settings and random-bit scheme
 //!   it was made with;
+//! * `data.safetensors`: the data position's pending tokens (`carry`, U32), kept out of
+//!   `state.json` (a JSON list of them is tens of MB after one long document);
+//! * `manifest.json` ([`crate::manifest`]): size and CRC-32 of every other file, checked on resume;
 //! * `config.toml`: the resolved run config;
 //! * `export_check.json` ([`ExportCheck`]): the first validation micro-batch and this
 //!   model's loss on it, so `scripts/check_hf_export.py DIR DIR/export_check.json` can check
@@ -33,6 +36,11 @@ pub struct TrainState {
     pub data: DataPosition,
     /// Consecutive non-finite steps at `step`.
     pub nonfinite_in_row: u64,
+    /// Optimizer updates applied through `step` (`step` minus the skipped steps): the
+    /// optimizer's own step count, which drives its resets and bias correction (see
+    /// [`crate::step::train_step`]). Read as `step` from checkpoints written before it was recorded.
+    #[serde(default)]
+    pub updates: u64,
     /// m/v formats and block size of the stored states, to refuse a mismatched config.
     pub m_format: String,
     pub v_format: String,
@@ -75,6 +83,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// File of the data position's pending tokens in a checkpoint folder, and its tensor name.
+const DATA_FILE: &str = "data.safetensors";
+const CARRY: &str = "carry";
+
 fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step_{step:07}"))
 }
@@ -106,11 +118,17 @@ pub fn save(
     write("config.json", serde_json::to_string_pretty(hf_config)?.as_bytes())?;
     candle_core::safetensors::save(&optimizer_tensors(opt)?, tmp.join("optimizer.safetensors"))
         .with_context(|| format!("cannot write {}", tmp.join("optimizer.safetensors").display()))?;
-    write("state.json", serde_json::to_string_pretty(state)?.as_bytes())?;
+    let mut small = state.clone();
+    let carry = std::mem::take(&mut small.data.carry);
+    write("state.json", serde_json::to_string_pretty(&small)?.as_bytes())?;
+    let n = carry.len();
+    candle_core::safetensors::save(&HashMap::from([(CARRY.to_string(), Tensor::from_vec(carry, n, &Device::Cpu)?)]), tmp.join(DATA_FILE))
+        .with_context(|| format!("cannot write {}", tmp.join(DATA_FILE).display()))?;
     write("config.toml", config_toml.as_bytes())?;
     for (name, bytes) in extra {
         write(name, bytes)?;
     }
+    crate::manifest::write(&tmp)?;
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace {}", dir.display()))?;
     }
@@ -182,7 +200,13 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf> {
     list(run_dir)?
         .pop()
         .map(|(_, p)| p)
-        .with_context(|| format!("{}: no checkpoint to resume from", run_dir.join("checkpoints").display()))
+        .with_context(|| {
+            format!(
+                "{}: no checkpoint to resume from (the run stopped before its first checkpoint; start it \
+                 again with --overwrite)",
+                run_dir.join("checkpoints").display()
+            )
+        })
 }
 
 /// Read `state.json` of a checkpoint.
@@ -193,7 +217,22 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
     let p = dir.join("state.json");
     let text = std::fs::read_to_string(&p)
         .with_context(|| format!("{}: cannot read the checkpoint state (not a checkpoint folder?)", p.display()))?;
-    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))
+    let mut v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
+    if let Some(step) = v.get("step").cloned() {
+        if let Some(o) = v.as_object_mut() {
+            o.entry("updates").or_insert(step);
+        }
+    }
+    let mut state: TrainState =
+        serde_json::from_value(v).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
+    let dp = dir.join(DATA_FILE);
+    if dp.exists() {
+        let t = candle_core::safetensors::load(&dp, &Device::Cpu).with_context(|| format!("{}: cannot read", dp.display()))?;
+        let carry = t.get(CARRY).with_context(|| format!("{}: missing tensor {CARRY}", dp.display()))?;
+        state.data.carry = carry.to_vec1::<u32>().with_context(|| format!("{}: {CARRY}", dp.display()))?;
+    }
+    Ok(state)
 }
 
 /// Load weights into `model` (every variable must be present with its shape) and the
@@ -256,6 +295,7 @@ mod tests {
             tokens: 70,
             data: DataPosition::default(),
             nonfinite_in_row: 0,
+            updates: 7,
             m_format: "fp8e4m3".into(),
             v_format: "fp8e4m3".into(),
             block_size: 128,
@@ -267,5 +307,16 @@ mod tests {
         v.as_object_mut().unwrap().remove("rng");
         let old: TrainState = serde_json::from_value(v).unwrap();
         assert_eq!((old.step, old.rng.as_str()), (7, ""));
+    }
+
+    #[test]
+    fn state_without_updates_reads_them_as_the_step() {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = r#"{"step": 9, "tokens": 90, "data": {"epoch": 0, "shard": 0, "line": 4, "carry": [5, 6]},
+            "nonfinite_in_row": 0, "m_format": "fp8e4m3", "v_format": "fp8e4m3", "block_size": 128,
+            "params": [["w", 3]], "rng": "x"}"#;
+        std::fs::write(tmp.path().join("state.json"), text).unwrap();
+        let st = load_state(tmp.path()).unwrap();
+        assert_eq!((st.step, st.updates, st.data.carry), (9, 9, vec![5, 6]));
     }
 }

@@ -143,7 +143,8 @@ pub struct TrainSection {
     pub eval_every: u64,
     /// "cpu" or "cuda" (also `--device`).
     pub device: String,
-    /// Write a checkpoint every this many steps (and at the end); 0 = only at the end.
+    /// Write a checkpoint every this many steps (default 500), and always at the end and on
+    /// Ctrl-C or SIGTERM; 0 = only then.
     pub checkpoint_every: u64,
     /// Keep this many most recent checkpoints.
     pub keep_checkpoints: usize,
@@ -161,7 +162,7 @@ impl Default for TrainSection {
             max_steps: 1000,
             eval_every: 0,
             device: "cpu".into(),
-            checkpoint_every: 0,
+            checkpoint_every: 500,
             keep_checkpoints: 2,
             max_nonfinite_steps: 10,
         }
@@ -247,17 +248,49 @@ impl RunConfig {
         if !(0.0..=1.0).contains(&o.min_lr_ratio) {
             bail!("optim.min_lr_ratio: must be in [0, 1], got {}", o.min_lr_ratio);
         }
-        if o.eps <= 0.0 || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
-            bail!("optim.eps must be > 0, optim.weight_decay and optim.grad_clip >= 0");
+        if !(o.eps > 0.0 && o.eps.is_finite()) {
+            bail!("optim.eps: must be a positive number, got {}", o.eps);
+        }
+        for (k, v) in [("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                bail!("{k}: must be a number >= 0, got {v}");
+            }
+        }
+        for (k, v) in [("model.rms_norm_eps", self.model.rms_norm_eps), ("model.rope_theta", self.model.rope_theta)] {
+            if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
+                bail!("{k}: must be a positive number, got {}", v.unwrap_or_default());
+            }
         }
         o.states.resolve().map_err(anyhow::Error::msg)?;
-        if self.data.seq_len == 0 {
-            bail!("data.seq_len must be > 0");
+        for (k, v) in [("data.seq_len", self.data.seq_len), ("data.val_tokens", self.data.val_tokens)] {
+            if v == 0 {
+                bail!("{k}: must be > 0");
+            }
         }
-        if self.run.name.is_empty() || self.run.name.contains('/') {
-            bail!("run.name: must be a non-empty folder name, got {:?}", self.run.name);
+        let n = &self.run.name;
+        if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\']) {
+            bail!("run.name: must be a folder name inside run.dir (no `/`, `\\`, `.` or `..`), got {n:?}");
         }
         Ok(())
+    }
+
+    /// Point the run at folder `dir` (`run.dir` = its parent, `run.name` = its name): a resumed
+    /// run writes into the folder it was resumed from.
+    pub fn set_run_dir(&mut self, dir: &Path) -> Result<()> {
+        let name = dir.file_name().with_context(|| format!("{}: not a run folder name", dir.display()))?;
+        self.run.name = name.to_string_lossy().into_owned();
+        self.run.dir = dir.parent().map_or(String::new(), |p| p.to_string_lossy().into_owned());
+        self.validate()
+    }
+
+    /// The value of `run.dir` set by `--set run.dir=...`, if any (for `--resume latest`
+    /// without a config file).
+    pub fn run_dir_override(overrides: &[String]) -> Result<Option<String>> {
+        let mut v = toml::Value::Table(Default::default());
+        for o in overrides.iter().filter(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == "run.dir")) {
+            apply_override(&mut v, o)?;
+        }
+        Ok(v.get("run").and_then(|r| r.get("dir")).and_then(|d| d.as_str()).map(String::from))
     }
 
     /// The model dims: the preset, with explicit fields overriding it.

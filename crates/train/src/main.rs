@@ -1,7 +1,7 @@
 //! `train`: pre-train a LLaMA with low-precision AdamW states, and inspect the results.
 //!
 //! ```text
-//! train --config configs/tiny_cpu.toml [--set optim.lr=6e-4] [--device cuda] [--resume runs/NAME|latest]
+//! train --config configs/tiny_cpu.toml [--set optim.lr=6e-4] [--device cuda] [--resume runs/NAME|latest] [--overwrite] [--print-config]
 //! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--json]
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
@@ -12,10 +12,11 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use lowbit_optim::Rounding;
-use lowbit_train::{config::RunConfig, trainer, checkpoint};
+use lowbit_train::run_folder::FolderUse;
+use lowbit_train::config::{RunConfig, RunSection};
+use lowbit_train::{checkpoint, config_path, signals, trainer};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(name = "train", version, about = "Pre-train LLaMA with low-precision AdamW states and measure stalling")]
@@ -29,7 +30,7 @@ struct Cli {
 
 #[derive(Args)]
 struct TrainArgs {
-    /// Run config (TOML).
+    /// Run config (TOML): a path, or a bare name looked up under configs/ (`tiny_cpu`).
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Override a config value: section.key=value (repeatable).
@@ -38,9 +39,17 @@ struct TrainArgs {
     /// Device: cpu or cuda (overrides train.device).
     #[arg(long)]
     device: Option<String>,
-    /// Resume a run folder from its newest checkpoint (`latest` = most recent run in runs/).
-    #[arg(long, value_name = "RUN_DIR|latest")]
+    /// Resume a run folder from its newest checkpoint, writing into that folder (`latest` =
+    /// the most recent run with a checkpoint in run.dir).
+    #[arg(long, value_name = "RUN_DIR|latest", conflicts_with = "overwrite")]
     resume: Option<String>,
+    /// Start a new run even if the run folder holds one: the old folder is moved aside to
+    /// `<name>.old-<N>` (nothing is deleted).
+    #[arg(long)]
+    overwrite: bool,
+    /// Print the resolved config (defaults < file < --set) and exit.
+    #[arg(long)]
+    print_config: bool,
 }
 
 #[derive(Subcommand)]
@@ -50,7 +59,7 @@ enum Cmd {
         /// State format: bf16, fp8, fp8e5m2, fp4, fp32 ...
         #[arg(long)]
         format: String,
-        #[arg(long, default_value_t = 0.999)]
+        #[arg(long, default_value_t = 0.999, allow_negative_numbers = true)]
         beta2: f64,
         /// Print only this rounding's prediction.
         #[arg(long)]
@@ -74,6 +83,13 @@ enum Cmd {
     #[cfg(feature = "cuda")]
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Speed benchmarks: need a CUDA build (`cargo build --release --features cuda`).
+    #[cfg(not(feature = "cuda"))]
+    #[command(hide = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// What `train bench` times.
@@ -137,10 +153,14 @@ fn main() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     if let Err(e) = real_main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+    if let Some(code) = signals::exit_status() {
+        std::process::exit(code);
     }
 }
 
@@ -155,6 +175,11 @@ fn real_main() -> Result<()> {
         Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
         #[cfg(feature = "cuda")]
         Some(Cmd::Bench(b)) => bench(b),
+        #[cfg(not(feature = "cuda"))]
+        Some(Cmd::Bench { .. }) => anyhow::bail!(
+            "train bench needs the GPU build: cargo build --release -p lowbit-train --features cuda \
+             (this binary was built without the `cuda` feature)"
+        ),
         None => train(cli.train),
     }
 }
@@ -165,13 +190,13 @@ fn bench(b: BenchCmd) -> Result<()> {
     match b {
         BenchCmd::Optimizer { preset, iters, formats, weights } => {
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
-            println!("{}", bench::render(&preset, copy, &rows));
+            lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
         }
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
             sets.insert(0, format!("model.preset={preset}"));
             let cfg = bench_training::bench_config(&config, &sets, batch, micro_batch.unwrap_or(batch), seq, &dtype)?;
             let row = bench_training::training(&cfg, warmup, steps)?;
-            println!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
+            lowbit_train::outln!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
             if let Some(path) = json {
                 use std::io::Write;
                 let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)
@@ -184,42 +209,74 @@ fn bench(b: BenchCmd) -> Result<()> {
 }
 
 fn train(a: TrainArgs) -> Result<()> {
-    let resume_dir = match a.resume.as_deref() {
-        None => None,
-        Some("latest") => Some(latest_run(Path::new("runs"))?),
-        Some(d) => Some(PathBuf::from(d)),
-    };
-    let config_path = match (&a.config, &resume_dir) {
-        (Some(c), _) => c.clone(),
-        (None, Some(d)) => d.join("config.toml"),
-        (None, None) => anyhow::bail!("no config: pass --config FILE (e.g. configs/tiny_cpu.toml) or --resume RUN_DIR"),
-    };
     let mut set = a.set.clone();
     if let Some(d) = &a.device {
         set.push(format!("train.device=\"{d}\""));
     }
-    let config = RunConfig::load(&config_path, &set)?;
+    let config_file = a.config.as_deref().map(|c| config_path::resolve(c, Path::new(config_path::CONFIG_DIR))).transpose()?;
+    let resume_dir = match a.resume.as_deref() {
+        None => None,
+        Some("latest") => {
+            let runs = match &config_file {
+                Some(c) => PathBuf::from(RunConfig::load(c, &set)?.run.dir),
+                None => PathBuf::from(RunConfig::run_dir_override(&set)?.unwrap_or_else(|| RunSection::default().dir)),
+            };
+            Some(latest_run(&runs)?)
+        }
+        Some(d) => Some(run_folder(Path::new(d))?),
+    };
+    let config_path = match (config_file, &resume_dir) {
+        (Some(c), _) => c,
+        (None, Some(d)) => d.join("config.toml"),
+        (None, None) => anyhow::bail!("no config: pass --config FILE (e.g. configs/tiny_cpu.toml) or --resume RUN_DIR"),
+    };
+    let mut config = RunConfig::load(&config_path, &set)?;
+    if let Some(d) = &resume_dir {
+        // the folder resumed is the folder written, whatever the saved config calls it
+        config.set_run_dir(d)?;
+    }
+    if a.print_config {
+        lowbit_train::out!("{}", config.to_toml());
+        return Ok(());
+    }
     let resume_from = match &resume_dir {
         Some(d) => Some(checkpoint::latest(d)?),
         None => None,
     };
-    let interrupt = Arc::new(AtomicBool::new(false));
-    let flag = interrupt.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            std::process::exit(130);
-        }
-        eprintln!("\ninterrupt: finishing this step, writing a checkpoint (Ctrl-C again to abort)");
-    })
-    .context("cannot install the Ctrl-C handler")?;
-    trainer::run(trainer::Launch { config, resume_from, interrupt, stop_after: None })?;
+    let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signals::install(interrupt.clone())?;
+    let folder = match (&resume_from, a.overwrite) {
+        (Some(_), _) => FolderUse::Resume,
+        (None, true) => FolderUse::Overwrite,
+        (None, false) => FolderUse::New,
+    };
+    trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None })?;
     Ok(())
+}
+
+/// `--resume DIR`: DIR must be a run folder (written by `train`).
+fn run_folder(dir: &Path) -> Result<PathBuf> {
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "--resume {}: no such run folder (give a folder written by train, e.g. runs/NAME, or `latest`)",
+            dir.display()
+        );
+    }
+    if !dir.join("config.toml").is_file() {
+        anyhow::bail!(
+            "--resume {}: not a run folder (it has no config.toml; a run folder is written by train, e.g. runs/NAME)",
+            dir.display()
+        );
+    }
+    Ok(dir.to_path_buf())
 }
 
 /// The most recently modified run folder that has a checkpoint.
 fn latest_run(runs: &Path) -> Result<PathBuf> {
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for e in std::fs::read_dir(runs).with_context(|| format!("cannot list {}", runs.display()))? {
+    let entries = std::fs::read_dir(runs)
+        .with_context(|| format!("--resume latest: cannot list the run folders in {} (run.dir)", runs.display()))?;
+    for e in entries {
         let p = e?.path();
         if let Ok(m) = std::fs::metadata(p.join("checkpoints")).and_then(|m| m.modified()) {
             if best.as_ref().is_none_or(|(t, _)| m > *t) {
@@ -227,5 +284,5 @@ fn latest_run(runs: &Path) -> Result<PathBuf> {
             }
         }
     }
-    best.map(|b| b.1).with_context(|| format!("--resume latest: no run with a checkpoint in {}", runs.display()))
+    best.map(|b| b.1).with_context(|| format!("--resume latest: no run with a checkpoint in {} (run.dir)", runs.display()))
 }

@@ -26,8 +26,9 @@ pub enum MetricsRow {
         /// Wall time of the step (s).
         step_time: f64,
         tokens_per_s: f64,
-        /// The update was skipped (non-finite loss or gradient norm).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        /// The update was skipped (non-finite loss or gradient norm); always written (rows
+        /// written before it always was read as `false` when it is missing).
+        #[serde(default)]
         skipped: bool,
     },
     Eval {
@@ -98,7 +99,9 @@ fn truncate_after(path: &Path, last: u64) -> Result<()> {
     crate::checkpoint::write_atomic(path, kept.as_bytes())
 }
 
-/// Read all complete JSON rows of a JSONL file, skipping a partly written last line.
+/// Read all complete JSON rows of a JSONL file, skipping a partly written last line. A
+/// corrupt line elsewhere is skipped with a warning naming the file and line (one bad line
+/// does not make the rest of a run's log unreadable).
 pub fn read_rows<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut rows = Vec::new();
@@ -111,7 +114,7 @@ pub fn read_rows<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
             Ok(r) => rows.push(r),
             // the last line may be mid-write by a running trainer
             Err(_) if i + 1 == lines.len() => {}
-            Err(e) => anyhow::bail!("{}:{}: {e}", path.display(), i + 1),
+            Err(e) => tracing::warn!("{}:{}: skipping a corrupt row: {e}", path.display(), i + 1),
         }
     }
     Ok(rows)

@@ -260,7 +260,7 @@ pub fn plot_run(run: &Path) -> Result<Vec<PathBuf>> {
 
 fn plot_run_into(run: &Path, out: &Path) -> Result<Vec<PathBuf>> {
     let d = load(run)?;
-    std::fs::create_dir_all(out)?;
+    create_out(out)?;
     let mut files = render(&out.join("loss"), &loss_panels(&d))?;
     if !d.stalls.is_empty() {
         files.extend(render(&out.join("stalls"), &stall_panels(&d))?);
@@ -291,8 +291,14 @@ pub fn plot_compare(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
             })
             .collect(),
     };
-    std::fs::create_dir_all(out)?;
+    create_out(out)?;
     render(&out.join("compare"), &[val, stall])
+}
+
+/// Create the output folder of the plots, or fail naming it.
+fn create_out(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("cannot create the plot folder {} (--out names a folder)", out.display()))
 }
 
 /// `train plot RUN...`.
@@ -303,7 +309,7 @@ pub fn plot_command(runs: &[PathBuf], out: Option<&Path>) -> Result<()> {
         many => plot_compare(many, out.unwrap_or(Path::new("plots")))?,
     };
     for f in files {
-        println!("{}", f.display());
+        crate::outln!("{}", f.display());
     }
     Ok(())
 }

@@ -26,13 +26,13 @@ pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, json: bool) -
         if rounding != Some(Rounding::Nearest) {
             o["stochastic"] = ps.into();
         }
-        println!("{o}");
+        crate::outln!("{o}");
         return Ok(());
     }
     match rounding {
-        Some(Rounding::Nearest) => println!("{pn:.3}"),
-        Some(Rounding::Stochastic) => println!("{ps:.3}"),
-        None => println!(
+        Some(Rounding::Nearest) => crate::outln!("{pn:.3}"),
+        Some(Rounding::Stochastic) => crate::outln!("{ps:.3}"),
+        None => crate::outln!(
             "{pn:.3}/{ps:.3}  (v stalled fraction, {} with {bits} fraction bits, b2 = {beta2}: nearest/stochastic, rho = {:.2})",
             f.name(),
             theory::rho(bits, beta2)

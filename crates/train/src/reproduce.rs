@@ -961,6 +961,10 @@ fn reusable(job: &Job) -> bool {
 }
 
 fn spawn(job: &Job, threads: usize) -> Result<Child> {
+    // a run that is not reused (another config, unfinished) is moved aside, never mixed into
+    if !crate::run_folder::run_files(&job.run_dir).is_empty() {
+        crate::run_folder::move_aside(&job.run_dir)?;
+    }
     std::fs::create_dir_all(&job.run_dir).with_context(|| format!("cannot create {}", job.run_dir.display()))?;
     let log = std::fs::File::create(job.run_dir.join("train.log"))?;
     let exe = std::env::current_exe().context("cannot find the current executable")?;

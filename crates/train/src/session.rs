@@ -6,6 +6,7 @@ use crate::checkpoint::{self, TrainState};
 use crate::config::{RunConfig, WeightDtype};
 use crate::metrics::{JsonlWriter, MetricsRow};
 use crate::optimizer::{Optimizer, ParamSet};
+use crate::run_folder::{self, RunLock};
 use crate::schedule::learning_rate;
 use crate::stall_log::Theory;
 use crate::step::{train_step, StepContext, StepOutput};
@@ -41,13 +42,16 @@ pub struct Session {
     metrics: JsonlWriter,
     stalls: JsonlWriter,
     stall_log: StallWriter,
-    /// Steps whose stall rows are not written yet (counts are read `count_lag` steps late).
-    pending: VecDeque<(u64, bool)>,
+    /// Steps whose stall rows are not written yet, with their optimizer update number (`None`:
+    /// skipped); counts are read `count_lag` steps late.
+    pending: VecDeque<(u64, Option<u64>)>,
     pub n_params: usize,
     pub state_bytes: usize,
     /// CUDA pool high-water mark, bytes.
     pub device_peak: Option<u64>,
     pub last_checkpoint: Option<PathBuf>,
+    /// Held until the run ends: no second run writes into this folder meanwhile.
+    _lock: RunLock,
 }
 
 /// What one step did, for the progress line and the stop conditions.
@@ -64,7 +68,7 @@ pub struct StepReport {
 impl Session {
     /// Sets up a run (or resumes one): tokenizer, model, optimizer states, the checkpoint's
     /// state, validation batches, the training stream and the run folder's writers. The run
-    /// folder is touched only after a resume's checkpoint is accepted.
+    /// folder is touched only after all of these succeeded ([`run_folder::claim`]).
     pub fn open(launch: &Launch) -> Result<Session> {
         let cfg = launch.config.clone();
         let run_dir = cfg.run_dir();
@@ -103,6 +107,7 @@ impl Session {
             tokens: 0,
             data: DataPosition::default(),
             nonfinite_in_row: 0,
+            updates: 0,
             m_format: spec.m_format.name().into(),
             v_format: spec.v_format.name().into(),
             block_size: spec.block_size,
@@ -117,19 +122,13 @@ impl Session {
             state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), v_zero: spec.v_zero.as_str().into(), ..saved };
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
-        // Only now, with the checkpoint accepted, touch the run folder (a refused resume must
-        // not overwrite the run's config).
-        std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
-        // a summary marks a finished run (`train stalls --follow` stops on it)
-        let _ = std::fs::remove_file(run_dir.join("summary.json"));
-        checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
         let mut opt: Box<dyn Optimizer> = make_optimizer(host, &dev)?;
 
         let n_params = params.num_params();
         let state_bytes = opt.states()?.state_bytes();
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = cfg.train.micro_batch * cfg.train.grad_accum;
-        println!(
+        crate::outln!(
             "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
             n_params,
             mcfg.num_layers,
@@ -147,7 +146,7 @@ impl Session {
             cfg.train.device,
         );
         if let Some(p) = theory.v {
-            println!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+            crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
         }
 
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
@@ -162,6 +161,13 @@ impl Session {
             );
         }
         let stream = TrainStream::new(&cfg.data, &tok, state.data.clone()).map_err(data_err)?;
+
+        // Only now, with everything validated and a resume's checkpoint accepted, touch the run
+        // folder: a start that fails leaves the folder as it was.
+        let lock = run_folder::claim(&run_dir, launch.folder)?;
+        // a summary marks an ended run (`train stalls --follow` stops on it)
+        let _ = std::fs::remove_file(run_dir.join("summary.json"));
+        checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
         let keep = launch.resume_from.is_some().then_some(state.step);
         let metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
         let stalls = JsonlWriter::open(&run_dir.join("stalls.jsonl"), keep)?;
@@ -188,6 +194,7 @@ impl Session {
             state_bytes,
             device_peak: None,
             last_checkpoint: None,
+            _lock: lock,
         })
     }
 
@@ -207,9 +214,11 @@ impl Session {
             grad_accum: cfg.train.grad_accum,
             grad_clip: cfg.optim.grad_clip,
         };
-        let out = train_step(&mut ctx, step, lr, None)?;
+        let update = self.state.updates + 1;
+        let out = train_step(&mut ctx, update, lr, None)?;
         if out.updated {
             self.state.nonfinite_in_row = 0;
+            self.state.updates = update;
         } else {
             self.state.nonfinite_in_row += 1;
             tracing::warn!("step {step}: non-finite loss {} or gradient norm {}: update skipped", out.loss, out.grad_norm);
@@ -233,7 +242,7 @@ impl Session {
             tokens_per_s: out.tokens as f64 / seconds,
             skipped: !out.updated,
         })?;
-        self.pending.push_back((step, out.updated));
+        self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
         let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), &mut self.stalls)?;
         Ok(StepReport { out, seconds, stalls, new_epoch })
@@ -244,6 +253,11 @@ impl Session {
         let vl = evaluate(&self.model, &self.val, &self.dev)?;
         self.metrics.write(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
         Ok(vl)
+    }
+
+    /// Number of validation micro-batches.
+    pub fn val_batches(&self) -> usize {
+        self.val.len()
     }
 
     /// Writes the stall rows still pending, then a checkpoint of the current step.

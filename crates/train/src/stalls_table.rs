@@ -5,7 +5,7 @@
 use crate::metrics::read_rows;
 use crate::stall_log::{Fractions, StallRow};
 use crate::summary::mean;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -23,7 +23,7 @@ pub struct StallsArgs {
     /// Show one state only.
     #[arg(long, value_enum)]
     pub state: Option<State>,
-    /// Steps in the running mean.
+    /// Steps in the running mean (0 = the whole run).
     #[arg(long, default_value_t = 100)]
     pub window: usize,
     /// Print JSON instead of a table.
@@ -60,7 +60,13 @@ pub struct Line {
 pub struct Table {
     pub step: u64,
     pub rows_read: usize,
+    /// `--window` as given (0 = the whole run).
     pub window: usize,
+    /// Steps in the window (fewer than `window` early in a run).
+    pub window_steps: usize,
+    /// Rows the means are taken over: every step of the window by group; with `--by tensor`
+    /// only the per-tensor rows in it (one every `run.stall_detail_every` steps).
+    pub averaged: usize,
     pub theory_v: Option<f64>,
     pub lines: Vec<Line>,
 }
@@ -71,7 +77,7 @@ fn mean_fractions<'a>(fs: impl Iterator<Item = &'a Fractions> + Clone) -> Fracti
 
 /// Build the table from parsed rows.
 pub fn table(rows: &[StallRow], by: By, window: usize) -> Table {
-    let recent = &rows[rows.len().saturating_sub(window.max(1))..];
+    let recent = if window == 0 { rows } else { &rows[rows.len().saturating_sub(window)..] };
     let pick = |r: &StallRow| -> Option<BTreeMap<String, Fractions>> {
         match by {
             By::Group => {
@@ -101,6 +107,8 @@ pub fn table(rows: &[StallRow], by: By, window: usize) -> Table {
         step: rows.last().map_or(0, |r| r.step),
         rows_read: rows.len(),
         window,
+        window_steps: recent.len(),
+        averaged: detailed.len(),
         theory_v: rows.last().and_then(|r| r.theory.v),
         lines,
     }
@@ -114,7 +122,17 @@ fn cell(x: Option<f64>) -> String {
 pub fn render(t: &Table, state: Option<State>, header: &str) -> String {
     let show = |s: State| state.is_none_or(|x| x == s);
     let width = t.lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
-    let mut out = format!("{header}step {} ({} rows; mean over the last {} steps)\n", t.step, t.rows_read, t.window);
+    let steps = if t.window == 0 || t.window_steps < t.window {
+        format!("all {} steps", t.window_steps)
+    } else {
+        format!("the last {} steps", t.window_steps)
+    };
+    let over = if t.averaged == t.window_steps {
+        steps
+    } else {
+        format!("the {} per-tensor rows of {steps}", t.averaged)
+    };
+    let mut out = format!("{header}step {} ({} rows; mean over {over})\n", t.step, t.rows_read);
     let mut head = format!("{:<width$}", "name");
     if show(State::M) {
         head += "  m latest  m mean";
@@ -165,24 +183,29 @@ fn describe(run: &Path) -> String {
 pub fn run(a: &StallsArgs) -> Result<()> {
     let path = a.run.join("stalls.jsonl");
     loop {
-        let rows: Vec<StallRow> = read_rows(&path)
-            .with_context(|| format!("{} has no readable stalls.jsonl (is it a run folder?)", a.run.display()))?;
+        if !path.is_file() {
+            anyhow::bail!(
+                "{}: no stalls.jsonl (not a run folder, or its run has not written a step yet)",
+                a.run.display()
+            );
+        }
+        let rows: Vec<StallRow> = read_rows(&path)?;
         let t = table(&rows, a.by, a.window);
         let finished = a.run.join("summary.json").exists();
         if a.json {
-            println!("{}", serde_json::to_string(&t)?);
+            crate::outln!("{}", serde_json::to_string(&t)?);
         } else {
             if a.follow {
-                print!("\x1b[2J\x1b[H"); // clear screen, cursor home
+                crate::out!("\x1b[2J\x1b[H"); // clear screen, cursor home
             }
-            print!("{}", render(&t, a.state, &describe(&a.run)));
+            crate::out!("{}", render(&t, a.state, &describe(&a.run)));
             if a.by == By::Tensor && t.lines.is_empty() {
-                println!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
+                crate::outln!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
             }
         }
         if !a.follow || finished {
             if a.follow {
-                println!("run finished");
+                crate::outln!("run finished");
             }
             return Ok(());
         }

@@ -81,13 +81,23 @@ impl Clock<'_> {
     }
 }
 
-/// Runs step `step` at learning rate `lr`. `phases`: add this step's phase times to it.
+/// Runs one training step at learning rate `lr`; `update` is the optimizer's step number for
+/// its update. `phases`: add this step's phase times to it.
+///
+/// A skipped step (non-finite loss or gradient norm) does not exist for the optimizer, as
+/// when PyTorch's `GradScaler` skips `optimizer.step()`: `update` counts applied updates only
+/// (`TrainState::updates + 1`), and the optimizer's resets and bias correction are functions
+/// of it. So a reset due at a skipped step happens at the next applied update, whose bias
+/// correction starts again at t = 1: the two always agree. (Keying resets to the trainer's
+/// step instead lost such a reset while the bias-correction count restarted anyway: with a
+/// constant gradient the first update after it was 1.543 * lr instead of lr.) The learning
+/// rate follows the trainer's step.
 ///
 /// The step's loss and gradient are the mean over all of its target tokens, whatever the
 /// split into micro-batches: the micro-batches are read first (host data) to count the
 /// step's targets `N`, then micro-batch `i`'s mean loss is weighted by `n_i / N` before its
 /// backward, so the summed gradients are the token-weighted mean.
-pub fn train_step(ctx: &mut StepContext, step: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
+pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
     let dev = ctx.device;
     if phases.is_some() {
         dev.synchronize()?;
@@ -135,7 +145,7 @@ pub fn train_step(ctx: &mut StepContext, step: u64, lr: f64, phases: Option<&mut
     if updated {
         let clip = ctx.grad_clip as f32;
         let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
-        ctx.opt.step(step, lr, factor, ctx.params, &grads)?;
+        ctx.opt.step(update, lr, factor, ctx.params, &grads)?;
     }
     drop(grads);
     // A stream synchronisation lets the CUDA memory pool trim the blocks this step freed;

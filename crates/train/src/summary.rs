@@ -7,9 +7,25 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// How a run ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Reached `train.max_steps` with finite numbers.
+    #[default]
+    Finished,
+    /// Stopped by Ctrl-C or SIGTERM after a checkpoint; `--resume` continues it.
+    Interrupted,
+    /// Ended with a non-finite loss, gradient norm or validation loss (the exit status is 1).
+    NonFinite,
+}
+
 /// End-of-run numbers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
+    /// How the run ended (summaries written before this was recorded read as `finished`).
+    #[serde(default)]
+    pub status: RunStatus,
     pub steps: u64,
     pub tokens: u64,
     pub params: usize,
@@ -50,6 +66,7 @@ pub fn build(
     tokens_per_s: f64,
     last_val: Option<f64>,
     device_peak: Option<u64>,
+    status: RunStatus,
 ) -> Result<Summary> {
     let rows: Vec<MetricsRow> = read_rows(&run_dir.join("metrics.jsonl"))?;
     let stalls: Vec<StallRow> = read_rows(&run_dir.join("stalls.jsonl"))?;
@@ -69,6 +86,7 @@ pub fn build(
         .collect();
     let half = &stalls[stalls.len() / 2..];
     Ok(Summary {
+        status,
         steps: train.last().map_or(0, |t| t.0),
         tokens: train.last().map_or(0, |t| t.1),
         params,

@@ -10,7 +10,8 @@ use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
 use crate::session::Session;
 use crate::stall_log::{StallRow, Theory};
 use crate::step::batch_tensors;
-use crate::summary::{self, Summary};
+use crate::run_folder::FolderUse;
+use crate::summary::{self, RunStatus, Summary};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,16 +29,32 @@ pub struct Launch {
     pub config: RunConfig,
     /// Resume from this checkpoint folder.
     pub resume_from: Option<PathBuf>,
-    /// Set by Ctrl-C: write a checkpoint and stop after the current step.
+    /// New run, new run over an old one moved aside, or resume ([`FolderUse`]).
+    pub folder: FolderUse,
+    /// Set by Ctrl-C or SIGTERM: write a checkpoint and stop after the current step.
     pub interrupt: Arc<AtomicBool>,
     /// Stop (with a checkpoint) after this step, as if interrupted (tests of resume).
     pub stop_after: Option<u64>,
 }
 
+impl Launch {
+    /// A new run of `config` (its folder must not hold a run yet), not interrupted.
+    pub fn new(config: RunConfig) -> Launch {
+        Launch { config, resume_from: None, folder: FolderUse::New, interrupt: Default::default(), stop_after: None }
+    }
+
+    /// Resume `config`'s run from the checkpoint folder `from`.
+    pub fn resume(config: RunConfig, from: PathBuf) -> Launch {
+        Launch { resume_from: Some(from), folder: FolderUse::Resume, ..Launch::new(config) }
+    }
+}
+
 /// What a finished (or stopped) run reports.
 pub struct Outcome {
     pub run_dir: PathBuf,
-    pub summary: Summary,
+    /// The summary written to `summary.json`; `None` when the resumed run had already
+    /// finished (nothing was run and nothing written).
+    pub summary: Option<Summary>,
     /// Stopped before `max_steps` (interrupt or `stop_after`).
     pub stopped_early: bool,
 }
@@ -105,9 +122,31 @@ pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
 /// per step [`Session::step`], the progress line, [`Session::validate`] and
 /// [`Session::checkpoint`] on their intervals, and the summary at the end.
 pub fn run(launch: Launch) -> Result<Outcome> {
+    if let Some(dir) = &launch.resume_from {
+        crate::manifest::verify_for_resume(dir)?;
+        let (done, max_steps) = (checkpoint::load_state(dir)?.step, launch.config.train.max_steps);
+        if done >= max_steps {
+            crate::outln!(
+                "{}: already finished at step {done} (train.max_steps = {max_steps}); nothing to do \
+                 (raise train.max_steps, e.g. --set train.max_steps={}, to continue it)",
+                launch.config.run_dir().display(),
+                done * 2
+            );
+            return Ok(Outcome { run_dir: launch.config.run_dir(), summary: None, stopped_early: false });
+        }
+    }
     let mut s = Session::open(&launch)?;
     let max_steps = s.cfg.train.max_steps;
+    if s.cfg.optim.warmup_steps >= max_steps {
+        tracing::warn!(
+            "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} \
+             steps so that the learning rate still decays",
+            s.cfg.optim.warmup_steps,
+            max_steps - 1
+        );
+    }
     if s.state.step == 0 {
+        tracing::info!("step 0: validation loss of the initial model ({} batches of the validation set)", s.val_batches());
         let vl = s.validate(0)?;
         tracing::info!("step 0: validation loss {vl:.4}");
     }
@@ -119,8 +158,9 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     bar.set_position(s.state.step);
     let started = Instant::now();
     let tokens_at_start = s.state.tokens;
-    let mut stopped_early = false;
+    let mut status = RunStatus::Finished;
     let mut last_val = None;
+    let mut stop_error = None;
 
     while s.state.step < max_steps {
         let step = s.state.step + 1;
@@ -159,23 +199,38 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         }
         if too_many {
             bar.abandon();
-            bail!(
+            status = RunStatus::NonFinite;
+            stop_error = Some(format!(
                 "stopping at step {step}: {} consecutive steps with a non-finite loss or gradient norm \
                  (limit train.max_nonfinite_steps = {}; last loss {loss}, gradient norm {norm}); \
                  checkpoint written to {}; try a lower optim.lr or optim.grad_clip",
                 s.state.nonfinite_in_row,
                 s.cfg.train.max_nonfinite_steps,
                 s.last_checkpoint.as_deref().unwrap_or(&s.run_dir).display()
-            );
+            ));
+            break;
         }
         if interrupted && !last {
-            bar.abandon_with_message(format!("stopped at step {step}; resume with --resume {}", s.run_dir.display()));
-            stopped_early = true;
+            bar.abandon();
+            tracing::warn!("stopped at step {step} of {max_steps}; resume with: train --resume {}", s.run_dir.display());
+            status = RunStatus::Interrupted;
             break;
         }
     }
     s.flush_stalls()?;
     bar.finish();
+    if status == RunStatus::Finished && (s.state.nonfinite_in_row > 0 || last_val.is_some_and(|v| !v.is_finite())) {
+        status = RunStatus::NonFinite;
+        stop_error = Some(format!(
+            "the run ended non-finite at step {} (last step skipped: {}, final validation loss {}); the \
+             checkpoint {} holds what the run ended with; resume from an earlier checkpoint with a lower \
+             optim.lr or optim.grad_clip",
+            s.state.step,
+            s.state.nonfinite_in_row > 0,
+            last_val.map_or("-".into(), |v| v.to_string()),
+            s.last_checkpoint.as_deref().unwrap_or(&s.run_dir).display()
+        ));
+    }
     let elapsed = started.elapsed().as_secs_f64();
     let summary = summary::build(
         &s.run_dir,
@@ -184,17 +239,22 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         (s.state.tokens - tokens_at_start) as f64 / elapsed.max(1e-9),
         last_val,
         s.device_peak,
+        status,
     )?;
     checkpoint::write_atomic(&s.run_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    if let Some(e) = stop_error {
+        bail!(e);
+    }
+    let stopped_early = status == RunStatus::Interrupted;
     if !stopped_early {
-        println!("{}", summary.render());
+        crate::outln!("{}", summary.render());
         if s.cfg.run.plots {
             if let Err(e) = crate::plot::plot_run(&s.run_dir) {
                 tracing::warn!("plots not written: {e:#}");
             }
         }
     }
-    Ok(Outcome { run_dir: s.run_dir, summary, stopped_early })
+    Ok(Outcome { run_dir: s.run_dir.clone(), summary: Some(summary), stopped_early })
 }
 
 /// A data error as one line: its message already includes its source, so `{:#}` must not
@@ -212,22 +272,22 @@ pub(crate) struct StallWriter {
 }
 
 impl StallWriter {
-    /// Write the rows of all but the newest `lag` pending steps (`(step, updated)`; a
-    /// skipped step has zero counts). Returns the last written (m, v) fractions.
+    /// Write the rows of all but the newest `lag` pending steps (`(step, update)`, `update`
+    /// the optimizer's step number or `None` for a skipped step, which has zero counts).
+    /// Returns the last written (m, v) fractions.
     pub(crate) fn flush(
         &self,
-        pending: &mut VecDeque<(u64, bool)>,
+        pending: &mut VecDeque<(u64, Option<u64>)>,
         lag: usize,
         opt: &mut dyn Optimizer,
         out: &mut JsonlWriter,
     ) -> Result<Option<(Option<f64>, Option<f64>)>> {
         let mut last = None;
         while pending.len() > lag {
-            let (step, updated) = pending.pop_front().expect("non-empty");
-            let counts = if updated {
-                opt.stall_counts(step)?
-            } else {
-                vec![StallCounts::default(); self.names.len()]
+            let (step, update) = pending.pop_front().expect("non-empty");
+            let counts = match update {
+                Some(u) => opt.stall_counts(u)?,
+                None => vec![StallCounts::default(); self.names.len()],
             };
             let detail = self.detail_every > 0 && step % self.detail_every == 0;
             let row = StallRow::build(step, &self.names, &self.groups, &counts, self.theory, detail);

@@ -30,7 +30,11 @@ fn config(dir: &Path, name: &str, sets: &[&str]) -> RunConfig {
 }
 
 fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u64>) -> anyhow::Result<Outcome> {
-    trainer::run(Launch { config, resume_from, interrupt: Arc::new(AtomicBool::new(false)), stop_after })
+    let start = match resume_from {
+        Some(ck) => Launch::resume(config, ck),
+        None => Launch::new(config),
+    };
+    trainer::run(Launch { stop_after, ..start })
 }
 
 fn rows(path: &Path) -> Vec<Value> {
@@ -108,7 +112,7 @@ fn check_exact_resume(tag: &str, sets: &[&str], stop: u64, resume_at: u64, torch
     for f in ["model.safetensors", "optimizer.safetensors", "state.json", "export_check.json"] {
         assert!(read(&ca.join(f)) == read(&cb.join(f)), "{f} differs after resume");
     }
-    assert_eq!(full.summary.final_val_loss, second.summary.final_val_loss);
+    assert_eq!(full.summary.unwrap().final_val_loss, second.summary.unwrap().final_val_loss);
     let hf: Value = serde_json::from_slice(&read(&cb.join("config.json"))).unwrap();
     assert_eq!(hf["torch_dtype"], torch_dtype);
     let check: ExportCheck = serde_json::from_slice(&read(&cb.join("export_check.json"))).unwrap();
@@ -196,9 +200,9 @@ fn checkpoint_layout_and_retention() {
     assert_eq!(check.input_ids[0][1..], check.targets[0][..31]);
     assert!(check.loss.is_finite() && check.loss > 0.0 && check.dtype == "float32");
     // the run learned something (sanity of the test config itself)
-    let s = &out.summary;
+    let s = out.summary.as_ref().unwrap();
     assert!(s.final_val_loss.unwrap() < s.initial_val_loss.unwrap(), "{s:?}");
-    assert!(out.summary.final_val_loss.is_some());
+    assert!(s.final_val_loss.is_some());
 }
 
 /// The exported config.json carries the tokenizer's special ids (transformers would assume
@@ -234,20 +238,15 @@ fn exported_config_json_has_the_tokenizers_special_ids() {
 fn interrupt_writes_a_checkpoint_and_stops_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), "ctrlc", &[]);
-    let out = trainer::run(Launch {
-        config: cfg.clone(),
-        resume_from: None,
-        interrupt: Arc::new(AtomicBool::new(true)), // Ctrl-C arrived during step 1
-        stop_after: None,
-    })
-    .unwrap();
+    // Ctrl-C arrived during step 1
+    let out = trainer::run(Launch { interrupt: Arc::new(AtomicBool::new(true)), ..Launch::new(cfg.clone()) }).unwrap();
     assert!(out.stopped_early);
     let ck = checkpoint::latest(&out.run_dir).unwrap();
     assert_eq!(checkpoint::load_state(&ck).unwrap().step, 1);
     // and the run continues from there to the end
     let done = launch(cfg, Some(ck), None).unwrap();
     assert!(!done.stopped_early);
-    assert_eq!(done.summary.steps, 8);
+    assert_eq!(done.summary.unwrap().steps, 8);
 }
 
 #[test]
@@ -277,16 +276,23 @@ fn non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint() {
     assert!(err.contains(&ck.display().to_string()), "{err}");
     let st = checkpoint::load_state(&ck).unwrap();
     assert_eq!((st.step, st.nonfinite_in_row), (last, 3));
+    // the optimizer counts applied updates only (issue 17, item 8)
+    assert_eq!(st.updates, last - 3);
     // skipped steps leave the stall counters empty
     let stalls = rows(&run_dir.join("stalls.jsonl"));
     assert_eq!(stalls.last().unwrap()["v"]["updated"].as_u64().unwrap_or(0), 0);
 
-    // Below the limit the run finishes, and its NaN rows (written as null) read back.
+    // Below the limit the run reaches max_steps, but ends non-finite: an error (exit 1), with
+    // its summary (NaN rows, written as null, read back) and checkpoint written.
     let mut sets = blowup.to_vec();
     sets.extend(["train.max_nonfinite_steps=100", "train.max_steps=4", "train.eval_every=0"]);
-    let out = launch(config(tmp.path(), "nan_ok", &sets), None, None).unwrap();
-    assert!(out.summary.skipped_steps >= 2, "{:?}", out.summary);
-    assert!(checkpoint::latest(&out.run_dir).is_ok());
+    let cfg = config(tmp.path(), "nan_ok", &sets);
+    let run_dir = cfg.run_dir();
+    one_line_error(launch(cfg, None, None), &["the run ended non-finite at step 4", "checkpoints/step_0000004"]);
+    let summary: Value = serde_json::from_slice(&read(&run_dir.join("summary.json"))).unwrap();
+    assert_eq!(summary["status"], "non_finite");
+    assert!(summary["skipped_steps"].as_u64().unwrap() >= 2, "{summary}");
+    assert!(checkpoint::latest(&run_dir).is_ok());
 }
 
 #[test]
@@ -489,7 +495,8 @@ fn resume_refuses_checkpoints_of_another_config() {
     }
     let weights = read(&copy.join("model.safetensors"));
     std::fs::write(copy.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
-    one_line_error(launch(config(d, "dmg", &[]), Some(copy.clone()), None), &["model.safetensors", "cannot read weights"]);
+    one_line_error(launch(config(d, "dmg", &[]), Some(copy.clone()), None), &["model.safetensors", "corrupt:"]);
+    std::fs::write(copy.join("model.safetensors"), &weights).unwrap();
     std::fs::write(copy.join("state.json"), b"{ not json").unwrap();
-    one_line_error(launch(config(d, "dmg", &[]), Some(copy), None), &["state.json", "corrupt checkpoint state"]);
+    one_line_error(launch(config(d, "dmg", &[]), Some(copy), None), &["state.json", "corrupt:"]);
 }

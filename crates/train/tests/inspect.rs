@@ -88,7 +88,7 @@ fn tiny_run(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, base_toml(&dir.join("runs"), name)).unwrap();
     let config = RunConfig::load(&path, &[]).unwrap();
-    trainer::run(Launch { config, resume_from: None, interrupt: Default::default(), stop_after: None }).unwrap().run_dir
+    trainer::run(Launch::new(config)).unwrap().run_dir
 }
 
 #[test]
@@ -112,4 +112,17 @@ fn same_seed_same_config_gives_identical_logs() {
     // and the run learned something on real text
     let l = losses(&a);
     assert!(l.last().unwrap().1 < l[0].1, "validation loss fell: {l:?}");
+}
+
+#[test]
+fn stalls_headers_say_what_the_mean_is_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<StallRow> = read_rows(&write_stalls(dir.path(), false)).unwrap();
+    let head = |by, window| render(&table(&rows, by, window), None, "").lines().next().unwrap().to_string();
+    // --window 0: the whole run (it was "the last 0 steps" over one row)
+    assert_eq!(head(By::Group, 0), "step 2 (2 rows; mean over all 2 steps)");
+    assert!((table(&rows, By::Group, 0).lines[0].mean.v.unwrap() - 0.6).abs() < 1e-12);
+    assert_eq!(head(By::Group, 1), "step 2 (2 rows; mean over the last 1 steps)");
+    // --by tensor: only the per-tensor rows are averaged
+    assert_eq!(head(By::Tensor, 100), "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps)");
 }

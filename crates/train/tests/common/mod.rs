@@ -60,3 +60,65 @@ plots = false
     )
 }
 
+
+/// The `train` binary of this build.
+pub fn train_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_train"))
+}
+
+/// What a `train` invocation did.
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run `train ARGS` in `cwd` and wait for it.
+pub fn train(cwd: &Path, args: &[&str]) -> Ran {
+    let out = std::process::Command::new(train_bin()).args(args).current_dir(cwd).output().unwrap();
+    let r = Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!("$ train {}\n-> {:?}\n{}{}", args.join(" "), r.code, r.stdout, r.stderr);
+    r
+}
+
+/// A folder holding `c.toml`: [`base_toml`] with run folders `runs/<name>` relative to it.
+pub fn cli_dir(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("c.toml"), base_toml(Path::new("runs"), name)).unwrap();
+    tmp
+}
+
+/// Checkpoint folder names of a run folder, oldest first.
+pub fn checkpoints(run: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Every file under `dir` with its size and a hash of its bytes (to show that a folder was
+/// not touched).
+pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, (usize, u64)> {
+    use std::hash::{Hash, Hasher};
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                bytes.hash(&mut h);
+                out.insert(p.strip_prefix(dir).unwrap().to_path_buf(), (bytes.len(), h.finish()));
+            }
+        }
+    }
+    out
+}

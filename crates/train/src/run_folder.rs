@@ -1,0 +1,168 @@
+//! A run folder belongs to one run. [`claim`] is called once everything else has been
+//! validated (config, data, tokenizer, device, checkpoint), and is the first thing that
+//! touches the folder:
+//!
+//! * a **new** run refuses a folder that already holds a run (any of the files `train`
+//!   writes: `config.toml`, `metrics.jsonl`, `stalls.jsonl`, `summary.json`, `checkpoints/`);
+//!   other files (a `train.log` the caller redirected into it, notes) do not count and are
+//!   left alone;
+//! * **overwrite** moves such a folder aside to `<name>.old-<N>` (the first free N) and starts
+//!   in a fresh one: nothing is deleted;
+//! * **resume** writes into the folder it resumes.
+//!
+//! The live run holds an exclusive lock on `<run>/train.lock` (an OS file lock, `flock`, via
+//! `fs2`) holding its process id: a second run on the same folder fails naming it. The OS drops
+//! the lock when the process dies, so the lock file of a killed run (a stale lock) is simply
+//! taken over.
+
+use anyhow::{bail, Context, Result};
+use fs2::FileExt;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+/// The lock file's name inside a run folder.
+pub const LOCK_FILE: &str = "train.lock";
+
+/// Files and folders whose presence means a folder holds a run.
+const RUN_FILES: [&str; 5] = ["config.toml", "metrics.jsonl", "stalls.jsonl", "summary.json", "checkpoints"];
+
+/// How a run uses its folder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FolderUse {
+    /// A new run: the folder must not hold a run yet.
+    #[default]
+    New,
+    /// A new run: a run already in the folder is moved aside first (`--overwrite`).
+    Overwrite,
+    /// Continue the run in the folder (`--resume`).
+    Resume,
+}
+
+/// The exclusive lock of a live run on its folder; released (and the lock file removed) on drop.
+#[derive(Debug)]
+pub struct RunLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        // Remove first, unlock second: another run that opens the path meanwhile locks a new file.
+        let _ = std::fs::remove_file(&self.path);
+        let _ = FileExt::unlock(&self.file);
+    }
+}
+
+/// The `train` files present in `dir` (empty when it holds no run or does not exist).
+pub fn run_files(dir: &Path) -> Vec<&'static str> {
+    RUN_FILES.into_iter().filter(|f| dir.join(f).exists()).collect()
+}
+
+/// Take `dir` for a run used as `how`: lock it, then check (new), move aside (overwrite) or
+/// keep (resume) what is in it. Returns the lock, to be held until the run ends.
+pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create the run folder {}", dir.display()))?;
+    let lock = lock(dir)?;
+    let present = run_files(dir);
+    if present.is_empty() || how == FolderUse::Resume {
+        return Ok(lock);
+    }
+    if how == FolderUse::New {
+        bail!(
+            "run folder {} already holds a run ({}): pass --resume {} to continue it, --overwrite to move \
+             it aside and start again, or choose another run.name",
+            dir.display(),
+            present.join(", "),
+            dir.display()
+        );
+    }
+    let aside = move_aside(dir)?;
+    let mut lock = lock;
+    lock.path = aside.join(LOCK_FILE); // the lock file moved with the folder: removed on drop
+    drop(lock);
+    tracing::warn!("--overwrite: moved the previous run in {} to {}", dir.display(), aside.display());
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create the run folder {}", dir.display()))?;
+    self::lock(dir)
+}
+
+/// Rename `dir` to the first free `<dir>.old-<N>` and return that path.
+pub fn move_aside(dir: &Path) -> Result<PathBuf> {
+    let name = dir.file_name().context("run folder has no name")?.to_string_lossy().into_owned();
+    let aside = (1..)
+        .map(|n| dir.with_file_name(format!("{name}.old-{n}")))
+        .find(|p| !p.exists())
+        .expect("a free name");
+    std::fs::rename(dir, &aside)
+        .with_context(|| format!("cannot move {} aside to {}", dir.display(), aside.display()))?;
+    Ok(aside)
+}
+
+/// Lock `dir/train.lock` for this process, or fail naming the process that holds it.
+fn lock(dir: &Path) -> Result<RunLock> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+    if file.try_lock_exclusive().is_err() {
+        let mut pid = String::new();
+        let _ = file.read_to_string(&mut pid);
+        bail!(
+            "run folder {} is in use by another training run (process {}, lock file {}): wait for it to \
+             end, stop it, or choose another run.name",
+            dir.display(),
+            pid.trim(),
+            path.display()
+        );
+    }
+    let mut old = String::new();
+    let _ = file.read_to_string(&mut old);
+    if !old.trim().is_empty() {
+        tracing::info!("{}: stale lock of process {} (no longer running) taken over", path.display(), old.trim());
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id()).with_context(|| format!("cannot write {}", path.display()))?;
+    file.flush()?;
+    Ok(RunLock { file, path })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_refuses_a_used_folder_overwrite_moves_it_aside_resume_keeps_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("x");
+        std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+        std::fs::write(dir.join("metrics.jsonl"), "old\n").unwrap();
+        let e = format!("{:#}", claim(&dir, FolderUse::New).unwrap_err());
+        assert!(e.contains("already holds a run (metrics.jsonl, checkpoints)") && e.contains("--overwrite"), "{e}");
+        assert_eq!(std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(), "old\n", "untouched");
+        drop(claim(&dir, FolderUse::Resume).unwrap());
+        assert!(dir.join("metrics.jsonl").exists());
+        let held = claim(&dir, FolderUse::Overwrite).unwrap();
+        assert_eq!(std::fs::read_to_string(tmp.path().join("x.old-1/metrics.jsonl")).unwrap(), "old\n");
+        assert!(!tmp.path().join("x.old-1").join(LOCK_FILE).exists(), "the moved run is as it was");
+        assert!(run_files(&dir).is_empty());
+        assert_eq!(std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(), std::process::id().to_string());
+        drop(held);
+        assert!(!dir.join(LOCK_FILE).exists(), "lock file removed at the end");
+        // other files do not make a folder "used"
+        std::fs::write(dir.join("train.log"), "log").unwrap();
+        drop(claim(&dir, FolderUse::New).unwrap());
+    }
+
+    #[test]
+    fn stale_lock_file_of_a_dead_process_is_taken_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(LOCK_FILE), "999999999").unwrap();
+        let lock = claim(tmp.path(), FolderUse::Resume).unwrap();
+        assert_eq!(std::fs::read_to_string(&lock.path).unwrap(), std::process::id().to_string());
+    }
+}

@@ -1,0 +1,162 @@
+//! Issue 17, "exits, signals, output" and "friction", through the `train` binary: a closed
+//! stdout pipe, config values validated up front, errors that name the file or field and
+//! what to do, bare config names, `--print-config`, reader warnings once per line, and what a
+//! redirected training log holds.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{cli_dir, root, train, train_bin};
+
+/// Run `train ARGS` in `cwd` with stdout a pipe whose reading end is already closed.
+fn with_closed_stdout(cwd: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(train_bin())
+        .args(args)
+        .current_dir(cwd)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("$ train {} | (closed)\n-> {:?}\n{err}", args.join(" "), out.status.code());
+    (out.status.code(), err)
+}
+
+#[test]
+fn a_closed_stdout_pipe_panics_no_subcommand_and_training_still_plots() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let (code, err) = with_closed_stdout(d, &["predict", "--format", "bf16"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (code, err) = with_closed_stdout(d, &["--config", "c.toml", "--print-config"]);
+    assert_eq!(code, Some(0), "{err}");
+    // training prints its summary into the closed pipe, then writes the plots
+    let (code, err) = with_closed_stdout(d, &["--config", "c.toml", "--set", "train.max_steps=2", "--set", "run.plots=true"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(d.join("runs/x/loss.png").is_file() && d.join("runs/x/stalls.png").is_file());
+    // the redirected log: no colour codes, and the step-0 validation says what it does
+    assert!(!err.contains('\x1b'), "{err}");
+    assert!(err.contains("step 0: validation loss of the initial model (8 batches of the validation set)"), "{err}");
+    // every train row of metrics.jsonl says whether it was skipped
+    let metrics = std::fs::read_to_string(d.join("runs/x/metrics.jsonl")).unwrap();
+    let train_rows: Vec<Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).filter(|r: &Value| r["kind"] == "train").collect();
+    assert_eq!(train_rows.len(), 2);
+    assert!(train_rows.iter().all(|r| r["skipped"] == false), "{metrics}");
+    for args in [vec!["stalls", "runs/x"], vec!["plot", "runs/x"]] {
+        let (code, err) = with_closed_stdout(d, &args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    for (set, needle) in [
+        ("optim.eps=nan", "optim.eps: must be a positive number, got NaN"),
+        ("optim.weight_decay=inf", "optim.weight_decay: must be a number >= 0, got inf"),
+        ("optim.grad_clip=nan", "optim.grad_clip: must be a number >= 0, got NaN"),
+        ("run.name=\"..\"", "run.name: must be a folder name inside run.dir"),
+        ("run.name=\"a/b\"", "run.name: must be a folder name inside run.dir"),
+        ("data.val_tokens=0", "data.val_tokens: must be > 0"),
+    ] {
+        let r = train(d, &["--config", "c.toml", "--set", set]);
+        assert_eq!(r.code, Some(1), "{set}");
+        assert!(r.stderr.contains(&format!("invalid config (--set {set}): {needle}")), "{set}: {}", r.stderr);
+    }
+    assert!(!d.join("runs").exists(), "a refused config touched the run folder");
+    // the default checkpoint period is not 0 (a kill would lose the whole run)
+    std::fs::write(d.join("min.toml"), "extends = \"c.toml\"\n").unwrap();
+    let text = std::fs::read_to_string(d.join("c.toml")).unwrap().replace("checkpoint_every = 3\n", "");
+    std::fs::write(d.join("c.toml"), text).unwrap();
+    let r = train(d, &["--config", "min.toml", "--print-config"]);
+    assert!(r.stdout.contains("checkpoint_every = 500\n"), "{}", r.stdout);
+}
+
+#[test]
+fn errors_name_the_file_or_field_and_what_to_do() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let err = |args: &[&str]| {
+        let r = train(d, args);
+        assert_eq!(r.code, Some(1), "{args:?}");
+        r.stderr
+    };
+    let e = err(&["--resume", "missing_dir"]);
+    assert!(e.contains("error: --resume missing_dir: no such run folder (give a folder written by train"), "{e}");
+    std::fs::create_dir_all(d.join("shards")).unwrap();
+    let e = err(&["--config", "c.toml", "--set", "data.train=[\"shards\"]"]);
+    assert!(e.contains("train shard 'shards' is a folder, not a shard file: list its files, or use a glob such as 'shards/*.json.gz'"), "{e}");
+    let e = err(&["predict", "--format", "bf16", "--beta2", "-0.5"]);
+    assert!(e.contains("--beta2 must be in [0, 1), got -0.5"), "{e}");
+    let e = err(&["bench", "optimizer"]);
+    assert!(e.contains("train bench needs the GPU build: cargo build --release -p lowbit-train --features cuda"), "{e}");
+
+    // one corrupt line in stalls.jsonl: the rest is read, the line is named
+    let run = d.join("fake");
+    std::fs::create_dir_all(&run).unwrap();
+    let row = |s: u64| format!(r#"{{"step":{s},"m":{{"updated":10,"stalled":5}},"v":{{"updated":10,"stalled":5}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":0.5,"v":0.5}},"groups":{{}},"theory":{{"v":0.9}}}}"#);
+    std::fs::write(run.join("stalls.jsonl"), format!("{}\n{{garbage\n{}\n", row(1), row(2))).unwrap();
+    let r = train(d, &["stalls", "fake"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("step 2 (2 rows; mean over all 2 steps)"), "{}", r.stdout);
+    assert!(r.stderr.contains("fake/stalls.jsonl:2: skipping a corrupt row"), "{}", r.stderr);
+    let e = err(&["stalls", "nowhere"]);
+    assert!(e.contains("nowhere: no stalls.jsonl (not a run folder"), "{e}");
+
+    // plot --out naming a file, not a folder
+    std::fs::write(run.join("metrics.jsonl"), "").unwrap();
+    std::fs::write(d.join("afile"), "").unwrap();
+    let e = err(&["plot", "fake", "--out", "afile"]);
+    assert!(e.contains("cannot create the plot folder afile (--out names a folder)"), "{e}");
+}
+
+#[test]
+fn bare_config_names_resolve_under_configs_and_print_config_shows_the_result() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    std::fs::create_dir_all(d.join("configs")).unwrap();
+    std::fs::rename(d.join("c.toml"), d.join("configs/tiny_test.toml")).unwrap();
+    let r = train(d, &["--config", "tiny_test.toml", "--set", "optim.lr=6e-4", "--print-config"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("[optim]\nlr = 0.0006\n"), "{}", r.stdout);
+    assert!(!d.join("runs").exists(), "--print-config started a run");
+    let r = train(d, &["--config", "tiny_tset", "--print-config"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("error: --config tiny_tset: no such file nor under configs/; nearest: configs/tiny_test.toml"), "{}", r.stderr);
+}
+
+#[test]
+fn reader_warns_once_per_bad_line_and_skips_blank_lines_silently() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let sample = root().join("data/c4-sample/en-validation.00000-of-00001.json.gz");
+    let out = Command::new("gzip").arg("-dc").arg(&sample).output().unwrap();
+    let good: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().take(40).collect();
+    let mut shard = String::new();
+    for (i, l) in good.iter().enumerate() {
+        shard += l;
+        shard.push('\n');
+        match i {
+            3 => shard += "not json\n",
+            7 => shard += "\n   \n",
+            9 => shard += "{\"no_text\": 1}\n",
+            _ => {}
+        }
+    }
+    std::fs::write(d.join("bad.json"), shard).unwrap();
+    // the same shard for training and validation, several epochs: read many times over
+    let r = train(d, &[
+        "--config", "c.toml", "--set", "data.train=[\"bad.json\"]", "--set", "data.validation=[\"bad.json\"]",
+        "--set", "train.max_steps=3",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.stderr.matches("skipping bad C4 line").count(), 2, "{}", r.stderr);
+    assert!(r.stderr.contains("bad.json:5: skipping bad C4 line: not JSON"), "{}", r.stderr);
+    assert!(!r.stderr.contains("bad.json:9:") && !r.stderr.contains("bad.json:10:"), "blank lines warned: {}", r.stderr);
+}

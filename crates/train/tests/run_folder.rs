@@ -1,0 +1,214 @@
+//! Issue 17, "data loss": a run folder belongs to one run. Each test reproduces one of the
+//! issue's numbered items through the `train` binary (tiny config of `common::base_toml`,
+//! checkpoints every 3 steps, keep 2), in a temporary working directory with `runs/` in it.
+
+use lowbit_train::checkpoint;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{checkpoints, cli_dir, snapshot, train, train_bin};
+
+fn json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+}
+
+/// Item 1: reusing a run name refuses the used folder; --overwrite moves it aside.
+#[test]
+fn reusing_a_run_name_refuses_and_overwrite_moves_the_old_run_aside() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    assert_eq!(train(d, &["--config", "c.toml", "--set", "train.max_steps=6"]).code, Some(0));
+    let before = snapshot(&d.join("runs/x"));
+    let again = ["--config", "c.toml", "--set", "train.max_steps=3", "--set", "train.keep_checkpoints=1"];
+    let r = train(d, &again);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("error: run folder runs/x already holds a run (config.toml, metrics.jsonl, stalls.jsonl, summary.json, checkpoints): pass --resume runs/x to continue it, --overwrite"), "{}", r.stderr);
+    assert_eq!(snapshot(&d.join("runs/x")), before, "the refused start changed the old run");
+
+    let mut over = again.to_vec();
+    over.push("--overwrite");
+    let r = train(d, &over);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stderr.contains("--overwrite: moved the previous run in runs/x to runs/x.old-1"), "{}", r.stderr);
+    assert_eq!(snapshot(&d.join("runs/x.old-1")), before, "the old run is kept whole");
+    assert_eq!(checkpoints(&d.join("runs/x")), ["step_0000003"]);
+    assert_eq!(json(&d.join("runs/x/summary.json"))["steps"], 3);
+}
+
+/// Items 2, 3, 6 and 7: --resume DIR writes into DIR; a failing start touches nothing; a
+/// finished run is not rerun (and continues when max_steps is raised); pending tokens are
+/// stored as a tensor, not as a JSON list.
+#[test]
+fn resume_writes_into_the_folder_it_resumes_and_a_finished_run_is_left_alone() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    assert_eq!(train(d, &["--config", "c.toml", "--set", "train.max_steps=4"]).code, Some(0));
+    assert!(Command::new("cp").args(["-r", "runs/x", "runs/y"]).current_dir(d).status().unwrap().success());
+    let x = snapshot(&d.join("runs/x"));
+    let y = snapshot(&d.join("runs/y"));
+
+    // finished: says so, exit 0, nothing touched
+    let r = train(d, &["--resume", "runs/y"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stdout.starts_with("runs/y: already finished at step 4 (train.max_steps = 4)"), "{}", r.stdout);
+    assert_eq!(snapshot(&d.join("runs/y")), y);
+
+    // a start that fails (bad data) leaves the folder as it was
+    let r = train(d, &["--resume", "runs/y", "--set", "train.max_steps=6", "--set", "data.train=[\"nope.json\"]"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("train shard 'nope.json' does not exist"), "{}", r.stderr);
+    assert_eq!(snapshot(&d.join("runs/y")), y, "a failed start changed the run folder");
+
+    // max_steps raised: continues, in runs/y only
+    let r = train(d, &["--resume", "runs/y", "--set", "train.max_steps=6"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stderr.contains("resumed from runs/y/checkpoints/step_0000004 at step 4"), "{}", r.stderr);
+    assert_eq!(snapshot(&d.join("runs/x")), x, "resuming runs/y wrote into runs/x");
+    assert_eq!(checkpoints(&d.join("runs/y")), ["step_0000004", "step_0000006"]);
+    assert_eq!(json(&d.join("runs/y/summary.json"))["steps"], 6);
+    assert!(std::fs::read_to_string(d.join("runs/y/config.toml")).unwrap().contains("name = \"y\""));
+
+    // item 7: the pending tokens are in data.safetensors, state.json holds none
+    let ck = d.join("runs/y/checkpoints/step_0000006");
+    assert_eq!(json(&ck.join("state.json"))["data"]["carry"], Value::Array(vec![]));
+    let carry = checkpoint::load_state(&ck).unwrap().data.carry;
+    assert!(!carry.is_empty(), "concat mode with 32-token rows leaves pending tokens");
+    assert!(ck.join("data.safetensors").is_file());
+}
+
+/// Item 6: `--resume latest` looks in run.dir (from --config or --set), not in runs/.
+#[test]
+fn resume_latest_honours_run_dir() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let r = train(d, &["--config", "c.toml", "--set", "run.dir=\"elsewhere\"", "--set", "train.max_steps=2"]);
+    assert_eq!(r.code, Some(0));
+    let r = train(d, &["--config", "c.toml", "--set", "run.dir=\"elsewhere\"", "--resume", "latest", "--set", "train.max_steps=3"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stderr.contains("resumed from elsewhere/x/checkpoints/step_0000002 at step 2"), "{}", r.stderr);
+    let r = train(d, &["--set", "run.dir=elsewhere", "--resume", "latest"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stdout.starts_with("elsewhere/x: already finished at step 3"), "{}", r.stdout);
+    let r = train(d, &["--resume", "latest"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("--resume latest: cannot list the run folders in runs (run.dir)"), "{}", r.stderr);
+}
+
+/// Spawn `train ARGS` in `cwd` with stderr to `log`.
+fn spawn(cwd: &Path, args: &[&str], log: &Path) -> std::process::Child {
+    Command::new(train_bin())
+        .args(args)
+        .current_dir(cwd)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until `metrics.jsonl` of `run` has more than `rows` train rows; returns the count.
+fn wait_for_rows(run: &Path, rows: usize) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let n = std::fs::read_to_string(run.join("metrics.jsonl"))
+            .map(|t| t.lines().filter(|l| l.contains("\"kind\":\"train\"")).count())
+            .unwrap_or(0);
+        if n > rows {
+            return n;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no progress in {}", run.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    assert!(Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success());
+}
+
+/// Item 4 and the signal bullet: a live run holds a lock (a second run fails naming it);
+/// SIGTERM and SIGINT checkpoint and exit 143 / 130 with the summary marked interrupted and
+/// the resume hint in the log; the lock of a killed run (kill -9) is taken over.
+#[test]
+fn a_live_run_locks_its_folder_and_signals_checkpoint_and_exit_128_plus_signal() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let run = d.join("runs/x");
+    let long = ["--config", "c.toml", "--set", "train.max_steps=100000", "--set", "train.checkpoint_every=0"];
+    let mut first = spawn(d, &long, &d.join("first.log"));
+    wait_for_rows(&run, 0);
+    let r = train(d, &long);
+    assert_eq!(r.code, Some(1));
+    let want = format!(
+        "error: run folder runs/x is in use by another training run (process {}, lock file runs/x/train.lock)",
+        first.id()
+    );
+    assert!(r.stderr.contains(&want), "{}", r.stderr);
+
+    signal(&first, "-TERM");
+    assert_eq!(first.wait().unwrap().code(), Some(143));
+    let log = std::fs::read_to_string(d.join("first.log")).unwrap();
+    let summary = json(&run.join("summary.json"));
+    assert_eq!(summary["status"], "interrupted");
+    let step = summary["steps"].as_u64().unwrap();
+    assert!(log.contains(&format!("stopped at step {step} of 100000; resume with: train --resume runs/x")), "{log}");
+    assert_eq!(checkpoints(&run), [format!("step_{step:07}")]);
+    assert!(!log.contains('\x1b'), "colour codes in a redirected log: {log}");
+    assert!(!run.join("train.lock").exists());
+
+    // SIGINT while resumed: 130
+    let resume = ["--resume", "runs/x", "--set", "train.checkpoint_every=0"];
+    let mut second = spawn(d, &resume, &d.join("second.log"));
+    let rows = wait_for_rows(&run, step as usize);
+    signal(&second, "-INT");
+    assert_eq!(second.wait().unwrap().code(), Some(130));
+    let resumed_to = json(&run.join("summary.json"))["steps"].as_u64().unwrap();
+    assert!(resumed_to as usize >= rows, "{resumed_to} < {rows}");
+
+    // kill -9 leaves a stale lock file; the next run takes it over
+    let mut third = spawn(d, &resume, &d.join("third.log"));
+    wait_for_rows(&run, resumed_to as usize);
+    third.kill().unwrap();
+    third.wait().unwrap();
+    assert!(run.join("train.lock").exists());
+    let max = format!("train.max_steps={}", resumed_to + 1);
+    let r = train(d, &["--resume", "runs/x", "--set", &max]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stderr.contains("stale lock of process"), "{}", r.stderr);
+    assert_eq!(json(&run.join("summary.json"))["status"], "finished");
+}
+
+/// Item 5: flipped bytes in optimizer.safetensors are refused naming the file, and the
+/// previous good checkpoint is offered; a run that ends non-finite exits 1.
+#[test]
+fn a_corrupt_checkpoint_is_refused_and_a_non_finite_end_exits_non_zero() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    assert_eq!(train(d, &["--config", "c.toml", "--set", "train.max_steps=6"]).code, Some(0));
+    let opt = d.join("runs/x/checkpoints/step_0000006/optimizer.safetensors");
+    let mut bytes = std::fs::read(&opt).unwrap();
+    let n = bytes.len();
+    bytes[n - 5] ^= 0xff;
+    std::fs::write(&opt, bytes).unwrap();
+    let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=8"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("error: runs/x/checkpoints/step_0000006/optimizer.safetensors: corrupt:"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("The previous checkpoint runs/x/checkpoints/step_0000003 (step 3) passes its checks: move the corrupt one aside (mv runs/x/checkpoints/step_0000006 runs/x/checkpoints/step_0000006.corrupt)"),
+        "{}",
+        r.stderr
+    );
+    std::fs::rename(d.join("runs/x/checkpoints/step_0000006"), d.join("runs/x/checkpoints/step_0000006.corrupt")).unwrap();
+    let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=8"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stderr.contains("resumed from runs/x/checkpoints/step_0000003 at step 3"), "{}", r.stderr);
+
+    let blowup = ["--set", "optim.lr=1e30", "--set", "optim.grad_clip=0", "--set", "optim.warmup_steps=0"];
+    let mut args = vec!["--config", "c.toml", "--set", "run.name=\"nan\"", "--set", "train.max_steps=4"];
+    args.extend(blowup);
+    let r = train(d, &args);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("error: the run ended non-finite at step 4"), "{}", r.stderr);
+    assert_eq!(json(&d.join("runs/nan/summary.json"))["status"], "non_finite");
+}
