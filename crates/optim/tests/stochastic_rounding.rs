@@ -35,18 +35,17 @@ fn between(lo: f32, hi: f32) -> impl Iterator<Item = f32> {
         .filter(move |&x| x > lo && x < hi)
 }
 
-fn minifloat_case(f: &MiniFloat, lo_code: u8, hi_code: u8) {
-    let (lo, hi) = (f.decode(lo_code), f.decode(hi_code));
+/// Every point `between` grid neighbours `lo < hi` rounds to one of them without bias, where
+/// `round(x, bits)` rounds with 32 random bits.
+fn grid_case(lo: f32, hi: f32, round: impl Fn(f32, u64) -> f32, what: &str) {
     for x in between(lo, hi) {
-        check_unbiased(
-            x as f64,
-            lo as f64,
-            hi as f64,
-            32,
-            |r| f.decode(f.encode(x, Rounding::Stochastic, r)) as f64,
-            &format!("{f:?}"),
-        );
+        check_unbiased(x as f64, lo as f64, hi as f64, 32, |r| round(x, r) as f64, what);
     }
+}
+
+fn minifloat_case(f: &MiniFloat, lo_code: u8, hi_code: u8) {
+    let round = |x, r| f.decode(f.encode(x, Rounding::Stochastic, r));
+    grid_case(f.decode(lo_code), f.decode(hi_code), round, &format!("{f:?}"));
 }
 
 #[test]
@@ -93,16 +92,8 @@ fn precision_only_formats_are_unbiased() {
         for (lo, hi) in [(1.0f32, 1.0 + step), (-2.0 * (1.0 + step), -2.0), (1.5e-40, 1.5e-40 + 2f32.powi(-126) * step)] {
             let (lo, hi) = (precision::decode(precision::encode(lo, k, Rounding::Nearest, 0)), precision::decode(precision::encode(hi, k, Rounding::Nearest, 0)));
             assert!(lo < hi, "e8m{k}: {lo} {hi}");
-            for x in between(lo, hi) {
-                check_unbiased(
-                    x as f64,
-                    lo as f64,
-                    hi as f64,
-                    32,
-                    |r| precision::decode(precision::encode(x, k, Rounding::Stochastic, r)) as f64,
-                    &format!("e8m{k}"),
-                );
-            }
+            let round = |x, r| precision::decode(precision::encode(x, k, Rounding::Stochastic, r));
+            grid_case(lo, hi, round, &format!("e8m{k}"));
         }
     }
 }
