@@ -296,7 +296,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     r.insert((Fmt::Fp32, Fix::Reset), vec![one(3.0), one(3.0)]); // resets "help" fp32: fails
     r.insert((Fmt::Fp4, Fix::Sr), vec![None, None]); // missing
     let info = RunInfo {
-        results_file: "reproduce/fp32-model-smoke-results.json".into(),
+        results_file: "fp32-model-smoke-results.json".into(),
         commands: vec![CommandLog {
             command: "train reproduce --table fp32-model --scale smoke".into(),
             runs: 26,
@@ -317,7 +317,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
     assert!(md.contains("**precision-only formats**"));
-    assert!(md.contains("Rendered from `reproduce/fp32-model-smoke-results.json`: 26 of 28 runs (14 cells x seeds 0, 1)"));
+    assert!(md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 26 of 28 runs (14 cells x seeds 0, 1)"));
     assert!(md.contains("26 run(s) in 2m05s, up to 2 at once on CPU"));
     assert!(md.contains("**2 run(s) missing**"));
     assert!(md.contains("3 record(s) of the results file with another config"));

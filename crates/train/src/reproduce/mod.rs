@@ -201,11 +201,13 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
                 jobs: at_once,
                 gpus: gpus.len(),
             });
-            file.save(&path)?;
         }
     }
+    if !file.runs.is_empty() {
+        file.save(&path)?; // with --merge, the merged file goes beside the reports
+    }
     for kind in kinds {
-        let (md, info) = report_for(a, spec, kind, &seeds, &file, &path)?;
+        let (md, info) = report_for(a, spec, kind, &seeds, &file)?;
         let out = a.out.join(kind.report_name(a.table, a.scale));
         std::fs::write(&out, &md).with_context(|| format!("cannot write {}", out.display()))?;
         println!("{md}");
@@ -230,7 +232,6 @@ fn report_for(
     kind: States,
     seeds: &[usize],
     file: &ResultsFile,
-    path: &std::path::Path,
 ) -> Result<(String, RunInfo)> {
     let mut candidates: Vec<usize> = seeds.iter().copied().chain(file.seeds()).collect();
     candidates.sort_unstable();
@@ -249,7 +250,7 @@ fn report_for(
         .filter(|r| !all.iter().any(|j| j.planned.key == r.key() && j.planned.fingerprint == r.fingerprint))
         .count();
     let info = RunInfo {
-        results_file: path.display().to_string(),
+        results_file: results_name(a.table, a.scale),
         commands: file.commands.clone(),
         seeds: shown,
         runs_total: jobs.len(),

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 /// What the report says about how it was made.
 #[derive(Debug, Clone, Default)]
 pub struct RunInfo {
-    /// The results file the report is rendered from.
+    /// The name of the results file the report is rendered from (beside the report).
     pub results_file: String,
     /// The commands that filled it.
     pub commands: Vec<CommandLog>,
@@ -71,7 +71,7 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     if let (Some(st), Some(tk)) = (info.steps, info.tokens_per_run) {
         facts.push(format!("{st} steps, {tk} training tokens per run"));
     }
-    let _ = writeln!(w, "Rendered from `{}`: {}.", info.results_file, facts.join("; "));
+    let _ = writeln!(w, "Rendered from `{}` (beside this report): {}.", info.results_file, facts.join("; "));
     if !info.commands.is_empty() {
         let _ = writeln!(w, "Made by {} command(s):\n", info.commands.len());
         for c in &info.commands {
