@@ -193,7 +193,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
             }
         })?;
         if ran > 0 {
-            let command = std::iter::once("train".to_string()).chain(std::env::args().skip(2)).collect::<Vec<_>>();
+            let command = std::iter::once("train".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>();
             file.commands.push(CommandLog {
                 command: command.join(" "),
                 runs: ran,
