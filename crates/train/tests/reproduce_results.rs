@@ -199,6 +199,13 @@ fn runs_spread_over_every_gpu() {
     load[1] -= 2; // two runs on GPU 1 finished
     assert_eq!(pick_gpu(&load), Some(1));
     assert_eq!(pick_gpu(&[]), None);
+    // only CUDA runs take a GPU
+    let (cfgs, tmp) = (configs(), tempfile::tempdir().unwrap());
+    let mut spec = smoke(Table::Bf16Model, &cfgs, tmp.path());
+    let one = [(Fmt::Fp8, Fix::Sr)];
+    assert!(!plan(spec, States::Paper, &one, &[0]).unwrap()[0].cuda);
+    spec.scale = Scale::H200;
+    assert!(plan(spec, States::Paper, &one, &[0]).unwrap()[0].cuda);
     // default runs at once: per GPU from the scale, times the GPUs
     assert_eq!(Scale::H200.jobs_per_gpu(), 7);
     assert_eq!(Scale::H200.default_jobs(2), 14);

@@ -38,9 +38,13 @@ impl Table {
 /// Optimizer-state format of a cell (m and v alike).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fmt {
+    /// FP32 states (the reference).
     Fp32,
+    /// BF16 states.
     Bf16,
+    /// 8-bit states: e8m3 (paper) or block-scaled E4M3 (storage).
     Fp8,
+    /// 4-bit states: e8m2 (paper) or block-scaled E2M1 / unsigned E2M2 (storage).
     Fp4,
 }
 
@@ -206,7 +210,9 @@ impl Relation {
 /// One of the paper's orderings: `lhs` (relation) `rhs` in final validation loss.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
+    /// The claim in words, as the report lists it.
     pub text: String,
+    /// The cells compared: `lhs` (relation) `rhs`.
     pub lhs: Cell,
     pub rhs: Cell,
     pub relation: Relation,

@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 pub struct Job {
     /// The run's key and config fingerprint in the results file.
     pub planned: Planned,
+    /// The cell's config file and the run's `--set` overrides ([`run_overrides`]).
     pub config: PathBuf,
     pub overrides: Vec<String>,
+    /// The run folder, and the steps a finished run reports.
     pub run_dir: PathBuf,
     pub max_steps: u64,
     /// The run trains on a CUDA device (gets a GPU of its own).
@@ -61,6 +63,7 @@ fn toml_str(s: &str) -> String {
 /// Where and how a command's runs are planned.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanSpec<'a> {
+    /// The table and scale of the runs.
     pub table: Table,
     pub scale: Scale,
     /// Folder holding the cell configs.

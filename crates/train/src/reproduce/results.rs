@@ -31,8 +31,11 @@ pub fn fingerprint(cfg: &RunConfig) -> String {
 /// `shared`), cell ([`cell_short`]) and seed.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RunKey {
+    /// `paper`, `storage` or `shared`.
     pub states: String,
+    /// The cell's short name (`fp8_sr_reset`).
     pub cell: String,
+    /// `train.seed` of the run.
     pub seed: usize,
 }
 
@@ -46,6 +49,7 @@ pub struct Record {
     pub seed: usize,
     /// [`fingerprint`] of the run's resolved config.
     pub fingerprint: String,
+    /// Validation loss at step 0 and at the end (nats/token).
     pub initial_val_loss: Option<f64>,
     pub final_val_loss: Option<f64>,
     /// Mean stalled fractions over the second half of the run.
@@ -56,6 +60,7 @@ pub struct Record {
     pub theory_stall_v: Option<f64>,
     /// Final validation loss not finite or above the initial one.
     pub diverged: bool,
+    /// Steps and training tokens of the run, parameters of its model.
     pub steps: u64,
     pub tokens: u64,
     pub params: usize,
@@ -106,8 +111,9 @@ impl Record {
 /// One command that added runs to the file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandLog {
+    /// The command line (`train reproduce ...`).
     pub command: String,
-    /// Runs it finished.
+    /// Runs it finished, and its seconds.
     pub runs: usize,
     pub wall_s: f64,
     /// Runs at once, and GPUs they were spread over (0: CPU).
@@ -118,16 +124,21 @@ pub struct CommandLog {
 /// A planned run as the results file sees it: its key and config fingerprint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Planned {
+    /// The run's key in the file.
     pub key: RunKey,
+    /// The cell (the key's `cell`, typed).
     pub cell: Cell,
+    /// [`fingerprint`] of the run's resolved config.
     pub fingerprint: String,
 }
 
 /// The results file: finished runs of one table at one scale, and the commands that made them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultsFile {
+    /// `--table` and `--scale` of the runs (checked on load).
     pub table: String,
     pub scale: String,
+    /// The commands that added runs, oldest first.
     pub commands: Vec<CommandLog>,
     /// Sorted by key.
     pub runs: Vec<Record>,

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 /// The numbers of one finished run, as a report uses them.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RunResult {
+    /// Final validation loss (nats/token).
     pub val_loss: Option<f64>,
     /// Mean stalled fractions over the second half of the run.
     pub stall_m: Option<f64>,
@@ -28,7 +29,9 @@ pub type Results = BTreeMap<Cell, Vec<Option<RunResult>>>;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stat {
     pub mean: f64,
+    /// Sample standard deviation, `None` for one value.
     pub sd: Option<f64>,
+    /// Number of values.
     pub n: usize,
 }
 
@@ -121,6 +124,7 @@ impl Outcome {
 /// Verdict on a claim from the seed-paired deltas.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
+    /// Holds in all seeds, mixed, does not hold, or not judged.
     pub outcome: Outcome,
     /// lhs - rhs per paired seed, `(seed, difference)`.
     pub per_seed: Vec<(usize, f64)>,
