@@ -289,3 +289,35 @@ fn report_only_renders_from_the_merged_results_file() {
     let (ok, _, err) = train(&["reproduce", "--table", "fp32-model", "--scale", "smoke", "--merge", "nowhere"], tmp.path());
     assert!(!ok && err.contains("--merge nowhere: no such folder"), "{err}");
 }
+
+/// Two commands through the real runner (2-step runs of one cell on the CPU): each merges its
+/// run into the file, and a run the file holds is not run again.
+#[test]
+fn commands_fill_the_file_and_never_rerun_a_finished_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, runs) = (tmp.path().join("out"), tmp.path().join("runs"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cmd = |seeds: &str| {
+        let args = [
+            "reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", seeds,
+            "--set", "train.max_steps=2", "--out", out.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
+        ];
+        let (ok, _, err) = train(&args, &repo);
+        assert!(ok, "{err}");
+        (ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap(), err)
+    };
+    let (first, _) = cmd("0");
+    assert_eq!(first.runs.len(), 1);
+    assert_eq!((first.runs[0].states.as_str(), first.runs[0].cell.as_str(), first.runs[0].steps), (SHARED, "fp32_plain", 2));
+    assert_eq!(first.commands.len(), 1);
+    assert!(first.commands[0].command.starts_with("train reproduce --table fp32-model"), "{:?}", first.commands);
+    let (again, err) = cmd("0");
+    assert!(err.contains("1 run(s) already in"), "{err}");
+    assert_eq!(again, first, "nothing ran, nothing changed");
+    let (second, _) = cmd("0-1");
+    assert_eq!(second.runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(second.runs[0], first.runs[0]);
+    assert_eq!(second.commands.len(), 2);
+    let md = std::fs::read_to_string(out.join("fp32-model-smoke.md")).unwrap();
+    assert!(md.contains("2 of 28 runs (14 cells x seeds 0, 1)"), "{md}");
+}
