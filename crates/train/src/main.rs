@@ -5,7 +5,7 @@
 //! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--json]
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
-//! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full [--jobs N]
+//! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full [--cells LIST] [--seeds N | --seed-list LIST] [--out DIR --merge DIR]
 //! train bench optimizer            (CUDA builds)
 //! ```
 
@@ -77,7 +77,8 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Run every cell of one of the paper's loss tables; write reproduce/<table>-<scale>.md.
+    /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
+    /// reproduce/<table>-<scale>-results.json and render reproduce/<table>-<scale>.md from it.
     Reproduce(lowbit_train::reproduce::ReproduceArgs),
     /// Speed benchmarks (CUDA builds): `train bench optimizer`, `train bench training`.
     #[cfg(feature = "cuda")]

@@ -129,9 +129,11 @@ fn scales_override_the_run_and_reset_periods() {
     let h = load(Scale::H200);
     assert_eq!(h.model.preset.as_deref(), Some("llama20m"));
     assert_eq!(h.train.device, "cuda");
-    assert_eq!((h.train.max_steps, h.data.seq_len), (1000, 256));
+    assert_eq!((h.train.max_steps, h.data.seq_len, h.train.micro_batch, h.optim.warmup_steps), (4000, 256, 16, 400));
+    assert_eq!(h.train.max_steps * (h.data.seq_len * h.train.micro_batch) as u64, 16_384_000);
     assert!(h.data.train[0].starts_with("data/local/corpus/"));
-    assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (75, 75));
+    // the paper's own periods: 4000 steps leave BF16 3 resets, FP8 13, FP4 19
+    assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (300, 300));
     let full = load(Scale::Full);
     assert_eq!(full.model.preset.as_deref(), Some("llama100m"));
     assert_eq!(full.optim.states.v_reset_every, 300);
@@ -141,23 +143,33 @@ fn scales_override_the_run_and_reset_periods() {
         assert!(!scale_overrides(scale, (Fmt::Fp4, Fix::Sr)).iter().any(|o| o.contains("reset_every")));
     }
     assert_eq!([reset_period(Scale::Smoke, Fmt::Bf16), reset_period(Scale::Smoke, Fmt::Fp4)], [20, 4]);
-    assert_eq!([reset_period(Scale::H200, Fmt::Bf16), reset_period(Scale::H200, Fmt::Fp4)], [250, 50]);
+    assert_eq!([reset_period(Scale::H200, Fmt::Bf16), reset_period(Scale::H200, Fmt::Fp4)], [1000, 200]);
+}
+
+/// The resolved config of a planned run.
+fn resolved(j: &Job) -> String {
+    RunConfig::load(&j.config, &j.overrides).unwrap().to_toml()
+}
+
+fn spec<'a>(table: Table, configs: &'a Path, runs: &'a Path, extra: &'a [String]) -> PlanSpec<'a> {
+    PlanSpec { table, scale: Scale::Smoke, configs, runs_root: runs, extra }
 }
 
 #[test]
 fn plan_is_seed_major_with_one_folder_per_run() {
     let tmp = tempfile::tempdir().unwrap();
     let extra = vec!["optim.states.weight_rounding=\"stochastic\"".to_string()];
-    let jobs = plan(Table::Fp32Model, Scale::Smoke, States::Paper, 2, &configs(), tmp.path(), &extra).unwrap();
+    let (cfgs, t) = (configs(), Table::Fp32Model);
+    let jobs = plan(spec(t, &cfgs, tmp.path(), &extra), States::Paper, &cells(t), &[0, 1]).unwrap();
     assert_eq!(jobs.len(), 28);
-    assert!(jobs[..14].iter().all(|j| j.seed == 0) && jobs[14..].iter().all(|j| j.seed == 1));
+    assert!(jobs[..14].iter().all(|j| j.planned.key.seed == 0) && jobs[14..].iter().all(|j| j.planned.key.seed == 1));
     let dirs: std::collections::BTreeSet<_> = jobs.iter().map(|j| j.run_dir.clone()).collect();
     assert_eq!(dirs.len(), 28);
     assert_eq!(
         jobs[15].run_dir,
         tmp.path().join("fp32-model-smoke").join("llama100m_f32model_fp32_reset-s1")
     );
-    assert!(jobs.iter().all(|j| j.resolved.contains("weight_rounding = \"stochastic\"")));
+    assert!(jobs.iter().all(|j| resolved(j).contains("weight_rounding = \"stochastic\"")));
 }
 
 /// `--states`: the paper's FP8/FP4 cells run on the precision-only formats in their own
@@ -165,17 +177,18 @@ fn plan_is_seed_major_with_one_folder_per_run() {
 #[test]
 fn states_kinds_pick_formats_and_folders() {
     let tmp = tempfile::tempdir().unwrap();
-    let paper = plan(Table::Fp32Model, Scale::Smoke, States::Paper, 1, &configs(), tmp.path(), &[]).unwrap();
-    let storage = plan(Table::Fp32Model, Scale::Smoke, States::Storage, 1, &configs(), tmp.path(), &[]).unwrap();
+    let (cfgs, t) = (configs(), Table::Fp32Model);
+    let paper = plan(spec(t, &cfgs, tmp.path(), &[]), States::Paper, &cells(t), &[0]).unwrap();
+    let storage = plan(spec(t, &cfgs, tmp.path(), &[]), States::Storage, &cells(t), &[0]).unwrap();
     let formats = |j: &Job| {
-        let c: toml::Value = toml::from_str(&j.resolved).unwrap();
+        let c: toml::Value = toml::from_str(&resolved(j)).unwrap();
         let s = &c["optim"]["states"];
         (s["m_format"].as_str().unwrap().to_string(), s["v_format"].as_str().unwrap().to_string())
     };
     for (p, s) in paper.iter().zip(&storage) {
-        assert_eq!(p.cell, s.cell);
+        assert_eq!(p.planned.cell, s.planned.cell);
         let (pf, sf) = (formats(p), formats(s));
-        match p.cell.0 {
+        match p.planned.cell.0 {
             Fmt::Fp8 => {
                 assert_eq!(pf, ("e8m3".into(), "e8m3".into()));
                 assert_eq!(sf, ("fp8".into(), "fp8".into()));
@@ -200,7 +213,7 @@ fn states_kinds_pick_formats_and_folders() {
 // ───────── pure functions on hand-made numbers ─────────
 
 fn one(loss: f64) -> Option<RunResult> {
-    Some(RunResult { val_loss: Some(loss), stall_m: Some(0.5), stall_v: Some(0.9), stall_w: None, diverged: false })
+    Some(RunResult { val_loss: Some(loss), stall_m: Some(0.5), stall_v: Some(0.9), theory_v: Some(0.995), ..Default::default() })
 }
 
 /// The paper's own numbers as one-seed results.
@@ -232,19 +245,19 @@ fn paper_numbers_satisfy_the_papers_orderings() {
     let r = paper_as_results(t);
     for c in claims(t) {
         let v = evaluate_claim(&r, &c);
-        assert_eq!(v.holds, Some(true), "{}", c.text);
+        assert_eq!(v.outcome, Outcome::HoldsInAll, "{}", c.text);
         assert_eq!(v.seeds_holding, 1);
         assert_eq!(paper_verdict(t, &c).map(|p| p.1), Some(true), "{}", c.text);
     }
     // the main table publishes only plain and SR + resets
     let t = Table::Bf16Model;
     let r = paper_as_results(t);
-    let verdicts: Vec<_> = claims(t).iter().map(|c| (c.text.clone(), evaluate_claim(&r, c).holds)).collect();
-    for (text, h) in &verdicts {
+    let verdicts: Vec<_> = claims(t).iter().map(|c| (c.text.clone(), evaluate_claim(&r, c).outcome)).collect();
+    for (text, o) in &verdicts {
         if text.starts_with("SR + resets below plain") {
-            assert_eq!(*h, Some(true), "{text}");
+            assert_eq!(*o, Outcome::HoldsInAll, "{text}");
         } else {
-            assert_eq!(*h, None, "{text}");
+            assert_eq!(*o, Outcome::Missing, "{text}");
         }
     }
 }
@@ -258,16 +271,18 @@ fn an_ordering_that_fails_is_reported() {
     r.insert((Fmt::Fp4, Fix::SrReset), vec![one(3.300)]);
     let cl = claims(t);
     let find = |s: &str| cl.iter().find(|c| c.text.contains(s)).unwrap().clone();
-    assert_eq!(evaluate_claim(&r, &find("do not help fp32")).holds, Some(false));
+    assert_eq!(evaluate_claim(&r, &find("do not help fp32")).outcome, Outcome::DoesNotHold);
     let fp4 = evaluate_claim(&r, &find("SR + resets below plain, fp4"));
-    assert_eq!(fp4.holds, Some(false));
+    assert_eq!(fp4.outcome, Outcome::DoesNotHold);
     assert!((fp4.delta.unwrap().mean - (3.300 - 3.199)).abs() < 1e-12);
-    // two seeds that disagree: the mean decides, the seed count shows the disagreement
+    // two seeds that disagree: mixed, whatever the mean says; each seed's delta is kept
     let mut r2: Results = BTreeMap::new();
     r2.insert((Fmt::Bf16, Fix::SrReset), vec![one(3.00), one(3.25)]);
     r2.insert((Fmt::Bf16, Fix::Plain), vec![one(3.10), one(3.20)]);
     let v = evaluate_claim(&r2, &find("SR + resets below plain, bf16"));
-    assert_eq!((v.holds, v.seeds_holding, v.delta.unwrap().n), (Some(true), 1, 2));
+    assert_eq!((v.outcome, v.seeds_holding, v.delta.unwrap().n), (Outcome::Mixed, 1, 2));
+    assert_eq!(v.per_seed.iter().map(|d| d.0).collect::<Vec<_>>(), [0, 1]);
+    assert!((v.per_seed[0].1 + 0.10).abs() < 1e-12 && (v.per_seed[1].1 - 0.05).abs() < 1e-12);
 }
 
 #[test]
@@ -281,24 +296,31 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     r.insert((Fmt::Fp32, Fix::Reset), vec![one(3.0), one(3.0)]); // resets "help" fp32: fails
     r.insert((Fmt::Fp4, Fix::Sr), vec![None, None]); // missing
     let info = RunInfo {
-        command: "train reproduce --table fp32-model --scale smoke".into(),
-        seeds: 2,
-        jobs: 2,
+        results_file: "fp32-model-smoke-results.json".into(),
+        commands: vec![CommandLog {
+            command: "train reproduce --table fp32-model --scale smoke".into(),
+            runs: 26,
+            wall_s: 125.0,
+            jobs: 2,
+            gpus: 0,
+        }],
+        seeds: vec![0, 1],
         runs_total: 28,
-        runs_failed: vec!["llama100m_f32model_fp4_sr-s0".into(), "llama100m_f32model_fp4_sr-s1".into()],
-        wall_s: Some(125.0),
+        runs_missing: vec!["llama100m_f32model_fp4_sr-s0".into(), "llama100m_f32model_fp4_sr-s1".into()],
+        stale: 3,
         params: Some(8_619_648),
         tokens_per_run: Some(10240),
         steps: Some(40),
-        runs_dir: "runs/reproduce/fp32-model-smoke".into(),
         scale_text: scale_description(Scale::Smoke),
         states_text: States::Paper.description(),
     };
     let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
     assert!(md.contains("**precision-only formats**"));
-    assert!(md.contains("wall time 2m05s with up to 2 at once"));
-    assert!(md.contains("**2 run(s) failed"));
+    assert!(md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 26 of 28 runs (14 cells x seeds 0, 1)"));
+    assert!(md.contains("26 run(s) in 2m05s, up to 2 at once on CPU"));
+    assert!(md.contains("**2 run(s) missing**"));
+    assert!(md.contains("3 record(s) of the results file with another config"));
     assert!(md.contains("÷ 50"));
     // fp8 SR + resets row: paper 3.155, ours 3.655 ± sd, paper deltas vs plain and vs fp32
     let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
@@ -311,10 +333,11 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     assert!(missing.contains("| 3.182 | — |"), "{missing}");
     let claim = md.lines().find(|l| l.contains("resets do not help fp32 states")).unwrap();
     assert!(claim.contains("**does not hold**") && claim.contains("| 0/2 |"), "{claim}");
+    assert!(claim.contains("| s0 -0.6550, s1 -0.6550 |"), "{claim}"); // 3.0 - (3.155 + 0.5)
     let claim = md.lines().find(|l| l.contains("SR helps fp4")).unwrap();
     assert!(claim.contains("n/a"), "{claim}");
     let claim = md.lines().find(|l| l.contains("SR + resets below plain, fp8")).unwrap();
-    assert!(claim.contains("**holds**") && claim.contains("| -0.038 |"), "{claim}");
+    assert!(claim.contains("**holds in all seeds**") && claim.contains("| -0.038 |"), "{claim}");
     assert!(!md.contains("-0.0000"));
     // the grid in the paper's layout
     assert!(md.contains("| states | fp32 | bf16 | fp8 | fp4 |"));
@@ -329,8 +352,8 @@ fn diverged_runs_are_flagged_and_not_judged() {
     r.insert((Fmt::Fp4, Fix::Plain), vec![Some(blown)]);
     let c = claims(t).into_iter().find(|c| c.text == "SR + resets below plain, fp4 states").unwrap();
     let v = evaluate_claim(&r, &c);
-    assert_eq!((v.holds, v.diverged, v.word()), (None, true, "n/a (a run diverged)"));
-    let md = render(t, Scale::Smoke, &r, &RunInfo { seeds: 1, ..Default::default() });
+    assert_eq!((v.outcome, v.outcome.word()), (Outcome::Diverged, "n/a (a run diverged)"));
+    let md = render(t, Scale::Smoke, &r, &RunInfo { seeds: vec![0], ..Default::default() });
     assert!(md.lines().any(|l| l.starts_with("| fp4 | plain (nearest) |") && l.contains("28410.5000 (diverged)")));
     assert!(md.contains("Diverged (final validation loss above the initial one): llama100m_fp4_plain"));
     assert!(md.contains("**n/a (a run diverged)**"));

@@ -1,0 +1,226 @@
+//! The runs of a command as child processes: planning each (cell, seed) run of a states kind
+//! (its overrides, folder and config fingerprint), finding the machine's GPUs, and running
+//! the children `--jobs` at a time, each on the least-loaded GPU (`CUDA_VISIBLE_DEVICES`
+//! set per child), reporting every finished run as it ends.
+
+use super::paper::{cell_config, cell_name, Cell, Table};
+use super::results::{fingerprint, run_key, Planned, Record};
+use super::scale::{scale_overrides, Scale};
+use super::states::States;
+use crate::config::RunConfig;
+use crate::summary::Summary;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One child run to make.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The run's key and config fingerprint in the results file.
+    pub planned: Planned,
+    /// The cell's config file and the run's `--set` overrides ([`run_overrides`]).
+    pub config: PathBuf,
+    pub overrides: Vec<String>,
+    /// The run folder, and the steps a finished run reports.
+    pub run_dir: PathBuf,
+    pub max_steps: u64,
+    /// The run trains on a CUDA device (gets a GPU of its own).
+    pub cuda: bool,
+}
+
+impl Job {
+    /// The run's name in logs: `<cell config>-s<seed>`.
+    pub fn name(&self, table: Table) -> String {
+        format!("{}-s{}", cell_name(table, self.planned.cell), self.planned.key.seed)
+    }
+}
+
+/// The overrides of one (cell, seed) run: scale, state formats, then folder and seed, then
+/// the user's.
+pub fn run_overrides(
+    scale: Scale,
+    states: States,
+    cell: Cell,
+    runs_dir: &Path,
+    name: &str,
+    seed: usize,
+    extra: &[String],
+) -> Vec<String> {
+    let mut o = scale_overrides(scale, cell);
+    o.extend(states.overrides(cell.0));
+    o.push(format!("run.dir={}", toml_str(&runs_dir.to_string_lossy())));
+    o.push(format!("run.name={}", toml_str(name)));
+    o.push(format!("train.seed={seed}"));
+    o.extend(extra.iter().cloned());
+    o
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// Where and how a command's runs are planned.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanSpec<'a> {
+    /// The table and scale of the runs.
+    pub table: Table,
+    pub scale: Scale,
+    /// Folder holding the cell configs.
+    pub configs: &'a Path,
+    /// Parent of the run folders.
+    pub runs_root: &'a Path,
+    /// The user's `--set` overrides, applied last.
+    pub extra: &'a [String],
+}
+
+/// Plan the runs of one states kind over `cells` and `seeds` (seed-major, so partial results
+/// stay paired), loading each config.
+pub fn plan(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> Result<Vec<Job>> {
+    let mut jobs = Vec::new();
+    for &seed in seeds {
+        for &cell in cells {
+            let config = cell_config(spec.configs, spec.table, cell);
+            let name = format!("{}-s{seed}", cell_name(spec.table, cell));
+            let runs_dir = states.runs_dir(spec.runs_root, spec.table, spec.scale, cell.0);
+            let overrides = run_overrides(spec.scale, states, cell, &runs_dir, &name, seed, spec.extra);
+            let cfg = RunConfig::load(&config, &overrides)
+                .with_context(|| format!("cell {} (seed {seed})", cell_name(spec.table, cell)))?;
+            jobs.push(Job {
+                planned: Planned {
+                    key: run_key(states.tag(cell.0), cell, seed),
+                    cell,
+                    fingerprint: fingerprint(&cfg),
+                },
+                config,
+                run_dir: cfg.run_dir(),
+                max_steps: cfg.train.max_steps,
+                cuda: cfg.train.device.starts_with("cuda"),
+                overrides,
+            });
+        }
+    }
+    Ok(jobs)
+}
+
+/// The record of a finished run folder, or `None` when its summary is missing or it did not
+/// finish `max_steps`.
+pub fn read_record(job: &Job) -> Option<Record> {
+    let text = std::fs::read_to_string(job.run_dir.join("summary.json")).ok()?;
+    let s: Summary = serde_json::from_str(&text).ok()?;
+    (s.steps >= job.max_steps).then(|| Record::from_summary(job.planned.key.clone(), job.planned.fingerprint.clone(), &s))
+}
+
+// ───────────────────────────── GPUs ─────────────────────────────
+
+/// The GPUs to spread runs over, as `CUDA_VISIBLE_DEVICES` entries: the entries of
+/// `visible` (the parent's `CUDA_VISIBLE_DEVICES`) when set, else one per `GPU <n>:` line of
+/// `nvidia-smi -L` output (`smi`), else none.
+pub fn gpus_from(visible: Option<&str>, smi: Option<&str>) -> Vec<String> {
+    if let Some(v) = visible {
+        return v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+    }
+    let n = smi.map_or(0, |s| s.lines().filter(|l| l.trim_start().starts_with("GPU ")).count());
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+/// This machine's GPUs ([`gpus_from`] on the environment and `nvidia-smi -L`).
+pub fn detect_gpus() -> Vec<String> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let smi = match visible {
+        Some(_) => None,
+        None => Command::new("nvidia-smi")
+            .arg("-L")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned()),
+    };
+    gpus_from(visible.as_deref(), smi.as_deref())
+}
+
+/// The GPU for the next run: the one with the fewest runs on it, the first of those on a tie
+/// (so runs start round-robin and a GPU freed by a finished run is refilled first).
+pub fn pick_gpu(load: &[usize]) -> Option<usize> {
+    (0..load.len()).min_by_key(|&i| (load[i], i))
+}
+
+// ───────────────────────────── running ─────────────────────────────
+
+/// How a command runs its children.
+#[derive(Debug, Clone)]
+pub struct PoolSpec {
+    /// Runs at once.
+    pub jobs: usize,
+    /// GPUs to spread CUDA runs over ([`detect_gpus`]); empty: none set.
+    pub gpus: Vec<String>,
+    /// CPU threads per child (`RAYON_NUM_THREADS`, unless the parent sets it).
+    pub threads: usize,
+}
+
+fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
+    // a run folder left by an unfinished or other run is moved aside, never mixed into
+    if !crate::run_folder::run_files(&job.run_dir).is_empty() {
+        crate::run_folder::move_aside(&job.run_dir)?;
+    }
+    std::fs::create_dir_all(&job.run_dir).with_context(|| format!("cannot create {}", job.run_dir.display()))?;
+    let log = std::fs::File::create(job.run_dir.join("train.log"))?;
+    let exe = std::env::current_exe().context("cannot find the current executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--config").arg(&job.config);
+    for o in &job.overrides {
+        cmd.arg("--set").arg(o);
+    }
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        cmd.env("RAYON_NUM_THREADS", threads.to_string());
+    }
+    if let Some(g) = gpu {
+        cmd.env("CUDA_VISIBLE_DEVICES", g);
+    }
+    cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.spawn().context("cannot start a training run")
+}
+
+/// Run `todo` as child processes, `spec.jobs` at a time, each CUDA run on the least-loaded
+/// GPU. `done` gets every run as it ends, with its record (`None`: it failed or did not
+/// finish), the GPU it ran on and its seconds; an error from `done` stops the pool.
+pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option<Record>, Option<&str>, f64) -> Result<()>) -> Result<()> {
+    let mut queue = todo.iter();
+    let mut load = vec![0usize; spec.gpus.len()];
+    let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
+    loop {
+        while running.len() < spec.jobs.max(1) {
+            let Some(&j) = queue.next() else { break };
+            let gpu = if j.cuda { pick_gpu(&load) } else { None };
+            match spawn(j, gpu.map(|g| spec.gpus[g].as_str()), spec.threads) {
+                Ok(c) => {
+                    if let Some(g) = gpu {
+                        load[g] += 1;
+                    }
+                    running.push((j, c, Instant::now(), gpu));
+                }
+                Err(e) => {
+                    eprintln!("reproduce: cannot start {}: {e:#}", j.run_dir.display());
+                    done(j, None, None, 0.0)?;
+                }
+            }
+        }
+        if running.is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut i = 0;
+        while i < running.len() {
+            if let Some(status) = running[i].1.try_wait()? {
+                let (j, _, t0, gpu) = running.remove(i);
+                if let Some(g) = gpu {
+                    load[g] -= 1;
+                }
+                let rec = if status.success() { read_record(j) } else { None };
+                done(j, rec, gpu.map(|g| spec.gpus[g].as_str()), t0.elapsed().as_secs_f64())?;
+            } else {
+                i += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The markdown report of a table for one states kind, rendered from the results file: a
+//! header saying how it was made, the per-cell table (seed mean and spread, paired deltas,
+//! stalled fractions beside the theory), the grid in the paper's layout, and the paper's
+//! orderings seed by seed. [`render`] is a pure function of the results.
+
+use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, Cell, Fix, Fmt, Table};
+use super::results::CommandLog;
+use super::scale::Scale;
+use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat};
+use std::fmt::Write as _;
+
+/// What the report says about how it was made.
+#[derive(Debug, Clone, Default)]
+pub struct RunInfo {
+    /// The name of the results file the report is rendered from (beside the report).
+    pub results_file: String,
+    /// The commands that filled it.
+    pub commands: Vec<CommandLog>,
+    /// Seeds the report covers.
+    pub seeds: Vec<usize>,
+    /// Runs the report expects (cells x seeds) and the names of those missing.
+    pub runs_total: usize,
+    pub runs_missing: Vec<String>,
+    /// Records of this kind in the results file whose config differs from today's (other
+    /// overrides, an older scale): left out.
+    pub stale: usize,
+    /// Parameters, steps and training tokens per run (from a record).
+    pub params: Option<usize>,
+    pub steps: Option<u64>,
+    pub tokens_per_run: Option<u64>,
+    /// Scale text (normally [`super::scale_description`]).
+    pub scale_text: String,
+    /// What the FP8/FP4 cells store their states in ([`super::States::description`]).
+    pub states_text: String,
+}
+
+fn opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("—".into(), |v| format!("{v:.digits$}"))
+}
+
+fn opt_stat(s: Option<Stat>, sign: bool) -> String {
+    s.map_or("—".into(), |s| s.fmt(sign))
+}
+
+/// `2m05s` from seconds (`45s` under a minute).
+pub fn fmt_time(s: f64) -> String {
+    if s >= 60.0 {
+        format!("{}m{:02}s", (s / 60.0).floor() as u64, (s % 60.0).round() as u64)
+    } else {
+        format!("{s:.0}s")
+    }
+}
+
+fn seeds_text(seeds: &[usize]) -> String {
+    let list: Vec<String> = seeds.iter().map(|s| s.to_string()).collect();
+    format!("seed{} {}", if seeds.len() == 1 { "" } else { "s" }, list.join(", "))
+}
+
+fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
+    let _ = writeln!(w, "# Reproduction of the paper's {}, scale `{}`\n", table.title(), scale.as_str());
+    let found = info.runs_total - info.runs_missing.len();
+    let mut facts = vec![format!(
+        "{found} of {} runs ({} cells x {})",
+        info.runs_total,
+        cells(table).len(),
+        seeds_text(&info.seeds)
+    )];
+    if let Some(p) = info.params {
+        facts.push(format!("{:.1}M parameters", p as f64 / 1e6));
+    }
+    if let (Some(st), Some(tk)) = (info.steps, info.tokens_per_run) {
+        facts.push(format!("{st} steps, {tk} training tokens per run"));
+    }
+    let _ = writeln!(w, "Rendered from `{}` (beside this report): {}.", info.results_file, facts.join("; "));
+    if !info.commands.is_empty() {
+        let _ = writeln!(w, "Made by {} command(s):\n", info.commands.len());
+        for c in &info.commands {
+            let gpus = if c.gpus == 0 { "CPU".to_string() } else { format!("{} GPU(s)", c.gpus) };
+            let _ = writeln!(
+                w,
+                "- `{}`: {} run(s) in {}, up to {} at once on {gpus}",
+                c.command,
+                c.runs,
+                fmt_time(c.wall_s),
+                c.jobs
+            );
+        }
+    }
+    let _ = writeln!(w);
+    if !info.runs_missing.is_empty() {
+        let _ = writeln!(
+            w,
+            "**{} run(s) missing** (not run yet, failed, or did not finish): {}.\n",
+            info.runs_missing.len(),
+            info.runs_missing.join(", ")
+        );
+    }
+    if info.stale > 0 {
+        let _ = writeln!(w, "{} record(s) of the results file with another config (fingerprint) are left out.\n", info.stale);
+    }
+    let _ = writeln!(w, "{}\n", info.scale_text);
+    if !info.states_text.is_empty() {
+        let _ = writeln!(w, "{}\n", info.states_text);
+    }
+    let _ = writeln!(
+        w,
+        "Paper: LLaMA-100M on C4, {} (DESIGN.md). Losses are final validation losses (nats/token); \
+         ours are seed means{}; deltas are paired by seed (same initialisation and data order). \
+         Stalled fractions (m, v and, for BF16 weights, w) are means over the second half of each run; \
+         the theory is the paper's for v (`lowbit_optim::theory`, b2 = 0.999, the run's v format and \
+         rounding). Ours and the paper's are different models and data: compare deltas and orderings, \
+         not absolute losses.\n",
+        match table {
+            Table::Bf16Model => "BF16 weights and activations",
+            Table::Fp32Model => "FP32 weights and activations",
+        },
+        if info.seeds.len() > 1 { " ± sample standard deviation over seeds" } else { "" }
+    );
+}
+
+fn cell_rows(w: &mut String, table: Table, r: &Results) {
+    let _ = writeln!(w, "## Final validation loss per cell\n");
+    let _ = writeln!(
+        w,
+        "| states | fix | paper | ours | seeds | Δ vs plain (paper) | Δ vs plain (ours) | Δ vs fp32 states (paper) | Δ vs fp32 states (ours) | stalled {} (ours) | theory v |",
+        if table == Table::Bf16Model { "m / v / w" } else { "m / v" }
+    );
+    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let base32 = (Fmt::Fp32, Fix::Plain);
+    for c in cells(table) {
+        let (f, x) = c;
+        let plain = (f, Fix::Plain);
+        let pd = |a: Cell, b: Cell| match (paper_loss(table, a), paper_loss(table, b)) {
+            (Some(p), Some(q)) if a != b => format!("{:+.3}", p - q),
+            _ => "—".into(),
+        };
+        let vs_plain = if x == Fix::Plain { "—".into() } else { opt_stat(delta(r, c, plain), true) };
+        let vs_32 = if c == base32 { "—".into() } else { opt_stat(delta(r, c, base32), true) };
+        let stall = [run_stat(r, c, |x| x.stall_m), run_stat(r, c, |x| x.stall_v), run_stat(r, c, |x| x.stall_w)];
+        let stall = if stall.iter().all(Option::is_none) {
+            "—".to_string()
+        } else {
+            let n = if table == Table::Bf16Model { 3 } else { 2 };
+            stall[..n].iter().map(|s| opt(s.map(|s| s.mean), 3)).collect::<Vec<_>>().join(" / ")
+        };
+        let loss = loss_stat(r, c);
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            f.as_str(),
+            x.label(),
+            opt(paper_loss(table, c), 3),
+            opt_stat(loss, false) + if any_diverged(r, c) { " (diverged)" } else { "" },
+            loss.map_or(0, |s| s.n),
+            if x == Fix::Plain { "—".into() } else { pd(c, plain) },
+            vs_plain,
+            if c == base32 { "—".into() } else { pd(c, base32) },
+            vs_32,
+            stall,
+            opt(run_stat(r, c, |x| x.theory_v).map(|s| s.mean), 3),
+        );
+    }
+}
+
+fn grid(w: &mut String, table: Table, r: &Results) {
+    let _ = writeln!(w, "\n## Grid: ours (paper)\n");
+    let _ = writeln!(w, "| states | fp32 | bf16 | fp8 | fp4 |");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|");
+    let all = cells(table);
+    for x in Fix::ALL {
+        let mut row = format!("| {} |", x.label());
+        for f in Fmt::ALL {
+            let c = (f, x);
+            if !all.contains(&c) {
+                row.push_str(" — |");
+                continue;
+            }
+            let ours = loss_stat(r, c).map_or("—".into(), |s| format!("{:.4}", s.mean))
+                + if any_diverged(r, c) { " diverged" } else { "" };
+            let paper = paper_loss(table, c).map_or(String::new(), |p| format!(" ({p:.3})"));
+            let _ = write!(row, " {ours}{paper} |");
+        }
+        let _ = writeln!(w, "{row}");
+    }
+}
+
+fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
+    let _ = writeln!(w, "\n## The paper's orderings\n");
+    let _ = writeln!(w, "| claim | paper Δ | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---|");
+    let counts = [Outcome::HoldsInAll, Outcome::Mixed, Outcome::DoesNotHold]
+        .map(|o| claims(table).iter().filter(|c| evaluate_claim(r, c).outcome == o).count());
+    for c in claims(table) {
+        let v = evaluate_claim(r, &c);
+        let paper = match paper_verdict(table, &c) {
+            Some((d, h)) => format!("{d:+.3}{}", if h { "" } else { " (!)" }),
+            None => "— (Table 2)".into(),
+        };
+        let per_seed: Vec<String> = v.per_seed.iter().map(|(s, d)| format!("s{s} {d:+.4}")).collect();
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {}/{} | **{}** |",
+            c.text,
+            paper,
+            if per_seed.is_empty() { "—".into() } else { per_seed.join(", ") },
+            opt_stat(v.delta, true),
+            v.seeds_holding,
+            v.per_seed.len(),
+            v.outcome.word()
+        );
+    }
+    let n = claims(table).len();
+    let _ = writeln!(
+        w,
+        "\nOf {n} orderings: {} hold in all seeds, {} mixed, {} do not hold, {} not judged.",
+        counts[0],
+        counts[1],
+        counts[2],
+        n - counts.iter().sum::<usize>()
+    );
+    let diverged: Vec<String> =
+        cells(table).into_iter().filter(|&c| any_diverged(r, c)).map(|c| cell_name(table, c)).collect();
+    if !diverged.is_empty() {
+        let _ = writeln!(
+            w,
+            "Diverged (final validation loss above the initial one): {}; orderings involving them are not judged.",
+            diverged.join(", ")
+        );
+    }
+    if seeds < 2 {
+        let _ = writeln!(w, "With one seed, an ordering is not established (DESIGN.md: run at least two seeds).");
+    }
+}
+
+/// The markdown report of a table: header, per-cell table, grid, orderings.
+pub fn render(table: Table, scale: Scale, r: &Results, info: &RunInfo) -> String {
+    let mut s = String::new();
+    header(&mut s, table, scale, info);
+    cell_rows(&mut s, table, r);
+    grid(&mut s, table, r);
+    orderings(&mut s, table, r, info.seeds.len());
+    s
+}

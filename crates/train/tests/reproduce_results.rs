@@ -1,0 +1,323 @@
+//! Issue 21, through pure functions on hand-made numbers and the `train reproduce` binary:
+//! the results file (fingerprints, records, merging over commands, what is left to run),
+//! subsets of a table (`--cells`, `--seeds`, `--seed-list`), spreading runs over GPUs, and a
+//! report rendered from a results file with seed-by-seed verdicts.
+
+use lowbit_train::config::RunConfig;
+use lowbit_train::reproduce::*;
+use lowbit_train::summary::Summary;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn configs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs")
+}
+
+fn smoke<'a>(table: Table, configs: &'a Path, runs: &'a Path) -> PlanSpec<'a> {
+    PlanSpec { table, scale: Scale::Smoke, configs, runs_root: runs, extra: &[] }
+}
+
+/// A summary with these losses and stalled fractions.
+fn summary(initial: f64, last: f64) -> Summary {
+    Summary {
+        status: Default::default(),
+        steps: 30,
+        tokens: 7680,
+        params: 8_619_648,
+        state_bytes: 0,
+        state_bytes_per_param: 0.0,
+        initial_val_loss: Some(initial),
+        final_val_loss: Some(last),
+        final_train_loss: None,
+        mean_stall_m: Some(0.25),
+        mean_stall_v: Some(0.97),
+        mean_stall_w: None,
+        theory_stall_v: Some(0.989),
+        skipped_steps: 0,
+        tokens_per_s: 1.0,
+        peak_memory_bytes: None,
+    }
+}
+
+fn key(states: &str, cell: &str, seed: usize) -> RunKey {
+    RunKey { states: states.into(), cell: cell.into(), seed }
+}
+
+fn record(states: &str, cell: &str, seed: usize, fp: &str, loss: f64) -> Record {
+    Record::from_summary(key(states, cell, seed), fp.into(), &summary(10.0, loss))
+}
+
+#[test]
+fn fingerprint_ignores_the_runs_folder_only() {
+    let path = configs().join("fp32_model/llama100m_f32model_fp8_sr.toml");
+    let load = |o: &[&str]| RunConfig::load(&path, &o.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    let base = fingerprint(&load(&[]));
+    assert_eq!(base.len(), 8);
+    assert!(base.chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(fingerprint(&load(&["run.dir=\"/tmp/elsewhere\""])), base, "another --runs folder, same run");
+    assert_ne!(fingerprint(&load(&["train.max_steps=300"])), base);
+    assert_ne!(fingerprint(&load(&["train.seed=1"])), base);
+    assert_ne!(fingerprint(&load(&["optim.states.m_format=\"e8m3\""])), base);
+}
+
+#[test]
+fn records_take_the_summary_and_flag_divergence() {
+    let r = Record::from_summary(key("paper", "fp8_sr", 1), "0badf00d".into(), &summary(10.4, 5.61));
+    assert_eq!((r.states.as_str(), r.cell.as_str(), r.seed, r.fingerprint.as_str()), ("paper", "fp8_sr", 1, "0badf00d"));
+    assert_eq!((r.initial_val_loss, r.final_val_loss, r.steps, r.tokens), (Some(10.4), Some(5.61), 30, 7680));
+    assert_eq!((r.mean_stall_m, r.mean_stall_v, r.theory_stall_v), (Some(0.25), Some(0.97), Some(0.989)));
+    assert!(!r.diverged);
+    assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), &summary(10.4, 28410.5)).diverged);
+    assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), &summary(10.4, f64::NAN)).diverged);
+    let res = r.result();
+    assert_eq!((res.val_loss, res.stall_v, res.theory_v, res.diverged), (Some(5.61), Some(0.97), Some(0.989), false));
+}
+
+/// Two device commands fill one table: each merges its finished runs into the file; a record
+/// with the same key is replaced, commands are kept once each.
+#[test]
+fn results_files_merge_across_commands() {
+    let t = Table::Fp32Model;
+    let log = |runs| CommandLog { command: format!("train reproduce ... {runs}"), runs, wall_s: 470.0, jobs: 14, gpus: 2 };
+    let mut committed = ResultsFile::new(t, Scale::H200);
+    committed.upsert(record("shared", "fp32_plain", 0, "aaaaaaaa", 5.60));
+    committed.upsert(record("paper", "fp8_sr", 0, "bbbbbbbb", 5.62));
+    committed.commands.push(log(2));
+    let mut second = ResultsFile::new(t, Scale::H200);
+    second.upsert(record("paper", "fp8_sr", 0, "cccccccc", 5.58)); // rerun with another config
+    second.upsert(record("shared", "fp32_plain", 1, "dddddddd", 5.64));
+    second.upsert(record("storage", "fp8_sr", 0, "eeeeeeee", 5.63));
+    second.commands.push(log(3));
+    let mut merged = committed.clone();
+    merged.merge(second.clone());
+    merged.merge(second); // merging the same file twice changes nothing
+    assert_eq!(merged.commands.len(), 2);
+    let keys: Vec<_> = merged.runs.iter().map(|r| (r.states.as_str(), r.cell.as_str(), r.seed)).collect();
+    assert_eq!(
+        keys,
+        [("paper", "fp8_sr", 0), ("shared", "fp32_plain", 0), ("shared", "fp32_plain", 1), ("storage", "fp8_sr", 0)]
+    );
+    assert_eq!(merged.runs[0].final_val_loss, Some(5.58), "the later command's record wins");
+    assert_eq!(merged.seeds(), [0, 1]);
+    // round trip through the file, and errors that name it
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(results_name(t, Scale::H200));
+    assert_eq!(path.file_name().unwrap(), "fp32-model-h200-results.json");
+    assert_eq!(ResultsFile::load(&path, t, Scale::H200).unwrap(), ResultsFile::new(t, Scale::H200), "missing = empty");
+    merged.save(&path).unwrap();
+    assert_eq!(ResultsFile::load(&path, t, Scale::H200).unwrap(), merged);
+    let err = format!("{:#}", ResultsFile::load(&path, Table::Bf16Model, Scale::H200).unwrap_err());
+    assert!(err.contains("fp32-model-h200-results.json") && err.contains("holds table fp32-model"), "{err}");
+    std::fs::write(&path, "{ not json").unwrap();
+    let err = format!("{:#}", ResultsFile::load(&path, t, Scale::H200).unwrap_err());
+    assert!(err.contains("fp32-model-h200-results.json") && err.contains("does not parse"), "{err}");
+}
+
+/// A run the file holds with the same fingerprint is found (not run again); another config or
+/// another seed is not; shared cells are found under `shared` for both kinds.
+#[test]
+fn the_file_decides_what_is_left_to_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfgs = configs();
+    let mut spec = smoke(Table::Fp32Model, &cfgs, tmp.path());
+    let cells = select_cells(Table::Fp32Model, &["fp32_plain".into(), "fp8_sr".into()]).unwrap();
+    let paper = plan(spec, States::Paper, &cells, &[0, 1]).unwrap();
+    let storage = plan(spec, States::Storage, &cells, &[0]).unwrap();
+    let mut file = ResultsFile::new(Table::Fp32Model, Scale::Smoke);
+    for j in &paper[..2] {
+        // seed 0 of both cells finished
+        file.upsert(record(&j.planned.key.states, &j.planned.key.cell, 0, &j.planned.fingerprint, 6.0));
+    }
+    let left = |jobs: &[Job]| jobs.iter().filter(|j| file.find(&j.planned).is_none()).map(|j| j.name(Table::Fp32Model)).collect::<Vec<_>>();
+    assert_eq!(left(&paper), ["llama100m_f32model_fp32_plain-s1", "llama100m_f32model_fp8_sr-s1"]);
+    // storage: the shared fp32 cell is the same run; its fp8 cell is another one
+    assert_eq!(storage[0].planned, paper[0].planned);
+    assert_eq!(storage[0].planned.key.states, SHARED);
+    assert_eq!(left(&storage), ["llama100m_f32model_fp8_sr-s0"]);
+    // a changed override (here a shorter run) changes every fingerprint: all run again
+    let extra = ["train.max_steps=20".to_string()];
+    spec.extra = &extra;
+    assert_eq!(left(&plan(spec, States::Paper, &cells, &[0]).unwrap()).len(), 2);
+    // the results by cell and seed, for the report
+    let r = file.results(&paper.iter().map(|j| j.planned.clone()).collect::<Vec<_>>());
+    assert_eq!(r[&(Fmt::Fp8, Fix::Sr)].len(), 1);
+    assert_eq!(r[&(Fmt::Fp8, Fix::Sr)][0].unwrap().val_loss, Some(6.0));
+}
+
+#[test]
+fn cells_flag_takes_cells_and_formats() {
+    let t = Table::Fp32Model;
+    let pick = |s: &[&str]| select_cells(t, &s.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+    assert_eq!(pick(&[]).unwrap(), cells(t));
+    assert_eq!(pick(&["fp4_sr_reset", "fp8_sr"]).unwrap(), [(Fmt::Fp8, Fix::Sr), (Fmt::Fp4, Fix::SrReset)], "table order");
+    assert_eq!(
+        pick(&["fp4", "fp4_sr"]).unwrap(),
+        [(Fmt::Fp4, Fix::Plain), (Fmt::Fp4, Fix::Sr), (Fmt::Fp4, Fix::Reset), (Fmt::Fp4, Fix::SrReset)]
+    );
+    assert_eq!(pick(&["fp32"]).unwrap(), [(Fmt::Fp32, Fix::Plain), (Fmt::Fp32, Fix::Reset)]);
+    let err = format!("{:#}", pick(&["fp32_sr"]).unwrap_err());
+    assert!(err.starts_with("--cells: \"fp32_sr\" is not a cell of the fp32-model table"), "{err}");
+    assert!(err.contains("fp4_sr_reset"), "{err}");
+    // the main table has no fp32 resets cell
+    assert!(select_cells(Table::Bf16Model, &["fp32_reset".into()]).is_err());
+    assert_eq!(select_cells(Table::Bf16Model, &["fp32".into()]).unwrap(), [(Fmt::Fp32, Fix::Plain)]);
+}
+
+#[test]
+fn seeds_are_a_count_or_an_explicit_list() {
+    assert_eq!(parse_seed_list("1").unwrap(), [1]);
+    assert_eq!(parse_seed_list("2,3").unwrap(), [2, 3]);
+    assert_eq!(parse_seed_list("0-2").unwrap(), [0, 1, 2]);
+    assert_eq!(parse_seed_list("4, 0-1,1").unwrap(), [0, 1, 4]);
+    let err = format!("{:#}", parse_seed_list("2-1").unwrap_err());
+    assert!(err.contains("--seed-list") && err.contains("backwards"), "{err}");
+    let err = format!("{:#}", parse_seed_list("1,x").unwrap_err());
+    assert!(err.contains("--seed-list") && err.contains("\"x\" is not a seed"), "{err}");
+    assert_eq!(seeds_to_run(Some(2), None, 1).unwrap(), [0, 1], "--seeds 2 = seeds 0 and 1");
+    assert_eq!(seeds_to_run(None, Some("2"), 1).unwrap(), [2], "--seed-list 2 = seed 2");
+    assert_eq!(seeds_to_run(None, None, 2).unwrap(), [0, 1], "the scale's default count");
+    assert!(format!("{:#}", seeds_to_run(Some(2), Some("1"), 1).unwrap_err()).contains("exclude each other"));
+    assert!(format!("{:#}", seeds_to_run(Some(0), None, 1).unwrap_err()).contains("--seeds 0"));
+}
+
+#[test]
+fn runs_spread_over_every_gpu() {
+    assert_eq!(gpus_from(Some("2,3"), None), ["2", "3"]);
+    assert_eq!(gpus_from(Some(""), Some("GPU 0: H200")), Vec::<String>::new(), "CUDA_VISIBLE_DEVICES wins");
+    let smi = "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n";
+    assert_eq!(gpus_from(None, Some(smi)), ["0", "1"]);
+    assert_eq!(gpus_from(None, None), Vec::<String>::new());
+    // least-loaded first, ties to the lowest: round-robin at the start, refills a freed GPU
+    let mut load = vec![0usize; 2];
+    let mut order = vec![];
+    for _ in 0..5 {
+        let g = pick_gpu(&load).unwrap();
+        load[g] += 1;
+        order.push(g);
+    }
+    assert_eq!(order, [0, 1, 0, 1, 0]);
+    load[1] -= 2; // two runs on GPU 1 finished
+    assert_eq!(pick_gpu(&load), Some(1));
+    assert_eq!(pick_gpu(&[]), None);
+    // only CUDA runs take a GPU
+    let (cfgs, tmp) = (configs(), tempfile::tempdir().unwrap());
+    let mut spec = smoke(Table::Bf16Model, &cfgs, tmp.path());
+    let one = [(Fmt::Fp8, Fix::Sr)];
+    assert!(!plan(spec, States::Paper, &one, &[0]).unwrap()[0].cuda);
+    spec.scale = Scale::H200;
+    assert!(plan(spec, States::Paper, &one, &[0]).unwrap()[0].cuda);
+    // default runs at once: per GPU from the scale, times the GPUs
+    assert_eq!(Scale::H200.jobs_per_gpu(), 7);
+    assert_eq!(Scale::H200.default_jobs(2), 14);
+    assert_eq!(Scale::H200.default_jobs(0), 7);
+    assert_eq!(Scale::Smoke.default_jobs(0), 2);
+}
+
+/// The h200 scale's numbers: 7 runs of 4000 steps fit one command's 510 s at the measured
+/// 60 steps/s per GPU; the description carries the derivation.
+#[test]
+fn h200_scale_is_sized_from_the_measured_speed() {
+    let steps = 4000.0;
+    assert!(7.0 * steps / 60.0 <= 510.0 && 8.0 * steps / 60.0 > 510.0);
+    let d = scale_description(Scale::H200);
+    for s in ["16.4M tokens per run", "~60 optimizer steps/s", "371 s", "30600 steps per GPU", "86 runs", "FP4 19"] {
+        assert!(d.contains(s), "{s:?} missing from: {d}");
+    }
+}
+
+// ───────── through the binary ─────────
+
+fn train(args: &[&str], cwd: &Path) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_train")).args(args).current_dir(cwd).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The report is rendered from the results file merged from `--merge`: seeds 0 and 1 of two
+/// cells, one ordering that holds in one seed only (mixed), stale records left out.
+#[test]
+fn report_only_renders_from_the_merged_results_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfgs, runs) = (configs(), tmp.path().join("runs"));
+    let spec = smoke(Table::Fp32Model, &cfgs, &runs);
+    let cells = select_cells(Table::Fp32Model, &["fp8".into()]).unwrap();
+    let jobs = plan(spec, States::Paper, &cells, &[0, 1]).unwrap();
+    // fp8 SR below plain in seed 0 only; SR + resets below plain in both
+    let loss = |c: &str, s: usize| match (c, s) {
+        ("fp8_plain", 0) => 6.00,
+        ("fp8_plain", _) => 6.10,
+        ("fp8_sr", 0) => 5.95,
+        ("fp8_sr", _) => 6.12,
+        (_, 0) => 5.90,
+        _ => 6.05,
+    };
+    let committed = tmp.path().join("committed");
+    std::fs::create_dir_all(&committed).unwrap();
+    let mut file = ResultsFile::new(Table::Fp32Model, Scale::Smoke);
+    for j in &jobs {
+        let k = &j.planned.key;
+        file.upsert(record(&k.states, &k.cell, k.seed, &j.planned.fingerprint, loss(&k.cell, k.seed)));
+    }
+    file.upsert(record("paper", "fp4_sr", 0, "00000000", 1.0)); // an older config
+    file.save(&committed.join("fp32-model-smoke-results.json")).unwrap();
+    let out = tmp.path().join("out");
+    let args = [
+        "reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--seed-list", "0",
+        "--configs", cfgs.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
+        "--out", out.to_str().unwrap(), "--merge", committed.to_str().unwrap(),
+    ];
+    let (ok, md, err) = train(&args, tmp.path());
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_to_string(out.join("fp32-model-smoke.md")).unwrap().trim_end(), md.trim_end());
+    assert_eq!(
+        ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap(),
+        file,
+        "the merged file goes beside the report"
+    );
+    assert!(md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 8 of 28 runs (14 cells x seeds 0, 1)"), "seed 1 is in the file: {md}");
+    assert!(md.contains("1 record(s) of the results file with another config"), "{md}");
+    let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
+    assert!(row.contains("| 5.9750 ± 0.1061 | 2 |"), "{row}");
+    assert!(row.contains("| 0.250 / 0.970 | 0.989 |"), "{row}");
+    let claim = md.lines().find(|l| l.contains("SR helps fp8 states")).unwrap();
+    assert!(claim.contains("| s0 -0.0500, s1 +0.0200 |") && claim.contains("| 1/2 | **mixed** |"), "{claim}");
+    let claim = md.lines().find(|l| l.contains("SR + resets below plain, fp8")).unwrap();
+    assert!(claim.contains("| s0 -0.1000, s1 -0.0500 |") && claim.contains("**holds in all seeds**"), "{claim}");
+    assert!(md.contains("Of 13 orderings: 2 hold in all seeds, 1 mixed, 0 do not hold, 10 not judged."), "{md}");
+    // a bad subset is refused before anything runs, naming the flag
+    let (ok, _, err) = train(&["reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp9"], tmp.path());
+    assert!(!ok && err.contains("--cells: \"fp9\""), "{err}");
+    let (ok, _, err) = train(&["reproduce", "--table", "fp32-model", "--scale", "smoke", "--merge", "nowhere"], tmp.path());
+    assert!(!ok && err.contains("--merge nowhere: no such folder"), "{err}");
+}
+
+/// Two commands through the real runner (2-step runs of one cell on the CPU): each merges its
+/// run into the file, and a run the file holds is not run again.
+#[test]
+fn commands_fill_the_file_and_never_rerun_a_finished_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, runs) = (tmp.path().join("out"), tmp.path().join("runs"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cmd = |seeds: &str| {
+        let args = [
+            "reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", seeds,
+            "--set", "train.max_steps=2", "--out", out.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
+        ];
+        let (ok, _, err) = train(&args, &repo);
+        assert!(ok, "{err}");
+        (ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap(), err)
+    };
+    let (first, _) = cmd("0");
+    assert_eq!(first.runs.len(), 1);
+    assert_eq!((first.runs[0].states.as_str(), first.runs[0].cell.as_str(), first.runs[0].steps), (SHARED, "fp32_plain", 2));
+    assert_eq!(first.commands.len(), 1);
+    assert!(first.commands[0].command.starts_with("train reproduce --table fp32-model"), "{:?}", first.commands);
+    let (again, err) = cmd("0");
+    assert!(err.contains("1 run(s) already in"), "{err}");
+    assert_eq!(again, first, "nothing ran, nothing changed");
+    let (second, _) = cmd("0-1");
+    assert_eq!(second.runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(second.runs[0], first.runs[0]);
+    assert_eq!(second.commands.len(), 2);
+    let md = std::fs::read_to_string(out.join("fp32-model-smoke.md")).unwrap();
+    assert!(md.contains("2 of 28 runs (14 cells x seeds 0, 1)"), "{md}");
+}
