@@ -8,6 +8,7 @@ use lowbit_data::DataConfig;
 use lowbit_model::LlamaConfig;
 use lowbit_optim::StatesConfig;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The whole run configuration.
@@ -146,7 +147,7 @@ pub struct TrainSection {
     /// Write a checkpoint every this many steps (default 500), and always at the end and on
     /// Ctrl-C or SIGTERM; 0 = only then.
     pub checkpoint_every: u64,
-    /// Keep this many most recent checkpoints.
+    /// Keep this many most recent checkpoints (at least 1; older ones are deleted).
     pub keep_checkpoints: usize,
     /// Stop (with a checkpoint) after this many consecutive non-finite steps (0 acts as 1:
     /// stop at the first).
@@ -228,7 +229,12 @@ impl RunConfig {
     /// Checks that serde cannot express.
     pub fn validate(&self) -> Result<()> {
         let t = &self.train;
-        for (k, v) in [("train.micro_batch", t.micro_batch as u64), ("train.grad_accum", t.grad_accum as u64), ("train.max_steps", t.max_steps)] {
+        for (k, v) in [
+            ("train.micro_batch", t.micro_batch as u64),
+            ("train.grad_accum", t.grad_accum as u64),
+            ("train.max_steps", t.max_steps),
+            ("train.keep_checkpoints", t.keep_checkpoints as u64),
+        ] {
             if v == 0 {
                 bail!("{k}: must be > 0");
             }
@@ -341,6 +347,31 @@ impl RunConfig {
         let mut c = self.clone();
         c.extends = None;
         toml::to_string_pretty(&c).expect("config serialises")
+    }
+
+    /// The settings that differ from `old`, as `section.key: old -> new` (sorted by key), e.g.
+    /// to tell a resumed run which of its saved settings a `--set` or `--config` changed.
+    pub fn changes_from(&self, old: &RunConfig) -> Vec<String> {
+        fn flat(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, String>) {
+            match v {
+                toml::Value::Table(t) => t.iter().for_each(|(k, v)| flat(&format!("{prefix}{k}."), v, out)),
+                v => {
+                    out.insert(prefix.trim_end_matches('.').to_string(), v.to_string());
+                }
+            }
+        }
+        let table = |c: &RunConfig| {
+            let mut out = BTreeMap::new();
+            flat("", &toml::Value::try_from(c).expect("config serialises"), &mut out);
+            out
+        };
+        let (was, now) = (table(old), table(self));
+        let keys: std::collections::BTreeSet<&String> = was.keys().chain(now.keys()).collect();
+        let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+        keys.into_iter()
+            .filter(|k| was.get(*k) != now.get(*k))
+            .map(|k| format!("{k}: {} -> {}", show(was.get(k)), show(now.get(k))))
+            .collect()
     }
 }
 

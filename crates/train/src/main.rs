@@ -155,9 +155,12 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // a closed stderr (`train ... 2>&1 | head`) must not stop the run: tracing's own
+        // report of the failed write would go to the same stderr with eprintln! and panic
+        .log_internal_errors(false)
         .init();
     if let Err(e) = real_main() {
-        eprintln!("error: {e:#}");
+        lowbit_train::errln!("error: {e:#}");
         std::process::exit(1);
     }
     if let Some(code) = signals::exit_status() {
@@ -235,6 +238,16 @@ fn train(a: TrainArgs) -> Result<()> {
     if let Some(d) = &resume_dir {
         // the folder resumed is the folder written, whatever the saved config calls it
         config.set_run_dir(d)?;
+        let mut saved = RunConfig::load(&d.join("config.toml"), &[])?;
+        saved.set_run_dir(d)?;
+        let changed = config.changes_from(&saved);
+        if !changed.is_empty() {
+            tracing::warn!(
+                "--resume {}: continuing with settings changed from the run's saved config.toml: {}",
+                d.display(),
+                changed.join("; ")
+            );
+        }
     }
     if a.print_config {
         lowbit_train::out!("{}", config.to_toml());

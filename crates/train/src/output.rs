@@ -1,16 +1,25 @@
-//! Standard output that a closed pipe does not break: `train predict ... | true` or a summary
-//! printed into a pipe that has gone away must not panic (`println!` does, exit 101), and a
-//! training run must still write its plots after it. Use [`outln!`](crate::outln) and
-//! [`out!`](crate::out) instead of `println!` and `print!`.
+//! Standard output and error that a closed pipe does not break: `train predict ... | true`, a
+//! summary printed into a pipe that has gone away, or `train ... 2>&1 | head` must not panic
+//! (`println!` and `eprintln!` do, exit 101), and a training run must still write its
+//! checkpoint and plots after it. Use [`outln!`](crate::outln), [`out!`](crate::out) and
+//! [`errln!`](crate::errln) instead of `println!`, `print!` and `eprintln!`.
 
 use std::io::Write;
 
 /// Write `text` to stdout; a closed pipe (or any other write error) is ignored after one
 /// debug line: the output was meant for a reader that is no longer there.
 pub fn print(text: &str) {
-    let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        tracing::debug!("stdout not written: {e}");
+    write_or_ignore(std::io::stdout().lock(), text, "stdout");
+}
+
+/// Write `text` to stderr; errors are ignored as in [`print`].
+pub fn eprint(text: &str) {
+    write_or_ignore(std::io::stderr().lock(), text, "stderr");
+}
+
+fn write_or_ignore(mut w: impl Write, text: &str, what: &str) {
+    if let Err(e) = w.write_all(text.as_bytes()).and_then(|_| w.flush()) {
+        tracing::debug!("{what} not written: {e}");
     }
 }
 
@@ -24,4 +33,10 @@ macro_rules! outln {
 #[macro_export]
 macro_rules! out {
     ($($t:tt)*) => { $crate::output::print(&format!($($t)*)) };
+}
+
+/// `eprintln!` through [`eprint`].
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::output::eprint(&format!("{}\n", format_args!($($t)*))) };
 }

@@ -62,13 +62,15 @@ pub fn run_files(dir: &Path) -> Vec<&'static str> {
 /// Take `dir` for a run used as `how`: lock it, then check (new), move aside (overwrite) or
 /// keep (resume) what is in it. Returns the lock, to be held until the run ends.
 pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
+    if how == FolderUse::Overwrite {
+        if let Some(aside) = move_aside_unless_live(dir)? {
+            tracing::warn!("--overwrite: moved the previous run in {} to {}", dir.display(), aside.display());
+        }
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create the run folder {}", dir.display()))?;
     let lock = lock(dir)?;
     let present = run_files(dir);
-    if present.is_empty() || how == FolderUse::Resume {
-        return Ok(lock);
-    }
-    if how == FolderUse::New {
+    if how == FolderUse::New && !present.is_empty() {
         bail!(
             "run folder {} already holds a run ({}): pass --resume {} to continue it, --overwrite to move \
              it aside and start again, or choose another run.name",
@@ -77,13 +79,21 @@ pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
             dir.display()
         );
     }
+    Ok(lock)
+}
+
+/// Move a folder that holds a run aside ([`move_aside`]) so a new run can start in its place;
+/// `None` when it holds none. Fails, touching nothing, while a live run holds its lock (so a
+/// runner that restarts runs, `train reproduce`, never moves a running one).
+pub fn move_aside_unless_live(dir: &Path) -> Result<Option<PathBuf>> {
+    if run_files(dir).is_empty() {
+        return Ok(None);
+    }
+    let mut held = lock(dir)?;
     let aside = move_aside(dir)?;
-    let mut lock = lock;
-    lock.path = aside.join(LOCK_FILE); // the lock file moved with the folder: removed on drop
-    drop(lock);
-    tracing::warn!("--overwrite: moved the previous run in {} to {}", dir.display(), aside.display());
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create the run folder {}", dir.display()))?;
-    self::lock(dir)
+    held.path = aside.join(LOCK_FILE); // the lock file moved with the folder: removed on drop
+    drop(held);
+    Ok(Some(aside))
 }
 
 /// Rename `dir` to the first free `<dir>.old-<N>` and return that path.
@@ -156,6 +166,24 @@ mod tests {
         // other files do not make a folder "used"
         std::fs::write(dir.join("train.log"), "log").unwrap();
         drop(claim(&dir, FolderUse::New).unwrap());
+    }
+
+    /// A folder whose run is live is never moved aside, by `--overwrite` or by a runner.
+    #[test]
+    fn a_live_run_is_not_moved_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("x");
+        let live = claim(&dir, FolderUse::New).unwrap();
+        std::fs::write(dir.join("metrics.jsonl"), "live\n").unwrap();
+        let e = format!("{:#}", move_aside_unless_live(&dir).unwrap_err());
+        assert!(e.contains("in use by another training run"), "{e}");
+        let e = format!("{:#}", claim(&dir, FolderUse::Overwrite).unwrap_err());
+        assert!(e.contains("in use by another training run"), "{e}");
+        assert_eq!(std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(), "live\n");
+        assert!(!tmp.path().join("x.old-1").exists());
+        drop(live);
+        assert_eq!(move_aside_unless_live(&dir).unwrap(), Some(tmp.path().join("x.old-1")));
+        assert_eq!(move_aside_unless_live(&dir).unwrap(), None);
     }
 
     #[test]

@@ -53,6 +53,32 @@ fn a_closed_stdout_pipe_panics_no_subcommand_and_training_still_plots() {
     }
 }
 
+/// `train ... 2>&1 | head`: the log (stderr) and stdout go into a pipe that closes; the run
+/// still finishes with its checkpoint and summary (tracing's report of the failed write and
+/// `eprintln!` panicked with exit 101), and an error still exits 1.
+#[test]
+fn a_closed_stderr_pipe_stops_nothing() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let run = |args: &[&str]| {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = Command::new(train_bin())
+            .args(args)
+            .current_dir(d)
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        status.code()
+    };
+    assert_eq!(run(&["--config", "c.toml", "--set", "train.max_steps=2"]), Some(0));
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/x/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    assert!(d.join("runs/x/checkpoints/step_0000002").is_dir());
+    assert_eq!(run(&["--config", "c.toml", "--set", "optim.eps=nan"]), Some(1));
+}
+
 #[test]
 fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
     let tmp = cli_dir("x");
@@ -64,6 +90,7 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         ("run.name=\"..\"", "run.name: must be a folder name inside run.dir"),
         ("run.name=\"a/b\"", "run.name: must be a folder name inside run.dir"),
         ("data.val_tokens=0", "data.val_tokens: must be > 0"),
+        ("train.keep_checkpoints=0", "train.keep_checkpoints: must be > 0"),
     ] {
         let r = train(d, &["--config", "c.toml", "--set", set]);
         assert_eq!(r.code, Some(1), "{set}");

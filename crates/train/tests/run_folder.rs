@@ -212,3 +212,21 @@ fn a_corrupt_checkpoint_is_refused_and_a_non_finite_end_exits_non_zero() {
     assert!(r.stderr.contains("error: the run ended non-finite at step 4"), "{}", r.stderr);
     assert_eq!(json(&d.join("runs/nan/summary.json"))["status"], "non_finite");
 }
+
+/// A resume that changes saved settings (`--set`) says which, old and new, before it runs.
+#[test]
+fn resume_names_the_settings_it_changes() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    assert_eq!(train(d, &["--config", "c.toml", "--set", "train.max_steps=3"]).code, Some(0));
+    let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=4", "--set", "optim.lr=0.001"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("continuing with settings changed from the run's saved config.toml: optim.lr: ")
+            && r.stderr.contains("-> 0.001; train.max_steps: 3 -> 4"),
+        "{}",
+        r.stderr
+    );
+    let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=5"]);
+    assert!(r.stderr.contains("train.max_steps: 4 -> 5") && !r.stderr.contains("optim.lr:"), "{}", r.stderr);
+}

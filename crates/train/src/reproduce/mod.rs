@@ -151,14 +151,14 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
     }
     let (todo, held): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| a.force || file.find(&j.planned).is_none());
     if !held.is_empty() {
-        eprintln!("reproduce: {} run(s) already in {} with the same config", held.len(), path.display());
+        crate::errln!("reproduce: {} run(s) already in {} with the same config", held.len(), path.display());
     }
     let mut failed: Vec<String> = Vec::new();
     if !a.report_only && !todo.is_empty() {
         let gpus = if todo.iter().any(|j| j.cuda) { detect_gpus() } else { vec![] };
         let at_once = a.jobs.unwrap_or(a.scale.default_jobs(gpus.len())).max(1);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        eprintln!(
+        crate::errln!(
             "reproduce: {} run(s) of {} {} ({}), {at_once} at a time on {}, logs in <run>/train.log",
             todo.len(),
             a.table.as_str(),
@@ -172,7 +172,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         pool::run_all(&todo, &pool, |j, rec, gpu, secs| {
             finished += 1;
             let loss = rec.as_ref().and_then(|r| r.final_val_loss).map_or("-".into(), |v| format!("{v:.4}"));
-            eprintln!(
+            crate::errln!(
                 "reproduce: [{finished}/{}] {} {} in {secs:.0}s{} (val loss {loss}), {:.0}s elapsed",
                 todo.len(),
                 j.name(a.table),
@@ -210,8 +210,8 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         let (md, info) = report_for(a, spec, kind, &seeds, &file)?;
         let out = a.out.join(kind.report_name(a.table, a.scale));
         std::fs::write(&out, &md).with_context(|| format!("cannot write {}", out.display()))?;
-        println!("{md}");
-        eprintln!(
+        crate::outln!("{md}");
+        crate::errln!(
             "reproduce: wrote {} ({} of {} runs)",
             out.display(),
             info.runs_total - info.runs_missing.len(),

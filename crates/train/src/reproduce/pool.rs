@@ -159,10 +159,9 @@ pub struct PoolSpec {
 }
 
 fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
-    // a run folder left by an unfinished or other run is moved aside, never mixed into
-    if !crate::run_folder::run_files(&job.run_dir).is_empty() {
-        crate::run_folder::move_aside(&job.run_dir)?;
-    }
+    // a run folder left by an unfinished or other run is moved aside, never mixed into; one
+    // that a live run (another runner's) holds is refused
+    crate::run_folder::move_aside_unless_live(&job.run_dir)?;
     std::fs::create_dir_all(&job.run_dir).with_context(|| format!("cannot create {}", job.run_dir.display()))?;
     let log = std::fs::File::create(job.run_dir.join("train.log"))?;
     let exe = std::env::current_exe().context("cannot find the current executable")?;
@@ -200,7 +199,7 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
                     running.push((j, c, Instant::now(), gpu));
                 }
                 Err(e) => {
-                    eprintln!("reproduce: cannot start {}: {e:#}", j.run_dir.display());
+                    crate::errln!("reproduce: cannot start {}: {e:#}", j.run_dir.display());
                     done(j, None, None, 0.0)?;
                 }
             }
