@@ -110,7 +110,22 @@ pub fn move_aside(dir: &Path) -> Result<PathBuf> {
 
 /// Lock `dir/train.lock` for this process, or fail naming the process that holds it.
 fn lock(dir: &Path) -> Result<RunLock> {
-    let path = dir.join(LOCK_FILE);
+    let busy = |pid: &str, path: &Path| {
+        format!(
+            "run folder {} is in use by another training run (process {pid}, lock file {}): wait for it to \
+             end, stop it, or choose another run.name",
+            dir.display(),
+            path.display()
+        )
+    };
+    lock_file(&dir.join(LOCK_FILE), busy)
+}
+
+/// Lock the file `path` (created if missing) for this process and write its id into it, or
+/// fail with `busy(holder's process id, path)`. A lock file left by a dead process is taken
+/// over. Released, and the file removed, when the returned lock is dropped.
+pub fn lock_file(path: &Path, busy: impl Fn(&str, &Path) -> String) -> Result<RunLock> {
+    let path = path.to_path_buf();
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -121,13 +136,7 @@ fn lock(dir: &Path) -> Result<RunLock> {
     if file.try_lock_exclusive().is_err() {
         let mut pid = String::new();
         let _ = file.read_to_string(&mut pid);
-        bail!(
-            "run folder {} is in use by another training run (process {}, lock file {}): wait for it to \
-             end, stop it, or choose another run.name",
-            dir.display(),
-            pid.trim(),
-            path.display()
-        );
+        bail!(busy(pid.trim(), &path));
     }
     let mut old = String::new();
     let _ = file.read_to_string(&mut old);

@@ -321,3 +321,30 @@ fn commands_fill_the_file_and_never_rerun_a_finished_run() {
     let md = std::fs::read_to_string(out.join("fp32-model-smoke.md")).unwrap();
     assert!(md.contains("2 of 28 runs (14 cells x seeds 0, 1)"), "{md}");
 }
+
+/// A second `train reproduce` on the same table, scale and `--out` while one is running is
+/// refused up front, naming the first (two at once split the cells and overwrote each other's
+/// records); the lock goes with the command.
+#[test]
+fn a_second_runner_on_the_same_results_file_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let lock_path = out.join("fp32-model-smoke-results.json.lock");
+    let held = lowbit_train::run_folder::lock_file(&lock_path, |_, _| unreachable!()).unwrap();
+    let args = ["reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--out", out.to_str().unwrap()];
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (ok, _, err) = train(&args, &repo);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("fp32-model-smoke-results.json is being written by another train reproduce (process ")
+            && err.contains(&format!("process {}", std::process::id())),
+        "{err}"
+    );
+    drop(held);
+    assert!(!lock_path.exists());
+    let (ok, _, err) = train(&args, &repo);
+    assert!(ok, "{err}");
+    assert!(!lock_path.exists(), "the command's lock is gone with it");
+}
+

@@ -45,7 +45,8 @@ pub use stats::{any_diverged, delta, evaluate_claim, loss_stat, paired_diffs, Ou
 pub use subset::{parse_seed_list, select_cells, seeds_to_run};
 
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use crate::run_folder::{lock_file, RunLock};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 const RESULTS_HELP: &str = "\
@@ -117,19 +118,31 @@ pub struct ReproduceArgs {
     pub report_only: bool,
 }
 
-/// The results file of `--out`, merged over the one in `--merge` (the `--out` records win).
-fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile)> {
+/// The results file of `--out`, merged over the one in `--merge` (the `--out` records win),
+/// and the lock this command holds on it until it ends (`<file>.lock`): a second `train
+/// reproduce` on the same table, scale and `--out` is refused up front instead of splitting
+/// the cells with this one and overwriting its records.
+fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile, RunLock)> {
     let name = results_name(a.table, a.scale);
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create --out {}", a.out.display()))?;
     let path = a.out.join(&name);
+    let busy = |pid: &str, lock: &Path| {
+        format!(
+            "{} is being written by another train reproduce (process {pid}, lock file {}): wait for it to \
+             end, or give this one another --out",
+            path.display(),
+            lock.display()
+        )
+    };
+    let lock = lock_file(&path.with_extension("json.lock"), busy)?;
     let file = ResultsFile::load(&path, a.table, a.scale)?;
-    let Some(dir) = &a.merge else { return Ok((path, file)) };
+    let Some(dir) = &a.merge else { return Ok((path, file, lock)) };
     if !dir.is_dir() {
         bail!("--merge {}: no such folder", dir.display());
     }
     let mut merged = ResultsFile::load(&dir.join(&name), a.table, a.scale)?;
     merged.merge(file);
-    Ok((path, merged))
+    Ok((path, merged, lock))
 }
 
 /// `train reproduce`: the selected runs of every state kind asked for (a run shared by two
@@ -139,7 +152,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
     let seeds = seeds_to_run(a.seeds, a.seed_list.as_deref(), a.scale.default_seeds())?;
     let selected = select_cells(a.table, &a.cells)?;
     let spec = PlanSpec { table: a.table, scale: a.scale, configs: &a.configs, runs_root: &a.runs, extra: &a.set };
-    let (path, mut file) = load_results(a)?;
+    let (path, mut file, _lock) = load_results(a)?;
     let kinds = a.states.kinds();
     let mut jobs: Vec<Job> = Vec::new();
     for &k in &kinds {
