@@ -273,6 +273,9 @@ impl RunConfig {
                 bail!("{k}: must be > 0");
             }
         }
+        if self.run.dir.is_empty() {
+            bail!("run.dir: must name a folder (\".\" for the working directory), got \"\"");
+        }
         let n = &self.run.name;
         if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\']) {
             bail!("run.name: must be a folder name inside run.dir (no `/`, `\\`, `.` or `..`), got {n:?}");
@@ -285,7 +288,10 @@ impl RunConfig {
     pub fn set_run_dir(&mut self, dir: &Path) -> Result<()> {
         let name = dir.file_name().with_context(|| format!("{}: not a run folder name", dir.display()))?;
         self.run.name = name.to_string_lossy().into_owned();
-        self.run.dir = dir.parent().map_or(String::new(), |p| p.to_string_lossy().into_owned());
+        self.run.dir = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_string_lossy().into_owned(),
+            _ => ".".into(),
+        };
         self.validate()
     }
 

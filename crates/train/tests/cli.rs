@@ -91,6 +91,7 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         ("run.name=\"a/b\"", "run.name: must be a folder name inside run.dir"),
         ("data.val_tokens=0", "data.val_tokens: must be > 0"),
         ("train.keep_checkpoints=0", "train.keep_checkpoints: must be > 0"),
+        ("run.dir=\"\"", "run.dir: must name a folder (\".\" for the working directory)"),
     ] {
         let r = train(d, &["--config", "c.toml", "--set", set]);
         assert_eq!(r.code, Some(1), "{set}");
