@@ -6,8 +6,8 @@
 //!
 //! These are the stall theory's grids exactly (eps = 2^-K at every magnitude; the companion
 //! post's model, "3 fraction bits and no limit on the exponent, as with per-tensor scaling"),
-//! which is how DESIGN.md reproduces the paper's FP8 (`e8m3`) and FP4 (`e8m2` for v, `e8m1` or
-//! `e8m2` for m) cells.
+//! which is how DESIGN.md reproduces the paper's FP8 (`e8m3`) and FP4 (`e8m2` for v; `e8m2` for
+//! m as measured, `reproduce::PAPER_FP4_M`) cells.
 //!
 //! Rounding on the FP32 bits, the BF16 bit trick on the D = 23 - K dropped bits:
 //! * nearest: add `2^(D-1) - 1 + (kept LSB)` and clear the low D bits (ties to even);
@@ -22,11 +22,9 @@ use super::rounding::Rounding;
 /// Smallest and largest fraction bits of a precision-only format (`e8m7` is BF16).
 pub const FRACTION_BITS: std::ops::RangeInclusive<u32> = 1..=6;
 
-/// Decode a 16-bit container (BF16 layout) to FP32 (exact).
-#[inline(always)]
-pub fn decode(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
+/// Decode a 16-bit container to FP32 (exact): the container is BF16's layout, so this is
+/// [`super::bf16::decode`].
+pub use super::bf16::decode;
 
 /// Round `x` to `frac_bits` fraction bits (1..=6) and return the 16-bit container.
 /// `rand`: 64 random bits whose top 32 drive stochastic rounding (ignored for nearest).
