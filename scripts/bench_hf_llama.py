@@ -7,10 +7,14 @@ FP32 states; random token ids (throughput does not depend on the text). `--compi
 model in torch.compile (default mode). FP32 runs use PyTorch's default full-FP32 matmuls.
 Prints one JSON row: {"system": "transformers_eager" | "torch_compile", "dtype", "batch", "seq",
 "tokens_per_s", "peak_memory_gib", ...}.
-Usage: python3 scripts/bench_hf_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32]
+`--profile N` profiles N more steps with torch.profiler (CUPTI) after the timed ones and prints
+to stderr the CUDA kernels by time per step and the matrix products (aten::mm/addmm/bmm) by
+input shape, for comparison with lowbit's kernels (`scripts/ncu_top_kernels.py`).
+Usage: python3 scripts/bench_hf_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32] [--profile 2]
 """
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -30,6 +34,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=32100)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--tf32", action="store_true", help="FP32 matmuls with TF32 inputs (allow_tf32)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps (tables on stderr)")
     a = ap.parse_args()
     h, i, heads, layers = PRESETS[a.preset]
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=h, intermediate_size=i, num_attention_heads=heads,
@@ -63,6 +68,24 @@ def main():
                       "dtype": a.dtype, "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "seq": a.seq,
                       "tokens_per_s": a.steps * a.batch * a.seq / secs,
                       "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}))
+    if a.profile:
+        profile(step, a.profile)
+
+
+def profile(step, n):
+    """Kernels by CUDA time and matrix products by input shape over `n` steps, on stderr."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    print(f"# torch.profiler over {n} steps (totals; divide by {n} for per step)", file=sys.stderr)
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90), file=sys.stderr)
+    mm = [e for e in prof.key_averages(group_by_input_shape=True) if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul")]
+    mm.sort(key=lambda e: -e.device_time_total)
+    print("# matrix products by input shape: op, shapes, calls, device ms", file=sys.stderr)
+    for e in mm[:40]:
+        print(f"{e.key}\t{e.input_shapes}\t{e.count}\t{e.device_time_total / 1e3:.2f}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -280,8 +280,11 @@ __device__ void cross_entropy_fwd(const T* x, const uint32_t* target, const floa
     if (threadIdx.x == 0) nll[row] = w[row] * (m + logf(s) - to_f(xr[target[row]]));
 }
 
+// dx = coef * (softmax(x) - onehot(target)) per row (dx may be x: in place); when `nll` is
+// not null also nll[row] = coef * (logsumexp(x) - x[target]), as cross_entropy_fwd with w = coef.
 template <typename T>
-__device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const float* coef, T* dx, int v, int ld) {
+__device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const float* coef, T* dx, float* nll, int v,
+                                  int ld) {
     __shared__ float smem[WARPS];
     int row = blockIdx.x;
     const T* xr = x + (size_t)row * ld;
@@ -290,12 +293,16 @@ __device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const floa
     for (int j = v + threadIdx.x; j < ld; j += blockDim.x) dr[j] = from_f<T>(0.f);  // padding
     if (c == 0.f) {
         for (int j = threadIdx.x; j < v; j += blockDim.x) dr[j] = from_f<T>(0.f);
+        if (nll && threadIdx.x == 0) nll[row] = 0.f;
         return;
     }
     float m, s;
     row_max_sum(xr, v, smem, &m, &s);
     float scale = c / s;
     uint32_t tg = target[row];
+    float xt = to_f(xr[tg]);
+    __syncthreads();  // x[target] is read before any thread overwrites it
+    if (nll && threadIdx.x == 0) nll[row] = c * (m + logf(s) - xt);
     for (int j = threadIdx.x; j < v; j += blockDim.x)
         dr[j] = from_f<T>(expf(to_f(xr[j]) - m) * scale - (j == (int)tg ? c : 0.f));
 }
@@ -387,8 +394,8 @@ __device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, 
         cross_entropy_fwd<T>(x, target, w, nll, v, ld);                                                          \
     }                                                                                                            \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* x, const uint32_t* target, const float* coef,      \
-                                                     T* dx, int v, int ld) {                                     \
-        cross_entropy_bwd<T>(x, target, coef, dx, v, ld);                                                        \
+                                                     T* dx, float* nll, int v, int ld) {                         \
+        cross_entropy_bwd<T>(x, target, coef, dx, nll, v, ld);                                                   \
     }                                                                                                            \
     extern "C" __global__ void copy_rows_##S(const T* src, T* dst, int rows, int cols, int src_ld, int dst_ld) { \
         copy_rows<T>(src, dst, rows, cols, src_ld, dst_ld);                                                      \

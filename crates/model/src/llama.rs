@@ -134,18 +134,29 @@ impl Llama {
 
     /// Mean next-token loss over the positions where `mask` is nonzero, as
     /// [`crate::masked_cross_entropy`] of [`Llama::forward`]: `input`, `target` `[B, T]` u32,
-    /// `mask` `[B, T]` (1 = counts) → F32 scalar. With [`Kernels::Fused`] the LM head and
-    /// the loss run in chunks of rows ([`crate::fused::lm_head_cross_entropy`]): the
-    /// `[B, T, V]` logits are never held, in the forward or the backward.
+    /// `mask` `[B, T]` (1 = counts) → F32 scalar, for training: with [`Kernels::Fused`] the
+    /// LM head and the loss run in chunks of rows ([`crate::fused::lm_head_cross_entropy`]):
+    /// the `[B, T, V]` logits are never held, and the head's gradients are computed in this
+    /// pass (held until the backward). Where no backward follows, [`Llama::eval_loss`].
     pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        self.loss_with(input, target, mask, true)
+    }
+
+    /// [`Llama::loss`] without the gradient work of the fused head (validation, checks).
+    pub fn eval_loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        self.loss_with(input, target, mask, false)
+    }
+
+    fn loss_with(&self, input: &Tensor, target: &Tensor, mask: &Tensor, train: bool) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
             let hidden = self.forward_hidden(input)?;
             let (b, t, h) = hidden.dims3()?;
             let (target, mask, denom) = crate::loss::flat_targets(target, mask, b * t)?;
-            let nll = crate::fused::lm_head_cross_entropy(&hidden.reshape((b * t, h))?, &self.lm_head, &target, &mask)?;
-            return nll.sum_all()? / denom;
+            let weight = mask.broadcast_div(&denom)?;
+            return crate::fused::lm_head_cross_entropy(&hidden.reshape((b * t, h))?, &self.lm_head, &target, &weight, train);
         }
+        let _ = train; // the composed head keeps its logits for the backward
         crate::masked_cross_entropy_with(&self.forward(input)?, target, mask, self.kernels)
     }
 

@@ -233,21 +233,22 @@ fn cross_entropy_matches_composed() {
 }
 
 /// The LM head and loss in chunks against `linear` + the composed cross-entropy (4100 rows:
-/// two chunks of the fused op).
+/// two chunks of the fused op), with the gradients from the forward pass (`train`) and
+/// recomputed in the backward.
 #[test]
 fn lm_head_cross_entropy_matches_composed() {
     let dev = gpu();
-    for dtype in DTYPES {
+    for (dtype, train) in DTYPES.into_iter().flat_map(|d| [(d, false), (d, true)]) {
         let (n, h, v) = (4100, 64, 301);
         let hidden = var(&[n, h], 1.0, 11, dtype, &dev);
         let w = var(&[v, h], 0.2, 12, dtype, &dev);
         let target = Tensor::from_vec((0..n).map(|i| ((i * 7919) % v) as u32).collect::<Vec<_>>(), n, &dev).unwrap();
         let mask = Tensor::from_vec((0..n).map(|i| if i % 5 == 2 { 0f32 } else { 1.0 }).collect::<Vec<_>>(), n, &dev).unwrap();
         check(
-            "lm_head_cross_entropy",
+            if train { "lm_head_cross_entropy (train)" } else { "lm_head_cross_entropy" },
             dtype,
             &[hidden, w],
-            |x| fused::lm_head_cross_entropy(&x[0], &x[1], &target, &mask).unwrap().sum_all().unwrap(),
+            |x| fused::lm_head_cross_entropy(&x[0], &x[1], &target, &mask, train).unwrap(),
             |x| {
                 let logits = x[0].matmul(&x[1].t().unwrap()).unwrap().unsqueeze(0).unwrap();
                 let (t3, m3) = (target.unsqueeze(0).unwrap(), mask.unsqueeze(0).unwrap());
@@ -280,6 +281,8 @@ fn model_matches_composed() {
             (m.forward(&input).unwrap(), loss.backward().unwrap(), loss.to_scalar::<f32>().unwrap())
         };
         let (lf, gf, loss_f) = run(&fused);
+        let eval = fused.eval_loss(&input, &target, &mask).unwrap().to_scalar::<f32>().unwrap();
+        assert!((eval - loss_f).abs() <= 1e-6 * loss_f.abs(), "model {dtype:?}: eval_loss {eval} vs loss {loss_f}");
         let (lc, gc, loss_c) = run(&composed);
         let e = rel_err(&lf, &lc);
         assert!(e <= tol(dtype), "model {dtype:?} logits: relative error {e}");

@@ -108,7 +108,7 @@ pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
     for b in batches {
         let (x, y, m) = batch_tensors(b, dev)?;
         let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
-        let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
+        let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
         nll += loss * n;
         count += n;
     }
@@ -367,7 +367,7 @@ pub(crate) fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState)
 pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<checkpoint::ExportCheck> {
     let b = val.first().context("validation set is empty: no batch for export_check.json")?;
     let (x, y, m) = batch_tensors(b, dev)?;
-    let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
+    let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
     let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
     Ok(checkpoint::ExportCheck {
         input_ids: rows(&b.input),

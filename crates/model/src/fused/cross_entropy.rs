@@ -56,7 +56,7 @@ impl CustomOp3 for CrossEntropy {
         let (x, t, c) = (tensor_ptr(logits, "logits")?, tensor_ptr(target, "target")?, tensor_ptr(&coef, "coef")?);
         let (dx_s, dx) = alloc(&dev, logits.dtype(), logits.elem_count())?;
         let vi = v as i32;
-        launch(&dev, "cross_entropy_bwd", logits.dtype(), per_row(rows), &args![x, t, c, dx, vi, vi])?;
+        launch(&dev, "cross_entropy_bwd", logits.dtype(), per_row(rows), &args![x, t, c, dx, 0u64, vi, vi])?;
         Ok((Some(wrap(dx_s, logits.shape().clone())), None, None))
     }
 }

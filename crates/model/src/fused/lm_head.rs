@@ -1,27 +1,33 @@
 //! The LM head and the cross-entropy as one op, in chunks of rows: the logits exist only for
-//! [`CHUNK_ROWS`] rows at a time, in the model's dtype, in both passes (the backward
-//! recomputes them: one more matrix product instead of keeping `[B·T, V]` logits), with
-//! the vocabulary padded to a multiple of 8 with zero rows of the head (see
-//! [`super::aligned`]).
+//! [`CHUNK_ROWS`] rows at a time, in the model's dtype, with the vocabulary padded to a
+//! multiple of 8 with zero rows of the head (see [`super::aligned`]). For training, the
+//! gradients are computed in the forward pass from each chunk's logits while they exist
+//! (as Liger-Kernel's fused linear cross-entropy and llm.c do), so the backward only scales
+//! them: three matrix products per chunk in all instead of four (the backward of an op
+//! without them recomputes the logits).
 
 use super::{aligned, alloc, args, cpu_unsupported, cuda_device, launch, storage_ptr, tensor_ptr, wrap, zero_padded, Gemm, THREADS};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use std::sync::Mutex;
 
 /// Rows of logits materialised at once: 4096 x 32100 BF16 logits are 263 MB.
 const CHUNK_ROWS: usize = 4096;
 
-/// Per-row weighted negative log-likelihood of `hidden · wᵀ`:
-/// `weight_r · (logsumexp(l_r) − l_r[target_r])` with `l_r = hidden_r · wᵀ` (0 where
-/// `weight_r = 0`), as `crate::loss::masked_cross_entropy` of `linear(hidden, w)` but
-/// without the logits of the whole batch.
+/// Weighted negative log-likelihood of `hidden · wᵀ`, summed over rows:
+/// `Σ_r weight_r · (logsumexp(l_r) − l_r[target_r])` with `l_r = hidden_r · wᵀ` (rows with
+/// `weight_r = 0` add 0), as `crate::loss::masked_cross_entropy` of `linear(hidden, w)` with
+/// `weight = mask / Σ mask`, but without the logits of the whole batch.
 ///
 /// `hidden`: `[N, H]` BF16 or F32; `w`: `[V, H]` (nn.Linear layout), same dtype; `target`:
-/// u32 `[N]` (`< V`, not checked on the device); `weight`: F32 `[N]` → F32 `[N]`.
+/// u32 `[N]` (`< V`, not checked on the device); `weight`: F32 `[N]` → F32 scalar.
 /// Logits are rounded to the model's dtype (as the unfused head's output), the softmax is
-/// FP32. Differentiable in `hidden` and `w` (the gain of `w` accumulates over chunks in FP32).
-pub fn lm_head_cross_entropy(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Result<Tensor> {
+/// FP32. Differentiable in `hidden` and `w`. `train`: compute the gradients in this pass
+/// (FP32 `[N, H]` and `[V, H]` held until the backward, which multiplies them by the
+/// output's gradient and rounds them to the model's dtype); without it the backward, if
+/// any, recomputes the logits.
+pub fn lm_head_cross_entropy(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, train: bool) -> Result<Tensor> {
     let (n, h) = hidden.dims2()?;
     let (_, wh) = w.dims2()?;
     if wh != h || target.dims1()? != n || weight.dims1()? != n || target.dtype() != DType::U32 || weight.dtype() != DType::F32 {
@@ -35,25 +41,65 @@ pub fn lm_head_cross_entropy(hidden: &Tensor, w: &Tensor, target: &Tensor, weigh
             weight.dtype()
         );
     }
-    let op = LmHeadLoss { target: target.contiguous()?, weight: weight.contiguous()? };
+    let op = LmHeadLoss { target: target.contiguous()?, weight: weight.contiguous()?, train, grads: Mutex::new(None) };
     hidden.contiguous()?.apply_op2(&w.contiguous()?, op)
 }
 
 struct LmHeadLoss {
     target: Tensor,
     weight: Tensor,
+    train: bool,
+    /// FP32 gradients of the output with respect to `hidden` `[N, H]` and the padded head
+    /// `[aligned(V), H]`, from a `train` forward, taken by the backward.
+    grads: Mutex<Option<(Tensor, Tensor)>>,
 }
 
 fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// `logits[..rows] = hidden[r0 .. r0 + rows] · w_padᵀ` into the chunk buffer, `w_pad`
-/// `[av, h]` (the head with zero rows up to `av = aligned(V)`).
-#[allow(clippy::too_many_arguments)]
-fn chunk_logits(dev: &CudaDevice, dtype: DType, hidden: u64, w_pad: u64, logits: u64, r0: usize, rows: usize, (av, h): (usize, usize)) -> Result<()> {
-    let a = hidden + (r0 * h * dtype.size_in_bytes()) as u64;
-    Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(dev, dtype, dtype, a, w_pad, logits, false)
+/// The padded head and the chunk loop of both passes.
+struct Chunks {
+    dev: CudaDevice,
+    dtype: DType,
+    /// `hidden`, the zero-padded head `[av, h]`, targets, per-row coefficients (device addresses).
+    hidden: u64,
+    w_pad: u64,
+    target: u64,
+    coef: u64,
+    n: usize,
+    h: usize,
+    v: usize,
+    av: usize,
+}
+
+impl Chunks {
+    /// For each chunk of rows: the logits, then either `nll` (per-row weighted NLL, F32 `[N]`)
+    /// alone, or the logits' gradient (`coef_r · (softmax − onehot)`, in place, with `nll`
+    /// when given) and from it `dh[rows] = dlogits · w_pad` and `dw += dlogitsᵀ · hidden[rows]`
+    /// (`dh` in `dh_dtype`, `dw` F32 `[av, h]`).
+    fn run(&self, nll: Option<u64>, grads: Option<(u64, DType, u64)>) -> Result<()> {
+        let (dev, dtype, (n, h, av)) = (&self.dev, self.dtype, (self.n, self.h, self.av));
+        let (_buf, logits) = alloc(dev, dtype, CHUNK_ROWS.min(n) * av)?;
+        let (vi, ld, elt) = (self.v as i32, av as i32, dtype.size_in_bytes());
+        for r0 in (0..n).step_by(CHUNK_ROWS) {
+            let rows = CHUNK_ROWS.min(n - r0);
+            let hid = self.hidden + (r0 * h * elt) as u64;
+            Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(dev, dtype, dtype, hid, self.w_pad, logits, false)?;
+            let (off, nll_r) = ((r0 * 4) as u64, nll.map_or(0, |p| p + (r0 * 4) as u64));
+            let Some((dh, dh_dtype, dw)) = grads else {
+                launch(dev, "cross_entropy_fwd", dtype, per_row(rows), &args![logits, self.target + off, self.coef + off, nll_r, vi, ld])?;
+                continue;
+            };
+            // the padding columns of dlogits become 0
+            launch(dev, "cross_entropy_bwd", dtype, per_row(rows), &args![logits, self.target + off, self.coef + off, logits, nll_r, vi, ld])?;
+            Gemm { m: rows, n: h, k: av, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+                .run(dev, dtype, dh_dtype, logits, self.w_pad, dh + (r0 * h * dh_dtype.size_in_bytes()) as u64, false)?;
+            Gemm { m: av, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+                .run(dev, dtype, DType::F32, logits, hid, dw, r0 > 0)?;
+        }
+        Ok(())
+    }
 }
 
 impl CustomOp2 for LmHeadLoss {
@@ -70,49 +116,42 @@ impl CustomOp2 for LmHeadLoss {
         let dtype = hs.dtype();
         let ((n, h), (v, _)) = (hl.shape().dims2()?, wl.shape().dims2()?);
         let av = aligned(v);
-        let hp = storage_ptr(hs, hl, "hidden")?;
-        let (_w, wp) = zero_padded(&dev, dtype, storage_ptr(ws, wl, "lm_head")?, (v, h), (av, h))?;
-        let (t, wt) = (tensor_ptr(&self.target, "target")?, tensor_ptr(&self.weight, "weight")?);
-        let (out, nll) = alloc(&dev, DType::F32, n)?;
-        let (_buf, logits) = alloc(&dev, dtype, CHUNK_ROWS.min(n) * av)?;
-        let (vi, ld) = (v as i32, av as i32);
-        for r0 in (0..n).step_by(CHUNK_ROWS) {
-            let rows = CHUNK_ROWS.min(n - r0);
-            chunk_logits(&dev, dtype, hp, wp, logits, r0, rows, (av, h))?;
-            let off = (r0 * 4) as u64;
-            launch(&dev, "cross_entropy_fwd", dtype, per_row(rows), &args![logits, t + off, wt + off, nll + off, vi, ld])?;
+        let (_w, w_pad) = zero_padded(&dev, dtype, storage_ptr(ws, wl, "lm_head")?, (v, h), (av, h))?;
+        let (target, coef) = (tensor_ptr(&self.target, "target")?, tensor_ptr(&self.weight, "weight")?);
+        let chunks = Chunks { dev: dev.clone(), dtype, hidden: storage_ptr(hs, hl, "hidden")?, w_pad, target, coef, n, h, v, av };
+        let (_nll, nll) = alloc(&dev, DType::F32, n)?;
+        if self.train {
+            let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, DType::F32, n * h)?, alloc(&dev, DType::F32, av * h)?);
+            chunks.run(Some(nll), Some((dh, DType::F32, dw)))?;
+            *self.grads.lock().expect("lm head gradients") = Some((wrap(dh_s, (n, h)), wrap(dw_s, (av, h))));
+        } else {
+            chunks.run(Some(nll), None)?;
         }
-        Ok((out, Shape::from(n)))
+        // the rows' sum in a fixed order (one thread: N adds)
+        let (out, sum) = alloc(&dev, DType::F32, 1)?;
+        launch(&dev, "colsum", DType::F32, super::grid(1, 0), &args![nll, sum, n as i32, 1i32])?;
+        Ok((out, Shape::from(())))
     }
 
     fn bwd(&self, hidden: &Tensor, w: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dev = cuda_device(hidden)?;
         let dtype = hidden.dtype();
         let ((n, h), (v, _)) = (hidden.dims2()?, w.dims2()?);
-        let coef = (&self.weight * g.to_dtype(DType::F32)?)?.contiguous()?;
-        let av = aligned(v);
-        let (hp, t, c) = (tensor_ptr(hidden, "hidden")?, tensor_ptr(&self.target, "target")?, tensor_ptr(&coef, "coef")?);
-        let (_w, wp) = zero_padded(&dev, dtype, tensor_ptr(w, "lm_head")?, (v, h), (av, h))?;
-        let (dh_s, dh) = alloc(&dev, dtype, n * h)?;
-        let (dw_acc_s, dw_acc) = alloc(&dev, DType::F32, av * h)?;
-        let (_buf, logits) = alloc(&dev, dtype, CHUNK_ROWS.min(n) * av)?;
-        let (vi, ld, elt) = (v as i32, av as i32, dtype.size_in_bytes());
-        for r0 in (0..n).step_by(CHUNK_ROWS) {
-            let rows = CHUNK_ROWS.min(n - r0);
-            chunk_logits(&dev, dtype, hp, wp, logits, r0, rows, (av, h))?;
-            // dlogits in place of the logits (each element is read before it is written; the
-            // padding columns become 0)
-            let off = (r0 * 4) as u64;
-            launch(&dev, "cross_entropy_bwd", dtype, per_row(rows), &args![logits, t + off, c + off, logits, vi, ld])?;
-            // dhidden = dlogits · w; dw (+)= dlogitsᵀ · hidden
-            let hid = hp + (r0 * h * elt) as u64;
-            Gemm { m: rows, n: h, k: av, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-                .run(&dev, dtype, dtype, logits, wp, dh + (r0 * h * elt) as u64, false)?;
-            Gemm { m: av, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-                .run(&dev, dtype, DType::F32, logits, hid, dw_acc, r0 > 0)?;
+        let g = g.to_dtype(DType::F32)?;
+        // the first V rows of dw: the padding rows' gradients are 0 and dropped
+        if let Some((dh, dw)) = self.grads.lock().expect("lm head gradients").take() {
+            let dh = dh.broadcast_mul(&g)?.to_dtype(dtype)?;
+            let dw = dw.narrow(0, 0, v)?.broadcast_mul(&g)?.to_dtype(dtype)?;
+            return Ok((Some(dh), Some(dw)));
         }
-        // the first V rows: the padding rows' gradients are 0 and dropped
-        let dw = wrap(dw_acc_s, (v, h)).to_dtype(dtype)?;
-        Ok((Some(wrap(dh_s, (n, h))), Some(dw)))
+        // no gradients from the forward: recompute the logits, with coef_r = weight_r · g
+        let dev = cuda_device(hidden)?;
+        let av = aligned(v);
+        let coef = self.weight.broadcast_mul(&g)?;
+        let (_w, w_pad) = zero_padded(&dev, dtype, tensor_ptr(w, "lm_head")?, (v, h), (av, h))?;
+        let (target, coef_p) = (tensor_ptr(&self.target, "target")?, tensor_ptr(&coef, "coef")?);
+        let chunks = Chunks { dev: dev.clone(), dtype, hidden: tensor_ptr(hidden, "hidden")?, w_pad, target, coef: coef_p, n, h, v, av };
+        let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, av * h)?);
+        chunks.run(None, Some((dh, dtype, dw)))?;
+        Ok((Some(wrap(dh_s, (n, h))), Some(wrap(dw_s, (av, h)).narrow(0, 0, v)?.to_dtype(dtype)?)))
     }
 }
