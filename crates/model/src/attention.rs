@@ -27,13 +27,13 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// HF `LlamaAttention` without biases: q/k/v/o projections `[out, in]`.
 #[derive(Debug, Clone)]
 pub struct Attention {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    num_heads: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
+    pub(crate) q: Tensor,
+    pub(crate) k: Tensor,
+    pub(crate) v: Tensor,
+    pub(crate) o: Tensor,
+    pub(crate) num_heads: usize,
+    pub(crate) num_kv_heads: usize,
+    pub(crate) head_dim: usize,
 }
 
 impl Attention {

@@ -70,5 +70,5 @@ pub use error::ModelError;
 pub use groups::{param_group, try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec, INIT_STD};
 pub use kernels::Kernels;
-pub use llama::Llama;
+pub use llama::{Llama, TrainingPass};
 pub use loss::{masked_cross_entropy, masked_cross_entropy_with};

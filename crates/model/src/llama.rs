@@ -1,5 +1,6 @@
 //! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head.
 
+use candle_core::backprop::GradStore;
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
@@ -12,11 +13,11 @@ use crate::Kernels;
 
 /// One HF `LlamaDecoderLayer`.
 #[derive(Debug, Clone)]
-struct Block {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
+pub(crate) struct Block {
+    pub(crate) input_layernorm: RmsNorm,
+    pub(crate) self_attn: Attention,
+    pub(crate) post_attention_layernorm: RmsNorm,
+    pub(crate) mlp: Mlp,
 }
 
 impl Block {
@@ -42,12 +43,12 @@ impl Block {
 /// no biases). Every op is differentiable through candle autograd on CPU and CUDA.
 #[derive(Debug, Clone)]
 pub struct Llama {
-    cfg: LlamaConfig,
-    embed_tokens: Tensor,
-    layers: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Tensor,
-    rope: Rope,
+    pub(crate) cfg: LlamaConfig,
+    pub(crate) embed_tokens: Tensor,
+    pub(crate) layers: Vec<Block>,
+    pub(crate) norm: RmsNorm,
+    pub(crate) lm_head: Tensor,
+    pub(crate) rope: Rope,
     mask: Tensor,
     device: Device,
     kernels: Kernels,
@@ -107,9 +108,7 @@ impl Llama {
     /// `max_seq_len`) → `[B, T, H]` in the weights' dtype.
     pub fn forward_hidden(&self, input: &Tensor) -> Result<Tensor> {
         let (b, t) = input.dims2()?;
-        if t > self.cfg.max_seq_len {
-            candle_core::bail!("sequence length {t} exceeds max_seq_len {}", self.cfg.max_seq_len);
-        }
+        self.check_seq_len(t)?;
         let k = self.kernels;
         let mask = match k {
             Kernels::Composed => self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?,
@@ -120,6 +119,13 @@ impl Llama {
             x = layer.forward(&x, &self.rope, &mask, k)?;
         }
         self.norm.forward_with(&x, k)
+    }
+
+    fn check_seq_len(&self, t: usize) -> Result<()> {
+        if t > self.cfg.max_seq_len {
+            candle_core::bail!("sequence length {t} exceeds max_seq_len {}", self.cfg.max_seq_len);
+        }
+        Ok(())
     }
 
     /// Embedding rows of `input`'s ids, `[B·T, H]`.
@@ -147,13 +153,27 @@ impl Llama {
         self.loss_with(input, target, mask, false)
     }
 
+    /// The forward pass for training on `scale` times [`Llama::loss`]; its
+    /// [`TrainingPass::backward`] gives the gradient of every weight. With [`Kernels::Fused`]
+    /// (and as many key/value heads as query heads) the backward is explicit, without
+    /// candle's autograd graph (`crate::fused::train`: each gradient is written once instead
+    /// of zero-filled and added per graph edge); otherwise it is `loss.backward()`.
+    pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, scale: f64) -> Result<TrainingPass<'_>> {
+        #[cfg(feature = "cuda")]
+        if self.kernels == Kernels::Fused && self.cfg.num_kv_heads == self.cfg.num_heads {
+            self.check_seq_len(input.dim(1)?)?;
+            return Ok(TrainingPass(Pass::Explicit(crate::fused::train::Forward::run(self, input, target, mask, scale)?)));
+        }
+        let loss = self.loss(input, target, mask)?.affine(scale, 0.0)?;
+        Ok(TrainingPass(Pass::Autograd(loss, std::marker::PhantomData)))
+    }
+
     fn loss_with(&self, input: &Tensor, target: &Tensor, mask: &Tensor, train: bool) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
             let hidden = self.forward_hidden(input)?;
             let (b, t, h) = hidden.dims3()?;
-            let (target, mask, denom) = crate::loss::flat_targets(target, mask, b * t)?;
-            let weight = mask.broadcast_div(&denom)?;
+            let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
             return crate::fused::lm_head_cross_entropy(&hidden.reshape((b * t, h))?, &self.lm_head, &target, &weight, train);
         }
         let _ = train; // the composed head keeps its logits for the backward
@@ -164,5 +184,35 @@ impl Llama {
     /// Position `t` only sees tokens `0..=t`.
     pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
         linear(&self.forward_hidden(input)?, &self.lm_head)
+    }
+}
+
+/// A forward pass for training ([`Llama::training_pass`]).
+pub struct TrainingPass<'a>(Pass<'a>);
+
+enum Pass<'a> {
+    Autograd(Tensor, std::marker::PhantomData<&'a Llama>),
+    #[cfg(feature = "cuda")]
+    Explicit(crate::fused::train::Forward<'a>),
+}
+
+impl TrainingPass<'_> {
+    /// `scale` times the mean loss: F32 scalar (tracked by autograd only on the autograd path).
+    pub fn loss(&self) -> &Tensor {
+        match &self.0 {
+            Pass::Autograd(loss, _) => loss,
+            #[cfg(feature = "cuda")]
+            Pass::Explicit(f) => &f.loss,
+        }
+    }
+
+    /// The gradient of [`TrainingPass::loss`] for every weight, keyed by the weight tensors
+    /// as `Tensor::backward` keys them (the weights' dtype).
+    pub fn backward(self) -> Result<GradStore> {
+        match self.0 {
+            Pass::Autograd(loss, _) => loss.backward(),
+            #[cfg(feature = "cuda")]
+            Pass::Explicit(f) => f.backward(),
+        }
     }
 }

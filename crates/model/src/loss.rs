@@ -49,6 +49,14 @@ pub fn masked_cross_entropy_with(logits: &Tensor, target: &Tensor, mask: &Tensor
 
 /// `target` as u32 `[n]`, `mask` as F32 `[n]` (detached) and the loss's denominator
 /// `max(sum(mask), f32::MIN_POSITIVE)` (a scalar tensor).
+/// `target` as u32 `[n]` and the per-row weights of the mean loss, `mask / Σ mask` (F32 `[n]`,
+/// no gradient).
+#[cfg(feature = "cuda")]
+pub(crate) fn flat_weights(target: &Tensor, mask: &Tensor, n: usize) -> Result<(Tensor, Tensor)> {
+    let (target, mask, denom) = flat_targets(target, mask, n)?;
+    Ok((target, mask.broadcast_div(&denom)?))
+}
+
 pub(crate) fn flat_targets(target: &Tensor, mask: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let target = target.to_dtype(DType::U32)?.reshape(n)?;
     let mask = mask.to_dtype(DType::F32)?.reshape(n)?.detach();

@@ -19,9 +19,9 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
+    pub(crate) gate: Tensor,
+    pub(crate) up: Tensor,
+    pub(crate) down: Tensor,
 }
 
 impl Mlp {

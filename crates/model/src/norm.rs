@@ -10,8 +10,8 @@ use crate::Kernels;
 /// Built from composed tensor ops so it has a candle backward on every device.
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
-    weight: Tensor,
-    eps: f64,
+    pub(crate) weight: Tensor,
+    pub(crate) eps: f64,
 }
 
 impl RmsNorm {

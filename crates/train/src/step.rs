@@ -120,9 +120,10 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
         clock.lap(|p| &mut p.data)?;
         // A step without targets has loss 0 in every micro-batch: any weight keeps it 0.
         let weight = if total > 0.0 { n / total } else { 1.0 };
-        let loss = ctx.model.loss(&x, &y, &m)?.affine(weight, 0.0)?;
+        let pass = ctx.model.training_pass(&x, &y, &m, weight)?;
+        let loss = pass.loss().detach();
         clock.lap(|p| &mut p.forward)?;
-        let grads = loss.backward()?;
+        let grads = pass.backward()?;
         for (a, var) in acc.iter_mut().zip(&ctx.params.vars) {
             let g = grads.get(var.as_tensor()).context("a parameter received no gradient")?;
             let g = if ctx.grad_accum == 1 { g.clone() } else { g.to_dtype(DType::F32)? };
@@ -131,7 +132,6 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
                 Some(prev) => (prev + g)?,
             });
         }
-        let loss = loss.detach();
         loss_sum = Some(match loss_sum.take() {
             None => loss,
             Some(s) => (s + loss)?,

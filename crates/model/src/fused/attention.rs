@@ -24,8 +24,8 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Resul
     q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, Attention { scale: scale as f32 })
 }
 
-struct Attention {
-    scale: f32,
+pub(crate) struct Attention {
+    pub(crate) scale: f32,
 }
 
 /// Shape `[B, heads, T, d]` as (batch entries B·heads, T, d).

@@ -14,7 +14,7 @@ pub fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
     w.contiguous()?.apply_op2(&ids.flatten_all()?.contiguous()?, Embedding)
 }
 
-struct Embedding;
+pub(crate) struct Embedding;
 
 /// Positions grouped by id: `(order, offsets, unique)`, positions ascending within an id.
 fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {

@@ -21,7 +21,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&w.contiguous()?, Linear)
 }
 
-struct Linear;
+pub(crate) struct Linear;
 
 /// The weight as the product needs it: itself, or zero-padded to `xin` columns (kept alive
 /// by the returned storage).

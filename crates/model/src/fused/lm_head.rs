@@ -155,3 +155,14 @@ impl CustomOp2 for LmHeadLoss {
         Ok((Some(wrap(dh_s, (n, h))), Some(wrap(dw_s, (av, h)).narrow(0, 0, v)?.to_dtype(dtype)?)))
     }
 }
+
+/// [`lm_head_cross_entropy`] in training mode and its backward at once, for an explicit
+/// backward ([`super::train`]): `scale` times the loss (F32 scalar), and the gradients of
+/// that with respect to `hidden` and `w`, in their dtype.
+pub(crate) fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = LmHeadLoss { target: target.clone(), weight: weight.clone(), train: true, grads: Mutex::new(None) };
+    let loss = hidden.apply_op2_no_bwd(w, &op)?;
+    let g = Tensor::new(scale as f32, hidden.device())?;
+    let (Some(dh), Some(dw)) = op.bwd(hidden, w, &loss, &g)? else { candle_core::bail!("lm head: no gradients") };
+    Ok((loss.affine(scale, 0.0)?, dh, dw))
+}

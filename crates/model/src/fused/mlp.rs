@@ -21,9 +21,9 @@ pub fn gate_up_swiglu(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<Tens
     x.contiguous()?.apply_op3(&w_gate.contiguous()?, &w_up.contiguous()?, GateUp { saved: Mutex::new(None) })
 }
 
-struct GateUp {
+pub(crate) struct GateUp {
     /// The forward's packed product `[rows, 2 · aligned(I)]`, for the backward.
-    saved: Mutex<Option<Tensor>>,
+    pub(crate) saved: Mutex<Option<Tensor>>,
 }
 
 /// `[w_gate; w_up]` packed into `[2 · aligned(I), H]`, zero rows after each.

@@ -21,6 +21,7 @@ mod lm_head;
 mod norm;
 mod mlp;
 mod rope;
+pub(crate) mod train;
 
 pub use attention::causal_attention;
 pub use cross_entropy::cross_entropy_rows;

@@ -18,8 +18,8 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
 }
 
-struct RmsNorm {
-    eps: f32,
+pub(crate) struct RmsNorm {
+    pub(crate) eps: f32,
 }
 
 fn rows_and_width(shape: &Shape) -> Result<(usize, usize)> {

@@ -17,8 +17,8 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tens
     x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { heads })
 }
 
-struct Rope {
-    heads: usize,
+pub(crate) struct Rope {
+    pub(crate) heads: usize,
 }
 
 /// Launches `rope_fwd` or `rope_bwd` (same signature) over `b * t * n * d` elements.
