@@ -69,11 +69,11 @@ pub struct ReproduceArgs {
     #[arg(long, value_enum)]
     pub table: Table,
     /// smoke (tiny model, bundled CPU sample, minutes), h200 (LLaMA-20M on the shared corpus,
-    /// 16.4M tokens per run, 7 runs per GPU per 10-minute command), full (the paper's
+    /// 16.4M tokens per run, 10 runs per GPU per 10-minute command), full (the paper's
     /// LLaMA-100M setting, as configured).
     #[arg(long, value_enum)]
     pub scale: Scale,
-    /// Runs at once, in all (default: the scale's runs per GPU, smoke 2 on the CPU, h200 7,
+    /// Runs at once, in all (default: the scale's runs per GPU, smoke 2 on the CPU, h200 10,
     /// full 1, times the GPUs found: CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`).
     #[arg(long)]
     pub jobs: Option<usize>,

@@ -16,9 +16,11 @@ pub enum Scale {
 }
 
 /// Optimizer steps per second that the runs sharing one H200 make together at the `h200`
-/// scale's shape (LLaMA-20M, FP32 model, 16 x 256 tokens per step), measured: 22 runs of 1000
-/// steps in 371 s, 10 runs of 3000 steps in 501 s (about 243k tokens/s either way).
-pub const H200_STEPS_PER_S: f64 = 60.0;
+/// scale's shape (LLaMA-20M, FP32 model, 16 x 256 tokens per step), measured with the
+/// explicit-backward training step: 7 runs of 4000 steps in 345 s, start-up and validation
+/// included, twice (about 332k tokens/s; the first fused step made ~60: 22 runs of 1000
+/// steps in 371 s, 10 of 3000 in 501 s, whether 10 or 22 ran at once).
+pub const H200_STEPS_PER_S: f64 = 81.0;
 
 /// Seconds of runs one device command may hold: 8.5 of its 10 minutes, the rest for the
 /// machine's start-up of the processes, validation and the copy back.
@@ -38,7 +40,7 @@ impl Scale {
     }
     /// Runs at once per GPU by default (smoke: runs at once on the CPU). `h200`: as many
     /// runs of [`H200_STEPS`] as one GPU finishes in [`COMMAND_RUN_S`] at [`H200_STEPS_PER_S`]
-    /// (7: 28,000 steps, ~470 s), so that one command runs each of its runs to the end.
+    /// (10: 40,000 steps, ~490 s), so that one command runs each of its runs to the end.
     pub fn jobs_per_gpu(self) -> usize {
         match self {
             Scale::Smoke => 2,
@@ -160,12 +162,12 @@ pub fn scale_description(scale: Scale) -> String {
              paper's), batch 16 sequences (4096 tokens/step), 4000 steps (16.4M tokens per run, \
              ~0.9 of one pass over the corpus's training text: no token is seen twice), warmup \
              400, cosine to 10% of lr 1e-3, validation every 1000 steps on the whole shared \
-             validation shard (~250k tokens), CUDA, 7 runs at once per GPU.\n\
+             validation shard (~250k tokens), CUDA, {jobs} runs at once per GPU.\n\
              Derivation: runs sharing one H200 at this shape make ~{steps_s:.0} optimizer steps/s \
-             together (measured, FP32 model: 22 runs x 1000 steps in 371 s, 10 x 3000 in 501 s, \
-             ~243k tokens/s either way). A device command may run 10 minutes; keeping {run_s:.0} s \
-             for runs gives {per_gpu:.0} steps per GPU, so 7 runs of 4000 steps (~470 s) per GPU \
-             and command. 4000 steps of 4096 tokens is the least that meets the issue's 16M \
+             together (measured, FP32 model: 7 runs x 4000 steps in 345 s, start-up and \
+             validation included, ~332k tokens/s). A device command may run 10 minutes; keeping \
+             {run_s:.0} s for runs gives {per_gpu:.0} steps per GPU, so {jobs} runs of 4000 steps \
+             per GPU and command. 4000 steps of 4096 tokens is the least that meets the issue's 16M \
              tokens per run (10x the first h200 tables) at the one shape measured, and stays \
              inside one pass over the corpus. It also serves the effects: the second half \
              (steps 2000-4000), over which stalled fractions are averaged, starts with states \
@@ -177,14 +179,15 @@ pub fn scale_description(scale: Scale) -> String {
              the loss curve, is the cheapest way to a larger effect-to-spread ratio at this \
              budget; a larger model or batch would cut the tokens per run below 16M. Cost: both \
              tables x 2 seeds x both state kinds = 86 runs (Table 2: 14 paper + 8 storage-only \
-             cells, main table: 13 + 8; FP32/BF16 cells shared) = 344k steps, ~96 GPU-minutes: \
-             7 commands of 14 runs on `nvidia-h200-x2` (`reproduce/README.md` lists them). \
+             cells, main table: 13 + 8; FP32/BF16 cells shared) = 344k steps, ~71 GPU-minutes: \
+             9 commands of up to 10 runs on one H200 (`reproduce/README.md` lists them). \
              Still 5x smaller than the paper's model and 160x fewer tokens: expect smaller gaps \
              than the paper's, and call an ordering only when it holds in every seed.",
             periods(Scale::H200),
             steps_s = H200_STEPS_PER_S,
             run_s = COMMAND_RUN_S,
             per_gpu = H200_STEPS_PER_S * COMMAND_RUN_S,
+            jobs = Scale::H200.jobs_per_gpu(),
         ),
         Scale::Full => format!(
             "**full** — the paper's setting as configured (`configs/paper/base_llama100m.toml`): \
