@@ -112,6 +112,25 @@ enum BenchCmd {
         #[arg(long, value_delimiter = ',')]
         weights: Vec<String>,
     },
+    /// The data pipeline alone, as training reads it (shard reader, tokenizer, packing into
+    /// sequences): tokens/s over `--batches` batches after the first.
+    Data {
+        /// Run config (its `[data]` section; `--set` overrides it).
+        #[arg(long, default_value = "configs/llama100m_fp8_sr_reset.toml")]
+        config: PathBuf,
+        /// Sequences per batch.
+        #[arg(long, default_value_t = 128)]
+        batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        seq: usize,
+        /// Timed batches.
+        #[arg(long, default_value_t = 200)]
+        batches: usize,
+        /// Config overrides, `section.key=value` (e.g. `data.train=[...]`).
+        #[arg(long = "set")]
+        sets: Vec<String>,
+    },
     /// The whole training step (data, forward, backward, optimizer): tokens/s, MFU, peak
     /// memory and the per-phase split.
     Training {
@@ -195,6 +214,12 @@ fn bench(b: BenchCmd) -> Result<()> {
         BenchCmd::Optimizer { preset, iters, formats, weights } => {
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
             lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
+        }
+        BenchCmd::Data { config, batch, seq, batches, sets } => {
+            let cfg = bench_training::bench_config(&config, &sets, batch, batch, seq, "bf16")?;
+            let tokens_per_s = bench_training::data(&cfg, batch, batches)?;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            lowbit_train::outln!("data pipeline: {tokens_per_s:.0} tokens/s ({batches} batches of {batch} x {seq}, {threads} CPU threads)");
         }
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
             sets.insert(0, format!("model.preset={preset}"));
