@@ -4,7 +4,9 @@
 //! [`gate_up_swiglu`] (both MLP input projections as one product, and the SwiGLU gate),
 //! [`embedding`] (backward without atomics), [`cross_entropy_rows`] and
 //! [`lm_head_cross_entropy`] (the LM head and the loss in chunks of rows: no `[B·T, V]`
-//! logits in either pass).
+//! logits in either pass; for training its gradients come from the forward). `train` runs
+//! them for training without candle's autograd graph (`Llama::training_pass`: an explicit
+//! backward through each op's own backward pass).
 //!
 //! The kernels are `kernels/model/ops.cu`, compiled to a fatbin at build time and launched
 //! on candle's stream; the attention's matrix products go through cuBLAS
