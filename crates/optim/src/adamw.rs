@@ -93,9 +93,14 @@ pub struct Scratch {
     v: Vec<f32>,
 }
 
-/// One AdamW step on one tensor: updates `w`, `m`, `v` in place, returns the stall counts.
+/// One AdamW step on one tensor, or on a contiguous shard of one (ZeRO-1): updates `w`, `m`,
+/// `v` in place, returns the stall counts.
 ///
-/// `g` is the FP32 gradient (same length as the weights). Panics if lengths differ.
+/// `g` is the FP32 gradient (same length as the weights). `first` is the index, in the whole
+/// tensor, of the slices' first element (0 for a whole tensor): the random bits of element
+/// `j` of the slices are those of element `first + j` of the tensor, so a shard steps exactly
+/// as the same elements of the whole tensor do. Panics if lengths differ, or if `first` is
+/// not on a scale-block boundary of a block-scaled state.
 #[allow(clippy::too_many_arguments)]
 pub fn step_tensor(
     w: Weights,
@@ -105,6 +110,7 @@ pub fn step_tensor(
     h: &StepScalars,
     r: &Roundings,
     keys: &StepKeys,
+    first: usize,
     scratch: &mut Scratch,
 ) -> StallCounts {
     let n = g.len();
@@ -127,8 +133,8 @@ pub fn step_tensor(
                 .enumerate()
                 .for_each(|(c, ((p, g), (ms, vs)))| {
                     for j in 0..p.len() {
-                        let i = c * CHUNK + j;
-                        let (m1, v1) = moments(g[j], mm.get(i), vm.get(i), h);
+                        let l = c * CHUNK + j;
+                        let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
                         ms[j] = m1;
                         vs[j] = v1;
                         p[j] = param_update(p[j], m1, v1, h);
@@ -144,13 +150,13 @@ pub fn step_tensor(
             .map(|(c, ((p, g), (ms, vs)))| {
                 let mut cnt = Counter::default();
                 for j in 0..p.len() {
-                    let i = c * CHUNK + j;
-                    let (m1, v1) = moments(g[j], mm.get(i), vm.get(i), h);
+                    let l = c * CHUNK + j; // index in the slices; `first + l` in the tensor
+                    let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
                     ms[j] = m1;
                     vs[j] = v1;
                     let old = bf16::decode(p[j]);
                     let new = param_update(old, m1, v1, h);
-                    let code = bf16::encode(new, r.w, element_bits(keys.w, i as u64, 16));
+                    let code = bf16::encode(new, r.w, element_bits(keys.w, (first + l) as u64, 16));
                     cnt.add(new != old, code == p[j]);
                     p[j] = code;
                 }
@@ -162,8 +168,8 @@ pub fn step_tensor(
             }),
     };
     // Pass 2: encode (rounded write-back) with stall counting.
-    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m);
-    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v);
+    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first);
+    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first);
     StallCounts { m: m_count, v: v_count, w: w_count }
 }
 
@@ -175,7 +181,8 @@ fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
 }
 
 /// Round the new FP32 values `new` into `state`, counting stalls against the old values.
-pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64) -> Counter {
+/// `first`: the whole-tensor index of `state`'s first element (see [`step_tensor`]).
+pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64, first: usize) -> Counter {
     let format = state.format;
     let signed = state.signed;
     let zero_free = state.zero_free;
@@ -195,7 +202,7 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
             c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
                 let mut cnt = Counter::default();
                 for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
-                    let i = (k * CHUNK + j) as u64;
+                    let i = (first + k * CHUNK + j) as u64;
                     let code = match format {
                         StateFormat::E8m(bits) => precision::encode(x, bits as u32, rounding, element_bits(key, i, 32)),
                         _ => bf16::encode(x, rounding, element_bits(key, i, 16)),
@@ -209,13 +216,14 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
         Codes::Bytes(c) => {
             let bytes_per_block = if format.bits() == 4 { block.div_ceil(2) } else { block };
             assert!(format.bits() != 4 || block.is_multiple_of(2) || block >= new.len(), "fp4 block must be even");
+            assert!(first.is_multiple_of(block), "a shard of a block-scaled state starts on a block boundary");
             sum_counters(
                 c.par_chunks_mut(bytes_per_block)
                     .zip(state.scales.par_iter_mut())
                     .zip(new.par_chunks(block))
                     .enumerate()
                     .map(|(b, ((codes, scale), x))| {
-                        encode_block(format, signed, zero_free, codes, scale, x, rounding, key, (b * block) as u64)
+                        encode_block(format, signed, zero_free, codes, scale, x, rounding, key, (first + b * block) as u64)
                     }),
             )
         }

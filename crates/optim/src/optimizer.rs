@@ -36,10 +36,14 @@ pub struct ParamInfo {
     pub weight_decay: bool,
 }
 
-/// Optimizer state of one tensor.
+/// Optimizer state of one tensor, or of a contiguous shard of it (ZeRO-1, [`LowbitAdamW::shard`]).
 #[derive(Debug, Clone)]
 pub struct TensorState {
+    /// The whole tensor's metadata (`info.len` is the whole tensor's length, also in a shard).
     pub info: ParamInfo,
+    /// Index in the whole tensor of the first element held (0 unsharded); the states hold
+    /// elements `first .. first + m.len`.
+    pub first: usize,
     /// First moment.
     pub m: QuantState,
     /// Second moment.
@@ -64,6 +68,7 @@ impl LowbitAdamW {
         let tensors = params
             .into_iter()
             .map(|info| TensorState {
+                first: 0,
                 m: QuantState::zeros(spec.m_format, info.len, spec.block_size, true),
                 v: QuantState::zeros(spec.v_format, info.len, spec.block_size, false)
                     .with_zero_free(spec.v_zero == VZero::Exclude),
@@ -108,7 +113,8 @@ impl LowbitAdamW {
     }
 
     /// One CPU step on tensor `idx`: `w` updated in place from the FP32 gradient `g`
-    /// (multiplied by `grad_scale` inside the step).
+    /// (multiplied by `grad_scale` inside the step). In a sharded optimizer `w` and `g` are
+    /// the held shard's elements (`first .. first + len` of the tensor).
     pub fn step_cpu(
         &mut self,
         step: u64,
@@ -122,7 +128,7 @@ impl LowbitAdamW {
         let keys = self.keys(step, idx);
         let r = self.roundings();
         let t = &mut self.tensors[idx];
-        step_tensor(w, g, &mut t.m, &mut t.v, &h, &r, &keys, &mut self.scratch)
+        step_tensor(w, g, &mut t.m, &mut t.v, &h, &r, &keys, t.first, &mut self.scratch)
     }
 
     /// Bytes of all optimizer states (codes + scales).
@@ -137,6 +143,56 @@ impl LowbitAdamW {
 }
 
 impl LowbitAdamW {
+    /// The states of element range `ranges[i]` of tensor `i` (ZeRO-1: the shard a rank
+    /// owns), with the same settings and tensor ids, so that [`Self::step_cpu`] on the shard
+    /// rounds exactly as the whole tensor's step does on those elements.
+    ///
+    /// # Errors
+    /// A range count that differs from the tensor count, or a range that is out of bounds or
+    /// cut inside a scale block ([`QuantState::slice`]).
+    pub fn shard(&self, ranges: &[std::ops::Range<usize>]) -> Result<LowbitAdamW, String> {
+        if ranges.len() != self.tensors.len() {
+            return Err(format!("{} shard ranges for {} tensors", ranges.len(), self.tensors.len()));
+        }
+        let tensors = self
+            .tensors
+            .iter()
+            .zip(ranges)
+            .map(|(t, r)| {
+                let (a, b) = (r.start - t.first, r.end - t.first);
+                let cut = |s: &QuantState| s.slice(a..b).map_err(|e| format!("{}: {e}", t.info.name));
+                Ok(TensorState { info: t.info.clone(), first: r.start, m: cut(&t.m)?, v: cut(&t.v)? })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(LowbitAdamW { tensors, ..self.clone_states() })
+    }
+
+    /// The whole optimizer from the shards of every rank, in rank order (the inverse of
+    /// [`Self::shard`]: shard `r` of each tensor must start where shard `r - 1` ends).
+    ///
+    /// # Errors
+    /// No shards, shards of different tensor lists, or shards that do not tile each tensor.
+    pub fn unshard(shards: &[LowbitAdamW]) -> Result<LowbitAdamW, String> {
+        let head = shards.first().ok_or("no shards")?;
+        let mut tensors = Vec::with_capacity(head.tensors.len());
+        for (i, t) in head.tensors.iter().enumerate() {
+            let parts: Vec<&TensorState> = shards.iter().map(|s| s.tensors.get(i)).collect::<Option<_>>().ok_or("shards hold different tensor lists")?;
+            let (ms, vs): (Vec<_>, Vec<_>) = parts.iter().map(|p| (&p.m, &p.v)).unzip();
+            let mut at = 0;
+            for p in &parts {
+                if p.info != t.info || p.first != at {
+                    return Err(format!("{}: shard at element {} does not continue at {at}", t.info.name, p.first));
+                }
+                at += p.m.len;
+            }
+            if at != t.info.len {
+                return Err(format!("{}: shards hold {at} of {} elements", t.info.name, t.info.len));
+            }
+            tensors.push(TensorState { info: t.info.clone(), first: 0, m: QuantState::concat(&ms)?, v: QuantState::concat(&vs)? });
+        }
+        Ok(LowbitAdamW { tensors, ..head.clone_states() })
+    }
+
     /// A copy of the optimizer (settings and states), e.g. to upload to a device.
     pub fn clone_states(&self) -> LowbitAdamW {
         LowbitAdamW {

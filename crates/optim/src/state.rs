@@ -158,6 +158,92 @@ impl QuantState {
     }
 }
 
+impl QuantState {
+    /// Elements `range` of this state as a state of their own (a ZeRO-1 shard), codes and
+    /// scales copied as stored. A block-scaled state is cut on block boundaries only (the
+    /// range starts on one and ends on one or at the end), so every scale stays whole; with
+    /// one scale for the whole tensor (`block == 0`) only the whole range or an empty one.
+    ///
+    /// # Errors
+    /// A range out of bounds or cut inside a block, naming both.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Result<QuantState, String> {
+        let (a, b) = (range.start, range.end);
+        if a > b || b > self.len {
+            return Err(format!("element range {a}..{b} is outside the state's {} elements", self.len));
+        }
+        if a == b {
+            return Ok(QuantState::zeros(self.format, 0, self.block, self.signed).with_zero_free(self.zero_free));
+        }
+        let scales = if self.format.is_scaled() {
+            let bl = self.block_len();
+            if !a.is_multiple_of(bl) || !(b.is_multiple_of(bl) || b == self.len) {
+                return Err(format!(
+                    "element range {a}..{b} cuts a scale block of {bl} elements ({} state of {} elements)",
+                    self.format.name(),
+                    self.len
+                ));
+            }
+            self.scales[a / bl..b.div_ceil(bl)].to_vec()
+        } else {
+            Vec::new()
+        };
+        let codes = match &self.codes {
+            Codes::F32(c) => Codes::F32(c[a..b].to_vec()),
+            Codes::Bf16(c) => Codes::Bf16(c[a..b].to_vec()),
+            Codes::Bytes(c) if self.format.bits() == 4 => Codes::Bytes(c[a / 2..b.div_ceil(2)].to_vec()),
+            Codes::Bytes(c) => Codes::Bytes(c[a..b].to_vec()),
+        };
+        Ok(QuantState { len: b - a, codes, scales, ..self.clone_settings() })
+    }
+
+    /// The state made of `parts` in order (the inverse of [`Self::slice`] over consecutive
+    /// ranges); empty parts are skipped.
+    ///
+    /// # Errors
+    /// No non-empty part, parts of different formats or block sizes, or an FP4 part of odd
+    /// length before the last (its codes would not start on a byte).
+    pub fn concat(parts: &[&QuantState]) -> Result<QuantState, String> {
+        let parts: Vec<&QuantState> = parts.iter().copied().filter(|p| p.len > 0).collect();
+        let head = *parts.first().ok_or("no non-empty state to concatenate")?;
+        let mut out = QuantState { len: 0, codes: head.codes.clone(), scales: Vec::new(), ..head.clone_settings() };
+        out.codes = match &head.codes {
+            Codes::F32(_) => Codes::F32(Vec::new()),
+            Codes::Bf16(_) => Codes::Bf16(Vec::new()),
+            Codes::Bytes(_) => Codes::Bytes(Vec::new()),
+        };
+        for (k, p) in parts.iter().enumerate() {
+            if (p.format, p.block, p.signed) != (head.format, head.block, head.signed) {
+                return Err(format!("cannot concatenate a {} state with a {} state", p.format.name(), head.format.name()));
+            }
+            if head.format.bits() == 4 && k + 1 < parts.len() && p.len % 2 == 1 {
+                return Err(format!("fp4 part {k} has an odd length {}: its successor would not start on a byte", p.len));
+            }
+            match (&mut out.codes, &p.codes) {
+                (Codes::F32(o), Codes::F32(c)) => o.extend_from_slice(c),
+                (Codes::Bf16(o), Codes::Bf16(c)) => o.extend_from_slice(c),
+                (Codes::Bytes(o), Codes::Bytes(c)) => o.extend_from_slice(c),
+                _ => unreachable!("same format, same code storage"),
+            }
+            out.scales.extend_from_slice(&p.scales);
+            out.len += p.len;
+        }
+        Ok(out)
+    }
+
+    /// A zero-length state with this one's settings (format, block, signedness, floor).
+    fn clone_settings(&self) -> QuantState {
+        QuantState {
+            format: self.format,
+            block: self.block,
+            len: 0,
+            codes: Codes::F32(Vec::new()),
+            scales: Vec::new(),
+            signed: self.signed,
+            zero_free: self.zero_free,
+        }
+    }
+}
+
 /// Decode one FP8/FP4/int8 code with its block scale.
 #[inline(always)]
 pub fn decode_code(format: StateFormat, code: u8, scale: f32, signed_map: bool) -> f32 {

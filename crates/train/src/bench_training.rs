@@ -93,6 +93,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         micro_batch: cfg.train.micro_batch,
         grad_accum: cfg.train.grad_accum,
         grad_clip: cfg.optim.grad_clip,
+        comm: &crate::distributed::collective::Solo,
     };
     let mut step = 0u64;
     let mut run = |ctx: &mut StepContext, phases: Option<&mut Phases>| -> Result<u64> {

@@ -136,7 +136,7 @@ pub struct TrainSection {
     pub seed: u64,
     /// Sequences per micro-batch.
     pub micro_batch: usize,
-    /// Micro-batches per optimizer step (global batch = micro_batch * grad_accum).
+    /// Micro-batches per optimizer step (global batch = micro_batch * grad_accum * ranks).
     pub grad_accum: usize,
     /// Optimizer steps.
     pub max_steps: u64,
@@ -152,6 +152,10 @@ pub struct TrainSection {
     /// Stop (with a checkpoint) after this many consecutive non-finite steps (0 acts as 1:
     /// stop at the first).
     pub max_nonfinite_steps: u64,
+    /// ZeRO stage with several ranks (`train --gpus N`): 0 = every rank keeps all optimizer
+    /// states; 1 = each rank keeps and updates the states of its shard of every tensor, then
+    /// the weights are all-gathered (same updates bit for bit).
+    pub zero: u8,
 }
 
 impl Default for TrainSection {
@@ -166,6 +170,7 @@ impl Default for TrainSection {
             checkpoint_every: 500,
             keep_checkpoints: 2,
             max_nonfinite_steps: 10,
+            zero: 0,
         }
     }
 }
@@ -238,6 +243,9 @@ impl RunConfig {
             if v == 0 {
                 bail!("{k}: must be > 0");
             }
+        }
+        if t.zero > 1 {
+            bail!("train.zero: expected 0 (no sharding) or 1 (optimizer states sharded over ranks), got {}", t.zero);
         }
         if !["cpu", "cuda"].contains(&t.device.as_str()) {
             bail!("train.device: expected \"cpu\" or \"cuda\", got {:?}", t.device);

@@ -18,6 +18,7 @@ pub mod bench_training;
 pub mod checkpoint;
 pub mod config;
 pub mod config_path;
+pub mod distributed;
 #[cfg(feature = "cuda")]
 pub mod cuda_optimizer;
 pub mod manifest;

@@ -1,7 +1,7 @@
 //! `train`: pre-train a LLaMA with low-precision AdamW states, and inspect the results.
 //!
 //! ```text
-//! train --config configs/tiny_cpu.toml [--set optim.lr=6e-4] [--device cuda] [--resume runs/NAME|latest] [--overwrite] [--print-config]
+//! train --config configs/tiny_cpu.toml [--set optim.lr=6e-4] [--device cuda] [--resume runs/NAME|latest] [--overwrite] [--print-config] [--gpus N]
 //! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--json]
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use lowbit_optim::Rounding;
 use lowbit_train::run_folder::FolderUse;
 use lowbit_train::config::{RunConfig, RunSection};
+use lowbit_train::distributed::{self, launcher, world::World};
 use lowbit_train::{checkpoint, config_path, signals, trainer};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,10 @@ struct TrainArgs {
     /// Print the resolved config (defaults < file < --set) and exit.
     #[arg(long)]
     print_config: bool,
+    /// Data-parallel training with N worker processes on this host (one per GPU), supervised
+    /// by this one; the global batch is micro_batch x grad_accum x N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    gpus: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -284,12 +289,23 @@ fn train(a: TrainArgs) -> Result<()> {
     };
     let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     signals::install(interrupt.clone())?;
+    if let Some(n) = a.gpus.filter(|&n| n > 1) {
+        if std::env::var_os("WORLD_SIZE").is_some() {
+            anyhow::bail!("--gpus {n} inside a data-parallel launch (WORLD_SIZE is set): use one or the other");
+        }
+        let exe = std::env::current_exe().context("cannot find this binary to start the workers")?;
+        let args = launcher::worker_args(&std::env::args_os().skip(1).collect::<Vec<_>>());
+        let workers = launcher::spawn(&exe, &args, n as usize, launcher::free_port()?)?;
+        // the exit status of the signal forwarded (130 / 143) comes from signals::exit_status
+        return launcher::supervise(workers, &interrupt, || signals::exit_status().map_or(libc::SIGTERM, |c| c - 128));
+    }
+    let comm = distributed::connect(&World::from_env()?)?;
     let folder = match (&resume_from, a.overwrite) {
         (Some(_), _) => FolderUse::Resume,
         (None, true) => FolderUse::Overwrite,
         (None, false) => FolderUse::New,
     };
-    trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None })?;
+    trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None, comm })?;
     Ok(())
 }
 

@@ -4,6 +4,9 @@
 
 use crate::checkpoint::{self, TrainState};
 use crate::config::{RunConfig, WeightDtype};
+use crate::distributed::collective::Collective;
+use crate::distributed::shard::{granule, zero_ranges};
+use crate::distributed::zero::ShardedAdamW;
 use crate::metrics::{JsonlWriter, MetricsRow};
 use crate::optimizer::{Optimizer, ParamSet};
 use crate::run_folder::{self, RunLock};
@@ -21,6 +24,7 @@ use lowbit_model::{init_params, Llama};
 use lowbit_optim::{Hyper, LowbitAdamW};
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Everything a run holds between steps.
@@ -39,8 +43,11 @@ pub struct Session {
     pub state: TrainState,
     val: Vec<Batch>,
     stream: TrainStream,
-    metrics: JsonlWriter,
-    stalls: JsonlWriter,
+    /// The other ranks ([`crate::distributed::collective::Solo`] in a single process).
+    comm: Arc<dyn Collective>,
+    /// The run folder's writers: rank 0 only (`None` on the other ranks, which write nothing).
+    metrics: Option<JsonlWriter>,
+    stalls: Option<JsonlWriter>,
     stall_log: StallWriter,
     /// Steps whose stall rows are not written yet, with their optimizer update number (`None`:
     /// skipped); counts are read `count_lag` steps late.
@@ -50,8 +57,8 @@ pub struct Session {
     /// CUDA pool high-water mark, bytes.
     pub device_peak: Option<u64>,
     pub last_checkpoint: Option<PathBuf>,
-    /// Held until the run ends: no second run writes into this folder meanwhile.
-    _lock: RunLock,
+    /// Held until the run ends (rank 0): no second run writes into this folder meanwhile.
+    _lock: Option<RunLock>,
 }
 
 /// What one step did, for the progress line and the stop conditions.
@@ -74,6 +81,16 @@ impl Session {
         let run_dir = cfg.run_dir();
         let config_toml = cfg.to_toml();
         let dev = device(&cfg.train.device)?;
+        let comm = launch.comm.clone();
+        let (rank, world) = (comm.rank(), comm.world_size());
+        if world > 1 && !dev.is_cpu() {
+            anyhow::bail!(
+                "{world} ranks on train.device = {:?}: the NCCL backend for GPUs is not built yet; \
+                 data-parallel training runs on the CPU (--device cpu) for now",
+                cfg.train.device
+            );
+        }
+        same_config_as_rank0(comm.as_ref(), &config_toml)?;
         let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
 
         // Data and model.
@@ -122,12 +139,22 @@ impl Session {
             state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), v_zero: spec.v_zero.as_str().into(), ..saved };
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
-        let mut opt: Box<dyn Optimizer> = make_optimizer(host, &dev)?;
+        let mut opt: Box<dyn Optimizer> = match cfg.train.zero {
+            0 => make_optimizer(host, &dev)?,
+            _ if !dev.is_cpu() => anyhow::bail!("train.zero = 1 on a GPU needs the NCCL backend, not built yet"),
+            _ => {
+                let lens: Vec<usize> = infos.iter().map(|i| i.len).collect();
+                let sharded = ShardedAdamW::new(&host, zero_ranges(&lens, granule(&spec), world), comm.clone())?;
+                tracing::info!("train.zero = 1: rank {rank} of {world} holds {} bytes of optimizer states", sharded.local_state_bytes());
+                Box::new(sharded)
+            }
+        };
 
         let n_params = params.num_params();
         let state_bytes = opt.states()?.state_bytes();
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
-        let global_batch = cfg.train.micro_batch * cfg.train.grad_accum;
+        let global_batch = cfg.train.micro_batch * cfg.train.grad_accum * world;
+        if rank == 0 {
         crate::outln!(
             "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
             n_params,
@@ -148,6 +175,7 @@ impl Session {
         if let Some(p) = theory.v {
             crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
         }
+        }
 
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
         let shared = shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)?;
@@ -164,13 +192,19 @@ impl Session {
 
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder: a start that fails leaves the folder as it was.
-        let lock = run_folder::claim(&run_dir, launch.folder)?;
-        // a summary marks an ended run (`train stalls --follow` stops on it)
-        let _ = std::fs::remove_file(run_dir.join("summary.json"));
-        checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
-        let keep = launch.resume_from.is_some().then_some(state.step);
-        let metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
-        let stalls = JsonlWriter::open(&run_dir.join("stalls.jsonl"), keep)?;
+        // Rank 0 alone writes the run folder.
+        let (lock, metrics, stalls) = if rank == 0 {
+            let lock = run_folder::claim(&run_dir, launch.folder)?;
+            // a summary marks an ended run (`train stalls --follow` stops on it)
+            let _ = std::fs::remove_file(run_dir.join("summary.json"));
+            checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
+            let keep = launch.resume_from.is_some().then_some(state.step);
+            let metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
+            let stalls = JsonlWriter::open(&run_dir.join("stalls.jsonl"), keep)?;
+            (Some(lock), Some(metrics), Some(stalls))
+        } else {
+            (None, None, None)
+        };
         let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every };
         Ok(Session {
             cfg,
@@ -186,6 +220,7 @@ impl Session {
             state,
             val,
             stream,
+            comm,
             metrics,
             stalls,
             stall_log,
@@ -213,6 +248,7 @@ impl Session {
             micro_batch: cfg.train.micro_batch,
             grad_accum: cfg.train.grad_accum,
             grad_clip: cfg.optim.grad_clip,
+            comm: self.comm.as_ref(),
         };
         let update = self.state.updates + 1;
         let out = train_step(&mut ctx, update, lr, None)?;
@@ -232,7 +268,8 @@ impl Session {
         self.state.tokens += out.tokens;
         self.state.data = out.position.clone();
         let seconds = t0.elapsed().as_secs_f64();
-        self.metrics.write(&MetricsRow::Train {
+        if let Some(metrics) = &mut self.metrics {
+        metrics.write(&MetricsRow::Train {
             step,
             tokens: self.state.tokens,
             lr,
@@ -242,16 +279,19 @@ impl Session {
             tokens_per_s: out.tokens as f64 / seconds,
             skipped: !out.updated,
         })?;
+        }
         self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
-        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), &mut self.stalls)?;
+        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.stalls.as_mut())?;
         Ok(StepReport { out, seconds, stalls, new_epoch })
     }
 
     /// Validation loss of the model now, written to `metrics.jsonl` as step `step`.
     pub fn validate(&mut self, step: u64) -> Result<f64> {
         let vl = evaluate(&self.model, &self.val, &self.dev)?;
-        self.metrics.write(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
+        if let Some(metrics) = &mut self.metrics {
+            metrics.write(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
+        }
         Ok(vl)
     }
 
@@ -260,15 +300,22 @@ impl Session {
         self.val.len()
     }
 
-    /// Writes the stall rows still pending, then a checkpoint of the current step.
-    pub fn checkpoint(&mut self) -> Result<PathBuf> {
+    /// Writes the stall rows still pending, then a checkpoint of the current step (rank 0;
+    /// every rank must call it, as the states may be gathered from all). Returns the
+    /// checkpoint folder on rank 0.
+    pub fn checkpoint(&mut self) -> Result<Option<PathBuf>> {
         self.flush_stalls()?;
+        let leader = self.is_leader();
+        let states = self.opt.states()?;
+        if !leader {
+            return Ok(None);
+        }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
         let dir = checkpoint::save(
             &self.run_dir,
             &self.varmap,
             &self.hf_config,
-            self.opt.states()?,
+            states,
             &self.state,
             &self.config_toml,
             self.cfg.train.keep_checkpoints,
@@ -276,12 +323,46 @@ impl Session {
         )?;
         tracing::info!("checkpoint {}", dir.display());
         self.last_checkpoint = Some(dir.clone());
-        Ok(dir)
+        Ok(Some(dir))
+    }
+
+    /// Whether this is rank 0, which writes the run folder and reports.
+    pub fn is_leader(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    /// Whether `flag` is true on any rank (every rank must call it: e.g. an interrupt seen by
+    /// one rank stops all of them after the same step).
+    pub fn any_rank(&self, flag: bool) -> Result<bool> {
+        let mut n = [u64::from(flag)];
+        self.comm.sum_u64(&mut n)?;
+        Ok(n[0] > 0)
     }
 
     /// Writes every pending stall row (waits for the device's counters).
     pub fn flush_stalls(&mut self) -> Result<()> {
-        self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), &mut self.stalls)?;
+        self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.stalls.as_mut())?;
         Ok(())
     }
+}
+
+/// Every rank must run rank 0's resolved config (a multi-node launch could give a node
+/// another file): rank 0 broadcasts its `config.toml`, the others compare.
+fn same_config_as_rank0(comm: &dyn Collective, config_toml: &str) -> Result<()> {
+    if comm.world_size() == 1 {
+        return Ok(());
+    }
+    let mut theirs = config_toml.as_bytes().to_vec();
+    comm.broadcast(&mut theirs)?;
+    if theirs != config_toml.as_bytes() {
+        let theirs = String::from_utf8_lossy(&theirs);
+        let first = config_toml.lines().zip(theirs.lines()).find(|(a, b)| a != b);
+        anyhow::bail!(
+            "rank {} resolved another config than rank 0 (first difference: {:?}); every rank needs the same \
+             --config and --set",
+            comm.rank(),
+            first.unwrap_or(("(length)", "(length)"))
+        );
+    }
+    Ok(())
 }

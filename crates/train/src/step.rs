@@ -5,6 +5,8 @@
 //! on the host; the losses, summed on the device, are read with it) and the stream
 //! synchronisation after the optimizer.
 
+use crate::distributed::collective::Collective;
+use crate::distributed::shard::{rank_rows, take_rows};
 use crate::optimizer::{global_norm, Optimizer, ParamSet};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -33,6 +35,8 @@ pub struct StepContext<'a> {
     pub grad_accum: usize,
     /// Clip the global gradient norm to this (0 = no clipping).
     pub grad_clip: f64,
+    /// The other ranks of a data-parallel job ([`crate::distributed::collective::Solo`] alone).
+    pub comm: &'a dyn Collective,
 }
 
 /// What a step did.
@@ -42,7 +46,7 @@ pub struct StepOutput {
     pub loss: f64,
     /// Global L2 norm of the token-weighted mean gradient, before clipping.
     pub grad_norm: f32,
-    /// Target tokens of the step.
+    /// Target tokens of the step (all ranks).
     pub tokens: u64,
     /// Data position after the step's last micro-batch.
     pub position: DataPosition,
@@ -97,19 +101,30 @@ impl Clock<'_> {
 /// split into micro-batches: the micro-batches are read first (host data) to count the
 /// step's targets `N`, then micro-batch `i`'s mean loss is weighted by `n_i / N` before its
 /// backward, so the summed gradients are the token-weighted mean.
+///
+/// With several ranks every rank reads the whole global micro-batches (`micro_batch *
+/// world_size` rows, one global data order) and counts `N` over all of them, then runs its own
+/// rows ([`rank_rows`]); the gradients and the loss are summed over ranks (one all-reduce),
+/// so the norm, the clip and the update see the global token-weighted mean on every rank.
 pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
     let dev = ctx.device;
     if phases.is_some() {
         dev.synchronize()?;
     }
     let mut clock = Clock { phases, dev, last: Instant::now() };
-    let batches = (0..ctx.grad_accum)
-        .map(|_| ctx.stream.next_batch(ctx.micro_batch).map_err(|e| anyhow::anyhow!("{e}")))
+    let (rank, world) = (ctx.comm.rank(), ctx.comm.world_size());
+    let global = (0..ctx.grad_accum)
+        .map(|_| ctx.stream.next_batch(ctx.micro_batch * world).map_err(|e| anyhow::anyhow!("{e}")))
         .collect::<Result<Vec<Batch>>>()?;
-    let position = batches.last().context("grad_accum is 0")?.position.clone();
-    let targets: Vec<f64> = batches.iter().map(|b| b.mask.iter().map(|&m| m as f64).sum()).collect();
-    let tokens = batches.iter().map(|b| b.mask.iter().filter(|&&m| m > 0.0).count() as u64).sum();
-    let total: f64 = targets.iter().sum();
+    let position = global.last().context("grad_accum is 0")?.position.clone();
+    let count = |b: &Batch| -> f64 { b.mask.iter().map(|&m| m as f64).sum() };
+    let tokens = global.iter().map(|b| b.mask.iter().filter(|&&m| m > 0.0).count() as u64).sum();
+    let total: f64 = global.iter().map(count).sum();
+    let batches = match world {
+        1 => global,
+        _ => global.iter().map(|b| take_rows(b, rank_rows(rank, ctx.micro_batch))).collect(),
+    };
+    let targets: Vec<f64> = batches.iter().map(count).collect();
     // Gradients summed in FP32 over micro-batches; one micro-batch's gradients go to the
     // optimizer in their own dtype (BF16 for a BF16 model: the optimizer widens them
     // exactly, so the step is the same, with 2 bytes per parameter less for it to read).
@@ -138,9 +153,12 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
         });
         clock.lap(|p| &mut p.backward)?;
     }
-    let grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
+    let mut grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
+    let mut loss = loss_sum.context("grad_accum is 0")?.to_scalar::<f32>()? as f64;
+    if world > 1 {
+        loss = all_reduce(ctx.comm, &mut grads, loss as f32)? as f64;
+    }
     let norm = global_norm(&grads)?;
-    let loss = loss_sum.context("grad_accum is 0")?.to_scalar::<f32>()? as f64;
     let updated = loss.is_finite() && norm.is_finite();
     if updated {
         let clip = ctx.grad_clip as f32;
@@ -154,4 +172,22 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
     dev.synchronize()?;
     clock.lap(|p| &mut p.optimizer)?;
     Ok(StepOutput { loss, grad_norm: norm, tokens, position, updated })
+}
+
+/// Sums `grads` (replaced by FP32 sums) and `loss` over all ranks in one all-reduce of a
+/// flat FP32 buffer; returns the summed loss.
+fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: f32) -> Result<f32> {
+    let mut flat = Vec::with_capacity(grads.iter().map(|g| g.elem_count()).sum::<usize>() + 1);
+    for g in grads.iter() {
+        flat.extend(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+    }
+    flat.push(loss);
+    comm.all_reduce_sum(&mut flat)?;
+    let mut at = 0;
+    for g in grads.iter_mut() {
+        let n = g.elem_count();
+        *g = Tensor::from_slice(&flat[at..at + n], g.shape(), g.device())?;
+        at += n;
+    }
+    Ok(flat[at])
 }

@@ -5,6 +5,7 @@
 
 use crate::checkpoint::{self, TrainState};
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig};
+use crate::distributed::collective::{Collective, Solo};
 use crate::metrics::JsonlWriter;
 use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
 use crate::session::Session;
@@ -35,12 +36,21 @@ pub struct Launch {
     pub interrupt: Arc<AtomicBool>,
     /// Stop (with a checkpoint) after this step, as if interrupted (tests of resume).
     pub stop_after: Option<u64>,
+    /// The other ranks of a data-parallel job ([`Solo`] for one process).
+    pub comm: Arc<dyn Collective>,
 }
 
 impl Launch {
     /// A new run of `config` (its folder must not hold a run yet), not interrupted.
     pub fn new(config: RunConfig) -> Launch {
-        Launch { config, resume_from: None, folder: FolderUse::New, interrupt: Default::default(), stop_after: None }
+        Launch {
+            config,
+            resume_from: None,
+            folder: FolderUse::New,
+            interrupt: Default::default(),
+            stop_after: None,
+            comm: Arc::new(Solo),
+        }
     }
 
     /// Resume `config`'s run from the checkpoint folder `from`.
@@ -150,7 +160,8 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         let vl = s.validate(0)?;
         tracing::info!("step 0: validation loss {vl:.4}");
     }
-    let bar = ProgressBar::new(max_steps);
+    let leader = s.is_leader();
+    let bar = if leader { ProgressBar::new(max_steps) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
             .expect("valid template"),
@@ -181,7 +192,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         let last = step == max_steps;
         // Without a terminal (output to a file or pipe) the bar is hidden: its line goes to
         // the log 20 times per run instead.
-        if bar.is_hidden() && (step.is_multiple_of(max_steps.div_ceil(20)) || last) {
+        if leader && bar.is_hidden() && (step.is_multiple_of(max_steps.div_ceil(20)) || last) {
             tracing::info!("step {step}/{max_steps}: {}", bar.message());
         }
         let train = &s.cfg.train;
@@ -192,7 +203,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         }
         let train = &s.cfg.train;
         let too_many = s.state.nonfinite_in_row > 0 && s.state.nonfinite_in_row >= train.max_nonfinite_steps.max(1);
-        let interrupted = launch.interrupt.load(Ordering::SeqCst) || launch.stop_after == Some(step);
+        let interrupted = s.any_rank(launch.interrupt.load(Ordering::SeqCst) || launch.stop_after == Some(step))?;
         let periodic = train.checkpoint_every > 0 && step.is_multiple_of(train.checkpoint_every);
         if periodic || last || too_many || interrupted {
             s.checkpoint()?;
@@ -230,6 +241,12 @@ pub fn run(launch: Launch) -> Result<Outcome> {
             last_val.map_or("-".into(), |v| v.to_string()),
             s.last_checkpoint.as_deref().unwrap_or(&s.run_dir).display()
         ));
+    }
+    if !leader {
+        if let Some(e) = stop_error {
+            bail!(e);
+        }
+        return Ok(Outcome { run_dir: s.run_dir.clone(), summary: None, stopped_early: status == RunStatus::Interrupted });
     }
     let elapsed = started.elapsed().as_secs_f64();
     let summary = summary::build(
@@ -272,7 +289,7 @@ pub(crate) struct StallWriter {
 }
 
 impl StallWriter {
-    /// Write the rows of all but the newest `lag` pending steps (`(step, update)`, `update`
+    /// Write (to `out`: `None` on ranks other than 0) the rows of all but the newest `lag` pending steps (`(step, update)`, `update`
     /// the optimizer's step number or `None` for a skipped step, which has zero counts).
     /// Returns the last written (m, v) fractions.
     pub(crate) fn flush(
@@ -280,7 +297,7 @@ impl StallWriter {
         pending: &mut VecDeque<(u64, Option<u64>)>,
         lag: usize,
         opt: &mut dyn Optimizer,
-        out: &mut JsonlWriter,
+        mut out: Option<&mut JsonlWriter>,
     ) -> Result<Option<(Option<f64>, Option<f64>)>> {
         let mut last = None;
         while pending.len() > lag {
@@ -291,7 +308,9 @@ impl StallWriter {
             };
             let detail = self.detail_every > 0 && step % self.detail_every == 0;
             let row = StallRow::build(step, &self.names, &self.groups, &counts, self.theory, detail);
-            out.write(&row)?;
+            if let Some(out) = out.as_deref_mut() {
+                out.write(&row)?;
+            }
             last = Some((row.frac.m, row.frac.v));
         }
         Ok(last)

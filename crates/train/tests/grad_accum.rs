@@ -90,6 +90,7 @@ fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(Ste
         micro_batch,
         grad_accum,
         grad_clip: 0.0,
+        comm: &lowbit_train::distributed::collective::Solo,
     };
     let out = train_step(&mut ctx, 1, 1e-3, None)?;
     assert!(out.updated);

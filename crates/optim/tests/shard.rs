@@ -1,0 +1,91 @@
+//! ZeRO-1 shards of the CPU reference step: stepping each shard of a tensor on its own (with
+//! the shard's whole-tensor element offset) and concatenating the states gives bit for bit
+//! the unsharded step: same weights, same codes and scales, same stall counts.
+
+use lowbit_optim::adamw::Weights;
+use lowbit_optim::{Counter, Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use std::ops::Range;
+
+const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+
+fn opt(m: &str, v: &str, block: usize, len: usize) -> LowbitAdamW {
+    let s = StatesConfig {
+        m_format: m.into(),
+        v_format: v.into(),
+        block_size: block,
+        m_rounding: Rounding::Stochastic,
+        v_rounding: Rounding::Stochastic,
+        weight_rounding: Rounding::Stochastic,
+        m_reset_every: 3,
+        ..Default::default()
+    };
+    let info = ParamInfo { name: "w".into(), group: "mlp".into(), len, weight_decay: true };
+    LowbitAdamW::new(HYPER, s.resolve().unwrap(), 7, vec![info])
+}
+
+fn grads(step: u64, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (((i as u64 * 7919 + step * 104729) % 1000) as f32 / 500.0 - 1.0) * 1e-2 * (1.0 + (i % 5) as f32)).collect()
+}
+
+/// 4 steps of the whole tensor and of its shards `ranges` (BF16 weights, so the weights'
+/// stochastic rounding is checked too); asserts identical weights, states and counts.
+fn check(m: &str, v: &str, block: usize, len: usize, ranges: &[Range<usize>]) {
+    let mut whole = opt(m, v, block, len);
+    let mut shards: Vec<LowbitAdamW> = ranges.iter().map(|r| whole.shard(std::slice::from_ref(r)).unwrap()).collect();
+    let w0: Vec<u16> = (0..len).map(|i| half::bf16::from_f32(0.01 * (i % 97) as f32 - 0.4).to_bits()).collect();
+    let (mut w_whole, mut w_sharded) = (w0.clone(), w0);
+    for step in 1..=4 {
+        let g = grads(step, len);
+        let c = whole.step_cpu(step, 1e-2, 0.5, 0, Weights::Bf16(&mut w_whole), &g);
+        let (mut cm, mut cv, mut cw) = (Counter::default(), Counter::default(), Counter::default());
+        for (s, r) in shards.iter_mut().zip(ranges) {
+            let c = s.step_cpu(step, 1e-2, 0.5, 0, Weights::Bf16(&mut w_sharded[r.clone()]), &g[r.clone()]);
+            (cm, cv, cw) = (add(cm, c.m), add(cv, c.v), add(cw, c.w));
+        }
+        assert_eq!(w_sharded, w_whole, "{m}/{v} block {block}: weights differ at step {step}");
+        assert_eq!((cm, cv, cw), (c.m, c.v, c.w), "{m}/{v} block {block}: stall counts differ at step {step}");
+        assert!(c.m.updated > 0, "the step updated something");
+    }
+    let joined = LowbitAdamW::unshard(&shards).unwrap();
+    let t = (&joined.tensors[0], &whole.tensors[0]);
+    assert_eq!(t.0.m, t.1.m, "{m}/{v} block {block}: m states differ");
+    assert_eq!(t.0.v, t.1.v, "{m}/{v} block {block}: v states differ");
+    assert_ne!(t.1.v.decode_all().iter().filter(|&&x| x > 0.0).count(), 0, "v is non-zero");
+}
+
+fn add(mut a: Counter, b: Counter) -> Counter {
+    a += b;
+    a
+}
+
+#[test]
+fn sharded_steps_are_bit_identical_to_the_whole_tensor_step() {
+    let len = 1000; // 7 full blocks of 128 and a partial one
+    let cuts = [0..256, 256..768, 768..1000];
+    for (m, v) in [("fp8e4m3", "fp8e4m3"), ("fp4", "fp4"), ("int8", "int8"), ("fp8e5m2", "fp8e4m3")] {
+        check(m, v, 128, len, &cuts);
+    }
+    // unscaled formats: any cut, even inside a 64-bit random draw (BF16 slices 4 per draw)
+    for (m, v) in [("bf16", "bf16"), ("e8m3", "e8m3"), ("fp32", "fp32")] {
+        check(m, v, 128, len, &[0..3, 3..501, 501..502, 502..1000]);
+    }
+    // an empty shard (a rank that owns nothing of a small tensor)
+    check("fp8e4m3", "fp8e4m3", 128, len, &[0..0, 0..1000]);
+}
+
+#[test]
+fn shards_cut_inside_a_scale_block_are_refused() {
+    let o = opt("fp8e4m3", "fp8e4m3", 128, 1000);
+    let e = o.shard(&[100..500]).err().unwrap();
+    assert!(e.contains("cuts a scale block of 128"), "{e}");
+    let e = o.shard(&[0..1001]).err().unwrap();
+    assert!(e.contains("outside"), "{e}");
+    // one scale for the whole tensor: only the whole tensor is a shard
+    let o = opt("fp8e4m3", "fp8e4m3", 0, 1000);
+    assert!(o.shard(&[0..512]).is_err());
+    assert_eq!(o.shard(&[0..1000]).unwrap().tensors[0].m.len, 1000);
+    // shards that do not tile the tensor are not joined
+    let a = opt("bf16", "bf16", 128, 1000);
+    let parts = [a.shard(&[0..400]).unwrap(), a.shard(&[500..1000]).unwrap()];
+    assert!(LowbitAdamW::unshard(&parts).err().unwrap().contains("does not continue at 400"));
+}

@@ -1,0 +1,184 @@
+//! `train --gpus N`: spawns N workers (this binary, same arguments without `--gpus`) on this
+//! host with the data-parallel environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`), and supervises them: when one fails, the
+//! others are killed and the command fails naming the rank and its exit status.
+//!
+//! Signals: the workers run in their own process group, so a Ctrl-C at the terminal reaches
+//! only the supervisor, which forwards SIGINT or SIGTERM once to every worker (they agree
+//! on the step to stop at, write a checkpoint and exit 130 / 143). On Linux a worker gets
+//! SIGTERM if the supervisor dies.
+
+use anyhow::{bail, Context, Result};
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// `args` without `--gpus N` / `--gpus=N` (what each worker is given).
+pub fn worker_args(args: &[OsString]) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut skip = false;
+    for a in args {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        match a.to_str() {
+            Some("--gpus") => skip = true,
+            Some(s) if s.starts_with("--gpus=") => {}
+            _ => out.push(a.clone()),
+        }
+    }
+    out
+}
+
+/// A TCP port free on 127.0.0.1 now (bound, read, released).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0").context("no free TCP port on 127.0.0.1 for the rendezvous")?.local_addr()?.port())
+}
+
+/// Starts `n` workers: `program args` with the environment of ranks `0 .. n` on this host,
+/// rendezvous at `127.0.0.1:port`. Workers other than rank 0 log warnings only unless
+/// `RUST_LOG` is set.
+///
+/// # Errors
+/// A worker that cannot be started (the ones already started are killed).
+pub fn spawn(program: &std::path::Path, args: &[OsString], n: usize, port: u16) -> Result<Vec<Child>> {
+    let mut children: Vec<Child> = Vec::with_capacity(n);
+    for rank in 0..n {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        if rank > 0 && std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn");
+        }
+        detach(&mut cmd);
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                stop(&mut children);
+                return Err(e).with_context(|| format!("cannot start worker rank {rank}: {}", program.display()));
+            }
+        }
+    }
+    Ok(children)
+}
+
+/// Own process group (the supervisor forwards signals itself), and on Linux SIGTERM when the
+/// supervisor dies.
+fn detach(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+/// Waits for every worker. When `interrupt` is set, forwards the signal that set it
+/// (`signal`: SIGINT or SIGTERM) once to every worker still running and waits for them.
+///
+/// # Errors
+/// The first worker that exits unsuccessfully (when no signal was forwarded): the others are
+/// killed, and the error names its rank and exit status.
+pub fn supervise(mut children: Vec<Child>, interrupt: &AtomicBool, signal: impl Fn() -> i32) -> Result<()> {
+    let mut done: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    let mut forwarded = false;
+    while done.iter().any(Option::is_none) {
+        if interrupt.load(Ordering::SeqCst) && !forwarded {
+            forwarded = true;
+            for (c, d) in children.iter().zip(&done) {
+                if d.is_none() {
+                    // SAFETY: kill(2) on our own child's pid.
+                    unsafe { libc::kill(c.id() as libc::pid_t, signal()) };
+                }
+            }
+        }
+        for (rank, c) in children.iter_mut().enumerate() {
+            if done[rank].is_some() {
+                continue;
+            }
+            if let Some(status) = c.try_wait()? {
+                done[rank] = Some(status);
+                if !status.success() && !forwarded {
+                    stop(&mut children);
+                    bail!("worker rank {rank} failed ({status}); the other workers were stopped");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Kills and reaps every worker still running.
+fn stop(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        if matches!(c.try_wait(), Ok(None)) {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn gpus_flag_is_removed_from_the_workers_arguments() {
+        let a = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(worker_args(&a(&["--config", "c.toml", "--gpus", "2", "--device", "cpu"])), a(&["--config", "c.toml", "--device", "cpu"]));
+        assert_eq!(worker_args(&a(&["--gpus=4", "--config", "x"])), a(&["--config", "x"]));
+    }
+
+    #[test]
+    fn workers_get_the_rank_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "echo $RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT > \"$0\".$RANK";
+        let base = dir.path().join("env");
+        let args = [OsString::from("-c"), script.into(), base.clone().into()];
+        let children = spawn(std::path::Path::new("sh"), &args, 2, 29_511).unwrap();
+        supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap();
+        for r in 0..2 {
+            let got = std::fs::read_to_string(format!("{}.{r}", base.display())).unwrap();
+            assert_eq!(got.trim(), format!("{r} 2 {r} 127.0.0.1 29511"));
+        }
+    }
+
+    #[test]
+    fn a_failing_worker_stops_the_others_and_is_named() {
+        // rank 1 exits 3 after a moment; ranks 0 and 2 would sleep for a minute
+        let script = "if [ $RANK = 1 ]; then sleep 0.3; exit 3; else sleep 60; fi";
+        let args = [OsString::from("-c"), script.into()];
+        let started = Instant::now();
+        let children = spawn(std::path::Path::new("sh"), &args, 3, 29_512).unwrap();
+        let e = supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap_err().to_string();
+        assert!(e.contains("worker rank 1 failed (exit status: 3)"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10), "the sleepers were killed");
+    }
+
+    #[test]
+    fn an_interrupt_is_forwarded_once_to_every_worker() {
+        // each worker records the signal it got, then exits 143 as the trainer does
+        let dir = tempfile::tempdir().unwrap();
+        let script = "trap 'echo term > \"$0\".$RANK; exit 143' TERM; sleep 30 & wait";
+        let base = dir.path().join("sig");
+        let args = [OsString::from("-c"), script.into(), base.clone().into()];
+        let children = spawn(std::path::Path::new("sh"), &args, 2, 29_513).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        supervise(children, &AtomicBool::new(true), || libc::SIGTERM).unwrap();
+        for r in 0..2 {
+            assert_eq!(std::fs::read_to_string(format!("{}.{r}", base.display())).unwrap().trim(), "term");
+        }
+    }
+}

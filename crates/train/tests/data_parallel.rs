@@ -1,0 +1,113 @@
+//! Data-parallel training on the CPU through `train --gpus 2` (two worker processes of the
+//! real binary, TCP rendezvous and collective): the same global batch on 1 and 2 ranks gives
+//! the same tokens per step and the same losses (within the tolerance of a different
+//! summation order); ZeRO-1 gives bit for bit the run without it; a run checkpointed on 2
+//! ranks resumes on 1 with the same data order and losses.
+
+mod common;
+
+use common::{cli_dir, train};
+use serde_json::Value;
+use std::path::Path;
+
+/// Training rows of `metrics.jsonl`: (step, tokens, loss).
+fn train_rows(run: &Path) -> Vec<(u64, u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| (v["step"].as_u64().unwrap(), v["tokens"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// Largest relative loss difference between two runs' rows, asserting the same steps and
+/// tokens (the same data order).
+fn max_loss_diff(a: &[(u64, u64, f64)], b: &[(u64, u64, f64)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert_eq!((x.0, x.1), (y.0, y.1), "same step, same tokens seen");
+            ((x.2 - y.2) / x.2).abs()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Relative tolerance of a loss computed with another summation order (gradients summed over
+/// ranks instead of micro-batches), after 8 steps of a tiny model.
+const TOLERANCE: f64 = 1e-4;
+
+#[test]
+fn two_ranks_match_one_rank_and_zero1_matches_zero0_bit_for_bit() {
+    let dir = cli_dir("dp");
+    let d = dir.path();
+    let cpu = ["--config", "c.toml", "--device", "cpu"];
+    let run = |name: &str, extra: &[&str]| {
+        let name_set = format!("run.name=\"{name}\"");
+        let mut args: Vec<&str> = cpu.to_vec();
+        args.extend(["--set", &name_set]);
+        args.extend(extra);
+        let r = train(d, &args);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        r
+    };
+    // the same global batch of 4 sequences: 1 rank x 2 micro-batches x 2, 2 ranks x 1 x 2
+    run("one", &[]);
+    let two = run("two", &["--gpus", "2", "--set", "train.grad_accum=1"]);
+    run("two_zero1", &["--gpus", "2", "--set", "train.grad_accum=1", "--set", "train.zero=1"]);
+    assert!(two.stdout.contains("batch 4 x 32 tokens"), "the global batch is logged: {}", two.stdout);
+
+    let one = train_rows(&d.join("runs/one"));
+    let two = train_rows(&d.join("runs/two"));
+    assert_eq!(one.len(), 8);
+    let diff = max_loss_diff(&one, &two);
+    eprintln!("1 rank vs 2 ranks: largest relative loss difference {diff:e}");
+    assert!(diff < TOLERANCE, "losses differ by {diff} (relative)");
+
+    // ZeRO-1 steps each shard with the whole-tensor RNG keys: the same run, bit for bit
+    let zero1 = train_rows(&d.join("runs/two_zero1"));
+    assert_eq!(two, zero1);
+    let read = |run: &str, f: &str| std::fs::read(d.join("runs").join(run).join(f)).unwrap();
+    assert_eq!(read("two", "stalls.jsonl"), read("two_zero1", "stalls.jsonl"), "stall counts summed exactly");
+    let opt = "checkpoints/step_0000008/optimizer.safetensors";
+    assert_eq!(read("two", opt), read("two_zero1", opt), "gathered states are the unsharded states");
+    // rank 0 alone writes: one metrics row per step
+    assert_eq!(zero1.len(), 8);
+}
+
+#[test]
+fn a_run_checkpointed_on_two_ranks_resumes_on_one() {
+    let dir = cli_dir("resume");
+    let d = dir.path();
+    let ok = |args: &[&str]| {
+        let r = train(d, args);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+    };
+    // a constant learning rate after the warmup, so that a run of 4 steps continued to 8 has
+    // the schedule of a run of 8
+    let flat = "optim.min_lr_ratio=1.0";
+    ok(&["--config", "c.toml", "--set", "run.name=\"whole\"", "--set", flat]);
+    // 4 steps on 2 ranks (grad_accum 1), then steps 5..8 on 1 rank (grad_accum 2): same batch
+    ok(&["--config", "c.toml", "--set", "run.name=\"moved\"", "--set", "train.max_steps=4", "--set", "train.grad_accum=1", "--set", flat, "--gpus", "2"]);
+    ok(&["--resume", "runs/moved", "--set", "train.max_steps=8", "--set", "train.grad_accum=2"]);
+    let whole = train_rows(&d.join("runs/whole"));
+    let moved = train_rows(&d.join("runs/moved"));
+    let diff = max_loss_diff(&whole, &moved);
+    eprintln!("resume 2 -> 1 ranks: largest relative loss difference {diff:e}");
+    assert!(diff < TOLERANCE, "losses differ by {diff} (relative)");
+}
+
+#[test]
+fn a_failing_worker_fails_the_command_naming_its_rank() {
+    // a run folder that holds a run: rank 0 (the one that writes it) refuses to start; the
+    // supervisor stops rank 1 and names rank 0
+    let dir = cli_dir("fail");
+    let d = dir.path();
+    let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=1"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let r = train(d, &["--config", "c.toml", "--gpus", "2", "--set", "train.grad_accum=1"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("already holds a run") || r.stderr.contains("--resume"), "rank 0's own error: {}", r.stderr);
+    assert!(r.stderr.contains("worker rank 0 failed (exit status: 1); the other workers were stopped"), "{}", r.stderr);
+}
