@@ -155,26 +155,26 @@ impl Session {
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = cfg.train.micro_batch * cfg.train.grad_accum * world;
         if rank == 0 {
-        crate::outln!(
-            "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
-            n_params,
-            mcfg.num_layers,
-            mcfg.hidden_size,
-            dtype,
-            model.kernels(),
-            spec.m_format.name(),
-            spec.v_format.name(),
-            spec.m_rounding.as_str(),
-            spec.v_rounding.as_str(),
-            state_bytes,
-            state_bytes as f64 / n_params as f64,
-            global_batch,
-            cfg.data.seq_len,
-            cfg.train.device,
-        );
-        if let Some(p) = theory.v {
-            crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
-        }
+            crate::outln!(
+                "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
+                n_params,
+                mcfg.num_layers,
+                mcfg.hidden_size,
+                dtype,
+                model.kernels(),
+                spec.m_format.name(),
+                spec.v_format.name(),
+                spec.m_rounding.as_str(),
+                spec.v_rounding.as_str(),
+                state_bytes,
+                state_bytes as f64 / n_params as f64,
+                global_batch,
+                cfg.data.seq_len,
+                cfg.train.device,
+            );
+            if let Some(p) = theory.v {
+                crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+            }
         }
 
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
@@ -269,16 +269,16 @@ impl Session {
         self.state.data = out.position.clone();
         let seconds = t0.elapsed().as_secs_f64();
         if let Some(metrics) = &mut self.metrics {
-        metrics.write(&MetricsRow::Train {
-            step,
-            tokens: self.state.tokens,
-            lr,
-            loss: out.loss,
-            grad_norm: out.grad_norm as f64,
-            step_time: seconds,
-            tokens_per_s: out.tokens as f64 / seconds,
-            skipped: !out.updated,
-        })?;
+            metrics.write(&MetricsRow::Train {
+                step,
+                tokens: self.state.tokens,
+                lr,
+                loss: out.loss,
+                grad_norm: out.grad_norm as f64,
+                step_time: seconds,
+                tokens_per_s: out.tokens as f64 / seconds,
+                skipped: !out.updated,
+            })?;
         }
         self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
