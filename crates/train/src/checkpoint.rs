@@ -55,6 +55,18 @@ pub struct TrainState {
     /// written before it was recorded).
     #[serde(default)]
     pub rng: String,
+    /// Data-parallel ranks of the run's last launch; 1 in checkpoints written before it was
+    /// recorded.
+    #[serde(default = "one_rank")]
+    pub ranks: u64,
+    /// Sequences per optimizer step of the run's last launch (`micro_batch x grad_accum x
+    /// ranks`), to warn when a resume changes it; 0 (unknown) in older checkpoints.
+    #[serde(default)]
+    pub global_batch: u64,
+}
+
+fn one_rank() -> u64 {
+    1
 }
 
 /// File name of the [`ExportCheck`] in a checkpoint folder.
@@ -125,6 +137,12 @@ pub fn save(
     candle_core::safetensors::save(&HashMap::from([(CARRY.to_string(), Tensor::from_vec(carry, n, &Device::Cpu)?)]), tmp.join(DATA_FILE))
         .with_context(|| format!("cannot write {}", tmp.join(DATA_FILE).display()))?;
     write("config.toml", config_toml.as_bytes())?;
+    // the safetensors writer creates its files readable by the owner only; give them the
+    // permissions of the other files (the umask's), so others who can read the run can load it
+    let mode = std::fs::metadata(tmp.join("config.toml"))?.permissions();
+    for name in ["model.safetensors", "optimizer.safetensors", DATA_FILE] {
+        std::fs::set_permissions(tmp.join(name), mode.clone()).with_context(|| format!("cannot set the permissions of {name}"))?;
+    }
     for (name, bytes) in extra {
         write(name, bytes)?;
     }
@@ -302,6 +320,8 @@ mod tests {
             v_zero: "exclude".into(),
             params: vec![("w".into(), 3)],
             rng: lowbit_optim::rng::SCHEME.into(),
+            ranks: 2,
+            global_batch: 16,
         })
         .unwrap();
         v.as_object_mut().unwrap().remove("rng");
@@ -317,6 +337,6 @@ mod tests {
             "params": [["w", 3]], "rng": "x"}"#;
         std::fs::write(tmp.path().join("state.json"), text).unwrap();
         let st = load_state(tmp.path()).unwrap();
-        assert_eq!((st.step, st.updates, st.data.carry), (9, 9, vec![5, 6]));
+        assert_eq!((st.step, st.updates, st.data.carry, st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
     }
 }

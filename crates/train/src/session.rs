@@ -131,12 +131,33 @@ impl Session {
             v_zero: spec.v_zero.as_str().into(),
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
+            ranks: world as u64,
+            global_batch: (cfg.train.micro_batch * cfg.train.grad_accum * world) as u64,
         };
         if let Some(dir) = &launch.resume_from {
             let saved = checkpoint::load_state(dir)?;
             check_compatible(dir, &saved, &state)?;
             checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
-            state = TrainState { rng: lowbit_optim::rng::SCHEME.into(), v_zero: spec.v_zero.as_str().into(), ..saved };
+            if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
+                tracing::warn!(
+                    "--resume {}: the global batch changes from {} sequences per step ({} rank(s)) to {} ({world} \
+                     rank(s) x train.micro_batch {} x train.grad_accum {}); launch as many ranks or set \
+                     train.grad_accum to keep it",
+                    dir.display(),
+                    saved.global_batch,
+                    saved.ranks,
+                    state.global_batch,
+                    cfg.train.micro_batch,
+                    cfg.train.grad_accum
+                );
+            }
+            state = TrainState {
+                rng: lowbit_optim::rng::SCHEME.into(),
+                v_zero: spec.v_zero.as_str().into(),
+                ranks: state.ranks,
+                global_batch: state.global_batch,
+                ..saved
+            };
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
         let mut opt: Box<dyn Optimizer> = match cfg.train.zero {
@@ -153,7 +174,7 @@ impl Session {
         let n_params = params.num_params();
         let state_bytes = opt.states()?.state_bytes();
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
-        let global_batch = cfg.train.micro_batch * cfg.train.grad_accum * world;
+        let global_batch = state.global_batch;
         if rank == 0 {
             crate::outln!(
                 "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
@@ -329,6 +350,11 @@ impl Session {
     /// Whether this is rank 0, which writes the run folder and reports.
     pub fn is_leader(&self) -> bool {
         self.comm.rank() == 0
+    }
+
+    /// Data-parallel ranks of this launch (1 for a single process).
+    pub fn ranks(&self) -> usize {
+        self.comm.world_size()
     }
 
     /// Whether `flag` is true on any rank (every rank must call it: e.g. an interrupt seen by

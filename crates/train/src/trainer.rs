@@ -136,18 +136,20 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         crate::manifest::verify_for_resume(dir)?;
         let (done, max_steps) = (checkpoint::load_state(dir)?.step, launch.config.train.max_steps);
         if done >= max_steps {
-            crate::outln!(
-                "{}: already finished at step {done} (train.max_steps = {max_steps}); nothing to do \
-                 (raise train.max_steps, e.g. --set train.max_steps={}, to continue it)",
-                launch.config.run_dir().display(),
-                done * 2
-            );
+            if launch.comm.rank() == 0 {
+                crate::outln!(
+                    "{}: already finished at step {done} (train.max_steps = {max_steps}); nothing to do \
+                     (raise train.max_steps, e.g. --set train.max_steps={}, to continue it)",
+                    launch.config.run_dir().display(),
+                    done * 2
+                );
+            }
             return Ok(Outcome { run_dir: launch.config.run_dir(), summary: None, stopped_early: false });
         }
     }
     let mut s = Session::open(&launch)?;
     let max_steps = s.cfg.train.max_steps;
-    if s.cfg.optim.warmup_steps >= max_steps {
+    if s.cfg.optim.warmup_steps >= max_steps && s.is_leader() {
         tracing::warn!(
             "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} \
              steps so that the learning rate still decays",
@@ -223,7 +225,11 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         }
         if interrupted && !last {
             bar.abandon();
-            tracing::warn!("stopped at step {step} of {max_steps}; resume with: train --resume {}", s.run_dir.display());
+            let gpus = match s.ranks() {
+                1 => String::new(),
+                n => format!(" --gpus {n} (as many ranks keep the global batch)"),
+            };
+            tracing::warn!("stopped at step {step} of {max_steps}; resume with: train --resume {}{gpus}", s.run_dir.display());
             status = RunStatus::Interrupted;
             break;
         }

@@ -145,6 +145,11 @@ fn checkpoint_layout_and_retention() {
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "temporary folder left: {names:?}");
 
     let ck = checkpoint::latest(&out.run_dir).unwrap();
+    // every file of a checkpoint has the same permissions (the safetensors writer's 0600 is not kept)
+    let mode = |f: &str| std::fs::metadata(ck.join(f)).unwrap().permissions();
+    for f in ["model.safetensors", "optimizer.safetensors", "data.safetensors"] {
+        assert_eq!(mode(f), mode("config.json"), "{f}");
+    }
     // weights: HF LLaMA names with transformers' metadata
     let bytes = read(&ck.join("model.safetensors"));
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();

@@ -83,6 +83,7 @@ fn a_run_checkpointed_on_two_ranks_resumes_on_one() {
     let ok = |args: &[&str]| {
         let r = train(d, args);
         assert_eq!(r.code, Some(0), "{}", r.stderr);
+        r.stderr
     };
     // a constant learning rate after the warmup, so that a run of 4 steps continued to 8 has
     // the schedule of a run of 8
@@ -90,12 +91,17 @@ fn a_run_checkpointed_on_two_ranks_resumes_on_one() {
     ok(&["--config", "c.toml", "--set", "run.name=\"whole\"", "--set", flat]);
     // 4 steps on 2 ranks (grad_accum 1), then steps 5..8 on 1 rank (grad_accum 2): same batch
     ok(&["--config", "c.toml", "--set", "run.name=\"moved\"", "--set", "train.max_steps=4", "--set", "train.grad_accum=1", "--set", flat, "--gpus", "2"]);
-    ok(&["--resume", "runs/moved", "--set", "train.max_steps=8", "--set", "train.grad_accum=2"]);
+    let kept = ok(&["--resume", "runs/moved", "--set", "train.max_steps=8", "--set", "train.grad_accum=2"]);
+    assert!(!kept.contains("global batch changes"), "the batch was kept: {kept}");
     let whole = train_rows(&d.join("runs/whole"));
     let moved = train_rows(&d.join("runs/moved"));
     let diff = max_loss_diff(&whole, &moved);
     eprintln!("resume 2 -> 1 ranks: largest relative loss difference {diff:e}");
     assert!(diff < TOLERANCE, "losses differ by {diff} (relative)");
+    // resumed on 1 rank without doubling grad_accum: the global batch halves, and it says so
+    ok(&["--config", "c.toml", "--set", "run.name=\"halved\"", "--set", "train.max_steps=1", "--set", "train.grad_accum=1", "--gpus", "2"]);
+    let halved = ok(&["--resume", "runs/halved", "--set", "train.max_steps=2", "--set", "train.grad_accum=1"]);
+    assert!(halved.contains("the global batch changes from 4 sequences per step (2 rank(s)) to 2"), "{halved}");
 }
 
 #[test]
