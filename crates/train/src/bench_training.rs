@@ -51,23 +51,6 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
     }
 }
 
-/// Tokens per second of the data pipeline alone on `cfg`'s `[data]`: `batches` batches of
-/// `batch` sequences after a first one (which starts the reader's threads), as
-/// [`train_step`] reads them (the stream works ahead in its own threads).
-pub fn data(cfg: &RunConfig, batch: usize, batches: usize) -> Result<f64> {
-    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut stream = TrainStream::new(&cfg.data, &tok, DataPosition::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut next = || stream.next_batch(batch).map_err(|e| anyhow::anyhow!("{e}"));
-    next()?;
-    let t = Instant::now();
-    let mut tokens = 0usize;
-    for _ in 0..batches {
-        let b = next()?;
-        tokens += b.rows * b.seq_len;
-    }
-    Ok(tokens as f64 / t.elapsed().as_secs_f64())
-}
-
 /// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
 /// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {

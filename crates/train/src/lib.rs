@@ -13,6 +13,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod bench;
+pub mod bench_data;
 #[cfg(feature = "cuda")]
 pub mod bench_training;
 pub mod checkpoint;

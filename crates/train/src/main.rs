@@ -85,24 +85,17 @@ enum Cmd {
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
     /// reproduce/<table>-<scale>-results.json and render reproduce/<table>-<scale>.md from it.
     Reproduce(lowbit_train::reproduce::ReproduceArgs),
-    /// Speed benchmarks (CUDA builds): `train bench optimizer`, `train bench training`.
-    #[cfg(feature = "cuda")]
+    /// Speed benchmarks: `train bench data`; with a CUDA build also `train bench optimizer`,
+    /// `train bench training`.
     #[command(subcommand)]
     Bench(BenchCmd),
-    /// Speed benchmarks: need a CUDA build (`cargo build --release --features cuda`).
-    #[cfg(not(feature = "cuda"))]
-    #[command(hide = true)]
-    Bench {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
 }
 
 /// What `train bench` times.
-#[cfg(feature = "cuda")]
 #[derive(Subcommand)]
 enum BenchCmd {
     /// The fused optimizer step on a preset's parameter shapes, every state format.
+    #[cfg(feature = "cuda")]
     Optimizer {
         /// Model preset whose parameter shapes are stepped.
         #[arg(long, default_value = "llama100m")]
@@ -118,7 +111,7 @@ enum BenchCmd {
         weights: Vec<String>,
     },
     /// The data pipeline alone, as training reads it (shard reader, tokenizer, packing into
-    /// sequences): tokens/s over `--batches` batches after the first.
+    /// sequences): tokens/s over `--batches` batches, from opening the stream.
     Data {
         /// Run config (its `[data]` section; `--set` overrides it).
         #[arg(long, default_value = "configs/llama100m_fp8_sr_reset.toml")]
@@ -138,6 +131,7 @@ enum BenchCmd {
     },
     /// The whole training step (data, forward, backward, optimizer): tokens/s, MFU, peak
     /// memory and the per-phase split.
+    #[cfg(feature = "cuda")]
     Training {
         /// Run config (its states, data and model; the flags below override it).
         #[arg(long, default_value = "configs/llama100m_fp8_sr_reset.toml")]
@@ -170,6 +164,10 @@ enum BenchCmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// `optimizer`, `training`: need a CUDA build.
+    #[cfg(not(feature = "cuda"))]
+    #[command(external_subcommand)]
+    Gpu(Vec<String>),
 }
 
 fn main() {
@@ -201,31 +199,31 @@ fn real_main() -> Result<()> {
         Some(Cmd::Stalls(args)) => lowbit_train::stalls_table::run(&args),
         Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),
         Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
-        #[cfg(feature = "cuda")]
         Some(Cmd::Bench(b)) => bench(b),
-        #[cfg(not(feature = "cuda"))]
-        Some(Cmd::Bench { .. }) => anyhow::bail!(
-            "train bench needs the GPU build: cargo build --release -p lowbit-train --features cuda \
-             (this binary was built without the `cuda` feature)"
-        ),
         None => train(cli.train),
     }
 }
 
-#[cfg(feature = "cuda")]
 fn bench(b: BenchCmd) -> Result<()> {
-    use lowbit_train::{bench, bench_training};
     match b {
+        #[cfg(not(feature = "cuda"))]
+        BenchCmd::Gpu(args) => anyhow::bail!(
+            "train bench {} needs the GPU build: cargo build --release -p lowbit-train --features cuda \
+             (this binary was built without the `cuda` feature; `train bench data` runs here)",
+            args.first().map_or("", String::as_str)
+        ),
+        #[cfg(feature = "cuda")]
         BenchCmd::Optimizer { preset, iters, formats, weights } => {
+            use lowbit_train::bench;
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
             lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
         }
         BenchCmd::Data { config, batch, seq, batches, sets } => {
-            let cfg = bench_training::bench_config(&config, &sets, batch, batch, seq, "bf16")?;
-            let tokens_per_s = bench_training::data(&cfg, batch, batches)?;
+            let tokens_per_s = lowbit_train::bench_data::data(&config, &sets, batch, seq, batches)?;
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             lowbit_train::outln!("data pipeline: {tokens_per_s:.0} tokens/s ({batches} batches of {batch} x {seq}, {threads} CPU threads)");
         }
+        #[cfg(feature = "cuda")]
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
             sets.insert(0, format!("model.preset={preset}"));
             let cfg = bench_training::bench_config(&config, &sets, batch, micro_batch.unwrap_or(batch), seq, &dtype)?;

@@ -123,7 +123,12 @@ fn errors_name_the_file_or_field_and_what_to_do() {
     let e = err(&["predict", "--format", "bf16", "--beta2", "-0.5"]);
     assert!(e.contains("--beta2 must be in [0, 1), got -0.5"), "{e}");
     let e = err(&["bench", "optimizer"]);
-    assert!(e.contains("train bench needs the GPU build: cargo build --release -p lowbit-train --features cuda"), "{e}");
+    assert!(e.contains("train bench optimizer needs the GPU build: cargo build --release -p lowbit-train --features cuda"), "{e}");
+    // the data pipeline's benchmark is CPU work: it runs in this build, on the config's data
+    let r = train(d, &["bench", "data", "--config", "c.toml", "--batch", "2", "--seq", "32", "--batches", "3"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let rate: f64 = r.stdout.strip_prefix("data pipeline: ").and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    assert!(rate > 0.0 && r.stdout.contains("tokens/s (3 batches of 2 x 32,"), "{}", r.stdout);
 
     // one corrupt line in stalls.jsonl: the rest is read, the line is named
     let run = d.join("fake");
