@@ -226,6 +226,7 @@ fn bench(b: BenchCmd) -> Result<()> {
         #[cfg(feature = "cuda")]
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
             sets.insert(0, format!("model.preset={preset}"));
+            use lowbit_train::bench_training;
             let cfg = bench_training::bench_config(&config, &sets, batch, micro_batch.unwrap_or(batch), seq, &dtype)?;
             let row = bench_training::training(&cfg, warmup, steps)?;
             lowbit_train::outln!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
