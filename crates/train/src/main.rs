@@ -292,6 +292,14 @@ fn train(a: TrainArgs) -> Result<()> {
         if std::env::var_os("WORLD_SIZE").is_some() {
             anyhow::bail!("--gpus {n} inside a data-parallel launch (WORLD_SIZE is set): use one or the other");
         }
+        // what every worker would refuse, said once before any starts
+        if config.train.device != "cpu" {
+            anyhow::bail!(
+                "--gpus {n} with train.device = {:?}: the NCCL backend for GPUs is not built yet; \
+                 data-parallel training runs on the CPU (--device cpu) for now",
+                config.train.device
+            );
+        }
         let exe = std::env::current_exe().context("cannot find this binary to start the workers")?;
         let args = launcher::worker_args(&std::env::args_os().skip(1).collect::<Vec<_>>());
         let workers = launcher::spawn(&exe, &args, n as usize, launcher::free_port()?)?;

@@ -116,4 +116,9 @@ fn a_failing_worker_fails_the_command_naming_its_rank() {
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("already holds a run") || r.stderr.contains("--resume"), "rank 0's own error: {}", r.stderr);
     assert!(r.stderr.contains("worker rank 0 failed (exit status: 1); the other workers were stopped"), "{}", r.stderr);
+    // what every worker would refuse is said once, before any starts
+    let r = train(d, &["--config", "c.toml", "--gpus", "2", "--device", "cuda"]);
+    assert_eq!(r.code, Some(1));
+    assert_eq!(r.stderr.matches("the NCCL backend for GPUs is not built yet").count(), 1, "{}", r.stderr);
+    assert!(!r.stderr.contains("worker rank"), "no worker started: {}", r.stderr);
 }
