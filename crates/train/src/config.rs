@@ -154,8 +154,15 @@ pub struct TrainSection {
     pub max_nonfinite_steps: u64,
     /// ZeRO stage with several ranks (`train --gpus N`): 0 = every rank keeps all optimizer
     /// states; 1 = each rank keeps and updates the states of its shard of every tensor, then
-    /// the weights are all-gathered (same updates bit for bit).
+    /// the weights are all-gathered (same updates bit for bit). Left out of the resolved TOML
+    /// when 0, so that a single-process run's config (and its fingerprint in a reproduction's
+    /// results file) reads as it did before data parallelism existed.
+    #[serde(skip_serializing_if = "is_zero")]
     pub zero: u8,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }
 
 impl Default for TrainSection {

@@ -60,6 +60,33 @@ fn fingerprint_ignores_the_runs_folder_only() {
     assert_ne!(fingerprint(&load(&["optim.states.m_format=\"e8m3\""])), base);
 }
 
+/// Every record of the committed results files (`reproduce/*-results.json`) has the fingerprint
+/// that today's configs give its run: a change to the configs or to the config format (a new
+/// setting in the resolved TOML) that would leave the committed tables stale fails here, not on
+/// the device, where the runner would silently run every cell again.
+#[test]
+fn committed_results_match_todays_configs() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reproduce");
+    let mut checked = 0;
+    for table in [Table::Fp32Model, Table::Bf16Model] {
+        for scale in [Scale::Smoke, Scale::H200] {
+            let file = ResultsFile::load(&dir.join(results_name(table, scale)), table, scale).unwrap();
+            let spec = PlanSpec { table, scale, configs: &configs(), runs_root: Path::new("/tmp/runs"), extra: &[] };
+            let planned: Vec<Planned> = [States::Paper, States::Storage]
+                .into_iter()
+                .flat_map(|s| plan(spec, s, &cells(table), &file.seeds()).unwrap())
+                .map(|j| j.planned)
+                .collect();
+            for r in &file.runs {
+                let p = planned.iter().find(|p| p.key == r.key()).unwrap_or_else(|| panic!("{:?}: not a cell", r.key()));
+                assert_eq!(r.fingerprint, p.fingerprint, "{} {:?}: stale record", results_name(table, scale), r.key());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 66, "{checked} records checked: the h200 results files are committed");
+}
+
 #[test]
 fn records_take_the_summary_and_flag_divergence() {
     let r = Record::from_summary(key("paper", "fp8_sr", 1), "0badf00d".into(), &summary(10.4, 5.61));
@@ -214,13 +241,14 @@ fn runs_spread_over_every_gpu() {
 }
 
 /// The h200 scale's numbers: 10 runs of 4000 steps fit one command's 510 s at the measured
-/// 81 steps/s per GPU, 11 do not; the description carries the derivation.
+/// 81 steps/s per GPU (FP32 model), 11 do not; the description carries the derivation and
+/// the BF16 model's measured speed.
 #[test]
 fn h200_scale_is_sized_from_the_measured_speed() {
     let steps = 4000.0;
     assert!(10.0 * steps / 81.0 <= 510.0 && 11.0 * steps / 81.0 > 510.0);
     let d = scale_description(Scale::H200);
-    for s in ["16.4M tokens per run", "~81 optimizer steps/s", "345 s", "41310 steps per GPU", "10 runs at once per GPU", "86 runs", "FP4 19"] {
+    for s in ["16.4M tokens per run", "~81 optimizer steps/s", "345 s", "41310 FP32-model steps per GPU", "10 runs at once per GPU", "~176", "86 runs", "FP4 19"] {
         assert!(d.contains(s), "{s:?} missing from: {d}");
     }
 }

@@ -165,10 +165,12 @@ pub fn scale_description(scale: Scale) -> String {
              validation shard (~250k tokens), CUDA, {jobs} runs at once per GPU.\n\
              Derivation: runs sharing one H200 at this shape make ~{steps_s:.0} optimizer steps/s \
              together (measured, FP32 model: 7 runs x 4000 steps in 345 s, start-up and \
-             validation included, ~332k tokens/s). A device command may run 10 minutes; keeping \
-             {run_s:.0} s for runs gives {per_gpu:.0} steps per GPU, so {jobs} runs of 4000 steps \
-             per GPU and command. 4000 steps of 4096 tokens is the least that meets the issue's 16M \
-             tokens per run (10x the first h200 tables) at the one shape measured, and stays \
+             validation included, ~332k tokens/s; the BF16 model ~176, 2.2x: 21 runs of 4000 \
+             steps, 11 at once, in 478 s). A device command may run 10 minutes; keeping \
+             {run_s:.0} s for runs gives {per_gpu:.0} FP32-model steps per GPU, so {jobs} runs of \
+             4000 steps per GPU and command (21 of the BF16 model with `--jobs 11`). 4000 steps \
+             of 4096 tokens is the least that meets the issue's 16M tokens per run (10x the first \
+             h200 tables) at the one shape measured, and stays \
              inside one pass over the corpus. It also serves the effects: the second half \
              (steps 2000-4000), over which stalled fractions are averaged, starts with states \
              2000 steps old (b2 = 0.999 needs ~1000+ to settle), and the reset cells use the \
@@ -179,10 +181,10 @@ pub fn scale_description(scale: Scale) -> String {
              the loss curve, is the cheapest way to a larger effect-to-spread ratio at this \
              budget; a larger model or batch would cut the tokens per run below 16M. Cost: both \
              tables x 2 seeds x both state kinds = 86 runs (Table 2: 14 paper + 8 storage-only \
-             cells, main table: 13 + 8; FP32/BF16 cells shared) = 344k steps, ~71 GPU-minutes: \
-             9 commands of up to 10 runs on one H200 (`reproduce/README.md` lists them). \
-             Still 5x smaller than the paper's model and 160x fewer tokens: expect smaller gaps \
-             than the paper's, and call an ordering only when it holds in every seed.",
+             cells, main table: 13 + 8; FP32/BF16 cells shared) = 344k steps, ~52 GPU-minutes: \
+             6 commands of the FP32 model (up to 10 runs) and 2 of the BF16 model (21 runs) on \
+             one H200. Still 5x smaller than the paper's model and 160x fewer tokens: expect \
+             smaller gaps than the paper's, and call an ordering only when it holds in every seed.",
             periods(Scale::H200),
             steps_s = H200_STEPS_PER_S,
             run_s = COMMAND_RUN_S,
@@ -195,8 +197,9 @@ pub fn scale_description(scale: Scale) -> String {
              batch 512 sequences (64 x 8), 20000 steps (2.6B tokens), warmup 2000, cosine to 10% \
              of lr 1e-3, AdamW (0.9, 0.999, 1e-8), validation on 10M C4 validation tokens. Reset \
              periods: the paper's, {}. Time on one H200 at the measured LLaMA-100M speed \
-             (`bench/training_h200.md`): ~2.9 h per run with a BF16 model (255k tokens/s), ~11 h \
-             with an FP32 model (65k tokens/s; ~4.3 h with `model.matmul_precision = \"tf32\"`, 169k).",
+             (`bench/training_h200.md`): ~1.9 h per run with a BF16 model (392k tokens/s), ~9.1 \
+             h with an FP32 model (79.8k tokens/s; ~2.9 h with `model.matmul_precision = \"tf32\"`, \
+             253k, which changes the numerics).",
             periods(Scale::Full)
         ),
     }
