@@ -28,7 +28,7 @@
 #include "formats.cuh"
 #include "rng.cuh"
 
-#define MAX_TENSORS 256  // per launch: the kernel parameters (24.1 KiB) stay under 32 KiB (CUDA 12.1+)
+#define MAX_TENSORS 256  // per launch: the kernel parameters (26.1 KiB) stay under 32 KiB (CUDA 12.1+)
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -49,6 +49,9 @@ struct TensorArgs {
     unsigned long long p, g, mc, ms, vc, vs;  // weights, gradient, m/v codes and scales
     unsigned long long n, key_m, key_v, key_w;
     unsigned long long first_segment;         // in the launch's numbering
+    unsigned long long offset;                // whole-tensor index of element 0 (a ZeRO-1
+                                              // shard's start, a multiple of 4; else 0): the
+                                              // random bits are those of element offset + e
     float decay;                              // 1 - lr * wd
     unsigned index;                           // optimizer tensor index: counters, amax slots
 };
@@ -335,7 +338,7 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     Codes<WF>::unpack(in.w, c);
     const int rounding = rounding_of<SR, false>(WF == FMT_BF16 ? a.round_w : ROUND_NEAREST);
     uint64_t rw[4];
-    quad_rand<SR, FMT_BF16>(rounding, t.key_w, e, rw);
+    quad_rand<SR, FMT_BF16>(rounding, t.key_w, t.offset + e, rw);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
@@ -414,8 +417,8 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
     const int round_m = rounding_of<SR, ALL_SR>(a.round_m), round_v = rounding_of<SR, ALL_SR>(a.round_v);
     uint64_t rm[4], rv[4];
-    quad_rand<SR, MF>(round_m, t.key_m, e, rm);
-    quad_rand<SR, VF>(round_v, t.key_v, e, rv);
+    quad_rand<SR, MF>(round_m, t.key_m, t.offset + e, rm);
+    quad_rand<SR, VF>(round_v, t.key_v, t.offset + e, rv);
     // The layout of the quad's encodes, each the fastest measured on the H200: FP4 states
     // encode all four elements first, as straight-line code, then count (10% faster than
     // inside the counting loop); int8 states encode all four inside the loop, without testing

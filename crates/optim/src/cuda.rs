@@ -55,7 +55,7 @@ impl Kernels {
 pub const COUNTER_RING: usize = 64;
 
 /// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
-/// 24.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
+/// 26.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
 pub const MAX_TENSORS: usize = 256;
 
 /// Launch-wide kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
@@ -101,6 +101,7 @@ struct TensorArgs {
     key_v: u64,
     key_w: u64,
     first_segment: u64,
+    offset: u64,
     decay: f32,
     index: u32,
 }
@@ -299,10 +300,13 @@ impl CudaAdamW {
     /// `grad_scale`), states updated, stall counts of `step` accumulated on the device.
     /// Asynchronous: a few kernel launches on candle's stream (one per weight dtype x
     /// gradient dtype and [`MAX_TENSORS`] tensors; per-tensor scaling adds an amax and a scale
-    /// launch each).
+    /// launch each). An optimizer made from a ZeRO-1 shard ([`LowbitAdamW::shard`]) takes the
+    /// shard's weights and gradients (`TensorState::first ..` + its length, e.g. views of the
+    /// whole tensors) and draws the random bits of those elements of the whole tensor, so it
+    /// rounds exactly as the whole-tensor step does on them.
     ///
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
-    /// tensor, a (weight, gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a
+    /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight, gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a
     /// tensor not on a CUDA device or not contiguous.
     pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
@@ -363,8 +367,13 @@ impl CudaAdamW {
                     g.dtype()
                 );
             };
-            if g.elem_count() != info.len || p.elem_count() != info.len {
-                candle_core::bail!("{}: parameter and gradient must have {} elements", info.name, info.len);
+            // a ZeRO-1 shard: its elements first..first + len of the whole tensor
+            let (first, len) = (self.host.tensors[i].first, self.host.tensors[i].m.len);
+            if g.elem_count() != len || p.elem_count() != len {
+                candle_core::bail!("{}: parameter and gradient must have {len} elements", info.name);
+            }
+            if first % 4 != 0 {
+                candle_core::bail!("{}: a shard must start at a multiple of 4 elements, not {first}", info.name);
             }
             let k: StepKeys = self.host.keys(step, i);
             let a = &self.states[i].addr;
@@ -375,11 +384,12 @@ impl CudaAdamW {
                 ms: a[1],
                 vc: a[2],
                 vs: a[3],
-                n: info.len as u64,
+                n: len as u64,
                 key_m: k.m,
                 key_v: k.v,
                 key_w: k.w,
                 first_segment: 0,
+                offset: first as u64,
                 decay: if info.weight_decay { decay_on } else { decay_off },
                 index: i as u32,
             }));

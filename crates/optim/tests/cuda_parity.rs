@@ -1,6 +1,7 @@
 //! GPU kernels against the CPU reference, bit for bit (run on a machine with a CUDA GPU:
 //! `cargo test --release --features cuda -p lowbit-optim --test cuda_parity`; without one the
-//! test prints why and passes vacuously).
+//! test prints why and passes vacuously). Also: ZeRO-1 shards of every tensor stepped on
+//! views of the whole weights give the whole-tensor step, bit for bit.
 //!
 //! For every state format (as m and as v; the precision-only e8mK with K = 1, 2, 3, 6; block-
 //! scaled v with `v_zero` exclude, and keep for fp8, fp4 and int8) x rounding x weight dtype x
@@ -151,40 +152,144 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         if gpu_counts != cpu_counts {
             return Err(format!("step {step}: stall counts differ: gpu {gpu_counts:?} cpu {cpu_counts:?}"));
         }
-        let host = gpu.download().map_err(|e| e.to_string())?;
-        for (i, (tg, tc)) in host.tensors.iter().zip(&cpu.tensors).enumerate() {
-            for (kind, a, b) in [("m", &tg.m, &tc.m), ("v", &tg.v, &tc.v)] {
-                let (ga, cb) = (a.code_bytes(), b.code_bytes());
-                let differ = if a.format.bits() == 32 {
-                    ga.chunks(4).zip(cb.chunks(4)).any(|(x, y)| {
-                        !same_f32(f32::from_le_bytes(x.try_into().unwrap()), f32::from_le_bytes(y.try_into().unwrap()))
-                    })
-                } else {
-                    ga != cb
-                };
-                if differ {
-                    let j = ga.iter().zip(&cb).position(|(x, y)| x != y).unwrap_or(0);
-                    return Err(format!("step {step} tensor {i}: {kind} codes differ (first byte {j}: gpu {} cpu {})", ga[j], cb[j]));
-                }
-                if a.scales.iter().zip(&b.scales).any(|(x, y)| x.to_bits() != y.to_bits()) {
-                    return Err(format!("step {step} tensor {i}: {kind} scales differ"));
-                }
-            }
-            let p = &params[i];
-            if c.bf16_weights {
-                let gp: Vec<u16> = p.to_vec1::<bf16>().map_err(|e| e.to_string())?.iter().map(|x| x.to_bits()).collect();
-                if gp != w16[i] {
-                    return Err(format!("step {step} tensor {i}: bf16 weights differ"));
-                }
+        same_states(step, gpu.download().map_err(|e| e.to_string())?, &cpu)?;
+        for (i, p) in params.iter().enumerate() {
+            same_weights(step, i, p, c.bf16_weights, &w16[i], &w32[i])?;
+        }
+    }
+    Ok(())
+}
+
+/// The GPU's downloaded states against the CPU reference's: codes bit for bit (FP32 codes
+/// with NaN as NaN), scales bit for bit.
+fn same_states(step: u64, gpu: &LowbitAdamW, cpu: &LowbitAdamW) -> Result<(), String> {
+    for (i, (tg, tc)) in gpu.tensors.iter().zip(&cpu.tensors).enumerate() {
+        for (kind, a, b) in [("m", &tg.m, &tc.m), ("v", &tg.v, &tc.v)] {
+            let (ga, cb) = (a.code_bytes(), b.code_bytes());
+            let differ = if a.format.bits() == 32 {
+                ga.chunks(4).zip(cb.chunks(4)).any(|(x, y)| {
+                    !same_f32(f32::from_le_bytes(x.try_into().unwrap()), f32::from_le_bytes(y.try_into().unwrap()))
+                })
             } else {
-                let gp = p.to_dtype(DType::F32).and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
-                if let Some(j) = gp.iter().zip(&w32[i]).position(|(a, b)| !same_f32(*a, *b)) {
-                    return Err(format!("step {step} tensor {i}: weight {j} differs: gpu {} cpu {}", gp[j], w32[i][j]));
-                }
+                ga != cb
+            };
+            if differ || ga.len() != cb.len() {
+                let j = ga.iter().zip(&cb).position(|(x, y)| x != y).unwrap_or(0);
+                return Err(format!("step {step} tensor {i}: {kind} codes differ (first byte {j}: gpu {} cpu {})", ga[j], cb[j]));
+            }
+            if a.scales.iter().zip(&b.scales).any(|(x, y)| x.to_bits() != y.to_bits()) {
+                return Err(format!("step {step} tensor {i}: {kind} scales differ"));
             }
         }
     }
     Ok(())
+}
+
+/// GPU weights `p` against the CPU reference's (`w16` bit patterns or `w32`).
+fn same_weights(step: u64, i: usize, p: &Tensor, bf16_weights: bool, w16: &[u16], w32: &[f32]) -> Result<(), String> {
+    if bf16_weights {
+        let gp: Vec<u16> = p.to_vec1::<bf16>().map_err(|e| e.to_string())?.iter().map(|x| x.to_bits()).collect();
+        if gp != w16 {
+            return Err(format!("step {step} tensor {i}: bf16 weights differ"));
+        }
+    } else {
+        let gp = p.to_dtype(DType::F32).and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
+        if let Some(j) = gp.iter().zip(w32).position(|(a, b)| !same_f32(*a, *b)) {
+            return Err(format!("step {step} tensor {i}: weight {j} differs: gpu {} cpu {}", gp[j], w32[j]));
+        }
+    }
+    Ok(())
+}
+
+/// ZeRO-1 on the GPU: two optimizers made from the two shards of every tensor
+/// (`LowbitAdamW::shard`, cut at a multiple of 128 elements inside the tensor), each stepping
+/// views of its range of the whole weights and gradients, together give the CPU reference's
+/// whole-tensor step bit for bit: weights, codes, scales (gathered with `unshard`) and stall
+/// counts (summed), with stochastic rounding (the random bits are the whole tensor's).
+#[test]
+fn sharded_step_matches_whole_tensor_step() {
+    let Some(dev) = gpu() else { return };
+    let Device::Cuda(cuda_dev) = &dev else { unreachable!() };
+    let sizes = [100_003usize, 4096, 300, 5];
+    let mut failures = vec![];
+    for (m, v) in [("fp8e4m3", "fp8e4m3"), ("fp4e2m1", "fp4ue2m2"), ("bf16", "bf16"), ("e8m3", "e8m3"), ("fp32", "fp32")] {
+        for bf16_weights in [false, true] {
+            let states = StatesConfig {
+                m_format: m.into(),
+                v_format: v.into(),
+                m_rounding: Rounding::Stochastic,
+                v_rounding: Rounding::Stochastic,
+                weight_rounding: Rounding::Stochastic,
+                block_size: 128,
+                ..Default::default()
+            };
+            let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+            let infos: Vec<ParamInfo> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| ParamInfo { name: format!("t{i}"), group: "mlp".into(), len: n, weight_decay: true })
+                .collect();
+            let mut cpu = LowbitAdamW::new(hyper, states.resolve().unwrap(), 7, infos);
+            let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
+            let mut w16: Vec<Vec<u16>> =
+                w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
+            let step_cpu = |cpu: &mut LowbitAdamW, step: u64, i: usize, w16: &mut Vec<u16>, w32: &mut Vec<f32>, g: &[f32]| {
+                if bf16_weights {
+                    cpu.step_cpu(step, 1e-3, 1.0, i, Weights::Bf16(w16), g)
+                } else {
+                    cpu.step_cpu(step, 1e-3, 1.0, i, Weights::F32(w32), g)
+                }
+            };
+            for (i, &n) in sizes.iter().enumerate() {
+                step_cpu(&mut cpu, 1, i, &mut w16[i], &mut w32[i], &values(210 + i as u64, n, 1e-3, false));
+            }
+            // rank 0: elements 0..cut of each tensor, rank 1: cut..n (cut a multiple of 128)
+            let cuts: Vec<usize> = sizes.iter().map(|&n| n / 2 / 128 * 128).collect();
+            let ranges = |r: usize| -> Vec<std::ops::Range<usize>> {
+                sizes.iter().zip(&cuts).map(|(&n, &c)| if r == 0 { 0..c } else { c..n }).collect()
+            };
+            let mut shards: Vec<CudaAdamW> =
+                (0..2).map(|r| CudaAdamW::new(cpu.shard(&ranges(r)).unwrap(), cuda_dev).unwrap()).collect();
+            let params: Vec<Tensor> = (0..sizes.len())
+                .map(|i| match bf16_weights {
+                    true => Tensor::from_vec(w16[i].iter().map(|&b| bf16::from_bits(b)).collect::<Vec<_>>(), sizes[i], &dev),
+                    false => Tensor::from_vec(w32[i].clone(), sizes[i], &dev),
+                })
+                .collect::<candle_core::Result<_>>()
+                .unwrap();
+            let step = 2;
+            let g: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(320 + i as u64, n, 1e-2, true)).collect();
+            let cpu_counts: Vec<_> =
+                (0..sizes.len()).map(|i| step_cpu(&mut cpu, step, i, &mut w16[i], &mut w32[i], &g[i])).collect();
+            let grads: Vec<Tensor> = g.iter().map(|g| Tensor::from_vec(g.clone(), g.len(), &dev).unwrap()).collect();
+            let mut summed = vec![lowbit_optim::StallCounts::default(); sizes.len()];
+            for (r, shard) in shards.iter_mut().enumerate() {
+                let view = |t: &Tensor, i: usize| t.narrow(0, ranges(r)[i].start, ranges(r)[i].len()).unwrap();
+                let p: Vec<Tensor> = params.iter().enumerate().map(|(i, t)| view(t, i)).collect();
+                let gr: Vec<Tensor> = grads.iter().enumerate().map(|(i, t)| view(t, i)).collect();
+                shard.step(step, 1e-3, 1.0, &p, &gr).unwrap();
+                for (s, c) in summed.iter_mut().zip(shard.read_counts(step).unwrap()) {
+                    *s += c;
+                }
+            }
+            let host: Vec<LowbitAdamW> = shards.iter_mut().map(|s| s.download().unwrap().clone_states()).collect();
+            let whole = LowbitAdamW::unshard(&host).unwrap();
+            let mut check = || -> Result<(), String> {
+                if summed != cpu_counts {
+                    return Err(format!("stall counts differ: shards {summed:?} cpu {cpu_counts:?}"));
+                }
+                same_states(step, &whole, &cpu)?;
+                for (i, p) in params.iter().enumerate() {
+                    same_weights(step, i, p, bf16_weights, &w16[i], &w32[i])?;
+                }
+                Ok(())
+            };
+            if let Err(e) = check() {
+                failures.push(format!("m={m} v={v} bf16w={bf16_weights}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
@@ -271,4 +376,18 @@ fn precision_only_with_block_scaled_states_is_refused() {
     let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 8, weight_decay: false }];
     let e = CudaAdamW::new(LowbitAdamW::new(hyper, states.resolve().unwrap(), 0, infos), cuda_dev).err().unwrap().to_string();
     assert!(e.contains("m = e8m3 and v = fp8e4m3"), "{e}");
+}
+
+#[test]
+fn shard_not_starting_at_a_multiple_of_4_is_refused() {
+    let Some(dev) = gpu() else { return };
+    let Device::Cuda(cuda_dev) = &dev else { unreachable!() };
+    let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+    let states = StatesConfig { m_format: "bf16".into(), v_format: "bf16".into(), ..Default::default() };
+    let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 300, weight_decay: false }];
+    let whole = LowbitAdamW::new(hyper, states.resolve().unwrap(), 0, infos);
+    let mut gpu = CudaAdamW::new(whole.shard(&[6..300]).unwrap(), cuda_dev).unwrap();
+    let t = Tensor::zeros(294, DType::F32, &dev).unwrap();
+    let e = gpu.step(1, 1e-3, 1.0, &[t.clone()], &[t]).err().unwrap().to_string();
+    assert!(e.contains("w: a shard must start at a multiple of 4 elements, not 6"), "{e}");
 }

@@ -54,7 +54,7 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
 /// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
 /// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
-    let dev = crate::trainer::device("cuda")?;
+    let dev = crate::trainer::device("cuda", 0)?;
     let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
     let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mcfg = cfg.model_config(tok.vocab_size())?;

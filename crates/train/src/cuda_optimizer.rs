@@ -6,6 +6,10 @@ use candle_core::{Device, Tensor};
 use lowbit_optim::cuda::{CudaAdamW, COUNTER_RING};
 use lowbit_optim::{LowbitAdamW, StallCounts};
 
+/// Steps by which the stall counts of a GPU optimizer are read late (half the kernel's ring of
+/// counters, at most 8), so that the step itself never waits for the device.
+pub const COUNT_LAG: usize = if COUNTER_RING / 2 < 8 { COUNTER_RING / 2 } else { 8 };
+
 /// States on the GPU; stall counters read back [`Optimizer::count_lag`] steps late so the
 /// step itself never waits for the device.
 pub struct DeviceAdamW {
@@ -30,7 +34,7 @@ impl Optimizer for DeviceAdamW {
     }
 
     fn count_lag(&self) -> usize {
-        (COUNTER_RING / 2).min(8)
+        COUNT_LAG
     }
 
     fn states(&mut self) -> Result<&LowbitAdamW> {

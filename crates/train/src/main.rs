@@ -294,11 +294,9 @@ fn train(a: TrainArgs) -> Result<()> {
         }
         // what every worker would refuse, said once before any starts
         if config.train.device != "cpu" {
-            anyhow::bail!(
-                "--gpus {n} with train.device = {:?}: the NCCL backend for GPUs is not built yet; \
-                 data-parallel training runs on the CPU (--device cpu) for now",
-                config.train.device
-            );
+            if let Some(why) = distributed::gpu_ranks_refused(n as usize) {
+                anyhow::bail!("--gpus {n} with train.device = {:?}: {why}", config.train.device);
+            }
         }
         let exe = std::env::current_exe().context("cannot find this binary to start the workers")?;
         let args = launcher::worker_args(&std::env::args_os().skip(1).collect::<Vec<_>>());
@@ -306,13 +304,14 @@ fn train(a: TrainArgs) -> Result<()> {
         // the exit status of the signal forwarded (130 / 143) comes from signals::exit_status
         return launcher::supervise(workers, &interrupt, || signals::exit_status().map_or(libc::SIGTERM, |c| c - 128));
     }
-    let comm = distributed::connect(&World::from_env()?)?;
+    let world = World::from_env()?;
+    let comm = distributed::connect(&world)?;
     let folder = match (&resume_from, a.overwrite) {
         (Some(_), _) => FolderUse::Resume,
         (None, true) => FolderUse::Overwrite,
         (None, false) => FolderUse::New,
     };
-    trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None, comm })?;
+    trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None, comm, local_rank: world.local_rank })?;
     Ok(())
 }
 

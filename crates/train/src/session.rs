@@ -5,8 +5,7 @@
 use crate::checkpoint::{self, TrainState};
 use crate::config::{RunConfig, WeightDtype};
 use crate::distributed::collective::Collective;
-use crate::distributed::shard::{granule, zero_ranges};
-use crate::distributed::zero::ShardedAdamW;
+use crate::distributed;
 use crate::metrics::{JsonlWriter, MetricsRow};
 use crate::optimizer::{Optimizer, ParamSet};
 use crate::run_folder::{self, RunLock};
@@ -54,6 +53,8 @@ pub struct Session {
     pending: VecDeque<(u64, Option<u64>)>,
     pub n_params: usize,
     pub state_bytes: usize,
+    /// Optimizer state bytes this rank holds (its shard with `train.zero = 1`).
+    pub rank_state_bytes: usize,
     /// CUDA pool high-water mark, bytes.
     pub device_peak: Option<u64>,
     pub last_checkpoint: Option<PathBuf>,
@@ -80,16 +81,9 @@ impl Session {
         let cfg = launch.config.clone();
         let run_dir = cfg.run_dir();
         let config_toml = cfg.to_toml();
-        let dev = device(&cfg.train.device)?;
-        let comm = launch.comm.clone();
+        let dev = device(&cfg.train.device, launch.local_rank)?;
+        let comm = distributed::for_device(launch.comm.clone(), &dev)?;
         let (rank, world) = (comm.rank(), comm.world_size());
-        if world > 1 && !dev.is_cpu() {
-            anyhow::bail!(
-                "{world} ranks on train.device = {:?}: the NCCL backend for GPUs is not built yet; \
-                 data-parallel training runs on the CPU (--device cpu) for now",
-                cfg.train.device
-            );
-        }
         same_config_as_rank0(comm.as_ref(), &config_toml)?;
         let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
 
@@ -160,19 +154,19 @@ impl Session {
             };
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
-        let mut opt: Box<dyn Optimizer> = match cfg.train.zero {
-            0 => make_optimizer(host, &dev)?,
-            _ if !dev.is_cpu() => anyhow::bail!("train.zero = 1 on a GPU needs the NCCL backend, not built yet"),
+        let (mut opt, rank_state_bytes): (Box<dyn Optimizer>, Option<usize>) = match cfg.train.zero {
+            0 => (make_optimizer(host, &dev)?, None),
             _ => {
                 let lens: Vec<usize> = infos.iter().map(|i| i.len).collect();
-                let sharded = ShardedAdamW::new(&host, zero_ranges(&lens, granule(&spec), world), comm.clone())?;
-                tracing::info!("train.zero = 1: rank {rank} of {world} holds {} bytes of optimizer states", sharded.local_state_bytes());
-                Box::new(sharded)
+                let (opt, bytes) = distributed::sharded_optimizer(&host, &lens, &spec, comm.clone(), &dev)?;
+                tracing::info!("train.zero = 1: rank {rank} of {world} holds {bytes} bytes of optimizer states");
+                (opt, Some(bytes))
             }
         };
 
         let n_params = params.num_params();
         let state_bytes = opt.states()?.state_bytes();
+        let rank_state_bytes = rank_state_bytes.unwrap_or(state_bytes);
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = state.global_batch;
         if rank == 0 {
@@ -248,6 +242,7 @@ impl Session {
             pending: VecDeque::new(),
             n_params,
             state_bytes,
+            rank_state_bytes,
             device_peak: None,
             last_checkpoint: None,
             _lock: lock,

@@ -154,10 +154,11 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
         clock.lap(|p| &mut p.backward)?;
     }
     let mut grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
-    let mut loss = loss_sum.context("grad_accum is 0")?.to_scalar::<f32>()? as f64;
-    if world > 1 {
-        loss = all_reduce(ctx.comm, &mut grads, loss as f32)? as f64;
-    }
+    let loss_sum = loss_sum.context("grad_accum is 0")?;
+    let loss = match world {
+        1 => loss_sum.to_scalar::<f32>()? as f64,
+        _ => all_reduce(ctx.comm, &mut grads, &loss_sum)? as f64,
+    };
     let norm = global_norm(&grads)?;
     let updated = loss.is_finite() && norm.is_finite();
     if updated {
@@ -174,20 +175,23 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
     Ok(StepOutput { loss, grad_norm: norm, tokens, position, updated })
 }
 
-/// Sums `grads` (replaced by FP32 sums) and `loss` over all ranks in one all-reduce of a
-/// flat FP32 buffer; returns the summed loss.
-fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: f32) -> Result<f32> {
-    let mut flat = Vec::with_capacity(grads.iter().map(|g| g.elem_count()).sum::<usize>() + 1);
+/// Sums `grads` (replaced by FP32 sums) and the scalar `loss` over all ranks in one
+/// all-reduce of a flat FP32 buffer on the device ([`Collective::all_reduce_tensor`]); returns
+/// the summed loss. The summed gradients are views into that buffer (no copy), except where a
+/// tensor's offset is not a multiple of 4 elements, which the fused optimizer needs.
+fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Result<f32> {
+    let mut parts = Vec::with_capacity(grads.len() + 1);
     for g in grads.iter() {
-        flat.extend(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+        parts.push(g.to_dtype(DType::F32)?.flatten_all()?);
     }
-    flat.push(loss);
-    comm.all_reduce_sum(&mut flat)?;
+    parts.push(loss.to_dtype(DType::F32)?.reshape(1)?);
+    let flat = comm.all_reduce_tensor(&Tensor::cat(&parts, 0)?)?;
     let mut at = 0;
     for g in grads.iter_mut() {
         let n = g.elem_count();
-        *g = Tensor::from_slice(&flat[at..at + n], g.shape(), g.device())?;
+        let view = flat.narrow(0, at, n)?.reshape(g.shape())?;
+        *g = if at % 4 == 0 { view } else { view.copy()? };
         at += n;
     }
-    Ok(flat[at])
+    Ok(flat.narrow(0, at, 1)?.to_vec1::<f32>()?[0])
 }

@@ -32,6 +32,10 @@ pub struct Summary {
     /// Optimizer state bytes (codes + scales) and per parameter.
     pub state_bytes: usize,
     pub state_bytes_per_param: f64,
+    /// Optimizer state bytes that one GPU/process holds: rank 0's shard with `train.zero = 1`,
+    /// else `state_bytes` (summaries written before this was recorded read 0).
+    #[serde(default)]
+    pub state_bytes_per_rank: usize,
     /// Validation loss at step 0 and at the end.
     pub initial_val_loss: Option<f64>,
     pub final_val_loss: Option<f64>,
@@ -92,6 +96,7 @@ pub fn build(
         params,
         state_bytes,
         state_bytes_per_param: state_bytes as f64 / params.max(1) as f64,
+        state_bytes_per_rank: state_bytes,
         initial_val_loss: evals.iter().find(|e| e.0 == 0).map(|e| e.1),
         final_val_loss: last_val.or(evals.last().map(|e| e.1)),
         final_train_loss: mean(train.iter().rev().take(10).map(|t| t.2.is_finite().then_some(t.2))),

@@ -38,6 +38,9 @@ pub struct Launch {
     pub stop_after: Option<u64>,
     /// The other ranks of a data-parallel job ([`Solo`] for one process).
     pub comm: Arc<dyn Collective>,
+    /// This process's rank on its host (`LOCAL_RANK`): the GPU it trains on when
+    /// `train.device = "cuda"`.
+    pub local_rank: usize,
 }
 
 impl Launch {
@@ -50,6 +53,7 @@ impl Launch {
             interrupt: Default::default(),
             stop_after: None,
             comm: Arc::new(Solo),
+            local_rank: 0,
         }
     }
 
@@ -69,14 +73,24 @@ pub struct Outcome {
     pub stopped_early: bool,
 }
 
-/// Pick the device named in the config.
-pub fn device(name: &str) -> Result<Device> {
+/// Pick the device named in the config: `"cpu"`, or `"cuda"` = GPU `ordinal` (a data-parallel
+/// worker's `LOCAL_RANK`, else 0).
+///
+/// # Errors
+/// An unknown name, `"cuda"` in a build without the `cuda` feature, or a GPU that cannot be
+/// opened (named by its ordinal).
+pub fn device(name: &str, ordinal: usize) -> Result<Device> {
     match name {
         "cpu" => Ok(Device::Cpu),
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(Device::Cuda(lowbit_optim::cuda::open_device(0).context("cannot open CUDA device 0")?)),
+        "cuda" => Ok(Device::Cuda(
+            lowbit_optim::cuda::open_device(ordinal).with_context(|| format!("cannot open CUDA device {ordinal}"))?,
+        )),
         #[cfg(not(feature = "cuda"))]
-        "cuda" => bail!("train.device = \"cuda\" needs a build with `--features cuda`"),
+        "cuda" => {
+            let _ = ordinal;
+            bail!("train.device = \"cuda\" needs a build with `--features cuda`")
+        }
         d => bail!("train.device: unknown device {d:?}"),
     }
 }
@@ -255,7 +269,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         return Ok(Outcome { run_dir: s.run_dir.clone(), summary: None, stopped_early: status == RunStatus::Interrupted });
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let summary = summary::build(
+    let mut summary = summary::build(
         &s.run_dir,
         s.n_params,
         s.state_bytes,
@@ -264,6 +278,7 @@ pub fn run(launch: Launch) -> Result<Outcome> {
         s.device_peak,
         status,
     )?;
+    summary.state_bytes_per_rank = s.rank_state_bytes;
     checkpoint::write_atomic(&s.run_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     if let Some(e) = stop_error {
         bail!(e);

@@ -74,6 +74,16 @@ fn two_ranks_match_one_rank_and_zero1_matches_zero0_bit_for_bit() {
     assert_eq!(read("two", opt), read("two_zero1", opt), "gathered states are the unsharded states");
     // rank 0 alone writes: one metrics row per step
     assert_eq!(zero1.len(), 8);
+    // the summary records what one rank holds: all of it, or rank 0's shard with ZeRO-1
+    let summary = |run: &str| -> serde_json::Value { serde_json::from_slice(&read(run, "summary.json")).unwrap() };
+    let (whole, two_rank, zero1_rank) = (
+        summary("two")["state_bytes"].as_u64().unwrap(),
+        summary("two")["state_bytes_per_rank"].as_u64().unwrap(),
+        summary("two_zero1")["state_bytes_per_rank"].as_u64().unwrap(),
+    );
+    assert_eq!(two_rank, whole);
+    let half = zero1_rank as f64 / whole as f64;
+    assert!((0.45..=0.55).contains(&half), "rank 0 holds {zero1_rank} of {whole} state bytes with ZeRO-1");
 }
 
 #[test]
@@ -119,6 +129,6 @@ fn a_failing_worker_fails_the_command_naming_its_rank() {
     // what every worker would refuse is said once, before any starts
     let r = train(d, &["--config", "c.toml", "--gpus", "2", "--device", "cuda"]);
     assert_eq!(r.code, Some(1));
-    assert_eq!(r.stderr.matches("the NCCL backend for GPUs is not built yet").count(), 1, "{}", r.stderr);
+    assert_eq!(r.stderr.matches("2 ranks on GPUs need NCCL: this build has none").count(), 1, "{}", r.stderr);
     assert!(!r.stderr.contains("worker rank"), "no worker started: {}", r.stderr);
 }

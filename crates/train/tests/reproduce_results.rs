@@ -26,6 +26,7 @@ fn summary(initial: f64, last: f64) -> Summary {
         params: 8_619_648,
         state_bytes: 0,
         state_bytes_per_param: 0.0,
+        state_bytes_per_rank: 0,
         initial_val_loss: Some(initial),
         final_val_loss: Some(last),
         final_train_loss: None,

@@ -11,6 +11,7 @@
 
 use super::rendezvous::{recv_frame, send_frame, Links};
 use anyhow::{bail, Result};
+use candle_core::Tensor;
 use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::sync::Mutex;
@@ -38,6 +39,24 @@ pub trait Collective: Send + Sync {
 
     /// Rank 0's `buf` on every rank (replaces `buf` elsewhere).
     fn broadcast(&self, buf: &mut Vec<u8>) -> Result<()>;
+
+    /// Element-wise sum over all ranks of a 1-D FP32 tensor (the step's gradients and loss,
+    /// flattened into one buffer), as a new tensor on the same device. The default goes
+    /// through the host ([`Collective::all_reduce_sum`]); the NCCL backend sums on the GPUs.
+    fn all_reduce_tensor(&self, t: &Tensor) -> Result<Tensor> {
+        let mut host = t.to_vec1::<f32>()?;
+        self.all_reduce_sum(&mut host)?;
+        Ok(Tensor::from_vec(host, t.elem_count(), t.device())?)
+    }
+
+    /// `owned[q]`: views (contiguous ranges of weight tensors, the same on every rank) that
+    /// rank `q` updated; afterwards every rank holds rank `q`'s values in them, in place
+    /// (ZeRO-1's weight all-gather on GPUs). Only the NCCL backend has it (the CPU ZeRO-1
+    /// gathers bytes with [`Collective::all_gather`]).
+    fn broadcast_views(&self, owned: &[Vec<Tensor>]) -> Result<()> {
+        let _ = owned;
+        bail!("an in-place broadcast of device tensors needs the NCCL backend")
+    }
 }
 
 /// A single process: nothing to exchange.

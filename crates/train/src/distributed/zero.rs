@@ -106,45 +106,51 @@ impl Optimizer for ShardedAdamW {
     }
 
     fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>> {
-        let counts = match self.last.take() {
-            Some((s, c)) if s == step => c,
+        match self.last.take() {
+            Some((s, c)) if s == step => sum_counts(&c, self.comm.as_ref()),
             _ => anyhow::bail!("stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"),
-        };
-        let mut flat: Vec<u64> = counts
-            .iter()
-            .flat_map(|c| [c.m.updated, c.m.stalled, c.v.updated, c.v.stalled, c.w.updated, c.w.stalled])
-            .collect();
-        self.comm.sum_u64(&mut flat)?;
-        let pair = |a: &[u64]| Counter { updated: a[0], stalled: a[1] };
-        Ok(flat.chunks_exact(6).map(|c| StallCounts { m: pair(&c[0..2]), v: pair(&c[2..4]), w: pair(&c[4..6]) }).collect())
+        }
     }
 
     fn states(&mut self) -> Result<&LowbitAdamW> {
         if self.gathered.is_none() {
-            let mine: Vec<u8> = self.local.tensors.iter().flat_map(|t| [state_bytes(&t.m), state_bytes(&t.v)]).flatten().collect();
-            let shapes: Vec<Vec<(QuantState, QuantState)>> = self
-                .ranges
-                .iter()
-                .map(|rs| rs.iter().zip(&self.local.tensors).map(|(r, t)| (like(&t.m, r.len()), like(&t.v, r.len()))).collect())
-                .collect();
-            let counts: Vec<usize> =
-                shapes.iter().map(|s| s.iter().map(|(m, v)| state_bytes(m).len() + state_bytes(v).len()).sum()).collect();
-            let all = self.comm.all_gather(&mine, &counts)?;
-            let mut at = 0;
-            let mut shards = Vec::with_capacity(shapes.len());
-            for (rs, states) in self.ranges.iter().zip(shapes) {
-                let mut shard = self.local.clone_states();
-                for ((t, r), (mut m, mut v)) in shard.tensors.iter_mut().zip(rs).zip(states) {
-                    at = fill(&mut m, &all, at)?;
-                    at = fill(&mut v, &all, at)?;
-                    *t = TensorState { info: t.info.clone(), first: r.start, m, v };
-                }
-                shards.push(shard);
-            }
-            self.gathered = Some(LowbitAdamW::unshard(&shards).map_err(anyhow::Error::msg)?);
+            self.gathered = Some(gather_states(&self.local, &self.ranges, self.comm.as_ref())?);
         }
         Ok(self.gathered.as_ref().expect("gathered"))
     }
+}
+
+/// Every rank's stall counts of a step summed exactly (integers) over the ranks.
+pub(crate) fn sum_counts(counts: &[StallCounts], comm: &dyn Collective) -> Result<Vec<StallCounts>> {
+    let mut flat: Vec<u64> =
+        counts.iter().flat_map(|c| [c.m.updated, c.m.stalled, c.v.updated, c.v.stalled, c.w.updated, c.w.stalled]).collect();
+    comm.sum_u64(&mut flat)?;
+    let pair = |a: &[u64]| Counter { updated: a[0], stalled: a[1] };
+    Ok(flat.chunks_exact(6).map(|c| StallCounts { m: pair(&c[0..2]), v: pair(&c[2..4]), w: pair(&c[4..6]) }).collect())
+}
+
+/// The whole optimizer states on every rank, from each rank's shard `local` (cut by
+/// `ranges[rank]`): one all-gather of codes and scales, then [`LowbitAdamW::unshard`].
+pub(crate) fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn Collective) -> Result<LowbitAdamW> {
+    let mine: Vec<u8> = local.tensors.iter().flat_map(|t| [state_bytes(&t.m), state_bytes(&t.v)]).flatten().collect();
+    let shapes: Vec<Vec<(QuantState, QuantState)>> = ranges
+        .iter()
+        .map(|rs| rs.iter().zip(&local.tensors).map(|(r, t)| (like(&t.m, r.len()), like(&t.v, r.len()))).collect())
+        .collect();
+    let counts: Vec<usize> = shapes.iter().map(|s| s.iter().map(|(m, v)| state_bytes(m).len() + state_bytes(v).len()).sum()).collect();
+    let all = comm.all_gather(&mine, &counts)?;
+    let mut at = 0;
+    let mut shards = Vec::with_capacity(shapes.len());
+    for (rs, states) in ranges.iter().zip(shapes) {
+        let mut shard = local.clone_states();
+        for ((t, r), (mut m, mut v)) in shard.tensors.iter_mut().zip(rs).zip(states) {
+            at = fill(&mut m, &all, at)?;
+            at = fill(&mut v, &all, at)?;
+            *t = TensorState { info: t.info.clone(), first: r.start, m, v };
+        }
+        shards.push(shard);
+    }
+    LowbitAdamW::unshard(&shards).map_err(anyhow::Error::msg)
 }
 
 /// A zero state of `len` elements with `s`'s settings (the layout of a peer's shard).
