@@ -182,11 +182,20 @@ fn main() {
         .log_internal_errors(false)
         .init();
     if let Err(e) = real_main() {
-        lowbit_train::errln!("error: {e:#}");
+        lowbit_train::errln!("{}error: {e:#}", rank_prefix());
         std::process::exit(1);
     }
     if let Some(code) = signals::exit_status() {
         std::process::exit(code);
+    }
+}
+
+/// `rank N: ` in a data-parallel worker other than rank 0, so that an error every rank hits
+/// reads as rank 0's with the others' copies attributed; empty otherwise.
+fn rank_prefix() -> String {
+    match std::env::var("RANK") {
+        Ok(r) if r.trim() != "0" => format!("rank {}: ", r.trim()),
+        _ => String::new(),
     }
 }
 

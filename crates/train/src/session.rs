@@ -76,7 +76,8 @@ pub struct StepReport {
 impl Session {
     /// Sets up a run (or resumes one): tokenizer, model, optimizer states, the checkpoint's
     /// state, validation batches, the training stream and the run folder's writers. The run
-    /// folder is touched only after all of these succeeded ([`run_folder::claim`]).
+    /// folder is touched, and the model banner printed, only after all of these succeeded
+    /// ([`run_folder::claim`]).
     pub fn open(launch: &Launch) -> Result<Session> {
         let cfg = launch.config.clone();
         let run_dir = cfg.run_dir();
@@ -169,29 +170,6 @@ impl Session {
         let rank_state_bytes = rank_state_bytes.unwrap_or(state_bytes);
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = state.global_batch;
-        if rank == 0 {
-            crate::outln!(
-                "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
-                n_params,
-                mcfg.num_layers,
-                mcfg.hidden_size,
-                dtype,
-                model.kernels(),
-                spec.m_format.name(),
-                spec.v_format.name(),
-                spec.m_rounding.as_str(),
-                spec.v_rounding.as_str(),
-                state_bytes,
-                state_bytes as f64 / n_params as f64,
-                global_batch,
-                cfg.data.seq_len,
-                cfg.train.device,
-            );
-            if let Some(p) = theory.v {
-                crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
-            }
-        }
-
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
         let shared = shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)?;
         if shared > 0 {
@@ -220,6 +198,30 @@ impl Session {
         } else {
             (None, None, None)
         };
+        // The banner once the folder is ours: a refused start prints only its error.
+        if rank == 0 {
+            crate::outln!(
+                "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
+                n_params,
+                mcfg.num_layers,
+                mcfg.hidden_size,
+                dtype,
+                model.kernels(),
+                spec.m_format.name(),
+                spec.v_format.name(),
+                spec.m_rounding.as_str(),
+                spec.v_rounding.as_str(),
+                state_bytes,
+                state_bytes as f64 / n_params as f64,
+                global_batch,
+                cfg.data.seq_len,
+                cfg.train.device,
+            );
+            if let Some(p) = theory.v {
+                crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+            }
+        }
+
         let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every };
         Ok(Session {
             cfg,

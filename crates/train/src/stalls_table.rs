@@ -1,12 +1,14 @@
 //! `train stalls RUN`: the latest and running-mean stalled fractions per group (or tensor)
 //! for m, v and BF16 weights, next to the theory prediction for v and the difference.
-//! `--follow` redraws while the run writes; a partly written last line is ignored.
+//! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
+//! table after the other, separated by a blank line); a partly written last line is ignored.
 
 use crate::metrics::read_rows;
 use crate::stall_log::{Fractions, StallRow};
 use crate::summary::mean;
 use anyhow::Result;
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 /// Command-line arguments.
@@ -182,6 +184,8 @@ fn describe(run: &Path) -> String {
 /// `train stalls`.
 pub fn run(a: &StallsArgs) -> Result<()> {
     let path = a.run.join("stalls.jsonl");
+    let terminal = std::io::stdout().is_terminal();
+    let mut first = true;
     loop {
         if !path.is_file() {
             anyhow::bail!(
@@ -195,8 +199,10 @@ pub fn run(a: &StallsArgs) -> Result<()> {
         if a.json {
             crate::outln!("{}", serde_json::to_string(&t)?);
         } else {
-            if a.follow {
+            if a.follow && terminal {
                 crate::out!("\x1b[2J\x1b[H"); // clear screen, cursor home
+            } else if a.follow && !first {
+                crate::out!("\n"); // into a file or a pipe: one table after the other
             }
             crate::out!("{}", render(&t, a.state, &describe(&a.run)));
             if a.by == By::Tensor && t.lines.is_empty() {
@@ -209,6 +215,7 @@ pub fn run(a: &StallsArgs) -> Result<()> {
             }
             return Ok(());
         }
+        first = false;
         std::thread::sleep(std::time::Duration::from_secs_f64(a.interval.max(0.1)));
     }
 }

@@ -26,6 +26,11 @@ fn with_closed_stdout(cwd: &Path, args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), err)
 }
 
+/// A hand-made `stalls.jsonl` row for `step`: half of m and v stalled.
+fn stall_row(step: u64) -> String {
+    format!(r#"{{"step":{step},"m":{{"updated":10,"stalled":5}},"v":{{"updated":10,"stalled":5}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":0.5,"v":0.5}},"groups":{{}},"theory":{{"v":0.9}}}}"#)
+}
+
 #[test]
 fn a_closed_stdout_pipe_panics_no_subcommand_and_training_still_plots() {
     let tmp = cli_dir("x");
@@ -133,8 +138,7 @@ fn errors_name_the_file_or_field_and_what_to_do() {
     // one corrupt line in stalls.jsonl: the rest is read, the line is named
     let run = d.join("fake");
     std::fs::create_dir_all(&run).unwrap();
-    let row = |s: u64| format!(r#"{{"step":{s},"m":{{"updated":10,"stalled":5}},"v":{{"updated":10,"stalled":5}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":0.5,"v":0.5}},"groups":{{}},"theory":{{"v":0.9}}}}"#);
-    std::fs::write(run.join("stalls.jsonl"), format!("{}\n{{garbage\n{}\n", row(1), row(2))).unwrap();
+    std::fs::write(run.join("stalls.jsonl"), format!("{}\n{{garbage\n{}\n", stall_row(1), stall_row(2))).unwrap();
     let r = train(d, &["stalls", "fake"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("step 2 (2 rows; mean over all 2 steps)"), "{}", r.stdout);
@@ -192,4 +196,45 @@ fn reader_warns_once_per_bad_line_and_skips_blank_lines_silently() {
     assert_eq!(r.stderr.matches("skipping bad C4 line").count(), 2, "{}", r.stderr);
     assert!(r.stderr.contains("bad.json:5: skipping bad C4 line: not JSON"), "{}", r.stderr);
     assert!(!r.stderr.contains("bad.json:9:") && !r.stderr.contains("bad.json:10:"), "blank lines warned: {}", r.stderr);
+}
+
+/// `train stalls --follow` into a pipe (`| less`, `> file`): no terminal escape codes, each
+/// redraw a plain table after a blank line, and the command ends once the run has a summary.
+#[test]
+fn stalls_follow_into_a_pipe_writes_plain_tables() {
+    use std::io::{BufRead, BufReader, Read};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let run = d.join("live");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("stalls.jsonl"), format!("{}\n{}\n", stall_row(1), stall_row(2))).unwrap();
+    // a live run (no summary.json yet): redraws until the summary appears
+    let mut child = Command::new(train_bin())
+        .args(["stalls", "live", "--follow", "--interval", "0.1"])
+        .current_dir(d)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut out = String::new();
+    while out.matches("step 2 (").count() < 3 {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "train stalls --follow ended early: {out}");
+        out += &line;
+    }
+    std::fs::write(run.join("summary.json"), r#"{"status":"finished"}"#).unwrap();
+    stdout.read_to_string(&mut out).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{out}");
+    assert!(!out.contains('\x1b'), "escape codes in piped output: {out:?}");
+    let tables = out.matches("step 2 (2 rows; mean over all 2 steps)\n").count();
+    assert!(tables >= 3, "{out}");
+    assert_eq!(out.matches("\n\nstep 2 (").count(), tables - 1, "a blank line before each redraw: {out:?}");
+    assert!(out.ends_with("run finished\n"), "{out:?}");
+    // a finished run: one table, then it stops
+    let r = train(d, &["stalls", "live", "--follow"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.stdout.matches("step 2 (").count(), 1, "{}", r.stdout);
+    assert!(!r.stdout.contains('\x1b') && r.stdout.ends_with("run finished\n"), "{:?}", r.stdout);
 }

@@ -132,3 +132,26 @@ fn a_failing_worker_fails_the_command_naming_its_rank() {
     assert_eq!(r.stderr.matches("2 ranks on GPUs need NCCL: this build has none").count(), 1, "{}", r.stderr);
     assert!(!r.stderr.contains("worker rank"), "no worker started: {}", r.stderr);
 }
+
+#[test]
+fn an_error_every_worker_hits_is_attributed_to_its_rank() {
+    // a missing tokenizer: the supervisor does not open it, every worker fails on it
+    let dir = cli_dir("all_fail");
+    let d = dir.path();
+    let r = train(d, &["--config", "c.toml", "--gpus", "2", "--set", "train.grad_accum=1", "--set", "data.tokenizer=\"missing.json\""]);
+    assert_eq!(r.code, Some(1));
+    let errors: Vec<&str> = r.stderr.lines().filter(|l| l.contains("tokenizer 'missing.json'")).collect();
+    assert!(!errors.is_empty(), "{}", r.stderr);
+    // rank 0's error as a single process prints it; a copy from rank 1 says it is rank 1's
+    assert!(errors.iter().all(|l| l.starts_with("error: ") || l.starts_with("rank 1: error: ")), "{}", r.stderr);
+    assert!(errors.iter().filter(|l| l.starts_with("error: ")).count() <= 1, "{}", r.stderr);
+    // the supervisor's last word names the ranks whose errors are above
+    let last = r.stderr.lines().last().unwrap();
+    assert!(last.starts_with("error: worker rank ") && last.contains(" failed (exit status: 1)"), "{}", r.stderr);
+    for (rank, prefix) in [(0, "error: "), (1, "rank 1: error: ")] {
+        if last.contains(&format!("rank {rank} failed")) {
+            assert!(errors.iter().any(|l| l.starts_with(prefix)), "rank {rank} named without its error: {}", r.stderr);
+        }
+    }
+    assert!(!d.join("runs/all_fail").exists(), "a failed start touched the run folder");
+}

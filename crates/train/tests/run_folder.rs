@@ -15,17 +15,23 @@ fn json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
 }
 
-/// Item 1: reusing a run name refuses the used folder; --overwrite moves it aside.
+/// Item 1: reusing a run name refuses the used folder, printing only the error (the model
+/// banner comes once the folder is claimed); --overwrite moves it aside.
 #[test]
 fn reusing_a_run_name_refuses_and_overwrite_moves_the_old_run_aside() {
     let tmp = cli_dir("x");
     let d = tmp.path();
-    assert_eq!(train(d, &["--config", "c.toml", "--set", "train.max_steps=6"]).code, Some(0));
+    let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=6"]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stdout.starts_with("model ") && r.stdout.contains(" params (1 layers, hidden 32,"), "{}", r.stdout);
+    assert!(r.stdout.contains("\ntheory: v stalled fraction "), "{}", r.stdout);
     let before = snapshot(&d.join("runs/x"));
     let again = ["--config", "c.toml", "--set", "train.max_steps=3", "--set", "train.keep_checkpoints=1"];
     let r = train(d, &again);
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("error: run folder runs/x already holds a run (config.toml, metrics.jsonl, stalls.jsonl, summary.json, checkpoints): pass --resume runs/x to continue it, --overwrite"), "{}", r.stderr);
+    let all = r.stdout + &r.stderr;
+    assert!(!all.contains(" params (") && !all.contains("theory:"), "the banner before a refusal: {all}");
     assert_eq!(snapshot(&d.join("runs/x")), before, "the refused start changed the old run");
 
     let mut over = again.to_vec();

@@ -1,7 +1,9 @@
 //! `train --gpus N`: spawns N workers (this binary, same arguments without `--gpus`) on this
 //! host with the data-parallel environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //! `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`), and supervises them: when one fails, the
-//! others are killed and the command fails naming the rank and its exit status.
+//! others are killed and the command fails naming the rank and its exit status, and every
+//! other rank that failed by then (an error that every rank hits: each prints it, ranks
+//! other than 0 after `rank N: `).
 //!
 //! Signals: the workers run in their own process group, so a Ctrl-C at the terminal reaches
 //! only the supervisor, which forwards SIGINT or SIGTERM once to every worker (they agree
@@ -88,7 +90,8 @@ fn detach(cmd: &mut Command) {
 ///
 /// # Errors
 /// The first worker that exits unsuccessfully (when no signal was forwarded): the others are
-/// killed, and the error names its rank and exit status.
+/// killed, and the error names its rank and exit status, then those of any other rank that
+/// had failed too.
 pub fn supervise(mut children: Vec<Child>, interrupt: &AtomicBool, signal: impl Fn() -> i32) -> Result<()> {
     let mut done: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let mut forwarded = false;
@@ -109,14 +112,36 @@ pub fn supervise(mut children: Vec<Child>, interrupt: &AtomicBool, signal: impl 
             if let Some(status) = c.try_wait()? {
                 done[rank] = Some(status);
                 if !status.success() && !forwarded {
-                    stop(&mut children);
-                    bail!("worker rank {rank} failed ({status}); the other workers were stopped");
+                    bail!("{}", fail(&mut children, &done, rank, status));
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// After worker `first` failed with `status`: reaps the workers that have exited by now, kills
+/// the others, and says which ranks failed (`first`, then any other that failed by itself, as
+/// every rank does on an error they all hit) and whether others were stopped.
+fn fail(children: &mut [Child], done: &[Option<ExitStatus>], first: usize, status: ExitStatus) -> String {
+    let mut failed = vec![format!("worker rank {first} failed ({status})")];
+    let mut stopped = false;
+    for (rank, c) in children.iter_mut().enumerate().filter(|(r, _)| *r != first) {
+        match done[rank].or_else(|| c.try_wait().ok().flatten()) {
+            Some(s) if !s.success() => failed.push(format!("rank {rank} failed ({s})")),
+            Some(_) => {}
+            None => {
+                let _ = c.kill();
+                let _ = c.wait();
+                stopped = true;
+            }
+        }
+    }
+    if stopped {
+        failed.push("the other workers were stopped".into());
+    }
+    failed.join("; ")
 }
 
 /// Kills and reaps every worker still running.
@@ -165,6 +190,22 @@ mod tests {
         let e = supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap_err().to_string();
         assert!(e.contains("worker rank 1 failed (exit status: 3)"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(10), "the sleepers were killed");
+    }
+
+    #[test]
+    fn every_rank_that_failed_is_named_and_the_rest_stopped() {
+        // ranks 0 and 1 fail (as on an error they all hit), rank 2 would sleep for a minute
+        let script = "case $RANK in 0) exit 1;; 1) exit 2;; *) sleep 60;; esac";
+        let args = [OsString::from("-c"), script.into()];
+        let mut children = spawn(std::path::Path::new("sh"), &args, 3, 29_514).unwrap();
+        let status = children[0].wait().unwrap();
+        children[1].wait().unwrap();
+        let msg = fail(&mut children, &[Some(status), None, None], 0, status);
+        assert_eq!(
+            msg,
+            "worker rank 0 failed (exit status: 1); rank 1 failed (exit status: 2); the other workers were stopped"
+        );
+        assert!(children[2].try_wait().unwrap().is_some(), "rank 2 was reaped");
     }
 
     #[test]
