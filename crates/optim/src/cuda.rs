@@ -234,8 +234,11 @@ impl CudaAdamW {
     /// Upload the states of `host` to `dev`.
     pub fn new(host: LowbitAdamW, dev: &CudaDevice) -> Result<Self> {
         let stream = dev.cuda_stream();
+        // (an empty state, e.g. a ZeRO-1 shard that owns none of a tensor, gets one byte: the
+        // driver refuses allocations of 0 bytes)
         let upload = |s: &crate::state::QuantState| -> Result<(CudaSlice<u8>, CudaSlice<f32>)> {
-            let codes = stream.clone_htod(&s.code_bytes()).map_err(err)?;
+            let bytes = s.code_bytes();
+            let codes = stream.clone_htod(if bytes.is_empty() { &[0u8][..] } else { &bytes }).map_err(err)?;
             let scales = if s.scales.is_empty() { vec![1.0f32] } else { s.scales.clone() };
             Ok((codes, stream.clone_htod(&scales).map_err(err)?))
         };
@@ -372,6 +375,9 @@ impl CudaAdamW {
             if g.elem_count() != len || p.elem_count() != len {
                 candle_core::bail!("{}: parameter and gradient must have {len} elements", info.name);
             }
+            if len == 0 {
+                continue; // a shard that owns none of this tensor
+            }
             if first % 4 != 0 {
                 candle_core::bail!("{}: a shard must start at a multiple of 4 elements, not {first}", info.name);
             }
@@ -467,6 +473,9 @@ impl CudaAdamW {
         let stream = self.dev.cuda_stream();
         for (t, d) in self.host.tensors.iter_mut().zip(&self.states) {
             for (s, codes, scales) in [(&mut t.m, &d.m_codes, &d.m_scales), (&mut t.v, &d.v_codes, &d.v_scales)] {
+                if s.len == 0 {
+                    continue;
+                }
                 let bytes = stream.clone_dtoh(codes).map_err(err)?;
                 s.set_code_bytes(&bytes).map_err(err)?;
                 if !s.scales.is_empty() {

@@ -202,17 +202,28 @@ fn same_weights(step: u64, i: usize, p: &Tensor, bf16_weights: bool, w16: &[u16]
 }
 
 /// ZeRO-1 on the GPU: two optimizers made from the two shards of every tensor
-/// (`LowbitAdamW::shard`, cut at a multiple of 128 elements inside the tensor), each stepping
-/// views of its range of the whole weights and gradients, together give the CPU reference's
-/// whole-tensor step bit for bit: weights, codes, scales (gathered with `unshard`) and stall
-/// counts (summed), with stochastic rounding (the random bits are the whole tensor's).
+/// (`LowbitAdamW::shard`, cut inside the tensor at a multiple of the scale block, or of 4
+/// elements for unscaled states, as training cuts them; the 5-element tensor leaves rank 0 an
+/// empty shard), each stepping views of its range of the whole weights and gradients, together
+/// give the CPU reference's whole-tensor step bit for bit: weights, codes, scales (gathered
+/// with `unshard`) and stall counts (summed), with stochastic rounding (the random bits are
+/// the whole tensor's). Blocks of 128 (moments in registers) and 256 (two passes).
 #[test]
 fn sharded_step_matches_whole_tensor_step() {
     let Some(dev) = gpu() else { return };
     let Device::Cuda(cuda_dev) = &dev else { unreachable!() };
     let sizes = [100_003usize, 4096, 300, 5];
     let mut failures = vec![];
-    for (m, v) in [("fp8e4m3", "fp8e4m3"), ("fp4e2m1", "fp4ue2m2"), ("bf16", "bf16"), ("e8m3", "e8m3"), ("fp32", "fp32")] {
+    let cases = [
+        ("fp8e4m3", "fp8e4m3", 128, 128),
+        ("fp8e4m3", "fp8e4m3", 256, 256),
+        ("fp4e2m1", "fp4ue2m2", 128, 128),
+        ("int8", "fp4ue2m2", 256, 256),
+        ("bf16", "bf16", 128, 4),
+        ("e8m3", "e8m3", 128, 4),
+        ("fp32", "fp32", 128, 4),
+    ];
+    for (m, v, block, unit) in cases {
         for bf16_weights in [false, true] {
             let states = StatesConfig {
                 m_format: m.into(),
@@ -220,7 +231,7 @@ fn sharded_step_matches_whole_tensor_step() {
                 m_rounding: Rounding::Stochastic,
                 v_rounding: Rounding::Stochastic,
                 weight_rounding: Rounding::Stochastic,
-                block_size: 128,
+                block_size: block,
                 ..Default::default()
             };
             let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
@@ -243,8 +254,8 @@ fn sharded_step_matches_whole_tensor_step() {
             for (i, &n) in sizes.iter().enumerate() {
                 step_cpu(&mut cpu, 1, i, &mut w16[i], &mut w32[i], &values(210 + i as u64, n, 1e-3, false));
             }
-            // rank 0: elements 0..cut of each tensor, rank 1: cut..n (cut a multiple of 128)
-            let cuts: Vec<usize> = sizes.iter().map(|&n| n / 2 / 128 * 128).collect();
+            // rank 0: elements 0..cut of each tensor, rank 1: cut..n (cut a multiple of `unit`)
+            let cuts: Vec<usize> = sizes.iter().map(|&n| n / 2 / unit * unit).collect();
             let ranges = |r: usize| -> Vec<std::ops::Range<usize>> {
                 sizes.iter().zip(&cuts).map(|(&n, &c)| if r == 0 { 0..c } else { c..n }).collect()
             };
@@ -285,7 +296,7 @@ fn sharded_step_matches_whole_tensor_step() {
                 Ok(())
             };
             if let Err(e) = check() {
-                failures.push(format!("m={m} v={v} bf16w={bf16_weights}: {e}"));
+                failures.push(format!("m={m} v={v} block={block} bf16w={bf16_weights}: {e}"));
             }
         }
     }

@@ -82,10 +82,11 @@ impl Session {
         let cfg = launch.config.clone();
         let run_dir = cfg.run_dir();
         let config_toml = cfg.to_toml();
+        // the config check first: a rank with another device setting must not reach NCCL's set-up
+        same_config_as_rank0(launch.comm.as_ref(), &config_toml)?;
         let dev = device(&cfg.train.device, launch.local_rank)?;
         let comm = distributed::for_device(launch.comm.clone(), &dev)?;
         let (rank, world) = (comm.rank(), comm.world_size());
-        same_config_as_rank0(comm.as_ref(), &config_toml)?;
         let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
 
         // Data and model.

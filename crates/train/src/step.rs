@@ -178,7 +178,8 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
 /// Sums `grads` (replaced by FP32 sums) and the scalar `loss` over all ranks in one
 /// all-reduce of a flat FP32 buffer on the device ([`Collective::all_reduce_tensor`]); returns
 /// the summed loss. The summed gradients are views into that buffer (no copy), except where a
-/// tensor's offset is not a multiple of 4 elements, which the fused optimizer needs.
+/// tensor's offset is not a multiple of 4 elements, which the fused optimizer needs (copied
+/// into storage of its own).
 fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Result<f32> {
     let mut parts = Vec::with_capacity(grads.len() + 1);
     for g in grads.iter() {
@@ -190,8 +191,9 @@ fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Res
     for g in grads.iter_mut() {
         let n = g.elem_count();
         let view = flat.narrow(0, at, n)?.reshape(g.shape())?;
-        *g = if at % 4 == 0 { view } else { view.copy()? };
+        *g = if at % 4 == 0 { view } else { view.force_contiguous()? };
         at += n;
     }
-    Ok(flat.narrow(0, at, 1)?.to_vec1::<f32>()?[0])
+    // (to_vec1 of a view copies its whole storage to the host: copy out the one element first)
+    Ok(flat.narrow(0, at, 1)?.force_contiguous()?.to_vec1::<f32>()?[0])
 }

@@ -40,7 +40,7 @@ impl NcclCollective {
         let rank = host.rank();
         let mut id = Vec::new();
         if rank == 0 {
-            let fresh = Id::new().map_err(|e| anyhow!("rank 0: NCCL cannot make a unique id ({e:?}); is libnccl.so.2 on the library path?"))?;
+            let fresh = Id::new().map_err(|e| anyhow!("rank 0: NCCL cannot make a unique id ({e:?})"))?;
             id = fresh.internal().iter().map(|&c| c as u8).collect();
         }
         host.broadcast(&mut id)?;
@@ -88,6 +88,15 @@ impl Collective for NcclCollective {
     }
     /// One `ncclBroadcast` per view from its owner, in one NCCL group.
     fn broadcast_views(&self, owned: &[Vec<Tensor>]) -> Result<()> {
+        // checked before the group: a rank failing inside it would leave the others waiting
+        for v in owned.iter().flatten() {
+            anyhow::ensure!(
+                matches!(v.dtype(), DType::F32 | DType::BF16) && v.is_contiguous(),
+                "NCCL broadcast of a {:?} view (contiguous: {}): F32 or BF16, contiguous",
+                v.dtype(),
+                v.is_contiguous()
+            );
+        }
         let comm = self.comm.lock().expect("NCCL lock");
         group_start().map_err(|e| anyhow!("ncclGroupStart: {e:?}"))?;
         let sent = owned.iter().enumerate().try_for_each(|(root, views)| {

@@ -59,6 +59,9 @@ impl Optimizer for DeviceShardedAdamW {
         let weights: Vec<Tensor> = params.vars.iter().map(|v| v.as_tensor().clone()).collect();
         let rank = self.comm.rank();
         self.opt.step(step, lr, grad_scale, &self.views(rank, &weights)?, &self.views(rank, grads)?)?;
+        if self.comm.world_size() == 1 {
+            return Ok(()); // `--set train.zero=1` on one GPU: the one shard is everything
+        }
         let owned = (0..self.comm.world_size()).map(|r| self.views(r, &weights)).collect::<Result<Vec<_>>>()?;
         self.comm.broadcast_views(&owned)
     }
