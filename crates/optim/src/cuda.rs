@@ -309,8 +309,9 @@ impl CudaAdamW {
     /// rounds exactly as the whole-tensor step does on them.
     ///
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
-    /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight, gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a
-    /// tensor not on a CUDA device or not contiguous.
+    /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight,
+    /// gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a tensor not on a CUDA
+    /// device or not contiguous.
     pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {

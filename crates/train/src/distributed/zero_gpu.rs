@@ -9,10 +9,10 @@
 
 use super::collective::Collective;
 use super::zero::{gather_states, sum_counts};
+use crate::cuda_optimizer::COUNT_LAG;
 use crate::optimizer::{Optimizer, ParamSet};
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
-use crate::cuda_optimizer::COUNT_LAG;
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::{LowbitAdamW, StallCounts};
 use std::ops::Range;
