@@ -55,8 +55,8 @@ pairs += [("stall rows", *(open(f"{d}/{r}/stalls.jsonl").read() for r in (zero0,
 for f in ("model.safetensors", "optimizer.safetensors"):
     a, b = (sorted(glob.glob(f"{d}/{r}/checkpoints/*/{f}"))[-1] for r in (zero0, zero1))
     pairs.append((f"final {f}", open(a, "rb").read(), open(b, "rb").read()))
-for k in ("state_bytes_per_rank",):
-    print(f"{k}: zero=0 {json.load(open(f'{d}/{zero0}/summary.json'))[k]:,} / zero=1 {json.load(open(f'{d}/{zero1}/summary.json'))[k]:,}")
+state = [json.load(open(f"{d}/{r}/summary.json"))["state_bytes_per_rank"] for r in (zero0, zero1)]
+print(f"state_bytes_per_rank: zero=0 {state[0]:,} / zero=1 {state[1]:,}")
 for what, a, b in pairs:
     print(f"zero=1 vs zero=0, {what}: {'identical' if a == b else 'DIFFER'}")
     ok &= a == b
