@@ -2,10 +2,10 @@
 //! (`kernels/adamw.cu`) matches bit for bit. Same names, same step order:
 //! decode -> m -> v -> bias correction -> decay -> update -> encode.
 
+use crate::format::scale::ScaleKind;
 use crate::format::{bf16, int8, precision, scale, Rounding, StateFormat};
 use crate::rng::element_bits;
 use crate::stalls::{Counter, StallCounts};
-use crate::format::minifloat::pow2;
 use crate::state::{Codes, QuantState};
 use rayon::prelude::*;
 
@@ -124,34 +124,37 @@ pub fn step_tensor(
     scratch.m.resize(n, 0.0);
     scratch.v.resize(n, 0.0);
     let (mm, vm) = (&*m, &*v);
-    // Pass 1: decode -> m -> v -> bias correction -> decay -> update (weights written here).
-    let w_count: Counter = match w {
-        Weights::F32(p) => {
-            p.par_chunks_mut(CHUNK)
-                .zip(g.par_chunks(CHUNK))
-                .zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)))
-                .enumerate()
-                .for_each(|(c, ((p, g), (ms, vs)))| {
-                    for j in 0..p.len() {
-                        let l = c * CHUNK + j;
-                        let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
-                        ms[j] = m1;
-                        vs[j] = v1;
-                        p[j] = param_update(p[j], m1, v1, h);
-                    }
-                });
-            Counter::default()
-        }
+    // Pass 1: decode -> m -> v -> bias correction -> decay -> update (weights written here),
+    // counting the zero gradients (g == 0 after grad_scale).
+    let chunks = g.par_chunks(CHUNK).zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)));
+    let (w_count, zero_grad) = match w {
+        Weights::F32(p) => p
+            .par_chunks_mut(CHUNK)
+            .zip(chunks)
+            .enumerate()
+            .map(|(c, (p, (g, (ms, vs))))| {
+                let mut zero = 0u64;
+                for j in 0..p.len() {
+                    let l = c * CHUNK + j;
+                    let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
+                    zero += u64::from(g[j] * h.grad_scale == 0.0);
+                    ms[j] = m1;
+                    vs[j] = v1;
+                    p[j] = param_update(p[j], m1, v1, h);
+                }
+                (Counter::default(), zero)
+            })
+            .reduce(|| (Counter::default(), 0), add_pair),
         Weights::Bf16(p) => p
             .par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)))
+            .zip(chunks)
             .enumerate()
-            .map(|(c, ((p, g), (ms, vs)))| {
-                let mut cnt = Counter::default();
+            .map(|(c, (p, (g, (ms, vs))))| {
+                let (mut cnt, mut zero) = (Counter::default(), 0u64);
                 for j in 0..p.len() {
                     let l = c * CHUNK + j; // index in the slices; `first + l` in the tensor
                     let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
+                    zero += u64::from(g[j] * h.grad_scale == 0.0);
                     ms[j] = m1;
                     vs[j] = v1;
                     let old = bf16::decode(p[j]);
@@ -160,17 +163,20 @@ pub fn step_tensor(
                     cnt.add(new != old, code == p[j]);
                     p[j] = code;
                 }
-                cnt
+                (cnt, zero)
             })
-            .reduce(Counter::default, |mut a, b| {
-                a += b;
-                a
-            }),
+            .reduce(|| (Counter::default(), 0), add_pair),
     };
     // Pass 2: encode (rounded write-back) with stall counting.
     let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first);
     let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first);
-    StallCounts { m: m_count, v: v_count, w: w_count }
+    StallCounts { m: m_count, v: v_count, w: w_count, zero_grad }
+}
+
+fn add_pair(a: (Counter, u64), b: (Counter, u64)) -> (Counter, u64) {
+    let mut c = a.0;
+    c += b.0;
+    (c, a.1 + b.1)
 }
 
 fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
@@ -180,19 +186,23 @@ fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
     })
 }
 
-/// Round the new FP32 values `new` into `state`, counting stalls against the old values.
+/// Round the new FP32 values `new` into `state`, counting stalls against the old values
+/// ([`crate::stalls`]: an element is updated when its new value differs from the decoded old
+/// one, unchanged when its stored bits (unscaled formats) or code (scaled formats) are).
 /// `first`: the whole-tensor index of `state`'s first element (see [`step_tensor`]).
 pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64, first: usize) -> Counter {
     let format = state.format;
     let signed = state.signed;
     let zero_free = state.zero_free;
+    let kind = state.scale_kind;
     let block = state.block_len();
     match &mut state.codes {
         Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).map(
             |(c, x)| {
                 let mut cnt = Counter::default();
                 for (c, &x) in c.iter_mut().zip(x) {
-                    cnt.add(x != *c, false);
+                    // written back exactly: unchanged when the bits are (a NaN never is)
+                    cnt.add(x != *c, x.to_bits() == c.to_bits() && !x.is_nan());
                     *c = x;
                 }
                 cnt
@@ -223,24 +233,26 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
                     .zip(new.par_chunks(block))
                     .enumerate()
                     .map(|(b, ((codes, scale), x))| {
-                        encode_block(format, signed, zero_free, codes, scale, x, rounding, key, (first + b * block) as u64)
+                        let at = (first + b * block) as u64;
+                        encode_block(format, signed, zero_free, kind, codes, scale, x, rounding, key, at)
                     }),
             )
         }
     }
 }
 
-/// Encode one scaled block: compute the new scale, round every element, count stalls.
-/// `first` is the tensor index of the block's first element (the RNG counter). `zero_free`
-/// ([`QuantState::zero_free`]): when the block's amax is non-zero, a code that would decode to
-/// 0 becomes code 1, the grid's smallest positive value (v only: unsigned values, so zero is
-/// code 0 in every v map).
+/// Encode one scaled block: compute the new scale (`kind`, [`scale::block_scale`]; int8:
+/// absmax), round every element, count stalls by code. `first` is the tensor index of the
+/// block's first element (the RNG counter). `zero_free` ([`QuantState::zero_free`]): when the
+/// block's amax is non-zero, a code that would decode to 0 becomes code 1, the grid's smallest
+/// positive value (v only: unsigned values, so zero is code 0 in every v map).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn encode_block(
     format: StateFormat,
     signed: bool,
     zero_free: bool,
+    kind: ScaleKind,
     codes: &mut [u8],
     scale: &mut f32,
     x: &[f32],
@@ -256,17 +268,15 @@ pub fn encode_block(
     let get = |codes: &[u8], j: usize| if packed { (codes[j / 2] >> (4 * (j % 2))) & 0xF } else { codes[j] };
     match format.minifloat() {
         Some(mf) => {
-            let k = scale::pow2_scale_exp(amax, mf.max_finite);
-            let (new_scale, inv) = (pow2(k), pow2(-k));
+            let s = scale::block_scale(kind, amax, mf.max_finite);
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = get(codes, j);
                 let old = mf.decode(old_code) * old_scale;
-                let code = mf.encode(xj * inv, rounding, element_bits(key, first + j as u64, 32)).max(floor);
-                let new = mf.decode(code) * new_scale;
-                cnt.add(xj != old, new.to_bits() == old.to_bits());
+                let code = mf.encode(xj * s.factor, rounding, element_bits(key, first + j as u64, 32)).max(floor);
+                cnt.add(xj != old, code == old_code);
                 put(codes, j, code, packed);
             }
-            *scale = new_scale;
+            *scale = s.scale;
         }
         None => {
             let table = int8::dynamic_map(signed);
@@ -276,8 +286,7 @@ pub fn encode_block(
                 let old_code = codes[j];
                 let old = table[old_code as usize] * old_scale;
                 let code = table.encode(xj * pre * inv, rounding, element_bits(key, first + j as u64, 32)).max(floor);
-                let new = table[code as usize] * absmax;
-                cnt.add(xj != old, new.to_bits() == old.to_bits());
+                cnt.add(xj != old, code == old_code);
                 codes[j] = code;
             }
             *scale = absmax;

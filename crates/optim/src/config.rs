@@ -1,6 +1,8 @@
-//! The `[optim.states]` config section: how each state is stored, rounded and reset.
+//! The `[optim.states]` config section: how each state is stored, scaled, rounded and reset.
 
+use crate::format::scale::ScaleKind;
 use crate::format::{Rounding, StateFormat};
+use crate::theory;
 use serde::{Deserialize, Serialize};
 
 /// When the bias-correction counter starts again.
@@ -37,6 +39,125 @@ impl VZero {
     }
 }
 
+/// `optim.states.scale`: a scale kind, or each format's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleChoice {
+    /// The format's default ([`StateFormat::default_scale`]).
+    #[default]
+    Default,
+    /// [`ScaleKind::Amax`] (the paper's).
+    Amax,
+    /// [`ScaleKind::Pow2`].
+    Pow2,
+}
+
+impl ScaleChoice {
+    fn is_default(&self) -> bool {
+        *self == ScaleChoice::Default
+    }
+
+    /// The kind for a state of format `f`.
+    pub fn kind_for(self, f: StateFormat) -> ScaleKind {
+        match self {
+            ScaleChoice::Default => f.default_scale(),
+            ScaleChoice::Amax => ScaleKind::Amax,
+            ScaleChoice::Pow2 => ScaleKind::Pow2,
+        }
+    }
+}
+
+impl From<ScaleKind> for ScaleChoice {
+    fn from(k: ScaleKind) -> Self {
+        match k {
+            ScaleKind::Amax => ScaleChoice::Amax,
+            ScaleKind::Pow2 => ScaleChoice::Pow2,
+        }
+    }
+}
+
+/// A reset period in a config: a number of optimizer updates (0 = never) or `"auto"`, the
+/// paper's K* for the v format (Prop. 5.2, [`theory::reset_period`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetEvery {
+    /// Reset after every this many updates (0 = never).
+    Steps(u64),
+    /// K* from the v format's fraction bits, b2 and `reset_s0`.
+    Auto,
+}
+
+impl From<u64> for ResetEvery {
+    fn from(k: u64) -> Self {
+        ResetEvery::Steps(k)
+    }
+}
+
+impl Serialize for ResetEvery {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ResetEvery::Steps(k) => s.serialize_u64(*k),
+            ResetEvery::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ResetEvery {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = ResetEvery;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of steps (0 = never) or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, k: u64) -> Result<ResetEvery, E> {
+                Ok(ResetEvery::Steps(k))
+            }
+            fn visit_i64<E: serde::de::Error>(self, k: i64) -> Result<ResetEvery, E> {
+                u64::try_from(k).map(ResetEvery::Steps).map_err(|_| E::custom(format!("a reset period cannot be negative, got {k}")))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ResetEvery, E> {
+                match s {
+                    "auto" => Ok(ResetEvery::Auto),
+                    _ => Err(E::custom(format!("expected a number of steps or \"auto\", got \"{s}\""))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Who decides when the states reset (`optim.states.reset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResetRule {
+    /// Every `m_reset_every` / `v_reset_every` updates (the paper's Alg. 1).
+    Periodic,
+    /// m and v together, when the measured stalled fraction of v says so (the paper's
+    /// Alg. 2, [`crate::reset::AdaptiveReset`]).
+    Adaptive,
+}
+
+impl ResetRule {
+    /// Config name (`periodic` / `adaptive`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetRule::Periodic => "periodic",
+            ResetRule::Adaptive => "adaptive",
+        }
+    }
+}
+
+fn is_periodic(r: &ResetRule) -> bool {
+    *r == ResetRule::Periodic
+}
+
+/// The paper's threshold s0 of the reset rules (Prop. 5.2, Alg. 2).
+pub const DEFAULT_RESET_S0: f64 = 0.6;
+
+fn is_default_s0(s0: &f64) -> bool {
+    *s0 == DEFAULT_RESET_S0
+}
+
 /// `[optim.states]`: storage format, rounding and reset period of m and v, and the rounding
 /// of BF16 weights. Every cell of the paper's tables is a combination of these knobs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,17 +171,32 @@ pub struct StatesConfig {
     /// Block-scaled v (fp8, fp8e5m2, fp4, int8): `exclude` (default) keeps v off 0 in a
     /// non-zero block, `keep` lets it round to 0. Ignored by unscaled formats.
     pub v_zero: VZero,
+    /// Scale kind of fp8/fp4 states: `amax`, `pow2` ([`crate::format::scale`]) or `default`
+    /// (each format's, [`StateFormat::default_scale`]: FP4 amax, FP8 pow2). int8 keeps its
+    /// absmax scale; formats without scales ignore it.
+    #[serde(skip_serializing_if = "ScaleChoice::is_default")]
+    pub scale: ScaleChoice,
     /// Write-back rounding of m: `nearest` or `stochastic`.
     pub m_rounding: Rounding,
     /// Write-back rounding of v.
     pub v_rounding: Rounding,
     /// Elements per scale block for fp8/fp4/int8 (0 = one scale per tensor). A multiple of 4.
     pub block_size: usize,
-    /// Zero m every this many steps (0 = never). Paper: 1000 (bf16), 300 (fp8), 200 (fp4).
-    pub m_reset_every: u64,
-    /// Zero v every this many steps (0 = never). Must be a multiple of `m_reset_every`:
-    /// resetting v alone leaves m / (sqrt(v) + eps) = m / eps for zero-gradient elements.
-    pub v_reset_every: u64,
+    /// Zero m every this many updates (0 = never), or `"auto"`: v's period K*. Paper: 1000
+    /// (bf16), 300 (fp8), 200 (fp4).
+    pub m_reset_every: ResetEvery,
+    /// Zero v every this many updates (0 = never), or `"auto"`: K* of the paper's Prop. 5.2 for
+    /// the v format, b2 and `reset_s0` (bf16 1116, fp8 320, fp4 224 at b2 = 0.999). A v reset
+    /// without an m reset (the paper's best FP8 policy, Table 6) moves every element whose
+    /// gradient is 0 at the next update by lr * m / eps; the trainer logs how many there were.
+    pub v_reset_every: ResetEvery,
+    /// `periodic` (default: the periods above) or `adaptive` (the paper's Alg. 2: m and v reset
+    /// together when the measured v stalled fraction says so; the periods must be 0).
+    #[serde(skip_serializing_if = "is_periodic")]
+    pub reset: ResetRule,
+    /// Threshold s0 of `"auto"` periods and of the adaptive rule, in (0, 1) (paper: 0.6).
+    #[serde(skip_serializing_if = "is_default_s0")]
+    pub reset_s0: f64,
     /// Bias-correction counter after a reset: `restart` (default) or `continue`.
     pub bias_correction: BiasCorrection,
     /// Rounding of BF16 weights after the update (`model.dtype = "bf16"`).
@@ -73,11 +209,14 @@ impl Default for StatesConfig {
             m_format: "fp32".into(),
             v_format: "fp32".into(),
             v_zero: VZero::Exclude,
+            scale: ScaleChoice::Default,
             m_rounding: Rounding::Nearest,
             v_rounding: Rounding::Nearest,
             block_size: 128,
-            m_reset_every: 0,
-            v_reset_every: 0,
+            m_reset_every: ResetEvery::Steps(0),
+            v_reset_every: ResetEvery::Steps(0),
+            reset: ResetRule::Periodic,
+            reset_s0: DEFAULT_RESET_S0,
             bias_correction: BiasCorrection::Restart,
             weight_rounding: Rounding::Nearest,
         }
@@ -90,18 +229,25 @@ pub struct StatesSpec {
     pub m_format: StateFormat,
     pub v_format: StateFormat,
     pub v_zero: VZero,
+    /// Scale kinds of m and v (meaningful for fp8/fp4 states only).
+    pub m_scale: ScaleKind,
+    pub v_scale: ScaleKind,
     pub m_rounding: Rounding,
     pub v_rounding: Rounding,
     pub block_size: usize,
+    /// Periods in optimizer updates (0 = never), `"auto"` resolved; 0 under `adaptive`.
     pub m_reset_every: u64,
     pub v_reset_every: u64,
+    pub reset: ResetRule,
+    pub reset_s0: f64,
     pub bias_correction: BiasCorrection,
     pub weight_rounding: Rounding,
 }
 
 impl StatesConfig {
-    /// Validate and resolve format names. Errors name the offending key.
-    pub fn resolve(&self) -> Result<StatesSpec, String> {
+    /// Validate and resolve format names, scale kinds and `"auto"` reset periods (which need
+    /// the AdamW `beta2`). Errors name the offending key.
+    pub fn resolve(&self, beta2: f64) -> Result<StatesSpec, String> {
         let m_format = StateFormat::parse(&self.m_format, false)
             .map_err(|e| format!("optim.states.m_format: {e}"))?;
         let v_format = StateFormat::parse(&self.v_format, true)
@@ -113,25 +259,147 @@ impl StatesConfig {
                 self.block_size
             ));
         }
-        if self.v_reset_every > 0 && (self.m_reset_every == 0 || !self.v_reset_every.is_multiple_of(self.m_reset_every)) {
+        if !(self.reset_s0 > 0.0 && self.reset_s0 < 1.0) {
+            return Err(format!("optim.states.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0));
+        }
+        let period = |every: ResetEvery, key: &str| -> Result<u64, String> {
+            match every {
+                ResetEvery::Steps(k) => Ok(k),
+                ResetEvery::Auto => {
+                    let bits = v_format.fraction_bits().ok_or_else(|| {
+                        format!("optim.states.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name())
+                    })?;
+                    theory::reset_period(bits, beta2, self.reset_s0).ok_or_else(|| {
+                        format!(
+                            "optim.states.{key} = \"auto\": v in {} at b2 = {beta2} has no finite reset period K* \
+                             up to {} updates (Prop. 5.2); give a number of steps or 0",
+                            v_format.name(),
+                            theory::MAX_RESET_PERIOD
+                        )
+                    })
+                }
+            }
+        };
+        let (m_reset_every, v_reset_every) = (period(self.m_reset_every, "m_reset_every")?, period(self.v_reset_every, "v_reset_every")?);
+        if self.reset == ResetRule::Adaptive && (m_reset_every > 0 || v_reset_every > 0) {
             return Err(format!(
-                "optim.states.v_reset_every = {}: a v reset needs an m reset at the same step \
-                 (m_reset_every must divide it, got {}): with v = 0 and m != 0 the update of an \
-                 element with zero gradient is lr * m / eps",
-                self.v_reset_every, self.m_reset_every
+                "optim.states.reset = \"adaptive\" decides when m and v reset from the measured stalled fraction: \
+                 m_reset_every and v_reset_every must be 0, got {m_reset_every} and {v_reset_every}"
             ));
         }
         Ok(StatesSpec {
             m_format,
             v_format,
             v_zero: self.v_zero,
+            m_scale: self.scale.kind_for(m_format),
+            v_scale: self.scale.kind_for(v_format),
             m_rounding: self.m_rounding,
             v_rounding: self.v_rounding,
             block_size: self.block_size,
-            m_reset_every: self.m_reset_every,
-            v_reset_every: self.v_reset_every,
+            m_reset_every,
+            v_reset_every,
+            reset: self.reset,
+            reset_s0: self.reset_s0,
             bias_correction: self.bias_correction,
             weight_rounding: self.weight_rounding,
         })
+    }
+}
+
+impl StatesSpec {
+    /// Whether v resets at updates where m does not (a v-only reset: zero-gradient elements
+    /// then move by lr * m / eps at their next update).
+    pub fn resets_v_without_m(&self) -> bool {
+        self.v_reset_every > 0 && (self.m_reset_every == 0 || !self.v_reset_every.is_multiple_of(self.m_reset_every))
+    }
+
+    /// One line for a run's banner: formats with their scale kinds and blocks, roundings, the
+    /// reset rule.
+    pub fn describe(&self) -> String {
+        let state = |f: StateFormat, kind: ScaleKind, r: Rounding| {
+            let scale = match (f.minifloat(), self.block_size) {
+                (Some(_), 0) => format!(", {} scale per tensor", kind.as_str()),
+                (Some(_), b) => format!(", {} scales per {b}", kind.as_str()),
+                (None, _) if f.is_scaled() => format!(", absmax scales per {}", if self.block_size == 0 { "tensor".to_string() } else { self.block_size.to_string() }),
+                _ => String::new(),
+            };
+            format!("{} ({}{scale})", f.name(), r.as_str())
+        };
+        let resets = match (self.reset, self.m_reset_every, self.v_reset_every) {
+            (ResetRule::Adaptive, ..) => format!("adaptive (Alg. 2, s0 = {})", self.reset_s0),
+            (_, 0, 0) => "none".into(),
+            (_, m, v) if m == v => format!("m and v every {m} updates"),
+            (_, m, v) => format!("m every {m}, v every {v} updates (0 = never)"),
+        };
+        format!(
+            "m {} | v {}{} | resets: {resets}",
+            state(self.m_format, self.m_scale, self.m_rounding),
+            state(self.v_format, self.v_scale, self.v_rounding),
+            if self.v_format.is_scaled() && self.v_zero == VZero::Exclude { ", zero-free" } else { "" },
+        )
+    }
+
+    /// Whether update `step` resets v but not m (periodic rules; the adaptive rule resets
+    /// both).
+    pub fn v_only_reset_at(&self, step: u64) -> bool {
+        let bc = self.bias_correction;
+        crate::reset::reset_at(step, self.v_reset_every, bc).0 && !crate::reset::reset_at(step, self.m_reset_every, bc).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(text: &str) -> Result<StatesSpec, String> {
+        let c: StatesConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        c.resolve(0.999)
+    }
+
+    #[test]
+    fn auto_periods_and_scale_defaults_resolve() {
+        let s = resolve("m_format = \"fp8\"\nv_format = \"fp8\"\nm_reset_every = \"auto\"\nv_reset_every = \"auto\"").unwrap();
+        assert_eq!((s.m_reset_every, s.v_reset_every), (320, 320));
+        assert_eq!((s.m_scale, s.v_scale), (ScaleKind::Pow2, ScaleKind::Pow2));
+        // FP4: v's E2M2 eps for both, m takes v's period
+        let s = resolve("m_format = \"fp4\"\nv_format = \"fp4\"\nm_reset_every = \"auto\"\nv_reset_every = \"auto\"\nreset_s0 = 0.5").unwrap();
+        assert_eq!((s.m_reset_every, s.v_reset_every), (206, 206));
+        assert_eq!((s.m_scale, s.v_scale), (ScaleKind::Amax, ScaleKind::Amax));
+        let s = resolve("m_format = \"fp4\"\nv_format = \"bf16\"\nscale = \"pow2\"\nv_reset_every = 300").unwrap();
+        assert_eq!((s.m_scale, s.m_reset_every, s.v_reset_every), (ScaleKind::Pow2, 0, 300));
+        assert!(s.resets_v_without_m(), "a v-only reset is allowed (the paper's asymmetric policy)");
+        assert!(s.v_only_reset_at(301) && !s.v_only_reset_at(300));
+        assert_eq!(
+            s.describe(),
+            "m fp4e2m1 (nearest, pow2 scales per 128) | v bf16 (nearest) | resets: m every 0, v every 300 updates (0 = never)"
+        );
+        let s = resolve("m_format = \"fp8\"\nv_format = \"fp8\"\nblock_size = 0\nscale = \"amax\"\nv_zero = \"keep\"\nreset = \"adaptive\"").unwrap();
+        assert_eq!(
+            s.describe(),
+            "m fp8e4m3 (nearest, amax scale per tensor) | v fp8e4m3 (nearest, amax scale per tensor) | resets: adaptive (Alg. 2, s0 = 0.6)"
+        );
+    }
+
+    #[test]
+    fn bad_reset_and_scale_settings_name_their_key() {
+        let e = resolve("v_format = \"int8\"\nv_reset_every = \"auto\"").unwrap_err();
+        assert!(e.contains("optim.states.v_reset_every = \"auto\"") && e.contains("int8"), "{e}");
+        let e = toml::from_str::<StatesConfig>("scale = \"pow3\"").unwrap_err().to_string();
+        assert!(e.contains("amax") && e.contains("pow2") && e.contains("default"), "{e}");
+        let e = resolve("reset = \"adaptive\"\nv_reset_every = 300").unwrap_err();
+        assert!(e.contains("must be 0"), "{e}");
+        assert!(resolve("reset_s0 = 1.0").unwrap_err().contains("reset_s0"));
+        let e = toml::from_str::<StatesConfig>("v_reset_every = \"sometimes\"").unwrap_err().to_string();
+        assert!(e.contains("\"auto\""), "{e}");
+        let e = toml::from_str::<StatesConfig>("v_reset_every = -3").unwrap_err().to_string();
+        assert!(e.contains("negative"), "{e}");
+    }
+
+    #[test]
+    fn unset_new_keys_leave_the_resolved_toml_as_before() {
+        let text = toml::to_string(&StatesConfig { v_reset_every: ResetEvery::Auto, ..Default::default() }).unwrap();
+        assert_eq!(resolve("scale = \"default\"").unwrap(), resolve("").unwrap());
+        assert!(!text.contains("scale") && !text.contains("reset =") && !text.contains("reset_s0"), "{text}");
+        assert!(text.contains("v_reset_every = \"auto\"") && text.contains("m_reset_every = 0"), "{text}");
     }
 }

@@ -1,16 +1,18 @@
-//! Fused CUDA AdamW step (`kernels/adamw.cu`) and rounding cast (`kernels/sr_cast.cu`),
-//! launched through cudarc on candle's own CUDA stream, reading and writing candle's
-//! parameter and gradient buffers in place (their device addresses, no copies).
+//! Fused CUDA AdamW step (`kernels/optim/adamw.cu`), launched through cudarc on candle's own
+//! CUDA stream, reading and writing candle's parameter and gradient buffers in place (their
+//! device addresses, no copies).
 //!
 //! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
 //! results are bit-identical) for every tensor, packed into the parameters of one kernel
 //! launch per [`MAX_TENSORS`] tensors of a weight dtype x gradient dtype (multi-tensor
 //! apply: one launch per dtype pair for every LLaMA preset; three for per-tensor scaling:
 //! amax, step, scales);
-//! stall counters added on the device into a ring of [`COUNTER_RING`] step slots that the
-//! host reads when it wants (no synchronisation in the step itself).
+//! step counters (stalls and zero gradients, [`DeviceCounters`]) added on the device into a
+//! ring of [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation
+//! in the step itself).
 
 use crate::adamw::{Roundings, StepKeys, StepScalars};
+use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
 use crate::optimizer::LowbitAdamW;
 use crate::stalls::{Counter, StallCounts};
@@ -18,10 +20,9 @@ use candle_core::backend::BackendDevice;
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use std::sync::Arc;
-use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
+use candle_core::{CudaDevice, DType, Result, Tensor};
 
 const ADAMW_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"));
-const CAST_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sr_cast.fatbin"));
 
 /// Load `name` from a fatbin on `dev`'s context.
 fn load(dev: &CudaDevice, image: &[u8], names: &[String]) -> Result<Vec<CudaFunction>> {
@@ -58,7 +59,8 @@ pub const COUNTER_RING: usize = 64;
 /// 26.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
 pub const MAX_TENSORS: usize = 256;
 
-/// Launch-wide kernel arguments: `struct StepArgs` of `kernels/adamw.cu` (same field order).
+/// Launch-wide kernel arguments: `struct StepArgs` of `kernels/optim/args.cuh` (same field
+/// order and size, asserted on both sides).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct StepArgs {
@@ -83,10 +85,12 @@ struct StepArgs {
     count: u32,
     frac_m: u32,
     frac_v: u32,
-    v_floor: u32,
+    zero_free: u32,
+    scale_m: u32,
+    scale_v: u32,
 }
 
-/// One tensor of a launch: `struct TensorArgs` of `kernels/adamw.cu` (device addresses).
+/// One tensor of a launch: `struct TensorArgs` of `kernels/optim/args.cuh` (device addresses).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct TensorArgs {
@@ -106,7 +110,7 @@ struct TensorArgs {
     index: u32,
 }
 
-/// `struct LaunchArgs` of `kernels/adamw.cu`, passed by value.
+/// `struct LaunchArgs` of `kernels/optim/args.cuh`, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct LaunchArgs {
@@ -114,6 +118,58 @@ struct LaunchArgs {
     t: [TensorArgs; MAX_TENSORS],
 }
 unsafe impl DeviceRepr for LaunchArgs {}
+// the kernel's static_asserts (args.cuh) state the same sizes
+const _: () = assert!(std::mem::size_of::<StepArgs>() == 104);
+const _: () = assert!(std::mem::size_of::<TensorArgs>() == 104);
+const _: () = assert!(std::mem::size_of::<LaunchArgs>() == 104 + 104 * MAX_TENSORS);
+
+/// One tensor's slot of the device's step counters (`kernels/optim/counters.cuh`, same order):
+/// updated / stalled / unchanged of m, v and BF16 weights, and the zero gradients.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceCounters {
+    m_updated: u64,
+    m_stalled: u64,
+    m_unchanged: u64,
+    v_updated: u64,
+    v_stalled: u64,
+    v_unchanged: u64,
+    w_updated: u64,
+    w_stalled: u64,
+    w_unchanged: u64,
+    zero_grad: u64,
+}
+
+/// u64 counters per tensor slot: `COUNTERS` of counters.cuh.
+const COUNTERS: usize = std::mem::size_of::<DeviceCounters>() / 8;
+const _: () = assert!(COUNTERS == 10);
+
+impl DeviceCounters {
+    fn from_slot(c: &[u64]) -> Self {
+        let [m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad] =
+            c.try_into().expect("one slot");
+        DeviceCounters { m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad }
+    }
+
+    /// The counts of a tensor of `len` elements (m and v write every element back; BF16
+    /// weights, `bf16_weights`, too).
+    fn counts(&self, len: u64, bf16_weights: bool) -> StallCounts {
+        let kind = |updated, stalled, unchanged, elements| Counter { updated, stalled, unchanged, elements };
+        StallCounts {
+            m: kind(self.m_updated, self.m_stalled, self.m_unchanged, len),
+            v: kind(self.v_updated, self.v_stalled, self.v_unchanged, len),
+            w: kind(self.w_updated, self.w_stalled, self.w_unchanged, if bf16_weights { len } else { 0 }),
+            zero_grad: self.zero_grad,
+        }
+    }
+}
+
+fn scale_id(k: ScaleKind) -> u32 {
+    match k {
+        ScaleKind::Pow2 => 0,
+        ScaleKind::Amax => 1,
+    }
+}
 
 fn round_id(r: Rounding) -> i32 {
     match r {
@@ -136,7 +192,7 @@ fn kernel_format(format: StateFormat) -> &'static str {
 }
 
 /// The `(m, v)` kernel names' formats. Errors for pairs without kernels: precision-only
-/// states pair only with fp32, bf16 or precision-only states (kernels/adamw.cu).
+/// states pair only with fp32, bf16 or precision-only states (kernels/optim/adamw.cu).
 fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static str)> {
     let precision = |f| matches!(f, StateFormat::E8m(_));
     let plain = |f| matches!(f, StateFormat::Fp32 | StateFormat::Bf16 | StateFormat::E8m(_));
@@ -228,6 +284,9 @@ pub struct CudaAdamW {
     buckets: CudaSlice<u8>,
     /// Thread blocks that fit on the GPU at once, per weight variant (step kernels).
     max_blocks: [u32; WEIGHT_VARIANTS.len()],
+    /// Per tensor: whether its weights are BF16 (as the last step gave them), for the weight
+    /// counters' element count.
+    bf16_weights: Vec<bool>,
 }
 
 impl CudaAdamW {
@@ -254,7 +313,7 @@ impl CudaAdamW {
             ];
             states.push(DeviceState { m_codes, m_scales, v_codes, v_scales, addr });
         }
-        let counters = stream.alloc_zeros::<u64>(COUNTER_RING * host.tensors.len().max(1) * 6).map_err(err)?;
+        let counters = stream.alloc_zeros::<u64>(COUNTER_RING * host.tensors.len().max(1) * COUNTERS).map_err(err)?;
         let amax = stream.alloc_zeros::<u32>(2 * host.tensors.len().max(1)).map_err(err)?;
         let (signed, unsigned) = (int8::dynamic_map(true), int8::dynamic_map(false));
         // the kernel's int8_encode takes MAX_STEPS = 2 steps and tests n >= 1 for the top code
@@ -290,11 +349,12 @@ impl CudaAdamW {
                 .map_err(err)?;
             *m = sms * per_sm.max(1);
         }
-        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, buckets, max_blocks })
+        let bf16_weights = vec![false; host.tensors.len()];
+        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, buckets, max_blocks, bf16_weights })
     }
 
     fn slot(&self, step: u64) -> usize {
-        (step as usize % COUNTER_RING) * self.host.tensors.len() * 6
+        (step as usize % COUNTER_RING) * self.host.tensors.len() * COUNTERS
     }
 
     /// One optimizer step on every tensor: `params[i]` (F32 or BF16, contiguous, on this
@@ -311,13 +371,15 @@ impl CudaAdamW {
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
     /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight,
     /// gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a tensor not on a CUDA
-    /// device or not contiguous.
+    /// device or not contiguous; the adaptive reset rule missing a measurement
+    /// ([`LowbitAdamW::begin_update`]).
     pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
             candle_core::bail!("lowbit-adamw: {} parameters and {} gradients for {count} tensors", params.len(), grads.len());
         }
-        let (s, len) = (self.slot(step), count * 6);
+        self.host.begin_update(step).map_err(err)?;
+        let (s, len) = (self.slot(step), count * COUNTERS);
         let mut view = self.counters.slice_mut(s..s + len);
         self.stream.memset_zeros(&mut view).map_err(err)?;
         let spec = self.host.spec;
@@ -356,7 +418,9 @@ impl CudaAdamW {
             count: 0,
             frac_m: spec.m_format.fraction_bits().unwrap_or(0),
             frac_v: spec.v_format.fraction_bits().unwrap_or(0),
-            v_floor: self.host.tensors.first().is_some_and(|t| t.v.zero_free) as u32,
+            zero_free: self.host.tensors.first().is_some_and(|t| t.v.zero_free) as u32,
+            scale_m: scale_id(spec.m_scale),
+            scale_v: scale_id(spec.v_scale),
         };
         let (decay_off, decay_on) = (h.decay, self.host.scalars(step, lr, grad_scale, true).decay);
         // (weight dtype, gradient dtype, tensor) in optimizer order
@@ -371,6 +435,7 @@ impl CudaAdamW {
                     g.dtype()
                 );
             };
+            self.bf16_weights[i] = p.dtype() == DType::BF16;
             // a ZeRO-1 shard: its elements first..first + len of the whole tensor
             let (first, len) = (self.host.tensors[i].first, self.host.tensors[i].m.len);
             if g.elem_count() != len || p.elem_count() != len {
@@ -457,15 +522,12 @@ impl CudaAdamW {
     /// Stall counts of every tensor at `step` (one device-to-host copy: synchronises).
     /// Valid for the last [`COUNTER_RING`] steps.
     pub fn read_counts(&self, step: u64) -> Result<Vec<StallCounts>> {
-        let (s, len) = (self.slot(step), self.host.tensors.len() * 6);
+        let (s, len) = (self.slot(step), self.host.tensors.len() * COUNTERS);
         let raw = self.dev.cuda_stream().clone_dtoh(&self.counters.slice(s..s + len)).map_err(err)?;
         Ok(raw
-            .chunks_exact(6)
-            .map(|c| StallCounts {
-                m: Counter { updated: c[0], stalled: c[1] },
-                v: Counter { updated: c[2], stalled: c[3] },
-                w: Counter { updated: c[4], stalled: c[5] },
-            })
+            .chunks_exact(COUNTERS)
+            .zip(self.host.tensors.iter().zip(&self.bf16_weights))
+            .map(|(c, (t, &bf16))| DeviceCounters::from_slot(c).counts(t.m.len as u64, bf16))
             .collect())
     }
 
@@ -486,44 +548,4 @@ impl CudaAdamW {
         }
         Ok(&self.host)
     }
-}
-
-/// Rounding cast on the GPU: `x` (F32, contiguous) to `format`'s codes (as [`crate::cast::cast`]):
-/// BF16 gives a BF16 tensor, FP8 a U8 tensor of codes, FP4 a U8 tensor of packed pairs.
-pub fn cast(x: &Tensor, format: StateFormat, rounding: Rounding, key: u64) -> Result<Tensor> {
-    let dev = match x.device() {
-        candle_core::Device::Cuda(d) => d.clone(),
-        _ => candle_core::bail!("cuda::cast needs a CUDA tensor"),
-    };
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let n = x.elem_count();
-    let (name, out_len, dtype) = match format {
-        StateFormat::Bf16 => ("sr_cast_bf16", n, DType::BF16),
-        StateFormat::Fp8E4M3 => ("sr_cast_fp8e4m3", n, DType::U8),
-        StateFormat::Fp8E5M2 => ("sr_cast_fp8e5m2", n, DType::U8),
-        StateFormat::Fp4E2M1 => ("sr_cast_fp4e2m1", n.div_ceil(2), DType::U8),
-        f => candle_core::bail!("cast to {} is not supported", f.name()),
-    };
-    let (storage, layout) = x.storage_and_layout();
-    let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("not a CUDA tensor") };
-    let src = cs.as_cuda_slice::<f32>()?.slice(layout.start_offset()..);
-    let stream = dev.cuda_stream();
-    let f = load(&dev, CAST_BIN, &[name.to_string()])?.remove(0);
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let (n64, rid) = (n as u64, round_id(rounding));
-    let out = if dtype == DType::BF16 {
-        let mut out = stream.alloc_zeros::<half::bf16>(out_len).map_err(err)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&src).arg(&mut out).arg(&n64).arg(&key).arg(&rid);
-        unsafe { b.launch(cfg) }.map_err(err)?;
-        CudaStorage::wrap_cuda_slice(out, dev.clone())
-    } else {
-        let mut out = stream.alloc_zeros::<u8>(out_len).map_err(err)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&src).arg(&mut out).arg(&n64).arg(&key).arg(&rid);
-        unsafe { b.launch(cfg) }.map_err(err)?;
-        CudaStorage::wrap_cuda_slice(out, dev.clone())
-    };
-    drop(storage);
-    Ok(Tensor::from_storage(candle_core::Storage::Cuda(out), out_len, candle_core::op::BackpropOp::none(), false))
 }

@@ -18,8 +18,9 @@
 //! m, v = encode(m), encode(v)                    (nearest or stochastic rounding)
 //! ```
 //! The parameter update uses the unrounded FP32 moments; only the write-back is rounded.
-//! An element *stalls* when its FP32 update is non-zero but its decoded stored value is
-//! unchanged (Topollai & Choromanska 2026, arXiv:2603.16731).
+//! An element *stalls* when its FP32 update is non-zero but its stored representation (bits,
+//! or code for scaled formats) is unchanged (Topollai & Choromanska 2026, arXiv:2603.16731;
+//! [`stalls`] also counts the paper's estimator, unchanged entries over all entries).
 //!
 //! ## Example
 //! ```
@@ -27,18 +28,17 @@
 //! let mut states = StatesConfig::default();
 //! states.m_format = "fp8".into();
 //! states.v_format = "fp8".into();
-//! let spec = states.resolve().unwrap();
-//! let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+//! let spec = states.resolve(0.999).unwrap();
+//! let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
 //! let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 4, weight_decay: true };
 //! let mut opt = LowbitAdamW::new(hyper, spec, 0, vec![info]);
 //! let mut w = vec![0.5f32; 4];
 //! let stalls = opt.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[0.1, -0.2, 0.0, 0.3]);
 //! assert!(w[0] < 0.5 && w[1] > 0.5);
-//! assert_eq!(stalls.m.updated, 3);
+//! assert_eq!((stalls.m.updated, stalls.m.elements, stalls.zero_grad), (3, 4, 1));
 //! ```
 
 pub mod adamw;
-pub mod cast;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod config;
@@ -50,8 +50,8 @@ pub mod stalls;
 pub mod state;
 pub mod theory;
 
-pub use config::{BiasCorrection, StatesConfig, StatesSpec, VZero};
-pub use format::{rounding::Rounding, StateFormat};
+pub use config::{BiasCorrection, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VZero};
+pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;

@@ -3,8 +3,8 @@
 //! CPU reference step. The CUDA path (`cuda` feature) uses the same constants and keys.
 
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
-use crate::config::{StatesSpec, VZero};
-use crate::reset::reset_at;
+use crate::config::{ResetRule, StatesSpec, VZero};
+use crate::reset::{reset_at, AdaptiveReset};
 use crate::rng::{stream_key, StateKind};
 use crate::stalls::StallCounts;
 use crate::state::QuantState;
@@ -16,7 +16,7 @@ pub struct Hyper {
     pub beta1: f64,
     /// Second-moment decay b2 (paper: 0.999).
     pub beta2: f64,
-    /// Denominator epsilon (paper: 1e-8).
+    /// Denominator epsilon (paper: 1e-6, arXiv:2603.16731v1 A.9).
     pub eps: f64,
     /// Decoupled weight decay (Loshchilov & Hutter 2019), applied to tensors with
     /// `ParamInfo::weight_decay`.
@@ -58,6 +58,8 @@ pub struct LowbitAdamW {
     pub seed: u64,
     /// One entry per parameter, in the order given to [`LowbitAdamW::new`] (the tensor id).
     pub tensors: Vec<TensorState>,
+    /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else `None`.
+    pub adaptive: Option<AdaptiveReset>,
     scratch: Scratch,
 }
 
@@ -69,21 +71,52 @@ impl LowbitAdamW {
             .into_iter()
             .map(|info| TensorState {
                 first: 0,
-                m: QuantState::zeros(spec.m_format, info.len, spec.block_size, true),
+                m: QuantState::zeros(spec.m_format, info.len, spec.block_size, true).with_scale_kind(spec.m_scale),
                 v: QuantState::zeros(spec.v_format, info.len, spec.block_size, false)
+                    .with_scale_kind(spec.v_scale)
                     .with_zero_free(spec.v_zero == VZero::Exclude),
                 info,
             })
             .collect();
-        LowbitAdamW { hyper, spec, seed, tensors, scratch: Scratch::default() }
+        let adaptive = (spec.reset == ResetRule::Adaptive).then(AdaptiveReset::default);
+        LowbitAdamW { hyper, spec, seed, tensors, adaptive, scratch: Scratch::default() }
+    }
+
+    /// Decide the resets of update `step` (1-based, updates in increasing order) before its
+    /// [`Self::scalars`]: the adaptive rule consumes the measurements it may see
+    /// ([`AdaptiveReset::reset_before`]); periodic resets need nothing (a no-op).
+    ///
+    /// # Errors
+    /// The adaptive rule is missing a measurement ([`Self::observe`] was not called for it).
+    pub fn begin_update(&mut self, step: u64) -> Result<(), String> {
+        let (beta2, s0) = (self.hyper.beta2, self.spec.reset_s0);
+        if let Some(a) = &mut self.adaptive {
+            a.reset_before(step, beta2, s0)?;
+        }
+        Ok(())
+    }
+
+    /// Record update `step`'s stall counts over all tensors (the adaptive rule reads v's
+    /// unchanged fraction, the paper's estimator); a no-op for periodic resets.
+    pub fn observe(&mut self, step: u64, total: &StallCounts) {
+        if let Some(a) = &mut self.adaptive {
+            a.observe(step, total.v.unchanged_fraction().unwrap_or(0.0));
+        }
     }
 
     /// FP32 constants of step `step` (1-based) at learning rate `lr` for a tensor with or
-    /// without weight decay; the raw gradient is multiplied by `grad_scale` first.
+    /// without weight decay; the raw gradient is multiplied by `grad_scale` first. With the
+    /// adaptive rule, the resets are those [`Self::begin_update`] decided.
     pub fn scalars(&self, step: u64, lr: f64, grad_scale: f32, decay: bool) -> StepScalars {
         let h = &self.hyper;
-        let (reset_m, tm) = reset_at(step, self.spec.m_reset_every, self.spec.bias_correction);
-        let (reset_v, tv) = reset_at(step, self.spec.v_reset_every, self.spec.bias_correction);
+        let bc = self.spec.bias_correction;
+        let ((reset_m, tm), (reset_v, tv)) = match &self.adaptive {
+            None => (reset_at(step, self.spec.m_reset_every, bc), reset_at(step, self.spec.v_reset_every, bc)),
+            Some(a) => {
+                let now = (step == a.cycle_start && step > 1, a.bias_t(step, bc));
+                (now, now)
+            }
+        };
         let wd = if decay { h.weight_decay } else { 0.0 };
         StepScalars {
             grad_scale,
@@ -114,7 +147,8 @@ impl LowbitAdamW {
 
     /// One CPU step on tensor `idx`: `w` updated in place from the FP32 gradient `g`
     /// (multiplied by `grad_scale` inside the step). In a sharded optimizer `w` and `g` are
-    /// the held shard's elements (`first .. first + len` of the tensor).
+    /// the held shard's elements (`first .. first + len` of the tensor). Call
+    /// [`Self::begin_update`] once per update first.
     pub fn step_cpu(
         &mut self,
         step: u64,
@@ -200,6 +234,7 @@ impl LowbitAdamW {
             spec: self.spec,
             seed: self.seed,
             tensors: self.tensors.clone(),
+            adaptive: self.adaptive.clone(),
             scratch: Scratch::default(),
         }
     }

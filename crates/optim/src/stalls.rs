@@ -1,32 +1,56 @@
 //! Stall counting (DESIGN.md, "Stalling").
 //!
 //! An element of a state *stalls* at a step when its FP32 update is non-zero (the new FP32
-//! value differs from the stored one) but the stored, decoded value is bit-identical after
-//! the write-back: the update was rounded away. Stalled fraction = stalled / updated.
+//! value differs from the decoded stored one) but its stored representation is unchanged
+//! after the write-back: the update was rounded away. The stored representation is the stored
+//! bits for unscaled formats (FP32, BF16, e8mK) and the stored code for scaled ones (FP8, FP4,
+//! int8): with an `amax` scale the decoded value of an unchanged code moves whenever the
+//! block's scale moves, so comparing decoded values would read almost no stalls.
+//!
+//! Two estimators of the stalled fraction:
+//! * lowbit's: stalled / updated (elements with a non-zero FP32 update);
+//! * the paper's (arXiv:2603.16731v1, Def. 3.1 and Alg. 2): unchanged / all elements, where
+//!   *unchanged* counts every element whose stored representation did not change, zero
+//!   gradients included.
 
 use serde::{Deserialize, Serialize};
 use std::ops::AddAssign;
 
-/// Updated and stalled element counts of one state kind.
+/// Element counts of one state kind at one step.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counter {
     /// Elements whose FP32 update was non-zero.
     pub updated: u64,
-    /// Of those, elements whose stored value did not change.
+    /// Of those, elements whose stored representation did not change.
     pub stalled: u64,
+    /// Elements whose stored representation did not change, updated or not (the paper's
+    /// estimator's numerator; 0 in rows written before it was counted).
+    #[serde(default)]
+    pub unchanged: u64,
+    /// Elements written back (the paper's estimator's denominator).
+    #[serde(default)]
+    pub elements: u64,
 }
 
 impl Counter {
-    /// Count one element: `changed` = FP32 update non-zero, `same` = stored bits unchanged.
+    /// Count one element: `changed` = FP32 update non-zero, `same` = stored representation
+    /// unchanged.
     #[inline(always)]
     pub fn add(&mut self, changed: bool, same: bool) {
         self.updated += changed as u64;
         self.stalled += (changed && same) as u64;
+        self.unchanged += same as u64;
+        self.elements += 1;
     }
 
-    /// stalled / updated, `None` when nothing was updated.
+    /// lowbit's estimator: stalled / updated, `None` when nothing was updated.
     pub fn fraction(&self) -> Option<f64> {
         (self.updated > 0).then(|| self.stalled as f64 / self.updated as f64)
+    }
+
+    /// The paper's estimator (Alg. 2): unchanged / all elements, `None` without elements.
+    pub fn unchanged_fraction(&self) -> Option<f64> {
+        (self.elements > 0).then(|| self.unchanged as f64 / self.elements as f64)
     }
 }
 
@@ -34,6 +58,8 @@ impl AddAssign for Counter {
     fn add_assign(&mut self, o: Counter) {
         self.updated += o.updated;
         self.stalled += o.stalled;
+        self.unchanged += o.unchanged;
+        self.elements += o.elements;
     }
 }
 
@@ -46,6 +72,9 @@ pub struct StallCounts {
     pub v: Counter,
     /// BF16 weights (zero counts for FP32 weights, which are written back exactly).
     pub w: Counter,
+    /// Elements whose gradient (times the step's gradient factor) was exactly 0. After a
+    /// reset of v without one of m these move by lr * m / eps at the first update.
+    pub zero_grad: u64,
 }
 
 impl AddAssign for StallCounts {
@@ -53,6 +82,28 @@ impl AddAssign for StallCounts {
         self.m += o.m;
         self.v += o.v;
         self.w += o.w;
+        self.zero_grad += o.zero_grad;
+    }
+}
+
+impl StallCounts {
+    /// Number of words of [`Self::to_words`].
+    pub const WORDS: usize = 13;
+
+    /// Every count as one flat array (m, v, w: updated, stalled, unchanged, elements; then the
+    /// zero gradients), e.g. to sum them over ranks.
+    pub fn to_words(&self) -> [u64; Self::WORDS] {
+        let (m, v, w) = (&self.m, &self.v, &self.w);
+        [
+            m.updated, m.stalled, m.unchanged, m.elements, v.updated, v.stalled, v.unchanged, v.elements, w.updated,
+            w.stalled, w.unchanged, w.elements, self.zero_grad,
+        ]
+    }
+
+    /// The inverse of [`Self::to_words`].
+    pub fn from_words(x: &[u64; Self::WORDS]) -> Self {
+        let kind = |a: &[u64]| Counter { updated: a[0], stalled: a[1], unchanged: a[2], elements: a[3] };
+        StallCounts { m: kind(&x[0..4]), v: kind(&x[4..8]), w: kind(&x[8..12]), zero_grad: x[12] }
     }
 }
 

@@ -5,6 +5,7 @@
 //! formats. Checkpoints save these bytes as they are (never dequantized), and the CUDA
 //! kernels read and write the same layout.
 
+use crate::format::scale::ScaleKind;
 use crate::format::{bf16, int8, num_scales, StateFormat};
 
 /// Encoded element storage.
@@ -29,8 +30,12 @@ pub struct QuantState {
     pub len: usize,
     /// Encoded elements.
     pub codes: Codes,
-    /// FP32 scales, one per block (empty for fp32/bf16). FP8/FP4: powers of two; int8: absmax.
+    /// FP32 scales, one per block (empty for fp32/bf16). FP8/FP4: per [`Self::scale_kind`];
+    /// int8: absmax.
     pub scales: Vec<f32>,
+    /// How FP8/FP4 block scales follow the block's largest value (`amax` or `pow2`,
+    /// [`crate::format::scale`]); int8 and unscaled formats ignore it.
+    pub scale_kind: ScaleKind,
     /// Whether the state may be negative (m: true, v: false); selects int8's map.
     pub signed: bool,
     /// Second moment without zero (`optim.states.v_zero = "exclude"`, DESIGN.md): in a block
@@ -42,8 +47,8 @@ pub struct QuantState {
 }
 
 impl QuantState {
-    /// A zero-initialised state (every element decodes to +0, scales 1). `signed` is true
-    /// for the first moment, false for the second.
+    /// A zero-initialised state (every element decodes to +0, `pow2` scales, all 1). `signed`
+    /// is true for the first moment, false for the second.
     pub fn zeros(format: StateFormat, len: usize, block: usize, signed: bool) -> Self {
         let codes = match format {
             StateFormat::Fp32 => Codes::F32(vec![0.0; len]),
@@ -56,6 +61,7 @@ impl QuantState {
             len,
             codes,
             scales: vec![1.0; num_scales(format, len, block)],
+            scale_kind: ScaleKind::Pow2,
             signed,
             zero_free: false,
         };
@@ -70,6 +76,32 @@ impl QuantState {
         self
     }
 
+    /// The same fresh state with FP8/FP4 scales of kind `kind` (an `amax` state's zero scales
+    /// are 0: [`Self::set_zero`]).
+    pub fn with_scale_kind(mut self, kind: ScaleKind) -> Self {
+        self.scale_kind = kind;
+        let zero = self.zero_scale();
+        self.scales.fill(zero);
+        self
+    }
+
+    /// A zero state of `len` elements with this one's settings (format, block, scale kind,
+    /// signedness, floor): e.g. the layout of a peer's ZeRO-1 shard.
+    pub fn zeros_like(&self, len: usize) -> Self {
+        QuantState::zeros(self.format, len, self.block, self.signed)
+            .with_scale_kind(self.scale_kind)
+            .with_zero_free(self.zero_free)
+    }
+
+    /// The scale of an all-zero block: 0 for `amax` FP8/FP4 states, else 1.
+    fn zero_scale(&self) -> f32 {
+        if self.scale_kind == ScaleKind::Amax && self.format.minifloat().is_some() {
+            0.0
+        } else {
+            1.0
+        }
+    }
+
     /// Elements per block as used for indexing (the whole tensor when `block == 0`).
     pub fn block_len(&self) -> usize {
         if self.block == 0 {
@@ -79,7 +111,8 @@ impl QuantState {
         }
     }
 
-    /// Reset every element to +0 (a state reset). Scales go back to 1.
+    /// Reset every element to +0 (a state reset). Scales go back to those of an all-zero block
+    /// (1; 0 for an `amax` FP8/FP4 state).
     pub fn set_zero(&mut self) {
         match &mut self.codes {
             Codes::F32(c) => c.fill(0.0),
@@ -89,7 +122,8 @@ impl QuantState {
             }
             Codes::Bytes(c) => c.fill(0),
         }
-        self.scales.fill(1.0);
+        let zero = self.zero_scale();
+        self.scales.fill(zero);
     }
 
     /// The raw code of element `i` (FP8/FP4/int8 only).
@@ -172,7 +206,8 @@ impl QuantState {
             return Err(format!("element range {a}..{b} is outside the state's {} elements", self.len));
         }
         if a == b {
-            return Ok(QuantState::zeros(self.format, 0, self.block, self.signed).with_zero_free(self.zero_free));
+            let scales = vec![self.zero_scale(); num_scales(self.format, 0, self.block)];
+            return Ok(QuantState { codes: self.empty_codes(), scales, ..self.clone_settings() });
         }
         let scales = if self.format.is_scaled() {
             let bl = self.block_len();
@@ -205,14 +240,9 @@ impl QuantState {
     pub fn concat(parts: &[&QuantState]) -> Result<QuantState, String> {
         let parts: Vec<&QuantState> = parts.iter().copied().filter(|p| p.len > 0).collect();
         let head = *parts.first().ok_or("no non-empty state to concatenate")?;
-        let mut out = QuantState { len: 0, codes: head.codes.clone(), scales: Vec::new(), ..head.clone_settings() };
-        out.codes = match &head.codes {
-            Codes::F32(_) => Codes::F32(Vec::new()),
-            Codes::Bf16(_) => Codes::Bf16(Vec::new()),
-            Codes::Bytes(_) => Codes::Bytes(Vec::new()),
-        };
+        let mut out = QuantState { codes: head.empty_codes(), ..head.clone_settings() };
         for (k, p) in parts.iter().enumerate() {
-            if (p.format, p.block, p.signed) != (head.format, head.block, head.signed) {
+            if (p.format, p.block, p.signed, p.scale_kind) != (head.format, head.block, head.signed, head.scale_kind) {
                 return Err(format!("cannot concatenate a {} state with a {} state", p.format.name(), head.format.name()));
             }
             if head.format.bits() == 4 && k + 1 < parts.len() && p.len % 2 == 1 {
@@ -230,7 +260,8 @@ impl QuantState {
         Ok(out)
     }
 
-    /// A zero-length state with this one's settings (format, block, signedness, floor).
+    /// A zero-length state with this one's settings (format, block, scale kind, signedness,
+    /// floor) and placeholder codes.
     fn clone_settings(&self) -> QuantState {
         QuantState {
             format: self.format,
@@ -238,8 +269,18 @@ impl QuantState {
             len: 0,
             codes: Codes::F32(Vec::new()),
             scales: Vec::new(),
+            scale_kind: self.scale_kind,
             signed: self.signed,
             zero_free: self.zero_free,
+        }
+    }
+
+    /// No codes, in this state's code storage.
+    fn empty_codes(&self) -> Codes {
+        match &self.codes {
+            Codes::F32(_) => Codes::F32(Vec::new()),
+            Codes::Bf16(_) => Codes::Bf16(Vec::new()),
+            Codes::Bytes(_) => Codes::Bytes(Vec::new()),
         }
     }
 }

@@ -9,6 +9,12 @@
 //! * `P_sr = E_{z ~ chi^2_1}[max(0, 1 - |z - 1| / (2 rho))]`.
 //!
 //! At b2 = 0.999: bf16 0.946 / 0.825, fp8 (3 fraction bits) 1.000 / 0.989, fp4 (2) 1.000 / 0.994.
+//!
+//! Reset period (Prop. 5.2, eqs. 21-24): a state reset at step 0 stalls at age j with
+//! probability `S(j) = F((1 + rho)(1 - b2^j)) / F(1 + rho)`; with the threshold `s0`,
+//! `Sbar(K) = (1/K) sum_{j<=K} max(0, (S(j) - s0) / (1 - s0))` is the stalling a cycle of K
+//! updates accumulates and `E(K) = 2 b2^K / (1 + b2^K)` what a reset throws away; the period is
+//! `K* = min{K >= 1 : Sbar(K) >= E(K)}`. At b2 = 0.999, s0 = 0.6: bf16 1116, fp8 320, fp4 224.
 
 use crate::format::Rounding;
 
@@ -47,6 +53,34 @@ pub fn p_stall_stochastic(fraction_bits: u32, beta2: f64) -> f64 {
     s * h / 3.0
 }
 
+/// `E(K) = 2 b2^K / (1 + b2^K)`: the reset rules' threshold at cycle age `k` (Prop. 5.2, Alg. 2).
+pub fn reset_threshold(beta2: f64, k: u64) -> f64 {
+    let b = beta2.powf(k as f64);
+    2.0 * b / (1.0 + b)
+}
+
+/// Longest reset period searched by [`reset_period`] (100x the paper's BF16 K*).
+pub const MAX_RESET_PERIOD: u64 = 1_000_000;
+
+/// The paper's reset period `K*` (Prop. 5.2) for a grid of `fraction_bits` (v's format), `beta2`
+/// and threshold `s0` in (0, 1); `None` when no `K <= MAX_RESET_PERIOD` qualifies (b2 very
+/// close to 1).
+pub fn reset_period(fraction_bits: u32, beta2: f64, s0: f64) -> Option<u64> {
+    let r = rho(fraction_bits, beta2);
+    let f1 = chi2_1_cdf(1.0 + r);
+    let mut acc = 0.0;
+    let mut b = 1.0f64; // b2^K
+    for k in 1..=MAX_RESET_PERIOD {
+        b *= beta2;
+        let s = chi2_1_cdf((1.0 + r) * (1.0 - b)) / f1;
+        acc += ((s - s0) / (1.0 - s0)).max(0.0);
+        if acc / k as f64 >= 2.0 * b / (1.0 + b) {
+            return Some(k);
+        }
+    }
+    None
+}
+
 /// Prediction for a rounding mode.
 pub fn p_stall(fraction_bits: u32, beta2: f64, rounding: Rounding) -> f64 {
     match rounding {
@@ -68,6 +102,20 @@ mod tests {
         assert_eq!(r3(p_stall_stochastic(3, 0.999)), 0.989);
         assert_eq!(r3(p_stall_nearest(2, 0.999)), 1.000);
         assert_eq!(r3(p_stall_stochastic(2, 0.999)), 0.994);
+    }
+
+    /// The paper's K* (Prop. 5.2) at b2 = 0.999 for BF16 / FP8 / FP4 (v's E2M2: 2 bits), s0 =
+    /// 0.5, 0.6, 0.7 (issue 31's numbers, also in `train predict --reset-period`).
+    #[test]
+    fn paper_reset_periods_at_b2_0999() {
+        let k = |bits, s0| reset_period(bits, 0.999, s0).unwrap();
+        assert_eq!([k(7, 0.6), k(3, 0.6), k(2, 0.6)], [1116, 320, 224]);
+        assert_eq!([k(7, 0.5), k(3, 0.5), k(2, 0.5)], [1004, 295, 206]);
+        assert_eq!([k(7, 0.7), k(3, 0.7), k(2, 0.7)], [1262, 351, 246]);
+        // the formula's S(j) tends to F(1 - b2^j) / F(1) as the grid gets finer: FP32 still has one
+        assert_eq!(reset_period(23, 0.999, 0.6), Some(1454));
+        assert!((reset_threshold(0.999, 0) - 1.0).abs() < 1e-15);
+        assert!((reset_threshold(0.999, 1000) - 2.0 * 0.999f64.powi(1000) / (1.0 + 0.999f64.powi(1000))).abs() < 1e-15);
     }
 
     #[test]

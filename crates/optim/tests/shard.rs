@@ -16,11 +16,11 @@ fn opt(m: &str, v: &str, block: usize, len: usize) -> LowbitAdamW {
         m_rounding: Rounding::Stochastic,
         v_rounding: Rounding::Stochastic,
         weight_rounding: Rounding::Stochastic,
-        m_reset_every: 3,
+        m_reset_every: 3.into(),
         ..Default::default()
     };
     let info = ParamInfo { name: "w".into(), group: "mlp".into(), len, weight_decay: true };
-    LowbitAdamW::new(HYPER, s.resolve().unwrap(), 7, vec![info])
+    LowbitAdamW::new(HYPER, s.resolve(0.999).unwrap(), 7, vec![info])
 }
 
 fn grads(step: u64, n: usize) -> Vec<f32> {

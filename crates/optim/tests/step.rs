@@ -12,7 +12,7 @@ fn opt(m: &str, v: &str, cfg: impl Fn(&mut StatesConfig), len: usize) -> LowbitA
     let mut s = StatesConfig { m_format: m.into(), v_format: v.into(), ..Default::default() };
     cfg(&mut s);
     let info = ParamInfo { name: "w".into(), group: "mlp".into(), len, weight_decay: true };
-    LowbitAdamW::new(HYPER, s.resolve().unwrap(), 1, vec![info])
+    LowbitAdamW::new(HYPER, s.resolve(0.999).unwrap(), 1, vec![info])
 }
 
 fn grads(step: u64, n: usize) -> Vec<f32> {
@@ -47,8 +47,8 @@ fn fp32_states_match_textbook_adamw_in_f64() {
 fn reset_zeroes_the_state_and_restarts_bias_correction() {
     let n = 256;
     let mut o = opt("bf16", "bf16", |s| {
-        s.m_reset_every = 3;
-        s.v_reset_every = 3;
+        s.m_reset_every = 3.into();
+        s.v_reset_every = 3.into();
     }, n);
     let mut w = vec![0.25f32; n];
     for t in 1..=3 {
@@ -68,6 +68,88 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
     let s = o.scalars(4, 1e-3, 1.0, true);
     assert!(s.reset_m && s.reset_v);
     assert_eq!(s.inv_bias_correction1, 10.0f32);
+}
+
+/// The counters of one step: updated / stalled (lowbit's estimator), unchanged / elements (the
+/// paper's, zero gradients included) and the zero gradients themselves. BF16 m and v after one
+/// step: a zero gradient decays m by 0.9 (a change) and v by 0.999 (below half a BF16 ULP,
+/// 2^-9: stalled, unchanged); a gradient 20x the first moves both.
+#[test]
+fn counters_split_updates_from_unchanged_entries() {
+    let n = 64;
+    let mut o = opt("bf16", "bf16", |_| {}, n);
+    let mut w = vec![0.0f32; n];
+    o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
+    // half the gradients zero, half 20x the first
+    let g: Vec<f32> = (0..n).map(|i| if i % 2 == 0 { 0.0 } else { 0.2 }).collect();
+    let c = o.step_cpu(2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    assert_eq!(c.zero_grad, 32);
+    assert_eq!((c.m.elements, c.v.elements, c.w.elements), (64, 64, 0));
+    // m: every element changes (0.9 m + 0.1 g differs from m), none stalls at BF16's 2^-8
+    assert_eq!((c.m.updated, c.m.stalled, c.m.unchanged), (64, 0, 0));
+    assert_eq!((c.v.updated, c.v.stalled, c.v.unchanged), (64, 32, 32));
+    assert_eq!((c.v.fraction(), c.v.unchanged_fraction()), (Some(0.5), Some(0.5)));
+    // one step later with zero gradients only: m and v decay; v's entries all stay
+    let c = o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
+    assert_eq!((c.zero_grad, c.v.updated, c.v.unchanged), (64, 64, 64));
+}
+
+/// A v reset without an m reset (the paper's asymmetric policy, Table 6) is allowed; at its
+/// first update every element with a zero gradient has v = 0 and moves by lr * m / eps, which
+/// the step's zero-gradient count exposes.
+#[test]
+fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
+    let n = 8;
+    let mut o = opt("fp32", "fp32", |s| s.v_reset_every = 2.into(), n);
+    assert!(o.spec.resets_v_without_m());
+    let mut w = vec![0.0f32; n];
+    for t in 1..=2 {
+        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
+    }
+    let before = w.clone();
+    let m_before = o.tensors[0].m.decode_all();
+    let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
+    let s = o.scalars(3, 1e-3, 1.0, true);
+    assert!(s.reset_v && !s.reset_m);
+    let c = o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    assert_eq!(c.zero_grad, 3);
+    for i in 0..3 {
+        let m_hat = 0.9 * m_before[i] as f64 / (1.0 - 0.9f64.powi(3));
+        let moved = (before[i] - w[i]) as f64;
+        assert!((moved - 1e-3 * m_hat / 1e-8).abs() <= 1e-3 * moved.abs(), "{i}: moved {moved}, lr m/eps {}", 1e-3 * m_hat / 1e-8);
+    }
+}
+
+/// The adaptive rule (Alg. 2) inside the optimizer: with v stalled entirely (fraction 1) the
+/// first decision that sees a measurement resets m and v and restarts bias correction; updates
+/// decided before need no measurement.
+#[test]
+fn adaptive_resets_follow_the_observed_stalled_fraction() {
+    use lowbit_optim::reset::ADAPTIVE_LAG;
+    use lowbit_optim::{ResetRule, StallCounts};
+    let n = 16;
+    let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
+    let mut w = vec![0.0f32; n];
+    let stalled = |n: u64| {
+        let mut c = StallCounts::default();
+        c.v.unchanged = n;
+        c.v.elements = n;
+        c
+    };
+    for t in 1..=ADAPTIVE_LAG + 1 {
+        o.begin_update(t).unwrap();
+        assert!(!o.scalars(t, 1e-3, 1.0, true).reset_v);
+        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
+        o.observe(t, &stalled(n as u64));
+    }
+    let t = ADAPTIVE_LAG + 2;
+    o.begin_update(t).unwrap();
+    let s = o.scalars(t, 1e-3, 1.0, true);
+    assert!(s.reset_m && s.reset_v);
+    assert_eq!((s.inv_bias_correction1, s.inv_bias_correction2), (10.0, (1.0 / (1.0 - 0.999f64)) as f32));
+    // a missing measurement is an error
+    let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
+    assert!(o.begin_update(ADAPTIVE_LAG + 2).unwrap_err().contains("not observed"));
 }
 
 #[test]
@@ -146,11 +228,12 @@ fn bf16_weights_count_stalls() {
 fn int8_blocks_with_subnormal_absmax_keep_their_values() {
     use lowbit_optim::adamw::encode_block;
     use lowbit_optim::format::{int8, Rounding, StateFormat};
+    use lowbit_optim::ScaleKind;
     let t = int8::dynamic_map(true);
     for absmax in [1e-39f32, f32::from_bits(3), 1e-30] {
         let x = [absmax, -absmax / 2.0, 0.0, absmax / 4.0];
         let (mut codes, mut scale) = ([0u8; 4], 1.0f32);
-        encode_block(StateFormat::Int8, true, false, &mut codes, &mut scale, &x, Rounding::Nearest, 0, 0);
+        encode_block(StateFormat::Int8, true, false, ScaleKind::Pow2, &mut codes, &mut scale, &x, Rounding::Nearest, 0, 0);
         assert_eq!(scale, absmax);
         assert_eq!(codes[0], 255, "absmax {absmax:e}");
         assert_eq!(codes[2], t.zero_index(), "absmax {absmax:e}");

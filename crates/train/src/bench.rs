@@ -131,7 +131,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     block_size: if block == 0 { 128 } else { block },
                     ..Default::default()
                 };
-                let spec = states.resolve().map_err(anyhow::Error::msg)?;
+                let spec = states.resolve(0.999).map_err(anyhow::Error::msg)?;
                 let infos = specs
                     .iter()
                     .map(|s| ParamInfo { name: s.name.clone(), group: "x".into(), len: s.shape.iter().product(), weight_decay: true })

@@ -55,7 +55,7 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
 /// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
     let dev = crate::trainer::device("cuda", 0)?;
-    let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
+    let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
     let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mcfg = cfg.model_config(tok.vocab_size())?;
     let dtype = if cfg.model.dtype == WeightDtype::Bf16 { DType::BF16 } else { DType::F32 };

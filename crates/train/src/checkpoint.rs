@@ -49,6 +49,15 @@ pub struct TrainState {
     /// checkpoints written before it was recorded, which behaved as `keep`).
     #[serde(default)]
     pub v_zero: String,
+    /// Scale kinds of fp8/fp4 m and v states (`amax` / `pow2`; empty for other formats, and in
+    /// checkpoints written before scale kinds existed, whose fp8/fp4 states are `pow2`).
+    #[serde(default)]
+    pub m_scale: String,
+    #[serde(default)]
+    pub v_scale: String,
+    /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_reset: Option<lowbit_optim::reset::AdaptiveReset>,
     /// Model parameter names and element counts, to refuse a checkpoint of another model.
     pub params: Vec<(String, usize)>,
     /// Random-bit scheme of the run (`lowbit_optim::rng::SCHEME`; empty in checkpoints
@@ -318,6 +327,9 @@ mod tests {
             v_format: "fp8e4m3".into(),
             block_size: 128,
             v_zero: "exclude".into(),
+            m_scale: "amax".into(),
+            v_scale: "amax".into(),
+            adaptive_reset: None,
             params: vec![("w".into(), 3)],
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: 2,
@@ -338,5 +350,6 @@ mod tests {
         std::fs::write(tmp.path().join("state.json"), text).unwrap();
         let st = load_state(tmp.path()).unwrap();
         assert_eq!((st.step, st.updates, st.data.carry, st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
+        assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.adaptive_reset), ("", "", None), "pow2 and periodic");
     }
 }

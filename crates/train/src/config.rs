@@ -282,7 +282,7 @@ impl RunConfig {
                 bail!("{k}: must be a positive number, got {}", v.unwrap_or_default());
             }
         }
-        o.states.resolve().map_err(anyhow::Error::msg)?;
+        o.states.resolve(o.beta2).map_err(anyhow::Error::msg)?;
         for (k, v) in [("data.seq_len", self.data.seq_len), ("data.val_tokens", self.data.val_tokens)] {
             if v == 0 {
                 bail!("{k}: must be > 0");

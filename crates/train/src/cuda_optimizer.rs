@@ -7,8 +7,12 @@ use lowbit_optim::cuda::{CudaAdamW, COUNTER_RING};
 use lowbit_optim::{LowbitAdamW, StallCounts};
 
 /// Steps by which the stall counts of a GPU optimizer are read late (half the kernel's ring of
-/// counters, at most 8), so that the step itself never waits for the device.
-pub const COUNT_LAG: usize = if COUNTER_RING / 2 < 8 { COUNTER_RING / 2 } else { 8 };
+/// counters, at most the adaptive reset rule's lag, which its decisions then never wait for),
+/// so that the step itself never waits for the device.
+pub const COUNT_LAG: usize = {
+    let lag = lowbit_optim::reset::ADAPTIVE_LAG as usize;
+    if COUNTER_RING / 2 < lag { COUNTER_RING / 2 } else { lag }
+};
 
 /// States on the GPU; stall counters read back [`Optimizer::count_lag`] steps late so the
 /// step itself never waits for the device.
@@ -35,6 +39,10 @@ impl Optimizer for DeviceAdamW {
 
     fn count_lag(&self) -> usize {
         COUNT_LAG
+    }
+
+    fn observe(&mut self, step: u64, total: &StallCounts) {
+        self.opt.host.observe(step, total);
     }
 
     fn states(&mut self) -> Result<&LowbitAdamW> {

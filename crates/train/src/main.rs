@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! train --config configs/tiny_cpu.toml [--set optim.lr=6e-4] [--device cuda] [--resume runs/NAME|latest] [--overwrite] [--print-config] [--gpus N]
-//! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--json]
+//! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--reset-period] [--json]
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
 //! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full [--cells LIST] [--seeds N | --seed-list LIST] [--out DIR --merge DIR]
@@ -59,7 +59,7 @@ struct TrainArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Closed-form stalled fraction of v for a format and b2 (paper theory).
+    /// Closed-form stalled fraction of v for a format and b2, and its reset period (paper theory).
     Predict {
         /// State format: bf16, fp8, fp8e5m2, fp4, fp32 ...
         #[arg(long)]
@@ -69,6 +69,9 @@ enum Cmd {
         /// Print only this rounding's prediction.
         #[arg(long)]
         rounding: Option<Rounding>,
+        /// Also print the paper's reset period K* (Prop. 5.2) at s0 = 0.6, 0.5 and 0.7.
+        #[arg(long)]
+        reset_period: bool,
         #[arg(long)]
         json: bool,
     },
@@ -202,8 +205,8 @@ fn rank_prefix() -> String {
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::Predict { format, beta2, rounding, json }) => {
-            lowbit_train::predict::print(&format, beta2, rounding, json)
+        Some(Cmd::Predict { format, beta2, rounding, reset_period, json }) => {
+            lowbit_train::predict::print(&format, beta2, rounding, reset_period, json)
         }
         Some(Cmd::Stalls(args)) => lowbit_train::stalls_table::run(&args),
         Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),

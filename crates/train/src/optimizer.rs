@@ -41,10 +41,15 @@ pub trait Optimizer {
     /// device; call it [`Optimizer::count_lag`] steps later to keep the device busy).
     fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>>;
 
-    /// How many steps late the trainer reads stall counts (0 on the CPU).
+    /// How many steps late the trainer reads stall counts (0 on the CPU; at most
+    /// `lowbit_optim::reset::ADAPTIVE_LAG`).
     fn count_lag(&self) -> usize {
         0
     }
+
+    /// The counts of update `step` summed over all tensors, for the adaptive reset rule
+    /// (`LowbitAdamW::observe`); every update's, in order, once the trainer has read them.
+    fn observe(&mut self, step: u64, total: &StallCounts);
 
     /// The states, on the host (for checkpoints and inspection).
     fn states(&mut self) -> Result<&LowbitAdamW>;
@@ -72,6 +77,7 @@ impl Optimizer for HostAdamW {
         params: &ParamSet,
         grads: &[Tensor],
     ) -> Result<()> {
+        self.opt.begin_update(step).map_err(anyhow::Error::msg)?;
         let mut out = Vec::with_capacity(params.vars.len());
         for (i, (var, grad)) in params.vars.iter().zip(grads).enumerate() {
             let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -104,6 +110,10 @@ impl Optimizer for HostAdamW {
             Some((s, c)) if s == step => Ok(c),
             _ => anyhow::bail!("stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"),
         }
+    }
+
+    fn observe(&mut self, step: u64, total: &StallCounts) {
+        self.opt.observe(step, total);
     }
 
     fn states(&mut self) -> Result<&LowbitAdamW> {

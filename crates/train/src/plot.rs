@@ -1,7 +1,7 @@
 //! Plots (SVG and PNG, drawn with `plotters` and an embedded font):
 //! * `loss.{svg,png}`: train and validation loss vs step (left) and vs tokens (right);
-//! * `stalls.{svg,png}`: stalled fraction of m and of v vs step per tensor group, with the
-//!   theory line for v;
+//! * `stalls.{svg,png}`: stalled fraction of m and of v vs step per tensor group, the paper's
+//!   estimator over all tensors (dashed), and the theory line for v;
 //! * `theory.{svg,png}`: the predicted v stalled fraction vs b2 for each format, nearest and
 //!   stochastic rounding (the paper's stalling-probability figure);
 //! * `compare.{svg,png}` (several runs): validation loss and global v stalled fraction.
@@ -213,6 +213,12 @@ fn stall_panels(d: &RunData) -> Vec<Panel> {
                 points: d.stalls.iter().filter_map(|r| pick(&r.frac).map(|f| (r.step as f64, f))).collect(),
                 dashed: false,
             });
+            // the paper's estimator (unchanged / all entries) of all tensors, where counted
+            let paper = |f: &crate::stall_log::Fractions| if state == "m" { f.m_unchanged } else { f.v_unchanged };
+            let points: Vec<(f64, f64)> = d.stalls.iter().filter_map(|r| paper(&r.frac).map(|f| (r.step as f64, f))).collect();
+            if !points.is_empty() {
+                series.push(Series { name: "all, unchanged / all entries".into(), points, dashed: true });
+            }
             if let (Some(t), "v", Some(last)) = (theory, state, d.stalls.last()) {
                 series.push(Series { name: "theory".into(), points: vec![(1.0, t), (last.step as f64, t)], dashed: true });
             }

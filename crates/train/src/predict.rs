@@ -1,4 +1,5 @@
-//! `train predict`: the closed-form stalled fraction of v (lowbit_optim::theory).
+//! `train predict`: the closed-form stalled fraction of v and, with `--reset-period`, the
+//! paper's reset period K* (lowbit_optim::theory).
 
 use anyhow::Result;
 use lowbit_optim::{theory, Rounding, StateFormat};
@@ -13,9 +14,21 @@ pub fn predict(format: &str, beta2: f64) -> Result<(StateFormat, u32, f64, f64)>
     Ok((f, bits, theory::p_stall_nearest(bits, beta2), theory::p_stall_stochastic(bits, beta2)))
 }
 
-/// Print the prediction (text or JSON).
-pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, json: bool) -> Result<()> {
+/// The thresholds s0 `--reset-period` prints K* for: the paper's 0.6 first, then 0.5 and 0.7.
+pub const RESET_S0: [f64; 3] = [0.6, 0.5, 0.7];
+
+/// The paper's reset period K* (Prop. 5.2) of v's `fraction_bits` at `beta2` for each of
+/// [`RESET_S0`] (`None`: beyond `theory::MAX_RESET_PERIOD`). FP4's v is E2M2 (2 bits), and m
+/// takes v's period.
+pub fn reset_periods(fraction_bits: u32, beta2: f64) -> [(f64, Option<u64>); 3] {
+    RESET_S0.map(|s0| (s0, theory::reset_period(fraction_bits, beta2, s0)))
+}
+
+/// Print the prediction (text or JSON); `reset_period`: with the reset periods.
+pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, reset_period: bool, json: bool) -> Result<()> {
     let (f, bits, pn, ps) = predict(format, beta2)?;
+    let periods = reset_period.then(|| reset_periods(bits, beta2));
+    let k = |p: Option<u64>| p.map_or("none".to_string(), |k| k.to_string());
     if json {
         let mut o = serde_json::json!({
             "format": f.name(), "fraction_bits": bits, "beta2": beta2, "rho": theory::rho(bits, beta2),
@@ -25,6 +38,9 @@ pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, json: bool) -
         }
         if rounding != Some(Rounding::Nearest) {
             o["stochastic"] = ps.into();
+        }
+        if let Some(periods) = periods {
+            o["reset_period"] = periods.iter().map(|&(s0, p)| (format!("{s0}"), serde_json::json!(p))).collect();
         }
         crate::outln!("{o}");
         return Ok(());
@@ -37,6 +53,14 @@ pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, json: bool) -
             f.name(),
             theory::rho(bits, beta2)
         ),
+    }
+    if let Some([(s0, p), (s1, p1), (s2, p2)]) = periods {
+        crate::outln!(
+            "{}  (reset period K*, Prop. 5.2, s0 = {s0}; {} at s0 = {s1}, {} at s0 = {s2}; optim.states.v_reset_every = \"auto\")",
+            k(p),
+            k(p1),
+            k(p2)
+        );
     }
     Ok(())
 }

@@ -87,7 +87,7 @@ impl Session {
         let dev = device(&cfg.train.device, launch.local_rank)?;
         let comm = distributed::for_device(launch.comm.clone(), &dev)?;
         let (rank, world) = (comm.rank(), comm.world_size());
-        let spec = cfg.optim.states.resolve().map_err(anyhow::Error::msg)?;
+        let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
 
         // Data and model.
         let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(data_err)?;
@@ -125,6 +125,9 @@ impl Session {
             v_format: spec.v_format.name().into(),
             block_size: spec.block_size,
             v_zero: spec.v_zero.as_str().into(),
+            m_scale: scale_name(spec.m_format, spec.m_scale),
+            v_scale: scale_name(spec.v_format, spec.v_scale),
+            adaptive_reset: host.adaptive.clone(),
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: world as u64,
@@ -134,6 +137,7 @@ impl Session {
             let saved = checkpoint::load_state(dir)?;
             check_compatible(dir, &saved, &state)?;
             checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
+            host.adaptive = saved.adaptive_reset.clone();
             if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
                 tracing::warn!(
                     "--resume {}: the global batch changes from {} sequences per step ({} rank(s)) to {} ({world} \
@@ -150,6 +154,8 @@ impl Session {
             state = TrainState {
                 rng: lowbit_optim::rng::SCHEME.into(),
                 v_zero: spec.v_zero.as_str().into(),
+                m_scale: state.m_scale,
+                v_scale: state.v_scale,
                 ranks: state.ranks,
                 global_batch: state.global_batch,
                 ..saved
@@ -218,12 +224,22 @@ impl Session {
                 cfg.data.seq_len,
                 cfg.train.device,
             );
+            crate::outln!("states: {}", spec.describe());
             if let Some(p) = theory.v {
                 crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
             }
+            if spec.resets_v_without_m() {
+                tracing::warn!(
+                    "optim.states: v resets every {} updates without an m reset: at each, every element whose gradient is 0 \
+                     moves by lr * m / eps (eps = {}); their count is logged at each such reset and in stalls.jsonl \
+                     (zero_grad)",
+                    spec.v_reset_every,
+                    cfg.optim.eps
+                );
+            }
         }
 
-        let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every };
+        let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every, spec };
         Ok(Session {
             cfg,
             run_dir,
@@ -330,12 +346,13 @@ impl Session {
             return Ok(None);
         }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
+        let state = TrainState { adaptive_reset: states.adaptive.clone(), ..self.state.clone() };
         let dir = checkpoint::save(
             &self.run_dir,
             &self.varmap,
             &self.hf_config,
             states,
-            &self.state,
+            &state,
             &self.config_toml,
             self.cfg.train.keep_checkpoints,
             &[(checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?)],
@@ -368,6 +385,12 @@ impl Session {
         self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.stalls.as_mut())?;
         Ok(())
     }
+}
+
+/// The scale kind a checkpoint records for a state: its name for fp8/fp4 states, empty for
+/// formats without one.
+fn scale_name(format: lowbit_optim::StateFormat, kind: lowbit_optim::ScaleKind) -> String {
+    if format.minifloat().is_some() { kind.as_str().into() } else { String::new() }
 }
 
 /// Every rank must run rank 0's resolved config (a multi-node launch could give a node

@@ -1,23 +1,58 @@
-//! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v and BF16 weights,
-//! per tensor group, the theory prediction for v, and (every `stall_detail_every` steps)
-//! per tensor.
+//! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v and BF16 weights
+//! under both estimators (`lowbit_optim::stalls`: stalled / updated, and the paper's unchanged
+//! / all entries), per tensor group, the theory prediction for v, the zero gradients, and
+//! (every `stall_detail_every` steps) per tensor.
 
 use lowbit_optim::{theory, Counter, StallCounts, StatesSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Stalled fractions of one aggregate (null where nothing was updated).
+/// Which estimator of the stalled fraction (`lowbit_optim::stalls`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Estimator {
+    /// lowbit's: stalled / elements with a non-zero FP32 update.
+    #[default]
+    Updated,
+    /// The paper's (arXiv:2603.16731v1, Alg. 2): entries whose stored code is unchanged / all
+    /// entries, zero gradients included.
+    Paper,
+}
+
+/// Stalled fractions of one aggregate under both estimators (null where nothing was updated,
+/// or in rows written before the paper's estimator was counted).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Fractions {
     pub m: Option<f64>,
     pub v: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w: Option<f64>,
+    /// The paper's estimator: unchanged / all entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub m_unchanged: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v_unchanged: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_unchanged: Option<f64>,
 }
 
 impl Fractions {
     pub fn of(c: &StallCounts) -> Self {
-        Fractions { m: c.m.fraction(), v: c.v.fraction(), w: c.w.fraction() }
+        Fractions {
+            m: c.m.fraction(),
+            v: c.v.fraction(),
+            w: c.w.fraction(),
+            m_unchanged: c.m.unchanged_fraction(),
+            v_unchanged: c.v.unchanged_fraction(),
+            w_unchanged: c.w.unchanged_fraction(),
+        }
+    }
+
+    /// The (m, v, w) fractions of one estimator.
+    pub fn by(&self, e: Estimator) -> [Option<f64>; 3] {
+        match e {
+            Estimator::Updated => [self.m, self.v, self.w],
+            Estimator::Paper => [self.m_unchanged, self.v_unchanged, self.w_unchanged],
+        }
     }
 }
 
@@ -43,6 +78,10 @@ pub struct StallRow {
     pub m: Counter,
     pub v: Counter,
     pub w: Counter,
+    /// Elements whose gradient was exactly 0 (after clipping); 0 in rows written before it
+    /// was counted.
+    #[serde(default)]
+    pub zero_grad: u64,
     /// Global fractions.
     pub frac: Fractions,
     /// Per group (embed, attn, mlp, norm, head).
@@ -76,6 +115,7 @@ impl StallRow {
             m: total.m,
             v: total.v,
             w: total.w,
+            zero_grad: total.zero_grad,
             frac: Fractions::of(&total),
             groups: per_group.iter().map(|(g, c)| (g.clone(), Fractions::of(c))).collect(),
             theory,

@@ -1,10 +1,12 @@
 //! `train stalls RUN`: the latest and running-mean stalled fractions per group (or tensor)
-//! for m, v and BF16 weights, next to the theory prediction for v and the difference.
+//! for m, v and BF16 weights, next to the theory prediction for v and the difference, under
+//! lowbit's estimator (stalled / updated) or the paper's (`--estimator paper`: unchanged / all
+//! entries).
 //! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
 use crate::metrics::read_rows;
-use crate::stall_log::{Fractions, StallRow};
+use crate::stall_log::{Estimator, Fractions, StallRow};
 use crate::summary::mean;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -25,6 +27,10 @@ pub struct StallsArgs {
     /// Show one state only.
     #[arg(long, value_enum)]
     pub state: Option<State>,
+    /// Which stalled fraction: `updated` (stalled / elements with a non-zero update) or
+    /// `paper` (unchanged / all entries, the paper's Alg. 2). JSON output has both.
+    #[arg(long, value_enum, default_value = "updated")]
+    pub estimator: Estimator,
     /// Steps in the running mean (0 = the whole run).
     #[arg(long, default_value_t = 100)]
     pub window: usize,
@@ -74,7 +80,15 @@ pub struct Table {
 }
 
 fn mean_fractions<'a>(fs: impl Iterator<Item = &'a Fractions> + Clone) -> Fractions {
-    Fractions { m: mean(fs.clone().map(|f| f.m)), v: mean(fs.clone().map(|f| f.v)), w: mean(fs.map(|f| f.w)) }
+    let m = |pick: fn(&Fractions) -> Option<f64>| mean(fs.clone().map(pick));
+    Fractions {
+        m: m(|f| f.m),
+        v: m(|f| f.v),
+        w: m(|f| f.w),
+        m_unchanged: m(|f| f.m_unchanged),
+        v_unchanged: m(|f| f.v_unchanged),
+        w_unchanged: m(|f| f.w_unchanged),
+    }
 }
 
 /// Build the table from parsed rows.
@@ -120,8 +134,8 @@ fn cell(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
-/// Render as text; `state` limits the columns.
-pub fn render(t: &Table, state: Option<State>, header: &str) -> String {
+/// Render as text; `state` limits the columns, `estimator` picks the fractions.
+pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &str) -> String {
     let show = |s: State| state.is_none_or(|x| x == s);
     let width = t.lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
     let steps = if t.window == 0 || t.window_steps < t.window {
@@ -134,7 +148,11 @@ pub fn render(t: &Table, state: Option<State>, header: &str) -> String {
     } else {
         format!("the {} per-tensor rows of {steps}", t.averaged)
     };
-    let mut out = format!("{header}step {} ({} rows; mean over {over})\n", t.step, t.rows_read);
+    let what = match estimator {
+        Estimator::Updated => "stalled / updated elements",
+        Estimator::Paper => "the paper's estimator: unchanged / all entries",
+    };
+    let mut out = format!("{header}step {} ({} rows; mean over {over}; {what})\n", t.step, t.rows_read);
     let mut head = format!("{:<width$}", "name");
     if show(State::M) {
         head += "  m latest  m mean";
@@ -148,16 +166,17 @@ pub fn render(t: &Table, state: Option<State>, header: &str) -> String {
     out += &head;
     out.push('\n');
     for l in &t.lines {
+        let ([lm, lv, lw], [mm, mv, mw]) = (l.latest.by(estimator), l.mean.by(estimator));
         let mut s = format!("{:<width$}", l.name);
         if show(State::M) {
-            s += &format!("  {:>8}  {:>6}", cell(l.latest.m), cell(l.mean.m));
+            s += &format!("  {:>8}  {:>6}", cell(lm), cell(mm));
         }
         if show(State::V) {
-            let diff = l.mean.v.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
-            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}", cell(l.latest.v), cell(l.mean.v), cell(t.theory_v), diff);
+            let diff = mv.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
+            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}", cell(lv), cell(mv), cell(t.theory_v), diff);
         }
         if show(State::W) {
-            s += &format!("  {:>8}  {:>6}", cell(l.latest.w), cell(l.mean.w));
+            s += &format!("  {:>8}  {:>6}", cell(lw), cell(mw));
         }
         out += &s;
         out.push('\n');
@@ -170,9 +189,10 @@ fn describe(run: &Path) -> String {
     let Ok(v) = text.parse::<toml::Table>() else { return String::new() };
     let st = v.get("optim").and_then(|o| o.get("states"));
     let get = |k: &str| st.and_then(|s| s.get(k)).and_then(|x| x.as_str()).unwrap_or("?").to_string();
+    let scale = st.and_then(|s| s.get("scale")).and_then(|x| x.as_str()).map_or(String::new(), |k| format!(", {k} scales"));
     let b2 = v.get("optim").and_then(|o| o.get("beta2")).and_then(|x| x.as_float()).unwrap_or(f64::NAN);
     format!(
-        "{}: m {} ({}), v {} ({}), b2 {b2}\n",
+        "{}: m {} ({}), v {} ({}){scale}, b2 {b2}\n",
         run.display(),
         get("m_format"),
         get("m_rounding"),
@@ -204,7 +224,7 @@ pub fn run(a: &StallsArgs) -> Result<()> {
             } else if a.follow && !first {
                 crate::out!("\n"); // into a file or a pipe: one table after the other
             }
-            crate::out!("{}", render(&t, a.state, &describe(&a.run)));
+            crate::out!("{}", render(&t, a.state, a.estimator, &describe(&a.run)));
             if a.by == By::Tensor && t.lines.is_empty() {
                 crate::outln!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
             }

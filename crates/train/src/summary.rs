@@ -46,6 +46,14 @@ pub struct Summary {
     pub mean_stall_m: Option<f64>,
     pub mean_stall_v: Option<f64>,
     pub mean_stall_w: Option<f64>,
+    /// The same means under the paper's estimator (unchanged / all entries, Alg. 2; absent in
+    /// summaries written before it was counted).
+    #[serde(default)]
+    pub mean_unchanged_m: Option<f64>,
+    #[serde(default)]
+    pub mean_unchanged_v: Option<f64>,
+    #[serde(default)]
+    pub mean_unchanged_w: Option<f64>,
     pub theory_stall_v: Option<f64>,
     /// Steps whose update was skipped (non-finite loss or gradient norm).
     #[serde(default)]
@@ -103,6 +111,9 @@ pub fn build(
         mean_stall_m: mean(half.iter().map(|r| r.frac.m)),
         mean_stall_v: mean(half.iter().map(|r| r.frac.v)),
         mean_stall_w: mean(half.iter().map(|r| r.frac.w)),
+        mean_unchanged_m: mean(half.iter().map(|r| r.frac.m_unchanged)),
+        mean_unchanged_v: mean(half.iter().map(|r| r.frac.v_unchanged)),
+        mean_unchanged_w: mean(half.iter().map(|r| r.frac.w_unchanged)),
         theory_stall_v: stalls.last().and_then(|r| r.theory.v),
         skipped_steps: train.iter().filter(|t| t.3).count() as u64,
         tokens_per_s,
@@ -131,6 +142,7 @@ impl Summary {
              steps {} | tokens {} | {:.0} tokens/s | peak memory {}\n\
              validation loss {} -> {} | train loss (mean of last 10 steps) {}\n\
              stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}\n\
+             unchanged entries (paper's estimator): m {} | v {} | weights {}\n\
              params {} | optimizer states {} bytes ({:.3} bytes/param){}\n",
             self.steps,
             self.tokens,
@@ -143,6 +155,9 @@ impl Summary {
             f(self.mean_stall_v, 3),
             f(self.theory_stall_v, 3),
             f(self.mean_stall_w, 3),
+            f(self.mean_unchanged_m, 3),
+            f(self.mean_unchanged_v, 3),
+            f(self.mean_unchanged_w, 3),
             self.params,
             self.state_bytes,
             self.state_bytes_per_param,

@@ -301,12 +301,15 @@ pub(crate) fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
-/// Writes `stalls.jsonl` rows for completed steps, `lag` steps behind the newest.
+/// Writes `stalls.jsonl` rows for completed steps, `lag` steps behind the newest, and hands
+/// each update's total counts to the optimizer's adaptive reset rule.
 pub(crate) struct StallWriter {
     pub names: Vec<String>,
     pub groups: Vec<String>,
     pub theory: Theory,
     pub detail_every: u64,
+    /// The states' settings: v-only resets are logged with their zero gradients.
+    pub spec: lowbit_optim::StatesSpec,
 }
 
 impl StallWriter {
@@ -329,6 +332,17 @@ impl StallWriter {
             };
             let detail = self.detail_every > 0 && step % self.detail_every == 0;
             let row = StallRow::build(step, &self.names, &self.groups, &counts, self.theory, detail);
+            if let Some(u) = update {
+                let total: StallCounts = counts.iter().copied().sum();
+                opt.observe(u, &total);
+                if self.spec.v_only_reset_at(u) && out.is_some() {
+                    tracing::info!(
+                        "step {step}: v reset without m: {} of {} elements had a zero gradient and moved by lr * m / eps",
+                        row.zero_grad,
+                        row.v.elements
+                    );
+                }
+            }
             if let Some(out) = out.as_deref_mut() {
                 out.write(&row)?;
             }
@@ -380,8 +394,31 @@ pub(crate) fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState)
             dir.join("state.json").display()
         );
     }
-    // (v_zero: a checkpoint without the field was written as "keep")
+    // (v_zero: a checkpoint without the field was written as "keep"; scale kinds: as pow2)
     let saved_v_zero = if saved.v_zero.is_empty() { "keep" } else { saved.v_zero.as_str() };
+    for (key, format, saved_kind, kind) in [
+        ("m", &saved.m_format, &saved.m_scale, &now.m_scale),
+        ("v", &saved.v_format, &saved.v_scale, &now.v_scale),
+    ] {
+        let saved_kind = if saved_kind.is_empty() && !kind.is_empty() { "pow2" } else { saved_kind.as_str() };
+        if saved_kind != kind.as_str() && format == if key == "m" { &now.m_format } else { &now.v_format } {
+            bail!(
+                "{}: checkpoint {key} states ({format}) have {saved_kind} scales, the config asks for {kind} \
+                 (resume with --set optim.states.scale=\"{saved_kind}\")",
+                dir.join("state.json").display()
+            );
+        }
+    }
+    if saved.adaptive_reset.is_some() != now.adaptive_reset.is_some() {
+        let rule = |adaptive: bool| if adaptive { "adaptive" } else { "periodic" };
+        bail!(
+            "{}: the checkpoint's states reset by the {} rule, the config asks for the {} one (optim.states.reset \
+             must match to resume: the bias correction counts from the last reset)",
+            dir.join("state.json").display(),
+            rule(saved.adaptive_reset.is_some()),
+            rule(now.adaptive_reset.is_some())
+        );
+    }
     if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size, saved_v_zero)
         != (now.m_format.as_str(), now.v_format.as_str(), now.block_size, now.v_zero.as_str())
     {

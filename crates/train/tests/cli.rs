@@ -141,7 +141,7 @@ fn errors_name_the_file_or_field_and_what_to_do() {
     std::fs::write(run.join("stalls.jsonl"), format!("{}\n{{garbage\n{}\n", stall_row(1), stall_row(2))).unwrap();
     let r = train(d, &["stalls", "fake"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(r.stdout.contains("step 2 (2 rows; mean over all 2 steps)"), "{}", r.stdout);
+    assert!(r.stdout.contains("step 2 (2 rows; mean over all 2 steps; stalled / updated elements)"), "{}", r.stdout);
     assert!(r.stderr.contains("fake/stalls.jsonl:2: skipping a corrupt row"), "{}", r.stderr);
     let e = err(&["stalls", "nowhere"]);
     assert!(e.contains("nowhere: no stalls.jsonl (not a run folder"), "{e}");
@@ -228,7 +228,7 @@ fn stalls_follow_into_a_pipe_writes_plain_tables() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{out}");
     assert!(!out.contains('\x1b'), "escape codes in piped output: {out:?}");
-    let tables = out.matches("step 2 (2 rows; mean over all 2 steps)\n").count();
+    let tables = out.matches("step 2 (2 rows; mean over all 2 steps; stalled / updated elements)\n").count();
     assert!(tables >= 3, "{out}");
     assert_eq!(out.matches("\n\nstep 2 (").count(), tables - 1, "a blank line before each redraw: {out:?}");
     assert!(out.ends_with("run finished\n"), "{out:?}");

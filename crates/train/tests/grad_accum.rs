@@ -29,6 +29,8 @@ impl Optimizer for Recorder {
         anyhow::bail!("the recorder keeps no stall counts")
     }
 
+    fn observe(&mut self, _step: u64, _total: &StallCounts) {}
+
     fn states(&mut self) -> Result<&LowbitAdamW> {
         anyhow::bail!("the recorder keeps no states")
     }

@@ -4,8 +4,8 @@
 
 use lowbit_train::config::RunConfig;
 use lowbit_train::metrics::{read_rows, MetricsRow};
-use lowbit_train::predict::predict;
-use lowbit_train::stall_log::StallRow;
+use lowbit_train::predict::{predict, reset_periods};
+use lowbit_train::stall_log::{Estimator, StallRow};
 use lowbit_train::stalls_table::{render, table, By, State};
 use lowbit_train::trainer::{self, Launch};
 use std::path::{Path, PathBuf};
@@ -54,11 +54,34 @@ fn stalls_table_aggregates_groups_and_shows_theory() {
     assert!((all.mean.v.unwrap() - 0.7).abs() < 1e-12);
     // the window keeps only the last step
     assert_eq!(table(&rows, By::Group, 1).lines[0].mean.v, Some(0.8));
-    let text = render(&t, None, "");
+    let text = render(&t, None, Estimator::Updated, "");
     let all_line = text.lines().find(|l| l.starts_with("all")).unwrap();
     assert!(all_line.contains("0.946") && all_line.contains("-0.246"), "theory and diff (0.700 - 0.946): {all_line}");
-    let only_v = render(&t, Some(State::V), "");
+    let only_v = render(&t, Some(State::V), Estimator::Updated, "");
     assert!(!only_v.contains("m latest") && only_v.contains("v latest"));
+    // rows written before the paper's estimator was counted: its columns are empty
+    let paper = render(&t, Some(State::V), Estimator::Paper, "");
+    assert!(paper.contains("unchanged / all entries"), "{paper}");
+    assert!(paper.lines().find(|l| l.starts_with("all")).unwrap().contains("       -       -"), "{paper}");
+}
+
+/// The paper's estimator (unchanged / all entries) beside lowbit's (stalled / updated): a row
+/// where half the entries had a zero gradient and stayed.
+#[test]
+fn stalls_table_shows_the_papers_estimator() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("stalls.jsonl");
+    std::fs::write(
+        &p,
+        r#"{"step":5,"m":{"updated":50,"stalled":10,"unchanged":60,"elements":100},"v":{"updated":50,"stalled":40,"unchanged":90,"elements":100},"w":{"updated":0,"stalled":0},"zero_grad":50,"frac":{"m":0.2,"v":0.8,"m_unchanged":0.6,"v_unchanged":0.9},"groups":{},"theory":{"v":1.0}}"#,
+    )
+    .unwrap();
+    let rows: Vec<StallRow> = read_rows(&p).unwrap();
+    assert_eq!((rows[0].zero_grad, rows[0].v.unchanged, rows[0].v.elements), (50, 90, 100));
+    let t = table(&rows, By::Group, 100);
+    let line = |e| render(&t, Some(State::V), e, "").lines().find(|l| l.starts_with("all")).unwrap().to_string();
+    assert!(line(Estimator::Updated).contains("0.800") && line(Estimator::Updated).contains("-0.200"));
+    assert!(line(Estimator::Paper).contains("0.900") && line(Estimator::Paper).contains("-0.100"));
 }
 
 #[test]
@@ -80,6 +103,18 @@ fn predict_prints_the_papers_theory_numbers() {
     }
     assert!(predict("int8", 0.999).unwrap_err().to_string().contains("uniform relative grid"));
     assert!(predict("fp5", 0.999).is_err());
+}
+
+/// `train predict --reset-period`: the paper's K* (Prop. 5.2) at b2 = 0.999 for bf16 / fp8 /
+/// fp4 (v's E2M2) at s0 = 0.6, 0.5, 0.7, all nine numbers, from the CLI's own function.
+#[test]
+fn predict_prints_the_papers_reset_periods() {
+    for (format, want) in [("bf16", [1116, 1004, 1262]), ("fp8", [320, 295, 351]), ("fp4", [224, 206, 246])] {
+        let (_, bits, _, _) = predict(format, 0.999).unwrap();
+        let got = reset_periods(bits, 0.999);
+        assert_eq!(got.map(|(_, k)| k.unwrap()), want, "{format}");
+        assert_eq!(got.map(|(s0, _)| s0), [0.6, 0.5, 0.7]);
+    }
 }
 
 /// A complete small run (common::base_toml: fp4 m / fp8 v with stochastic rounding, resets,
@@ -118,11 +153,14 @@ fn same_seed_same_config_gives_identical_logs() {
 fn stalls_headers_say_what_the_mean_is_over() {
     let dir = tempfile::tempdir().unwrap();
     let rows: Vec<StallRow> = read_rows(&write_stalls(dir.path(), false)).unwrap();
-    let head = |by, window| render(&table(&rows, by, window), None, "").lines().next().unwrap().to_string();
+    let head = |by, window| render(&table(&rows, by, window), None, Estimator::Updated, "").lines().next().unwrap().to_string();
     // --window 0: the whole run (it was "the last 0 steps" over one row)
-    assert_eq!(head(By::Group, 0), "step 2 (2 rows; mean over all 2 steps)");
+    assert_eq!(head(By::Group, 0), "step 2 (2 rows; mean over all 2 steps; stalled / updated elements)");
     assert!((table(&rows, By::Group, 0).lines[0].mean.v.unwrap() - 0.6).abs() < 1e-12);
-    assert_eq!(head(By::Group, 1), "step 2 (2 rows; mean over the last 1 steps)");
+    assert_eq!(head(By::Group, 1), "step 2 (2 rows; mean over the last 1 steps; stalled / updated elements)");
     // --by tensor: only the per-tensor rows are averaged
-    assert_eq!(head(By::Tensor, 100), "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps)");
+    assert_eq!(
+        head(By::Tensor, 100),
+        "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps; stalled / updated elements)"
+    );
 }

@@ -1,7 +1,7 @@
 //! Tests of `train reproduce`: every config resolves, the grids match the config files, the
 //! scale overrides, and the pure statistics / ordering checks / rendering on hand-made numbers.
 
-use lowbit_optim::Rounding;
+use lowbit_optim::{Rounding, ScaleKind, StateFormat, VZero};
 use lowbit_train::config::{RunConfig, WeightDtype};
 use lowbit_train::reproduce::*;
 use std::collections::BTreeMap;
@@ -46,14 +46,32 @@ fn required_cell_has_the_paper_setting() {
     assert!(c.data.validation.iter().all(|p| p.starts_with("data/local/c4/")));
     assert!(c.data.tokenizer.contains("t5"));
     assert_eq!(c.train.micro_batch * c.train.grad_accum, 512);
-    assert_eq!((c.optim.beta1, c.optim.beta2, c.optim.eps), (0.9, 0.999, 1e-8));
+    assert_eq!((c.optim.beta1, c.optim.beta2, c.optim.eps), (0.9, 0.999, 1e-6));
     assert_eq!(c.optim.min_lr_ratio, 0.1);
     assert!(c.optim.warmup_steps > 0 && c.optim.warmup_steps < c.train.max_steps);
     let s = &c.optim.states;
     assert_eq!((s.m_format.as_str(), s.v_format.as_str()), ("fp8", "fp8"));
     assert_eq!((s.m_rounding, s.v_rounding), (Rounding::Stochastic, Rounding::Stochastic));
-    assert_eq!((s.m_reset_every, s.v_reset_every), (300, 300));
+    assert_eq!((s.m_reset_every, s.v_reset_every), (300.into(), 300.into()));
+    // the paper's FP8: E4M3 with one amax scale per tensor, zero kept (6.1, A.4)
+    let spec = s.resolve(c.optim.beta2).unwrap();
+    assert_eq!((spec.block_size, spec.m_scale, spec.v_scale, spec.v_zero), (0, ScaleKind::Amax, ScaleKind::Amax, VZero::Keep));
     assert_eq!(c.run.name, "llama100m_fp8_sr_reset");
+}
+
+/// The paper's FP4 cells: E2M1 m and unsigned E2M2 v in 128-blocks with amax scales, zero
+/// excluded from v only.
+#[test]
+fn fp4_cells_have_the_papers_formats() {
+    for t in [Table::Bf16Model, Table::Fp32Model] {
+        for cell in cells(t).into_iter().filter(|c| c.0 == Fmt::Fp4) {
+            let c = RunConfig::load(&cell_config(&configs(), t, cell), &[]).unwrap();
+            let spec = c.optim.states.resolve(c.optim.beta2).unwrap();
+            assert_eq!((spec.m_format, spec.v_format), (StateFormat::Fp4E2M1, StateFormat::Fp4UE2M2));
+            assert_eq!((spec.block_size, spec.m_scale, spec.v_scale, spec.v_zero), (128, ScaleKind::Amax, ScaleKind::Amax, VZero::Exclude));
+            assert_eq!(c.optim.eps, 1e-6);
+        }
+    }
 }
 
 /// Each cell's file sets exactly the knob it studies; everything else is the shared base.
@@ -74,7 +92,7 @@ fn grids_match_the_config_files() {
             let r = if matches!(x, Fix::Sr | Fix::SrReset) { Rounding::Stochastic } else { Rounding::Nearest };
             assert_eq!((s.m_rounding, s.v_rounding), (r, r), "{}", path.display());
             let k = if x.resets() { f.paper_reset_period() } else { 0 };
-            assert_eq!((s.m_reset_every, s.v_reset_every), (k, k), "{}", path.display());
+            assert_eq!((s.m_reset_every, s.v_reset_every), (k.into(), k.into()), "{}", path.display());
             assert_eq!(s.weight_rounding, Rounding::Nearest);
             // the rest is the base, unchanged
             let mut norm = c.clone();
@@ -86,24 +104,25 @@ fn grids_match_the_config_files() {
     }
 }
 
-/// `configs/paper/<table>/<cell>_precision.toml` (the paper's FP8/FP4 cells on the
-/// precision-only formats) are the storage cells with `reproduce --states paper`'s formats.
+/// `configs/paper/<table>/<cell>_theory.toml` (the FP8/FP4 cells on the stall theory's
+/// precision-only grids) are the paper's cells with `reproduce --states theory`'s overrides.
 #[test]
-fn precision_configs_are_the_storage_cells_on_the_paper_formats() {
+fn theory_configs_are_the_cells_on_the_theory_grids() {
     let mut n = 0;
     for (table, sub) in [(Table::Bf16Model, "bf16_model"), (Table::Fp32Model, "fp32_model")] {
         for cell @ (f, _) in cells(table) {
             if !matches!(f, Fmt::Fp8 | Fmt::Fp4) {
                 continue;
             }
-            let name = format!("{}_precision", cell_name(table, cell));
+            let name = format!("{}_theory", cell_name(table, cell));
             let path = configs().join("paper").join(sub).join(format!("{name}.toml"));
             let got = RunConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-            let mut want = RunConfig::load(&cell_config(&configs(), table, cell), &States::Paper.overrides(f)).unwrap();
+            let mut want = RunConfig::load(&cell_config(&configs(), table, cell), &States::Theory.overrides(f)).unwrap();
             assert_eq!(got.run.name, name);
             want.run.name = name;
             assert_eq!(got.to_toml(), want.to_toml(), "{}", path.display());
             assert!(got.optim.states.m_format.starts_with("e8m") && got.optim.states.v_format.starts_with("e8m"));
+            assert_eq!(got.optim.eps, 1e-8);
             n += 1;
         }
     }
@@ -115,7 +134,7 @@ fn scales_override_the_run_and_reset_periods() {
     let cell = (Fmt::Fp8, Fix::SrReset);
     let path = cell_config(&configs(), Table::Bf16Model, cell);
     let load = |scale| {
-        let o = run_overrides(scale, States::Storage, cell, Path::new("runs/reproduce/x"), "c-s1", 1, &[]);
+        let o = run_overrides(scale, States::Blockwise, cell, Path::new("runs/reproduce/x"), "c-s1", 1, &[]);
         RunConfig::load(&path, &o).unwrap()
     };
     let smoke = load(Scale::Smoke);
@@ -123,7 +142,7 @@ fn scales_override_the_run_and_reset_periods() {
     assert_eq!(smoke.train.device, "cpu");
     assert_eq!((smoke.train.max_steps, smoke.data.seq_len, smoke.train.micro_batch), (30, 64, 4));
     assert!(smoke.data.train[0].starts_with("data/c4-sample/"));
-    assert_eq!(smoke.optim.states.m_reset_every, 6);
+    assert_eq!(smoke.optim.states.m_reset_every, 6.into());
     assert_eq!(smoke.train.seed, 1);
     assert_eq!(smoke.run_dir(), Path::new("runs/reproduce/x/c-s1"));
     let h = load(Scale::H200);
@@ -133,10 +152,10 @@ fn scales_override_the_run_and_reset_periods() {
     assert_eq!(h.train.max_steps * (h.data.seq_len * h.train.micro_batch) as u64, 16_384_000);
     assert!(h.data.train[0].starts_with("data/local/corpus/"));
     // the paper's own periods: 4000 steps leave BF16 3 resets, FP8 13, FP4 19
-    assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (300, 300));
+    assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (300.into(), 300.into()));
     let full = load(Scale::Full);
     assert_eq!(full.model.preset.as_deref(), Some("llama100m"));
-    assert_eq!(full.optim.states.v_reset_every, 300);
+    assert_eq!(full.optim.states.v_reset_every, 300.into());
     assert_eq!(full.train.max_steps, RunConfig::load(&path, &[]).unwrap().train.max_steps);
     // non-resetting cells stay non-resetting at every scale
     for scale in [Scale::Smoke, Scale::H200, Scale::Full] {
@@ -172,42 +191,48 @@ fn plan_is_seed_major_with_one_folder_per_run() {
     assert!(jobs.iter().all(|j| resolved(j).contains("weight_rounding = \"stochastic\"")));
 }
 
-/// `--states`: the paper's FP8/FP4 cells run on the precision-only formats in their own
-/// folder, the storage cells on the config files' formats; FP32 and BF16 cells are shared.
+/// `--states`: the paper's cells as configured, the block storage formats (128-blocks, default
+/// scales, zero-free v) and the theory grids (e8m3 / e8m2, eps 1e-8), each FP8/FP4 cell in its
+/// kind's folder; FP32 and BF16 cells are shared by `paper` and `blockwise`, and `theory`'s own.
 #[test]
 fn states_kinds_pick_formats_and_folders() {
     let tmp = tempfile::tempdir().unwrap();
     let (cfgs, t) = (configs(), Table::Fp32Model);
-    let paper = plan(spec(t, &cfgs, tmp.path(), &[]), States::Paper, &cells(t), &[0]).unwrap();
-    let storage = plan(spec(t, &cfgs, tmp.path(), &[]), States::Storage, &cells(t), &[0]).unwrap();
-    let formats = |j: &Job| {
-        let c: toml::Value = toml::from_str(&resolved(j)).unwrap();
-        let s = &c["optim"]["states"];
-        (s["m_format"].as_str().unwrap().to_string(), s["v_format"].as_str().unwrap().to_string())
+    let kinds = [States::Paper, States::Blockwise, States::Theory];
+    let [paper, block, theory] = kinds.map(|k| plan(spec(t, &cfgs, tmp.path(), &[]), k, &cells(t), &[0]).unwrap());
+    let states = |j: &Job| {
+        let c = RunConfig::load(&j.config, &j.overrides).unwrap();
+        (c.optim.states.resolve(c.optim.beta2).unwrap(), c.optim.eps)
     };
-    for (p, s) in paper.iter().zip(&storage) {
-        assert_eq!(p.planned.cell, s.planned.cell);
-        let (pf, sf) = (formats(p), formats(s));
+    let folder = |j: &Job| j.run_dir.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    for ((p, b), th) in paper.iter().zip(&block).zip(&theory) {
+        assert_eq!((p.planned.cell, b.planned.cell), (th.planned.cell, th.planned.cell));
+        let ((ps, pe), (bs, be), (ts, te)) = (states(p), states(b), states(th));
+        assert_eq!((pe, be, te), (1e-6, 1e-6, 1e-8));
+        assert_eq!(folder(th), "fp32-model-smoke-theory");
+        assert_eq!(th.planned.key.states, "theory");
         match p.planned.cell.0 {
             Fmt::Fp8 => {
-                assert_eq!(pf, ("e8m3".into(), "e8m3".into()));
-                assert_eq!(sf, ("fp8".into(), "fp8".into()));
-                assert_eq!(p.run_dir.parent().unwrap(), tmp.path().join("fp32-model-smoke-paper"));
-                assert_eq!(s.run_dir.parent().unwrap(), tmp.path().join("fp32-model-smoke-storage"));
+                assert_eq!((ps.m_format, ps.block_size, ps.m_scale, ps.v_zero), (StateFormat::Fp8E4M3, 0, ScaleKind::Amax, VZero::Keep));
+                assert_eq!((bs.m_format, bs.block_size, bs.m_scale, bs.v_zero), (StateFormat::Fp8E4M3, 128, ScaleKind::Pow2, VZero::Exclude));
+                assert_eq!((ts.m_format, ts.v_format), (StateFormat::E8m(3), StateFormat::E8m(3)));
+                assert_eq!((folder(p), folder(b)), ("fp32-model-smoke-paper".into(), "fp32-model-smoke-blockwise".into()));
             }
             Fmt::Fp4 => {
-                assert_eq!(pf, (PAPER_FP4_M.into(), "e8m2".into()));
-                assert_eq!(sf, ("fp4".into(), "fp4".into()));
+                assert_eq!((ps.v_format, ps.block_size, ps.v_scale), (StateFormat::Fp4UE2M2, 128, ScaleKind::Amax));
+                assert_eq!((bs.v_format, bs.block_size, bs.v_scale), (StateFormat::Fp4UE2M2, 128, ScaleKind::Amax));
+                assert_eq!((ts.m_format.name(), ts.v_format), (THEORY_FP4_M, StateFormat::E8m(2)));
             }
             Fmt::Fp32 | Fmt::Bf16 => {
-                assert_eq!(pf, sf);
-                assert_eq!(p.run_dir, s.run_dir, "shared cells run once");
-                assert_eq!(p.run_dir.parent().unwrap(), tmp.path().join("fp32-model-smoke"));
+                assert_eq!((ps, p.planned.key.states.as_str()), (bs, SHARED));
+                assert_eq!(p.run_dir, b.run_dir, "shared cells run once");
+                assert_eq!(folder(p), "fp32-model-smoke");
             }
         }
     }
     assert_eq!(States::Paper.report_name(Table::Bf16Model, Scale::H200), "bf16-model-h200.md");
-    assert_eq!(States::Storage.report_name(Table::Bf16Model, Scale::H200), "bf16-model-h200-storage.md");
+    assert_eq!(States::Blockwise.report_name(Table::Bf16Model, Scale::H200), "bf16-model-h200-blockwise.md");
+    assert_eq!(States::Theory.report_name(Table::Bf16Model, Scale::H200), "bf16-model-h200-theory.md");
 }
 
 // ───────── pure functions on hand-made numbers ─────────
@@ -316,7 +341,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     };
     let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
-    assert!(md.contains("**precision-only formats**"));
+    assert!(md.contains("**the paper's formats**"));
     assert!(md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 26 of 28 runs (14 cells x seeds 0, 1)"));
     assert!(md.contains("26 run(s) in 2m05s, up to 2 at once on CPU"));
     assert!(md.contains("**2 run(s) missing**"));

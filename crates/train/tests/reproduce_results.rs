@@ -33,6 +33,9 @@ fn summary(initial: f64, last: f64) -> Summary {
         mean_stall_m: Some(0.25),
         mean_stall_v: Some(0.97),
         mean_stall_w: None,
+        mean_unchanged_m: Some(0.4),
+        mean_unchanged_v: Some(0.98),
+        mean_unchanged_w: None,
         theory_stall_v: Some(0.989),
         skipped_steps: 0,
         tokens_per_s: 1.0,
@@ -73,7 +76,7 @@ fn committed_results_match_todays_configs() {
         for scale in [Scale::Smoke, Scale::H200] {
             let file = ResultsFile::load(&dir.join(results_name(table, scale)), table, scale).unwrap();
             let spec = PlanSpec { table, scale, configs: &configs(), runs_root: Path::new("/tmp/runs"), extra: &[] };
-            let planned: Vec<Planned> = [States::Paper, States::Storage]
+            let planned: Vec<Planned> = [States::Paper, States::Blockwise, States::Theory]
                 .into_iter()
                 .flat_map(|s| plan(spec, s, &cells(table), &file.seeds()).unwrap())
                 .map(|j| j.planned)
@@ -94,6 +97,7 @@ fn records_take_the_summary_and_flag_divergence() {
     assert_eq!((r.states.as_str(), r.cell.as_str(), r.seed, r.fingerprint.as_str()), ("paper", "fp8_sr", 1, "0badf00d"));
     assert_eq!((r.initial_val_loss, r.final_val_loss, r.steps, r.tokens), (Some(10.4), Some(5.61), 30, 7680));
     assert_eq!((r.mean_stall_m, r.mean_stall_v, r.theory_stall_v), (Some(0.25), Some(0.97), Some(0.989)));
+    assert_eq!((r.mean_unchanged_m, r.mean_unchanged_v), (Some(0.4), Some(0.98)));
     assert!(!r.diverged);
     assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), &summary(10.4, 28410.5)).diverged);
     assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), &summary(10.4, f64::NAN)).diverged);
@@ -114,7 +118,7 @@ fn results_files_merge_across_commands() {
     let mut second = ResultsFile::new(t, Scale::H200);
     second.upsert(record("paper", "fp8_sr", 0, "cccccccc", 5.58)); // rerun with another config
     second.upsert(record("shared", "fp32_plain", 1, "dddddddd", 5.64));
-    second.upsert(record("storage", "fp8_sr", 0, "eeeeeeee", 5.63));
+    second.upsert(record("blockwise", "fp8_sr", 0, "eeeeeeee", 5.63));
     second.commands.push(log(3));
     let mut merged = committed.clone();
     merged.merge(second.clone());
@@ -123,9 +127,9 @@ fn results_files_merge_across_commands() {
     let keys: Vec<_> = merged.runs.iter().map(|r| (r.states.as_str(), r.cell.as_str(), r.seed)).collect();
     assert_eq!(
         keys,
-        [("paper", "fp8_sr", 0), ("shared", "fp32_plain", 0), ("shared", "fp32_plain", 1), ("storage", "fp8_sr", 0)]
+        [("blockwise", "fp8_sr", 0), ("paper", "fp8_sr", 0), ("shared", "fp32_plain", 0), ("shared", "fp32_plain", 1)]
     );
-    assert_eq!(merged.runs[0].final_val_loss, Some(5.58), "the later command's record wins");
+    assert_eq!(merged.runs[1].final_val_loss, Some(5.58), "the later command's record wins");
     assert_eq!(merged.seeds(), [0, 1]);
     // round trip through the file, and errors that name it
     let tmp = tempfile::tempdir().unwrap();
@@ -150,7 +154,7 @@ fn the_file_decides_what_is_left_to_run() {
     let mut spec = smoke(Table::Fp32Model, &cfgs, tmp.path());
     let cells = select_cells(Table::Fp32Model, &["fp32_plain".into(), "fp8_sr".into()]).unwrap();
     let paper = plan(spec, States::Paper, &cells, &[0, 1]).unwrap();
-    let storage = plan(spec, States::Storage, &cells, &[0]).unwrap();
+    let storage = plan(spec, States::Blockwise, &cells, &[0]).unwrap();
     let mut file = ResultsFile::new(Table::Fp32Model, Scale::Smoke);
     for j in &paper[..2] {
         // seed 0 of both cells finished
@@ -249,7 +253,7 @@ fn h200_scale_is_sized_from_the_measured_speed() {
     let steps = 4000.0;
     assert!(10.0 * steps / 81.0 <= 510.0 && 11.0 * steps / 81.0 > 510.0);
     let d = scale_description(Scale::H200);
-    for s in ["16.4M tokens per run", "~81 optimizer steps/s", "345 s", "41310 FP32-model steps per GPU", "10 runs at once per GPU", "~176", "86 runs", "FP4 19"] {
+    for s in ["16.4M tokens per run", "~81 optimizer steps/s", "345 s", "41310 FP32-model steps per GPU", "10 runs at once per GPU", "~176", "54 runs", "FP4 19"] {
         assert!(d.contains(s), "{s:?} missing from: {d}");
     }
 }

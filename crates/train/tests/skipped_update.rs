@@ -15,7 +15,7 @@ fn run(steps: &[u64]) -> (f32, f32) {
         "m_format = \"fp32\"\nv_format = \"fp32\"\nm_reset_every = 10\nv_reset_every = 10\n",
     )
     .unwrap();
-    let spec = states.resolve().unwrap();
+    let spec = states.resolve(0.999).unwrap();
     let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 1, weight_decay: false };
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let mut opt = LowbitAdamW::new(hyper, spec, 0, vec![info]);

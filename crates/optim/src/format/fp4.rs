@@ -8,7 +8,8 @@
 //!   no Inf/NaN. Spending the sign bit on a fraction bit gives eps = 2^-2 (the paper's FP4
 //!   theory number 0.994 at b2 = 0.999 uses 2 fraction bits).
 //!
-//! Scaling as for FP8: one power-of-two FP32 scale per block (`super::scale`).
+//! Scaling as for FP8 (`super::scale`); the paper's FP4 uses 128-element blocks with `amax`
+//! scales and excludes zero from v's grid (arXiv:2603.16731v1, 6.1).
 
 use super::minifloat::{MiniFloat, Specials};
 

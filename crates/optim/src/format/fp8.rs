@@ -5,10 +5,10 @@
 //! * E5M2: `S.EEEEE.MM`, bias 15, max finite 57344, Inf `S.11111.00`, NaN `S.11111.{01,10,11}`,
 //!   smallest subnormal 2^-16. Fraction bits 2, eps = 2^-2.
 //!
-//! Scaling: one power-of-two FP32 scale per block of B elements (`super::scale`), chosen so
-//! the block's largest magnitude fits below the max finite value; values are stored as
-//! `x / scale`. A power of two keeps the grid relative to the value (the theory's eps holds
-//! inside the block), and dividing by it is exact.
+//! Scaling: one FP32 scale per block of B elements or per tensor (`super::scale`: `amax`, the
+//! block's largest magnitude mapped to the max finite value, or `pow2`, the smallest power of
+//! two that fits); values are stored as `x * factor` and decoded as `code * scale`. The
+//! paper's FP8 is E4M3 with one `amax` scale per tensor (arXiv:2603.16731v1, 6.1, A.4).
 
 use super::minifloat::{MiniFloat, Specials};
 

@@ -4,17 +4,21 @@
 //! |-------------|------|----------------------|------------------------------|----------------------|
 //! | `fp32`      | 32   | 23                   | none                         | IEEE 754 binary32    |
 //! | `bf16`      | 16   | 7 (2^-7)             | none                         | bfloat16             |
-//! | `fp8e4m3`   | 8    | 3 (2^-3)             | power-of-two per block       | OCP OFP8 E4M3        |
-//! | `fp8e5m2`   | 8    | 2 (2^-2)             | power-of-two per block       | OCP OFP8 E5M2        |
-//! | `fp4e2m1`   | 4    | 1 (2^-1), signed     | power-of-two per block       | OCP MX FP4           |
-//! | `fp4ue2m2`  | 4    | 2 (2^-2), unsigned   | power-of-two per block       | E2M2 without sign    |
+//! | `fp8e4m3`   | 8    | 3 (2^-3)             | per block or tensor: pow2*   | OCP OFP8 E4M3        |
+//! | `fp8e5m2`   | 8    | 2 (2^-2)             | per block or tensor: pow2*   | OCP OFP8 E5M2        |
+//! | `fp4e2m1`   | 4    | 1 (2^-1), signed     | per block or tensor: amax*   | OCP MX FP4           |
+//! | `fp4ue2m2`  | 4    | 2 (2^-2), unsigned   | per block or tensor: amax*   | E2M2 without sign    |
 //! | `int8`      | 8    | non-uniform          | absmax per block             | 8-bit Adam dynamic   |
 //! | `e8m1`..`e8m6` | 16 (container) | 1..6 (2^-K) | none: FP32's exponent range  | precision-only (DESIGN.md) |
 //!
+//! \* the default scale kind ([`StateFormat::default_scale`]; `optim.states.scale` picks
+//! `amax` or `pow2`, [`scale`]).
+//!
 //! Config aliases: `fp8` = `fp8e4m3`; `fp4` = `fp4e2m1` for m and `fp4ue2m2` for v;
-//! `e8m7` = `bf16`. The precision-only formats ([`precision`]) are the paper's FP8/FP4 cells
-//! (the theory's grids, no range limit), stored in 2 bytes per element; the block-scaled
-//! formats are the real 8- and 4-bit storage.
+//! `e8m7` = `bf16`. The paper's cells (arXiv:2603.16731v1, 6.1 and A.4) are FP8 E4M3 with one
+//! `amax` scale per tensor, and FP4 E2M1 m / E2M2 v in 128-element `amax` blocks with zero
+//! excluded from v's grid. The precision-only formats ([`precision`]) are the stall theory's
+//! grids (no range limit), stored in 2 bytes per element.
 
 pub mod bf16;
 pub mod fp4;
@@ -27,6 +31,7 @@ pub use rounding::Rounding;
 pub mod scale;
 
 use minifloat::MiniFloat;
+use scale::ScaleKind;
 use serde::{Deserialize, Serialize};
 
 /// Storage format of one optimizer state.
@@ -37,13 +42,13 @@ pub enum StateFormat {
     Fp32,
     /// BF16 (top half of FP32).
     Bf16,
-    /// OCP FP8 E4M3 with power-of-two block scales.
+    /// OCP FP8 E4M3 with block (or tensor) scales.
     Fp8E4M3,
-    /// OCP FP8 E5M2 with power-of-two block scales.
+    /// OCP FP8 E5M2 with block (or tensor) scales.
     Fp8E5M2,
-    /// OCP MX FP4 E2M1 (signed) with power-of-two block scales.
+    /// OCP MX FP4 E2M1 (signed) with block (or tensor) scales.
     Fp4E2M1,
-    /// Unsigned FP4 E2M2 with power-of-two block scales (second moment only).
+    /// Unsigned FP4 E2M2 with block (or tensor) scales (second moment only).
     Fp4UE2M2,
     /// 8-bit Adam block-wise dynamic quantization (absmax scales).
     Int8,
@@ -127,6 +132,23 @@ impl StateFormat {
             StateFormat::Fp4E2M1 => Some(&fp4::E2M1),
             StateFormat::Fp4UE2M2 => Some(&fp4::UE2M2),
             _ => None,
+        }
+    }
+
+    /// The scale kind of an fp8/fp4 state when `optim.states.scale` is unset (other formats:
+    /// `pow2`, which they ignore). Chosen by measurement (`bench/paper_formats_h200.md`; an
+    /// independent PyTorch simulation, DESIGN.md, agrees):
+    /// * FP4 (`fp4e2m1`, `fp4ue2m2`): `amax`. With `pow2`, E2M1's m cannot decay under
+    ///   round-to-nearest (0.9 x every grid point rounds back to it while the scale stays in its
+    ///   octave) and training falls ~1 nat behind FP32 states; with `amax` the block's scale
+    ///   shrinks with the block and FP4 trains level with FP32 states.
+    /// * FP8 (`fp8e4m3`, `fp8e5m2`): `pow2`. With one scale per tensor, an `amax` scale that
+    ///   moves a little every step re-rounds every element onto a shifted grid at every
+    ///   write-back (+0.09 / +0.12 nats over FP32 states in the simulation, `pow2` +0.01 / +0.03).
+    pub fn default_scale(self) -> ScaleKind {
+        match self {
+            StateFormat::Fp4E2M1 | StateFormat::Fp4UE2M2 => ScaleKind::Amax,
+            _ => ScaleKind::Pow2,
         }
     }
 

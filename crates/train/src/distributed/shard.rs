@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn granule_follows_the_state_formats() {
         let spec = |m: &str, v: &str, block| {
-            StatesConfig { m_format: m.into(), v_format: v.into(), block_size: block, ..Default::default() }.resolve().unwrap()
+            StatesConfig { m_format: m.into(), v_format: v.into(), block_size: block, ..Default::default() }.resolve(0.999).unwrap()
         };
         assert_eq!(granule(&spec("bf16", "bf16", 128)), Some(1));
         assert_eq!(granule(&spec("bf16", "fp8", 2048)), Some(2048));

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use half::bf16;
 use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Counter, LowbitAdamW, QuantState, StallCounts, TensorState};
+use lowbit_optim::{LowbitAdamW, QuantState, StallCounts, TensorState};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -47,6 +47,7 @@ impl ShardedAdamW {
 impl Optimizer for ShardedAdamW {
     fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &ParamSet, grads: &[Tensor]) -> Result<()> {
         self.gathered = None;
+        self.local.begin_update(step).map_err(anyhow::Error::msg)?;
         let rank = self.comm.rank();
         let mut counts = Vec::with_capacity(params.vars.len());
         let mut full: Vec<Vec<u8>> = Vec::with_capacity(params.vars.len());
@@ -112,6 +113,10 @@ impl Optimizer for ShardedAdamW {
         }
     }
 
+    fn observe(&mut self, step: u64, total: &StallCounts) {
+        self.local.observe(step, total);
+    }
+
     fn states(&mut self) -> Result<&LowbitAdamW> {
         if self.gathered.is_none() {
             self.gathered = Some(gather_states(&self.local, &self.ranges, self.comm.as_ref())?);
@@ -122,11 +127,9 @@ impl Optimizer for ShardedAdamW {
 
 /// Every rank's stall counts of a step summed exactly (integers) over the ranks.
 pub(crate) fn sum_counts(counts: &[StallCounts], comm: &dyn Collective) -> Result<Vec<StallCounts>> {
-    let mut flat: Vec<u64> =
-        counts.iter().flat_map(|c| [c.m.updated, c.m.stalled, c.v.updated, c.v.stalled, c.w.updated, c.w.stalled]).collect();
+    let mut flat: Vec<u64> = counts.iter().flat_map(|c| c.to_words()).collect();
     comm.sum_u64(&mut flat)?;
-    let pair = |a: &[u64]| Counter { updated: a[0], stalled: a[1] };
-    Ok(flat.chunks_exact(6).map(|c| StallCounts { m: pair(&c[0..2]), v: pair(&c[2..4]), w: pair(&c[4..6]) }).collect())
+    Ok(flat.chunks_exact(StallCounts::WORDS).map(|c| StallCounts::from_words(c.try_into().expect("one tensor"))).collect())
 }
 
 /// The whole optimizer states on every rank, from each rank's shard `local` (cut by
@@ -135,7 +138,7 @@ pub(crate) fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], c
     let mine: Vec<u8> = local.tensors.iter().flat_map(|t| [state_bytes(&t.m), state_bytes(&t.v)]).flatten().collect();
     let shapes: Vec<Vec<(QuantState, QuantState)>> = ranges
         .iter()
-        .map(|rs| rs.iter().zip(&local.tensors).map(|(r, t)| (like(&t.m, r.len()), like(&t.v, r.len()))).collect())
+        .map(|rs| rs.iter().zip(&local.tensors).map(|(r, t)| (t.m.zeros_like(r.len()), t.v.zeros_like(r.len()))).collect())
         .collect();
     let counts: Vec<usize> = shapes.iter().map(|s| s.iter().map(|(m, v)| state_bytes(m).len() + state_bytes(v).len()).sum()).collect();
     let all = comm.all_gather(&mine, &counts)?;
@@ -151,11 +154,6 @@ pub(crate) fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], c
         shards.push(shard);
     }
     LowbitAdamW::unshard(&shards).map_err(anyhow::Error::msg)
-}
-
-/// A zero state of `len` elements with `s`'s settings (the layout of a peer's shard).
-fn like(s: &QuantState, len: usize) -> QuantState {
-    QuantState::zeros(s.format, len, s.block, s.signed).with_zero_free(s.zero_free)
 }
 
 /// Codes then scales, as stored.

@@ -74,6 +74,10 @@ impl Optimizer for DeviceShardedAdamW {
         COUNT_LAG
     }
 
+    fn observe(&mut self, step: u64, total: &StallCounts) {
+        self.opt.host.observe(step, total);
+    }
+
     fn states(&mut self) -> Result<&LowbitAdamW> {
         if self.gathered.is_none() {
             let local = self.opt.download()?.clone_states();

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full
-//!                 [--cells LIST] [--seeds N | --seed-list LIST] [--states paper|storage|both]
+//!                 [--cells LIST] [--seeds N | --seed-list LIST] [--states paper|blockwise|theory|all]
 //!                 [--jobs N] [--set section.key=value ...] [--configs DIR] [--out DIR]
 //!                 [--merge DIR] [--runs DIR] [--force] [--report-only]
 //! ```
@@ -12,16 +12,18 @@
 //! table, `configs/fp32_model/llama100m_f32model_<states>_<fix>.toml` for the FP32-model
 //! Table 2: [`paper`]), run at a *scale* ([`scale`]: `full` runs the file as written, `smoke`
 //! and `h200` add `--set`-style overrides that shrink the run and set its reset periods) on a
-//! states kind ([`states`]: the paper's precision-only formats or the block-scaled storage
-//! formats for the FP8/FP4 cells). Each (cell, seed) is a child process
+//! states kind ([`states`]: the paper's own formats as the config files hold them, lowbit's
+//! block storage formats, or the stall theory's precision-only grids). Each (cell, seed) is a
+//! child process
 //! `train --config CELL --set ...` of the current executable in its own run folder under
 //! `--runs`, at most `--jobs` at once, spread over the machine's GPUs ([`pool`]).
 //!
 //! Every finished run goes at once into the results file `<out>/<table>-<scale>-results.json`
 //! ([`results`]); a run the file holds with the same config fingerprint is not run again
 //! (unless `--force`), so a table fills in over several commands (`--cells`, `--seeds`,
-//! `--seed-list`: [`subset`]). The reports (`<out>/<table>-<scale>.md`, `-storage.md` for the
-//! storage formats) are rendered from the file by pure functions ([`stats`], [`report`]).
+//! `--seed-list`: [`subset`]). The reports (`<out>/<table>-<scale>.md` for the paper's formats,
+//! `-blockwise.md`, `-theory.md`) are rendered from the file by pure functions ([`stats`],
+//! [`report`]).
 
 pub mod paper;
 pub mod pool;
@@ -40,7 +42,7 @@ pub use pool::{detect_gpus, gpus_from, pick_gpu, plan, read_record, run_override
 pub use report::{render, RunInfo};
 pub use results::{fingerprint, results_name, CommandLog, Planned, Record, ResultsFile, RunKey};
 pub use scale::{reset_period, scale_description, scale_overrides, Scale};
-pub use states::{States, StatesArg, PAPER_FP4_M, SHARED};
+pub use states::{States, StatesArg, SHARED, THEORY_EPS, THEORY_FP4_M};
 pub use stats::{any_diverged, delta, evaluate_claim, loss_stat, paired_diffs, Outcome, Results, RunResult, Stat, Verdict};
 pub use subset::{parse_seed_list, select_cells, seeds_to_run};
 
@@ -90,8 +92,10 @@ pub struct ReproduceArgs {
     /// The reports always show the whole table.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub cells: Vec<String>,
-    /// FP8/FP4 cells on the paper's precision-only formats, on the block-scaled storage
-    /// formats of the config files, or both (one report each).
+    /// State formats: the paper's own (the config files: FP8 E4M3 per-tensor amax, FP4
+    /// E2M1/E2M2 in amax 128-blocks, eps 1e-6), lowbit's block storage formats (`blockwise`),
+    /// the stall theory's precision-only grids with eps 1e-8 (`theory`, the committed stand-in),
+    /// or all three (one report each).
     #[arg(long, value_enum, default_value = "paper")]
     pub states: StatesArg,
     /// Extra override for every run, applied after the scale's (repeatable).
@@ -259,7 +263,7 @@ fn report_for(
     let stale = file
         .runs
         .iter()
-        .filter(|r| r.states == kind.as_str() || r.states == SHARED)
+        .filter(|r| r.states == kind.as_str() || (kind != States::Theory && r.states == SHARED))
         .filter(|r| !all.iter().any(|j| j.planned.key == r.key() && j.planned.fingerprint == r.fingerprint))
         .count();
     let info = RunInfo {

@@ -42,9 +42,9 @@ pub enum Fmt {
     Fp32,
     /// BF16 states.
     Bf16,
-    /// 8-bit states: e8m3 (paper) or block-scaled E4M3 (storage).
+    /// 8-bit states: E4M3 per tensor (paper), in 128-blocks (blockwise), or e8m3 (theory).
     Fp8,
-    /// 4-bit states: e8m2 (paper) or block-scaled E2M1 / unsigned E2M2 (storage).
+    /// 4-bit states: E2M1 / unsigned E2M2 in 128-blocks (paper, blockwise), or e8m2 (theory).
     Fp4,
 }
 

@@ -27,11 +27,11 @@ pub fn fingerprint(cfg: &RunConfig) -> String {
     format!("{:08x}", crc32fast::hash(c.to_toml().as_bytes()))
 }
 
-/// Which run a record is: states kind ([`super::States::tag`]: `paper`, `storage` or
+/// Which run a record is: states kind ([`super::States::tag`]: `paper`, `blockwise`, `theory` or
 /// `shared`), cell ([`cell_short`]) and seed.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RunKey {
-    /// `paper`, `storage` or `shared`.
+    /// `paper`, `blockwise`, `theory` or `shared`.
     pub states: String,
     /// The cell's short name (`fp8_sr_reset`).
     pub cell: String,
@@ -42,7 +42,8 @@ pub struct RunKey {
 /// One finished run in the results file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
-    /// `paper`, `storage` or `shared` (FP32/BF16 cells, the same under both kinds).
+    /// `paper`, `blockwise`, `theory` or `shared` (FP32/BF16 cells of `paper` and
+    /// `blockwise`, the same under both).
     pub states: String,
     /// The cell's short name (`fp8_sr_reset`).
     pub cell: String,
@@ -56,6 +57,12 @@ pub struct Record {
     pub mean_stall_m: Option<f64>,
     pub mean_stall_v: Option<f64>,
     pub mean_stall_w: Option<f64>,
+    /// The same under the paper's estimator (unchanged / all entries; absent in records made
+    /// before it was counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_unchanged_m: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_unchanged_v: Option<f64>,
     /// The theory's stalled fraction of v (`lowbit_optim::theory`) for the run's v format.
     pub theory_stall_v: Option<f64>,
     /// Final validation loss not finite or above the initial one.
@@ -84,6 +91,8 @@ impl Record {
             mean_stall_m: s.mean_stall_m,
             mean_stall_v: s.mean_stall_v,
             mean_stall_w: s.mean_stall_w,
+            mean_unchanged_m: s.mean_unchanged_m,
+            mean_unchanged_v: s.mean_unchanged_v,
             theory_stall_v: s.theory_stall_v,
             diverged,
             steps: s.steps,

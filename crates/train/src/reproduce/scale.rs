@@ -180,10 +180,10 @@ pub fn scale_description(scale: Scale) -> String {
              moved by up to 0.04 nats between seeds): 4x the steps, ending at a flatter part of \
              the loss curve, is the cheapest way to a larger effect-to-spread ratio at this \
              budget; a larger model or batch would cut the tokens per run below 16M. Cost: both \
-             tables x 2 seeds x both state kinds = 86 runs (Table 2: 14 paper + 8 storage-only \
-             cells, main table: 13 + 8; FP32/BF16 cells shared) = 344k steps, ~52 GPU-minutes: \
-             6 commands of the FP32 model (up to 10 runs) and 2 of the BF16 model (21 runs) on \
-             one H200. Still 5x smaller than the paper's model and 160x fewer tokens: expect \
+             tables x 2 seeds of one states kind = 54 runs (Table 2: 14 cells, main table: 13) = \
+             216k steps; `paper` and `blockwise` share their FP32/BF16 cells (22 runs), so the \
+             second of them adds 32 runs (FP8/FP4 cells). An FP32-model command holds 10 runs, a \
+             BF16-model one 21 (`--jobs 11`). Still 5x smaller than the paper's model and 160x fewer tokens: expect \
              smaller gaps than the paper's, and call an ordering only when it holds in every seed.",
             periods(Scale::H200),
             steps_s = H200_STEPS_PER_S,
@@ -195,7 +195,7 @@ pub fn scale_description(scale: Scale) -> String {
             "**full** — the paper's setting as configured (`configs/paper/base_llama100m.toml`): \
              LLaMA-100M, C4 `en` (`data/local/c4`, `scripts/fetch_c4.py`), T5 tokenizer, seq 256, \
              batch 512 sequences (64 x 8), 20000 steps (2.6B tokens), warmup 2000, cosine to 10% \
-             of lr 1e-3, AdamW (0.9, 0.999, 1e-8), validation on 10M C4 validation tokens. Reset \
+             of lr 1e-3, AdamW (0.9, 0.999, eps 1e-6), validation on 10M C4 validation tokens. Reset \
              periods: the paper's, {}. Time on one H200 at the measured LLaMA-100M speed \
              (`bench/training_h200.md`): ~1.9 h per run with a BF16 model (392k tokens/s), ~9.1 \
              h with an FP32 model (79.8k tokens/s; ~2.9 h with `model.matmul_precision = \"tf32\"`, \

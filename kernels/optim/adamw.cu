@@ -22,252 +22,21 @@
 // FP32 operation is an explicit IEEE intrinsic (__fmul_rn, ...), so no FMA contraction can
 // make the GPU differ from the CPU.
 //
-// Stall counters (m, v, weights: updated / stalled) are summed per warp and added with one
-// atomicAdd per counter each time the warp leaves a tensor, into a device buffer that the
-// host reads later (no synchronisation in the step).
-#include "formats.cuh"
-#include "rng.cuh"
-
-#define MAX_TENSORS 256  // per launch: the kernel parameters (26.1 KiB) stay under 32 KiB (CUDA 12.1+)
-
-// Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
-struct StepArgs {
-    unsigned long long segments;  // segments of all tensors of this launch
-    float grad_scale, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
-    float inv_bias_correction1, inv_bias_correction2;
-    unsigned block;               // scale block length; 0 = per tensor (amax precomputed)
-    int reset_m, reset_v;         // zero the state before the update
-    int round_m, round_v, round_w;
-    unsigned zero_m, zero_v;      // int8: index of 0 in the signed / unsigned map
-    unsigned count;               // tensors in this launch
-    unsigned frac_m, frac_v;      // e8mK states: K
-    unsigned v_floor;             // 1: a block-scaled v never encodes to 0 in a non-zero block
-};
-
-// One tensor of the launch (mirrors StepKeys + the per-tensor decay).
-struct TensorArgs {
-    unsigned long long p, g, mc, ms, vc, vs;  // weights, gradient, m/v codes and scales
-    unsigned long long n, key_m, key_v, key_w;
-    unsigned long long first_segment;         // in the launch's numbering
-    unsigned long long offset;                // whole-tensor index of element 0 (a ZeRO-1
-                                              // shard's start, a multiple of 4; else 0): the
-                                              // random bits are those of element offset + e
-    float decay;                              // 1 - lr * wd
-    unsigned index;                           // optimizer tensor index: counters, amax slots
-};
-
-struct LaunchArgs {
-    StepArgs s;
-    TensorArgs t[MAX_TENSORS];
-};
-
-// ---- per-format access to a state's codes ----
-// Raw: the bits of four consecutive codes e..e+3 (e % 4 == 0) as one vector register
-// (codes are 256-byte aligned cudaMalloc allocations; weights and gradients are candle
-// buffers starting at a multiple of 4 elements, checked by cuda.rs `address`, so 16-byte
-// aligned for FP32 and 8-byte for BF16); load_raw/store_raw move them
-// with one vector access, pack/unpack convert to and from one code per unsigned.
-// load/store: one element (tails). Vector stores go through __stwb (st.global.wb.v4/v2, the
-// default caching): the compiler split a plain uint4 or uint2 store into 32-bit stores, four
-// per lane and state, which left FP32 states 5% slower (0.757 -> 0.717 ms, H200).
-template <int F> struct Codes;
-template <> struct Codes<FMT_F32> {
-    static constexpr bool SCALED = false;
-    using Raw = uint4;
-    __device__ static unsigned load(const void* c, unsigned long long e) { return ((const unsigned*)c)[e]; }
-    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((unsigned*)c)[e] = v; }
-    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const uint4*)((const unsigned*)c + e); }
-    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { __stwb((uint4*)((unsigned*)c + e), r); }
-    __device__ static Raw pack(const unsigned o[4]) { return make_uint4(o[0], o[1], o[2], o[3]); }
-    __device__ static void unpack(Raw r, unsigned o[4]) { o[0] = r.x; o[1] = r.y; o[2] = r.z; o[3] = r.w; }
-};
-template <> struct Codes<FMT_BF16> {
-    static constexpr bool SCALED = false;
-    using Raw = uint2;
-    __device__ static unsigned load(const void* c, unsigned long long e) { return ((const uint16_t*)c)[e]; }
-    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((uint16_t*)c)[e] = (uint16_t)v; }
-    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const uint2*)((const uint16_t*)c + e); }
-    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { __stwb((uint2*)((uint16_t*)c + e), r); }
-    __device__ static Raw pack(const unsigned o[4]) { return make_uint2(o[0] | (o[1] << 16), o[2] | (o[3] << 16)); }
-    __device__ static void unpack(Raw r, unsigned o[4]) { o[0] = r.x & 0xFFFF; o[1] = r.x >> 16; o[2] = r.y & 0xFFFF; o[3] = r.y >> 16; }
-};
-struct ByteCodes {
-    static constexpr bool SCALED = true;
-    using Raw = unsigned;
-    __device__ static unsigned load(const void* c, unsigned long long e) { return ((const uint8_t*)c)[e]; }
-    __device__ static void store(void* c, unsigned long long e, unsigned v) { ((uint8_t*)c)[e] = (uint8_t)v; }
-    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const unsigned*)((const uint8_t*)c + e); }
-    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { *(unsigned*)((uint8_t*)c + e) = r; }
-    __device__ static Raw pack(const unsigned o[4]) { return o[0] | (o[1] << 8) | (o[2] << 16) | (o[3] << 24); }
-    __device__ static void unpack(Raw r, unsigned o[4]) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) o[k] = (r >> (8 * k)) & 0xFF;
-    }
-};
-// two FP4 codes per byte, element 2i in the low nibble of byte i
-struct NibbleCodes {
-    static constexpr bool SCALED = true;
-    using Raw = unsigned;
-    __device__ static unsigned load(const void* c, unsigned long long e) {
-        return (((const uint8_t*)c)[e / 2] >> (4 * (e % 2))) & 0xF;
-    }
-    // read-modify-write of the shared byte (tails only, one thread per byte)
-    __device__ static void store(void* c, unsigned long long e, unsigned v) {
-        uint8_t* b = (uint8_t*)c + e / 2;
-        unsigned sh = 4 * (e % 2);
-        *b = (uint8_t)((*b & ~(0xFu << sh)) | (v << sh));
-    }
-    __device__ static Raw load_raw(const void* c, unsigned long long e) { return *(const uint16_t*)((const uint8_t*)c + e / 2); }
-    __device__ static void store_raw(void* c, unsigned long long e, Raw r) { *(uint16_t*)((uint8_t*)c + e / 2) = (uint16_t)r; }
-    __device__ static Raw pack(const unsigned o[4]) { return o[0] | (o[1] << 4) | (o[2] << 8) | (o[3] << 12); }
-    __device__ static void unpack(Raw r, unsigned o[4]) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) o[k] = (r >> (4 * k)) & 0xF;
-    }
-};
-template <> struct Codes<FMT_E8M> : Codes<FMT_BF16> {};
-template <> struct Codes<FMT_E4M3> : ByteCodes {};
-template <> struct Codes<FMT_E5M2> : ByteCodes {};
-template <> struct Codes<FMT_INT8> : ByteCodes {};
-template <> struct Codes<FMT_E2M1> : NibbleCodes {};
-template <> struct Codes<FMT_UE2M2> : NibbleCodes {};
-
-// Codes e..e+k-1 as a Raw (k < 4: one element at a time, missing codes `fill`).
-template <int F> __device__ __forceinline__ typename Codes<F>::Raw load_codes(const void* c, unsigned long long e, int k,
-                                                                           unsigned fill) {
-    if (k == 4) return Codes<F>::load_raw(c, e);
-    unsigned o[4] = {fill, fill, fill, fill};
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        if (j < k) o[j] = Codes<F>::load(c, e + j);
-    return Codes<F>::pack(o);
-}
-
-// Store codes e..e+k-1.
-template <int F> __device__ __forceinline__ void store_codes(void* c, unsigned long long e, int k, const unsigned o[4]) {
-    if (k == 4) {
-        Codes<F>::store_raw(c, e, Codes<F>::pack(o));
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        if (j < k) Codes<F>::store(c, e + j, o[j]);
-}
-
-// The weight type P of a kernel: FP32 weights (float) or BF16 weights (uint16_t) with FP32
-// gradients, or BF16 weights with BF16 gradients (Bf16Grads, as a BF16 model's backward
-// gives them: widened exactly to FP32 on load). F: the weights as codes (FP32 words or BF16
-// bit patterns); G16: the gradients are BF16.
-struct Bf16Grads {};
-template <typename P> struct WeightCodes;
-template <> struct WeightCodes<float> { static constexpr int F = FMT_F32; static constexpr bool G16 = false; };
-template <> struct WeightCodes<uint16_t> { static constexpr int F = FMT_BF16; static constexpr bool G16 = false; };
-template <> struct WeightCodes<Bf16Grads> { static constexpr int F = FMT_BF16; static constexpr bool G16 = true; };
-
-// The rounding of a write-back as the kernel compiles it: nearest in kernels without SR code
-// (the host launches those only when nothing rounds stochastically); stochastic when ALL_SR
-// (the launch rounds m and v stochastically, the common case: no per-element test); else
-// the launch's value.
-template <bool SR, bool ALL_SR> __device__ __forceinline__ int rounding_of(int r) {
-    return !SR ? ROUND_NEAREST : ALL_SR ? ROUND_STOCHASTIC : r;
-}
-
-// Random bits of the quad e..e+3 of stream `key` for format F (rng.cuh `quad_bits`), only for
-// stochastic rounding (zeros for nearest, which ignores them). SR is a template flag: the
-// kernels of launches without any stochastic rounding carry no hashing code at all.
-template <int F> __host__ __device__ constexpr int rand_width() { return F == FMT_BF16 ? 16 : 32; }  // e8m: 32
-template <bool SR, int F>
-__device__ __forceinline__ void quad_rand(int rounding, unsigned long long key, unsigned long long e, uint64_t r[4]) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) r[j] = 0;
-    // (the counter outside the test: streams of one width share its multiplication)
-    const unsigned long long ctr = draw_counter<rand_width<F>()>(e);
-    if (SR && F != FMT_F32 && rounding == ROUND_STOCHASTIC) quad_bits<rand_width<F>()>(key, ctr, r);
-}
-
-// Decoded value of a code with its block scale (state.rs `decode_code`).
-template <int F> __device__ __forceinline__ float decode(unsigned c, float scale, Int8Map map) {
-    if constexpr (F == FMT_F32) return __uint_as_float(c);
-    else if constexpr (F == FMT_BF16 || F == FMT_E8M) return bf16_decode((uint16_t)c);
-    else if constexpr (F == FMT_INT8) return __fmul_rn(map.t[c], scale);
-    else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) return __fmul_rn(fp8_decode_hw<F>(c), scale);
-    else return __fmul_rn(mf_decode<F>(c), scale);
-}
-
-// Decoded values of a quad's codes (`raw` packed, `c` unpacked) with their block scale: FP8
-// two codes per hardware conversion, the others one by one (decode).
-template <int F> __device__ __forceinline__ void decode_quad(typename Codes<F>::Raw raw, const unsigned c[4], float scale,
-                                                           Int8Map map, float out[4]) {
-    if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
-        fp8_decode2_hw<F>(raw, out);
-        fp8_decode2_hw<F>(raw >> 16, out + 2);
-#pragma unroll
-        for (int j = 0; j < 4; j++) out[j] = __fmul_rn(out[j], scale);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; j++) out[j] = decode<F>(c[j], scale, map);
-    }
-}
-
-// New scale from the block amax: 2^k for FP8/FP4, absmax for int8 (scale.rs); 1 for the
-// unscaled FP32/BF16 states.
-template <int F> __device__ __forceinline__ float scale_from_amax(float amax) {
-    if constexpr (!Codes<F>::SCALED) return 1.0f;
-    else if constexpr (F == FMT_INT8) return amax > 0.0f ? amax : 1.0f;
-    else return pow2(pow2_scale_exp(amax, MiniFloat<F>::MAX_FINITE));
-}
-
-// Encode x with the block's new scale (adamw.rs `encode_block` / `write_back`): `inv` is
-// inverse_scale of the block's new scale (int8: n = (x * int8_pre(scale)) * inv). `aux`: for
-// int8 the map's index of 0, for e8m the fraction bits K.
-template <int F> __device__ __forceinline__ unsigned encode(float x, float scale, float inv, int rounding, uint64_t rand,
-                                                          Int8Map map, unsigned aux) {
-    if constexpr (F == FMT_F32) return __float_as_uint(x);
-    else if constexpr (F == FMT_BF16) return bf16_encode(x, rounding, rand);
-    else if constexpr (F == FMT_E8M) return e8m_encode(x, aux, rounding, rand);
-    else if constexpr (F == FMT_INT8) return int8_encode(map, __fmul_rn(__fmul_rn(x, int8_pre(scale)), inv), rounding, rand, aux);
-    else if constexpr (F == FMT_E4M3 || F == FMT_E5M2) {
-        // nearest: the hardware converter (bit-identical to mf_encode's nearest)
-        if (rounding == ROUND_NEAREST) return fp8_encode_rn_hw<F>(__fmul_rn(x, inv));
-        return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
-    } else return mf_encode<F>(__fmul_rn(x, inv), rounding, rand);
-}
-
-// 1 / scale: 2^-k for FP8/FP4 (scale = 2^k, so multiplying by it is exact), for int8
-// 1 / (absmax * int8_pre(absmax)) (int8.rs `normalizer`; the same rounded quotient for every
-// element of a block).
-template <int F> __device__ __forceinline__ float inverse_scale(float scale) {
-    if constexpr (F == FMT_INT8) return __frcp_rn(__fmul_rn(scale, int8_pre(scale)));
-    else if constexpr (Codes<F>::SCALED) return pow2(-floor_log2(scale));
-    else return 1.0f;
-}
-
-// Stalled? The stored value is bit-identical: F32 states are written back exactly (never
-// stall); BF16 compares codes. Scaled formats compare the decoded values' bits (a scale
-// change moves the grid), or, BY_CODE, the codes: equivalent when the block keeps its scale
-// and the scale is within [2^-100, 2^100] (decoding is then injective on the codes the
-// encoders write: every product code x scale is exact or, for int8, a distinct normal float).
-template <int F, bool BY_CODE>
-__device__ __forceinline__ bool same_stored(unsigned new_code, unsigned old_code, float new_scale, float old_val,
-                                            Int8Map map) {
-    if constexpr (F == FMT_F32) return false;
-    else if constexpr (F == FMT_BF16 || F == FMT_E8M || BY_CODE) return new_code == old_code;
-    else return __float_as_uint(decode<F>(new_code, new_scale, map)) == __float_as_uint(old_val);
-}
-
-// Whether stalls of a block may be decided BY_CODE (see same_stored); unscaled formats
-// keep the scale 1.
-__device__ __forceinline__ bool scale_kept(float new_scale, float old_scale) {
-    return new_scale == old_scale && new_scale >= 0x1p-100f && new_scale <= 0x1p100f;
-}
-
-
-__device__ __forceinline__ float param_update(float p, float m, float v, float decay, const StepArgs& a) {
-    float m_hat = __fmul_rn(m, a.inv_bias_correction1);
-    float v_hat = __fmul_rn(v, a.inv_bias_correction2);
-    float denom = __fadd_rn(__fsqrt_rn(v_hat), a.eps);
-    return __fsub_rn(__fmul_rn(p, decay), __fmul_rn(a.lr, __fdiv_rn(m_hat, denom)));
-}
+// Step counters (counters.cuh: m, v, weights updated / stalled / unchanged, and the zero
+// gradients) are summed per warp and added with one atomicAdd per counter each time the warp
+// leaves a tensor, into a device buffer that the host reads later (no synchronisation in the
+// step).
+//
+// The files of this folder, one idea each: args.cuh (launch arguments), codes.cuh (code
+// storage), adamw_math.cuh (the per-element AdamW update), codec.cuh (the write-back: block
+// scale, encode, decode, stall test) over the format codecs (bf16, precision, minifloat, fp8,
+// fp4, int8, scale .cuh: crates/optim/src/format/*.rs), rng.cuh (counter RNG), counters.cuh;
+// this file is the pipeline (segments, warps, kernels). Measurements behind its choices:
+// bench/optimizer_h200.md.
+#include "adamw_math.cuh"
+#include "args.cuh"
+#include "codec.cuh"
+#include "counters.cuh"
 
 // Everything one lane reads for its quad e..e+k-1 (k <= 4) of one block or round; a
 // segment issues the loads of all its rounds before computing the first.
@@ -322,17 +91,15 @@ __device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, V
     decode_quad<MF>(in.m, q.mo, in.sm, map_m, q.m_old);
     decode_quad<VF>(in.v, q.vo, in.sv, map_v, q.v_old);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float gs = __fmul_rn(g[j], a.grad_scale);
-        q.m[j] = __fadd_rn(__fmul_rn(a.beta1, q.m_old[j]), __fmul_rn(a.one_minus_beta1, gs));
-        q.v[j] = __fadd_rn(__fmul_rn(a.beta2, q.v_old[j]), __fmul_rn(a.one_minus_beta2, __fmul_rn(gs, gs)));
-    }
+    for (int j = 0; j < 4; j++) adamw_moments(g[j], q.m_old[j], q.v_old[j], a, q.m[j], q.v[j]);
 }
 
-// Weights: FP32 (written exactly) or BF16 bit patterns (rounded, stalls counted).
+// Weights: FP32 (written exactly) or BF16 bit patterns (rounded, stalls counted); the zero
+// gradients counted (once per element: here).
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
-                                               const Inputs<P, MF, VF>& in, const Quad& q, unsigned cnt[6]) {
+                                               const Inputs<P, MF, VF>& in, const Quad& q, StepCounters& cnt) {
+    const float g[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
     constexpr int WF = WeightCodes<P>::F;
     unsigned c[4];
     Codes<WF>::unpack(in.w, c);
@@ -342,30 +109,19 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (j < k) {
+            count_zero_grad(cnt, zero_gradient(g[j], a));
             if constexpr (WF == FMT_F32) {
                 c[j] = __float_as_uint(param_update(__uint_as_float(c[j]), q.m[j], q.v[j], t.decay, a));
             } else {
                 const float old = bf16_decode((uint16_t)c[j]);
                 const float nv = param_update(old, q.m[j], q.v[j], t.decay, a);
                 const unsigned code = bf16_encode(nv, rounding, rw[j]);
-                const bool changed = nv != old;
-                cnt[4] += changed;
-                cnt[5] += changed && code == c[j];
+                count_w(cnt, nv != old, code == c[j]);
                 c[j] = code;
             }
         }
     }
     store_codes<WF>((void*)t.p, e, k, c);
-}
-
-// Warp sum: one REDUX on sm_80+, shuffles before.
-__device__ __forceinline__ unsigned warp_sum(unsigned x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-#else
-    return __reduce_add_sync(0xffffffffu, x);
-#endif
 }
 
 // Warp maximum of non-negative floats (they order like their bits): one REDUX on sm_80+.
@@ -379,19 +135,16 @@ __device__ __forceinline__ float warp_max(float x) {
 }
 
 // The block's amax of format F's state from the lanes' (a warp reduction, only for scaled
-// formats), and the block's new scale from it.
+// formats).
 template <int F> __device__ __forceinline__ float block_amax(float lane_amax) {
     return Codes<F>::SCALED ? warp_max(lane_amax) : 0.0f;
 }
-template <int F> __device__ __forceinline__ float block_scale(float lane_amax) {
-    return scale_from_amax<F>(block_amax<F>(lane_amax));
-}
 
 // The smallest code v may take in a block whose (finite) amax is `amax_v`: 1 (the grid's
-// smallest positive value) with `v_floor` in a non-zero block, else 0 (adamw.rs
+// smallest positive value) for a zero-free v in a non-zero block, else 0 (adamw.rs
 // `encode_block`, `zero_free`).
-__device__ __forceinline__ unsigned v_floor_code(const StepArgs& a, float amax_v) {
-    return a.v_floor && amax_v > 0.0f ? 1u : 0u;
+__device__ __forceinline__ unsigned zero_free_floor(const StepArgs& a, float amax_v) {
+    return a.zero_free && amax_v > 0.0f ? 1u : 0u;
 }
 
 __device__ __forceinline__ float finite_abs(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
@@ -408,13 +161,13 @@ __device__ __forceinline__ void quad_amax(const Quad& q, int k, float& am, float
 }
 
 // Encode the new moments with the new scales (v no lower than code `floor_v`) and count
-// stalls. ALL_SR: m and v both round stochastically (rounding_of).
-template <bool SR, bool BY_CODE, bool ALL_SR, int MF, int VF>
+// them (stalls.rs: updated, stalled, unchanged). ALL_SR: m and v both round stochastically
+// (rounding_of).
+template <bool SR, bool ALL_SR, int MF, int VF>
 __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
-                                             const Quad& q, float new_sm, float new_sv, unsigned floor_v,
+                                             const Quad& q, BlockScale sm, BlockScale sv, unsigned floor_v,
                                              Int8Map map_m, Int8Map map_v, unsigned mn[4], unsigned vn[4],
-                                             unsigned cnt[6]) {
-    const float inv_m = inverse_scale<MF>(new_sm), inv_v = inverse_scale<VF>(new_sv);
+                                             StepCounters& cnt) {
     const int round_m = rounding_of<SR, ALL_SR>(a.round_m), round_v = rounding_of<SR, ALL_SR>(a.round_v);
     uint64_t rm[4], rv[4];
     quad_rand<SR, MF>(round_m, t.key_m, t.offset + e, rm);
@@ -428,8 +181,8 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     constexpr bool FP4 = MF == FMT_E2M1 || VF == FMT_UE2M2, INT8 = MF == FMT_INT8 || VF == FMT_INT8;
     const unsigned aux_m = MF == FMT_E8M ? a.frac_m : a.zero_m, aux_v = VF == FMT_E8M ? a.frac_v : a.zero_v;
     const auto encode_pair = [&](int j) {
-        mn[j] = encode<MF>(q.m[j], new_sm, inv_m, round_m, rm[j], map_m, aux_m);
-        vn[j] = encode<VF>(q.v[j], new_sv, inv_v, round_v, rv[j], map_v, aux_v);
+        mn[j] = encode<MF>(q.m[j], sm, round_m, rm[j], map_m, aux_m);
+        vn[j] = encode<VF>(q.v[j], sv, round_v, rv[j], map_v, aux_v);
         if constexpr (Codes<VF>::SCALED) vn[j] = max(vn[j], floor_v);
     };
     if constexpr (FP4) {
@@ -440,30 +193,22 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     for (int j = 0; j < 4; j++) {
         if (!FP4 && (INT8 || j < k)) encode_pair(j);
         if (j < k) {
-            const bool mch = q.m[j] != q.m_old[j], vch = q.v[j] != q.v_old[j];
-            cnt[0] += mch;
-            cnt[1] += mch && same_stored<MF, BY_CODE>(mn[j], q.mo[j], new_sm, q.m_old[j], map_m);
-            cnt[2] += vch;
-            cnt[3] += vch && same_stored<VF, BY_CODE>(vn[j], q.vo[j], new_sv, q.v_old[j], map_v);
+            count_mv(cnt, q.m[j] != q.m_old[j], same_stored<MF>(mn[j], q.mo[j], q.m[j]), q.v[j] != q.v_old[j],
+                     same_stored<VF>(vn[j], q.vo[j], q.v[j]));
         }
     }
 }
 
-// Encode, count stalls (by code when both blocks keep their scales), store the codes. Both
-// tests are warp-uniform branches.
+// Encode, count, store the codes (ALL_SR: a warp-uniform branch).
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
-                                             const Inputs<P, MF, VF>& in, const Quad& q, float new_sm, float new_sv,
-                                             unsigned floor_v, Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
+                                             const Quad& q, BlockScale sm, BlockScale sv, unsigned floor_v,
+                                             Int8Map map_m, Int8Map map_v, StepCounters& cnt) {
     unsigned mn[4] = {0, 0, 0, 0}, vn[4] = {0, 0, 0, 0};
-    const bool by_code = scale_kept(new_sm, in.sm) && scale_kept(new_sv, in.sv);
-    if (SR && a.round_m == ROUND_STOCHASTIC && a.round_v == ROUND_STOCHASTIC) {
-        if (by_code) encode_count<SR, true, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
-        else encode_count<SR, false, true, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
-    } else {
-        if (by_code) encode_count<SR, true, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
-        else encode_count<SR, false, false, MF, VF>(a, t, e, k, q, new_sm, new_sv, floor_v, map_m, map_v, mn, vn, cnt);
-    }
+    if (SR && a.round_m == ROUND_STOCHASTIC && a.round_v == ROUND_STOCHASTIC)
+        encode_count<SR, true, MF, VF>(a, t, e, k, q, sm, sv, floor_v, map_m, map_v, mn, vn, cnt);
+    else
+        encode_count<SR, false, MF, VF>(a, t, e, k, q, sm, sv, floor_v, map_m, map_v, mn, vn, cnt);
     store_codes<MF>((void*)t.mc, e, k, mn);
     store_codes<VF>((void*)t.vc, e, k, vn);
 }
@@ -474,7 +219,7 @@ template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t, bool blockwise, unsigned long long si,
                                           unsigned long long e, int k, const Inputs<P, MF, VF>& in,
                                           const float* amax_pre, Int8Map map_m, Int8Map map_v,
-                                          unsigned cnt[6]) {
+                                          StepCounters& cnt) {
     constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
     Quad q;
     float am = 0.0f, av = 0.0f;
@@ -483,20 +228,22 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
         quad_amax(q, k, am, av);
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
-    float new_sm = 1.0f, new_sv = 1.0f, amax_v = 0.0f;
+    float amax_m = 0.0f, amax_v = 0.0f;
     if (scaled && blockwise) {
-        new_sm = block_scale<MF>(am);
+        amax_m = block_amax<MF>(am);
         amax_v = block_amax<VF>(av);
     } else if (scaled) {
-        new_sm = scale_from_amax<MF>(amax_pre[0]);
+        amax_m = amax_pre[0];
         amax_v = amax_pre[1];
     }
-    if (scaled) new_sv = scale_from_amax<VF>(amax_v);
-    if (k > 0) encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, v_floor_code(a, amax_v), map_m, map_v, cnt);
+    const BlockScale sm = block_scale_of<MF>(amax_m, a.scale_m), sv = block_scale_of<VF>(amax_v, a.scale_v);
+    // the new scales first (frees their registers for the encode): every lane of the warp read
+    // the old ones before the block amax reduction above
     if (scaled && blockwise && threadIdx.x % 32 == 0 && k > 0) {  // lane 0 holds the block's start
-        if (Codes<MF>::SCALED) ((float*)t.ms)[si] = new_sm;
-        if (Codes<VF>::SCALED) ((float*)t.vs)[si] = new_sv;
+        if (Codes<MF>::SCALED) ((float*)t.ms)[si] = sm.scale;
+        if (Codes<VF>::SCALED) ((float*)t.vs)[si] = sv.scale;
     }
+    if (k > 0) encode_store<SR, P, MF, VF>(a, t, e, k, q, sm, sv, zero_free_floor(a, amax_v), map_m, map_v, cnt);
 }
 
 // 128-element rounds per segment: 2 for unscaled states (both rounds' loads in flight
@@ -511,7 +258,7 @@ template <int MF, int VF> __host__ __device__ constexpr int rounds() { return (C
 template <bool SR, bool FULL, typename P, int MF, int VF>
 __device__ __forceinline__ void round_segment(const StepArgs& a, const TensorArgs& t, unsigned long long seg,
                                               bool blockwise, const float* amax_pre, Int8Map map_m,
-                                              Int8Map map_v, unsigned cnt[6]) {
+                                              Int8Map map_v, StepCounters& cnt) {
     constexpr int ROUNDS = rounds<MF, VF>();
     const unsigned long long start = seg * (ROUNDS * 128) + 4 * (threadIdx.x % 32);
     Inputs<P, MF, VF> in[ROUNDS];
@@ -534,7 +281,7 @@ __device__ __forceinline__ void round_segment(const StepArgs& a, const TensorArg
 // again from the same inputs, encode with the new scales, count stalls.
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArgs& t, unsigned long long seg,
-                                              Int8Map map_m, Int8Map map_v, unsigned cnt[6]) {
+                                              Int8Map map_m, Int8Map map_v, StepCounters& cnt) {
     const unsigned len = a.block;
     const unsigned long long start = seg * len, end = min(start + len, t.n);
     Inputs<P, MF, VF> in;
@@ -554,18 +301,18 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
         quad_amax(q, k, am, av);
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
-    const float new_sm = block_scale<MF>(am);
-    const float amax_v = block_amax<VF>(av), new_sv = scale_from_amax<VF>(amax_v);
+    const float amax_v = block_amax<VF>(av);
+    const BlockScale sm = block_scale_of<MF>(block_amax<MF>(am), a.scale_m), sv = block_scale_of<VF>(amax_v, a.scale_v);
     for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
         moments<P, MF, VF>(a, in, map_m, map_v, q);
-        encode_store<SR, P, MF, VF>(a, t, e, k, in, q, new_sm, new_sv, v_floor_code(a, amax_v), map_m, map_v, cnt);
+        encode_store<SR, P, MF, VF>(a, t, e, k, q, sm, sv, zero_free_floor(a, amax_v), map_m, map_v, cnt);
     }
     __syncwarp();
     if (threadIdx.x % 32 == 0) {
-        if (Codes<MF>::SCALED) ((float*)t.ms)[seg] = new_sm;
-        if (Codes<VF>::SCALED) ((float*)t.vs)[seg] = new_sv;
+        if (Codes<MF>::SCALED) ((float*)t.ms)[seg] = sm.scale;
+        if (Codes<VF>::SCALED) ((float*)t.vs)[seg] = sv.scale;
     }
 }
 
@@ -627,16 +374,6 @@ __device__ __forceinline__ void for_each_segment(const LaunchArgs& L, unsigned l
     }
 }
 
-// Warp sum of the six stall counters into the tensor's slot (one atomicAdd each), then zero.
-__device__ __forceinline__ void flush_counters(unsigned cnt[6], unsigned long long* slot) {
-#pragma unroll
-    for (int c = 0; c < 6; c++) {
-        const unsigned x = warp_sum(cnt[c]);
-        if (threadIdx.x % 32 == 0 && x) atomicAdd(slot + c, (unsigned long long)x);
-        cnt[c] = 0;
-    }
-}
-
 // BLOCKS: the launch's scale blocks are not 128 elements (block_segment); a separate kernel,
 // so that its register-hungry two-pass path does not lower the main kernels' occupancy.
 template <bool SR, bool BLOCKS, typename P, int MF, int VF>
@@ -665,7 +402,7 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* ama
     if (!warp_run(a, s, last)) return;
     constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
     const bool blockwise = a.block > 0;
-    unsigned cnt[6] = {0, 0, 0, 0, 0, 0};
+    StepCounters cnt{};
     const auto segment = [&](const TensorArgs& t, unsigned long long i) {
         const unsigned long long seg = i - t.first_segment;
         if constexpr (BLOCKS) {
@@ -675,7 +412,7 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* ama
         else
             round_segment<SR, false, P, MF, VF>(a, t, seg, blockwise, amax_pre + 2 * t.index, map_m, map_v, cnt);
     };
-    const auto done = [&](const TensorArgs& t) { flush_counters(cnt, counters + 6ull * t.index); };
+    const auto done = [&](const TensorArgs& t) { flush_counters(cnt, counters + (unsigned long long)COUNTERS * t.index); };
     for_each_segment<WeightCodes<P>::F == FMT_F32>(L, s, last, segment, done);
 }
 
@@ -724,8 +461,8 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= L.s.count) return;
     const TensorArgs& t = L.t[i];
-    if (Codes<MF>::SCALED) ((float*)t.ms)[0] = scale_from_amax<MF>(__uint_as_float(amax[2 * t.index]));
-    if (Codes<VF>::SCALED) ((float*)t.vs)[0] = scale_from_amax<VF>(__uint_as_float(amax[2 * t.index + 1]));
+    if (Codes<MF>::SCALED) ((float*)t.ms)[0] = block_scale_of<MF>(__uint_as_float(amax[2 * t.index]), L.s.scale_m).scale;
+    if (Codes<VF>::SCALED) ((float*)t.vs)[0] = block_scale_of<VF>(__uint_as_float(amax[2 * t.index + 1]), L.s.scale_v).scale;
 }
 
 // ---- one extern "C" kernel per (weight dtype, m format, v format) ----

@@ -1,0 +1,114 @@
+//! The two scale kinds of FP8/FP4 states (`optim.states.scale`): `amax` (the paper's: the
+//! block's largest value maps to the format's largest) and `pow2`, in the CPU step.
+
+use lowbit_optim::adamw::Weights;
+use lowbit_optim::format::{fp4, fp8};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, ScaleKind, StatesConfig};
+
+const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
+
+fn opt(m: &str, v: &str, scale: ScaleKind, block: usize, len: usize) -> LowbitAdamW {
+    let s = StatesConfig { m_format: m.into(), v_format: v.into(), scale: scale.into(), block_size: block, ..Default::default() };
+    let info = ParamInfo { name: "w".into(), group: "mlp".into(), len, weight_decay: false };
+    LowbitAdamW::new(HYPER, s.resolve(0.999).unwrap(), 3, vec![info])
+}
+
+/// Gradients spread over two decades, signs mixed.
+fn grads(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (1.0 + (i * 37 % 100) as f32) * 1e-4 * if i % 3 == 0 { -1.0 } else { 1.0 }).collect()
+}
+
+fn max_abs(xs: &[f32]) -> f32 {
+    xs.iter().fold(0.0f32, |a, x| a.max(x.abs()))
+}
+
+/// The mechanism behind FP4's nearest-rounding failure with power-of-two scales (issue 31,
+/// DESIGN.md): after one gradient, 19 zero gradients should decay m by 0.9^19 = 0.135. With
+/// `pow2` every E2M1 grid point g has 0.9 g rounding back to g while the block's scale stays in
+/// its octave, so m does not decay at all; with `amax` the scale follows the block's maximum
+/// down and m decays as in FP32, although every code stays the same (all stalled by code).
+#[test]
+fn fp4_m_decays_with_amax_scales_and_not_with_pow2() {
+    let n = 256;
+    for (kind, want) in [(ScaleKind::Amax, 0.9f32.powi(19)), (ScaleKind::Pow2, 1.0)] {
+        let mut o = opt("fp4", "fp32", kind, 128, n);
+        let mut w = vec![0.0f32; n];
+        o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(n));
+        let first = max_abs(&o.tensors[0].m.decode_all());
+        let codes = o.tensors[0].m.code_bytes();
+        for t in 2..=20 {
+            let c = o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
+            assert_eq!(c.m.stalled, c.m.updated, "{kind:?} step {t}: every code stays");
+            assert_eq!((c.m.unchanged, c.m.elements, c.zero_grad), (n as u64, n as u64, n as u64));
+        }
+        assert_eq!(o.tensors[0].m.code_bytes(), codes, "{kind:?}");
+        let ratio = max_abs(&o.tensors[0].m.decode_all()) / first;
+        assert!((ratio - want).abs() < 1e-3 * want.max(1.0), "{kind:?}: m decayed to {ratio}, want {want}");
+    }
+}
+
+/// `amax`: the block's largest element encodes to the format's largest code and its scale is
+/// amax / x_max (an FP32 division); with `block_size = 0` one scale covers the tensor (the
+/// paper's per-tensor FP8).
+#[test]
+fn amax_scale_maps_the_largest_element_to_the_format_maximum() {
+    let n = 300;
+    let g = grads(n);
+    for block in [128usize, 0] {
+        let mut o = opt("fp8", "fp8", ScaleKind::Amax, block, n);
+        let mut w = vec![0.0f32; n];
+        o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+        let m = &o.tensors[0].m;
+        let bl = if block == 0 { n } else { block };
+        assert_eq!(m.scales.len(), n.div_ceil(bl));
+        for (b, &scale) in m.scales.iter().enumerate() {
+            let new_m: Vec<f32> = g[b * bl..((b + 1) * bl).min(n)].iter().map(|&x| 0.1f32 * x).collect();
+            let amax = max_abs(&new_m);
+            assert_eq!(scale, amax / 448.0, "block {b} of {block}");
+            let top = (b * bl..((b + 1) * bl).min(n)).max_by(|&i, &j| new_m[i - b * bl].abs().total_cmp(&new_m[j - b * bl].abs())).unwrap();
+            assert_eq!(m.code(top) & 0x7F, fp8::E4M3.max_code, "block {b} of {block}");
+        }
+    }
+}
+
+/// An all-zero block keeps scale 0 and decodes to 0; the zero-free v floor applies to the
+/// `amax` grid (tiny elements of a non-zero block store the smallest positive code).
+#[test]
+fn amax_zero_blocks_and_the_zero_free_floor() {
+    let n = 256;
+    let mut g = vec![0.0f32; n];
+    g[128] = 1.0; // block 1 non-zero: one large element, the rest tiny
+    for x in g.iter_mut().skip(129) {
+        *x = 1e-6;
+    }
+    let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, n);
+    let mut w = vec![0.0f32; n];
+    o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    let v = &o.tensors[0].v;
+    assert_eq!(v.scales[0], 0.0, "all-zero block: scale 0");
+    assert!(v.decode_all()[..128].iter().all(|&x| x == 0.0));
+    assert_eq!(v.scales[1], 1e-3f32 / fp4::UE2M2.max_finite);
+    assert_eq!(v.code(128), fp4::UE2M2.max_code);
+    assert!((129..n).all(|i| v.code(i) == 1), "the floor: code 1, not 0");
+    assert!(w[129..].iter().all(|x| x.is_finite() && x.abs() < 0.1), "no lr * m / eps jumps");
+}
+
+/// A fresh `amax` state has scale 0 (every element decodes to 0, as after a reset); shards keep
+/// the scale kind and a concatenation of different kinds is refused.
+#[test]
+fn scale_kind_travels_with_the_state() {
+    let z = QuantState::zeros(lowbit_optim::StateFormat::Fp8E4M3, 10, 4, true).with_scale_kind(ScaleKind::Amax);
+    assert_eq!(z.scales, vec![0.0; 3]);
+    assert!(z.decode_all().iter().all(|&x| x == 0.0));
+    let p = z.zeros_like(8);
+    assert_eq!((p.scale_kind, p.len, p.scales.len()), (ScaleKind::Amax, 8, 2));
+    let other = QuantState::zeros(lowbit_optim::StateFormat::Fp8E4M3, 4, 4, true);
+    let e = QuantState::concat(&[&z.slice(0..8).unwrap(), &other]).unwrap_err();
+    assert!(e.contains("cannot concatenate"), "{e}");
+    let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, 8);
+    let mut w = vec![0.0f32; 8];
+    o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[1e-3; 8]);
+    assert!(o.tensors[0].m.scales[0] > 0.0);
+    assert_eq!(o.spec.m_format.default_scale(), ScaleKind::Amax);
+    let _ = Rounding::Nearest;
+}

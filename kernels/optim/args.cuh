@@ -1,0 +1,43 @@
+// Launch arguments of the fused AdamW kernels (adamw.cu), passed by value: the host-side
+// twin is cuda.rs (`StepArgs`, `TensorArgs`, `LaunchArgs`, same field order, `#[repr(C)]`);
+// both sides assert the same sizes.
+#pragma once
+
+#define MAX_TENSORS 256  // per launch: the kernel parameters (26.1 KiB) stay under 32 KiB (CUDA 12.1+)
+
+// Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
+struct StepArgs {
+    unsigned long long segments;  // segments of all tensors of this launch
+    float grad_scale, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+    float inv_bias_correction1, inv_bias_correction2;
+    unsigned block;               // scale block length; 0 = per tensor (amax precomputed)
+    int reset_m, reset_v;         // zero the state before the update
+    int round_m, round_v, round_w;
+    unsigned zero_m, zero_v;      // int8: index of 0 in the signed / unsigned map
+    unsigned count;               // tensors in this launch
+    unsigned frac_m, frac_v;      // e8mK states: K
+    unsigned zero_free;           // 1: a block-scaled v never encodes to 0 in a non-zero block
+    unsigned scale_m, scale_v;    // FP8/FP4 scale kinds (scale.cuh SCALE_POW2 / SCALE_AMAX)
+};
+
+// One tensor of the launch (mirrors StepKeys + the per-tensor decay).
+struct TensorArgs {
+    unsigned long long p, g, mc, ms, vc, vs;  // weights, gradient, m/v codes and scales
+    unsigned long long n, key_m, key_v, key_w;
+    unsigned long long first_segment;         // in the launch's numbering
+    unsigned long long offset;                // whole-tensor index of element 0 (a ZeRO-1
+                                              // shard's start, a multiple of 4; else 0): the
+                                              // random bits are those of element offset + e
+    float decay;                              // 1 - lr * wd
+    unsigned index;                           // optimizer tensor index: counters, amax slots
+};
+
+struct LaunchArgs {
+    StepArgs s;
+    TensorArgs t[MAX_TENSORS];
+};
+
+// cuda.rs asserts the same sizes of its mirrors
+static_assert(sizeof(StepArgs) == 104, "StepArgs layout (cuda.rs StepArgs)");
+static_assert(sizeof(TensorArgs) == 104, "TensorArgs layout (cuda.rs TensorArgs)");
+static_assert(sizeof(LaunchArgs) == 104 + 104 * MAX_TENSORS, "LaunchArgs layout (cuda.rs LaunchArgs)");
