@@ -2,12 +2,13 @@
 //! shapes of a model preset, from one run on one GPU:
 //! * device copy bandwidth (the driver's device-to-device copy of 1 GiB: bytes read + written / s,
 //!   after a warm-up);
-//! * per state format x rounding: step time over all tensors (median of 7 windows of
-//!   `--iters` steps; a format's nearest and stochastic windows alternate), effective GB/s
-//!   (bytes the step must move: weights read+write, gradient read (in the weights' dtype, as
-//!   training with one micro-batch passes them), m and v codes read+write, scales) and its
-//!   fraction of copy bandwidth;
-//! * stochastic / nearest time ratio per format.
+//! * per state format x scale kind (FP8/FP4: `pow2` and `amax`, in 128-blocks and, for E4M3,
+//!   per tensor) x rounding: step time over all tensors (median of 7 windows of `--iters`
+//!   steps; a format's nearest and stochastic windows alternate), effective GB/s (bytes the
+//!   step must move: weights read+write, gradient read (in the weights' dtype, as training
+//!   with one micro-batch passes them), m and v codes read+write, scales) and its fraction of
+//!   copy bandwidth;
+//! * stochastic / nearest time ratio per format, and amax / pow2 per format and rounding.
 //!
 //! PyTorch's fused AdamW on the same shapes is timed by `scripts/bench_torch_adamw.py`;
 //! `scripts/bench_optimizer.sh` runs both and writes `bench/optimizer_<gpu>.md`.
@@ -16,7 +17,7 @@ use anyhow::{Context, Result};
 use candle_core::{CudaDevice, DType, Device, Tensor};
 use lowbit_model::{init::param_specs, LlamaConfig};
 use lowbit_optim::cuda::CudaAdamW;
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
 use std::time::Instant;
 
 /// Timed windows per configuration; the median is reported.
@@ -27,8 +28,10 @@ const REPEATS: usize = 7;
 pub struct BenchRow {
     pub m_format: String,
     pub v_format: String,
-    /// Scale block length (0 for unscaled formats).
-    pub block: usize,
+    /// Scale block length: `Some(0)` one scale per tensor, `None` for unscaled formats.
+    pub block: Option<usize>,
+    /// Scale kind of FP8/FP4 states (`amax` / `pow2`), `None` for the others.
+    pub scale: Option<String>,
     pub rounding: String,
     pub weights: String,
     pub step_ms: f64,
@@ -95,15 +98,22 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
         .map(|s| Tensor::randn(0f32, 1e-3, s.shape.as_slice(), &dev))
         .collect::<candle_core::Result<_>>()?;
     let mut rows = vec![];
-    // int8 twice: bitsandbytes' block of 2048 and the FP8/FP4 block of 128
+    // int8 twice: bitsandbytes' block of 2048 and the FP8/FP4 block of 128; FP8/FP4 with both
+    // scale kinds, E4M3 also per tensor (the paper's FP8: a global amax pass first)
+    let (pow2, amax) = (Some(ScaleKind::Pow2), Some(ScaleKind::Amax));
     let formats = [
-        ("fp32", "fp32", 0),
-        ("bf16", "bf16", 0),
-        ("fp8e4m3", "fp8e4m3", 128),
-        ("fp8e5m2", "fp8e5m2", 128),
-        ("fp4e2m1", "fp4ue2m2", 128),
-        ("int8", "int8", 2048),
-        ("int8", "int8", 128),
+        ("fp32", "fp32", None, None),
+        ("bf16", "bf16", None, None),
+        ("fp8e4m3", "fp8e4m3", Some(128), pow2),
+        ("fp8e4m3", "fp8e4m3", Some(128), amax),
+        ("fp8e4m3", "fp8e4m3", Some(0), pow2),
+        ("fp8e4m3", "fp8e4m3", Some(0), amax),
+        ("fp8e5m2", "fp8e5m2", Some(128), pow2),
+        ("fp8e5m2", "fp8e5m2", Some(128), amax),
+        ("fp4e2m1", "fp4ue2m2", Some(128), pow2),
+        ("fp4e2m1", "fp4ue2m2", Some(128), amax),
+        ("int8", "int8", Some(2048), None),
+        ("int8", "int8", Some(128), None),
     ];
     for weights in [DType::F32, DType::BF16] {
         if !wanted(only_weights, if weights == DType::F32 { "f32" } else { "bf16" }) {
@@ -116,7 +126,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
         // gradients in the weights' dtype, as a BF16 model's backward gives them (and PyTorch's
         // fused AdamW reads them)
         let grads: Vec<Tensor> = grads.iter().map(|g| g.to_dtype(weights)).collect::<candle_core::Result<_>>()?;
-        for (m, v, block) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
+        for (m, v, block, scale) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
             // one optimizer per rounding (both states in memory at once), their windows
             // interleaved so that clock or thermal drift during the run moves both medians alike
             let roundings = [Rounding::Nearest, Rounding::Stochastic];
@@ -128,7 +138,8 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     m_rounding: rounding,
                     v_rounding: rounding,
                     weight_rounding: rounding,
-                    block_size: if block == 0 { 128 } else { block },
+                    block_size: block.unwrap_or(128),
+                    scale: scale.map_or(Default::default(), Into::into),
                     ..Default::default()
                 };
                 let spec = states.resolve(0.999).map_err(anyhow::Error::msg)?;
@@ -136,7 +147,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     .iter()
                     .map(|s| ParamInfo { name: s.name.clone(), group: "x".into(), len: s.shape.iter().product(), weight_decay: true })
                     .collect();
-                let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+                let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
                 let mut opt = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), &cuda)?;
                 for s in 1..=3 {
                     opt.step(s, 1e-4, 1.0, &params, &grads)?;
@@ -169,6 +180,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     m_format: m.into(),
                     v_format: v.into(),
                     block,
+                    scale: scale.map(|k| k.as_str().into()),
                     rounding: rounding.as_str().into(),
                     weights: if wb == 4 { "f32".into() } else { "bf16".into() },
                     step_ms: secs * 1e3,
@@ -182,33 +194,41 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
     Ok((copy, rows))
 }
 
-/// Markdown table of the rows with the SR/nearest ratio per format and weight dtype.
+/// Markdown table of the rows with the SR/nearest ratio per format and weight dtype, and the
+/// amax/pow2 ratio of the amax rows.
 pub fn render(preset: &str, copy: f64, rows: &[BenchRow]) -> String {
     let mut s = format!(
         "### lowbit fused AdamW step, {preset} shapes\n\ndevice copy bandwidth: {copy:.0} GB/s (read + write)\n\n\
-         | weights | m / v | block | rounding | step (ms) | moved (MB) | GB/s | of copy | SR / nearest |\n\
-         |---|---|---|---|---|---|---|---|---|\n"
+         | weights | m / v | block | scale | rounding | step (ms) | moved (MB) | GB/s | of copy | SR / nearest | amax / pow2 |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
+    let same = |a: &BenchRow, b: &BenchRow| a.m_format == b.m_format && a.block == b.block && a.weights == b.weights;
+    let ratio = |r: &BenchRow, base: Option<&BenchRow>| base.map_or("-".into(), |b| format!("{:.3}", r.step_ms / b.step_ms));
     for r in rows {
-        let ratio = if r.rounding == "stochastic" {
-            rows.iter()
-                .find(|n| n.rounding == "nearest" && n.m_format == r.m_format && n.block == r.block && n.weights == r.weights)
-                .map_or("-".into(), |n| format!("{:.3}", r.step_ms / n.step_ms))
-        } else {
-            "".into()
+        let sr = match r.rounding.as_str() {
+            "stochastic" => ratio(r, rows.iter().find(|n| n.rounding == "nearest" && same(n, r) && n.scale == r.scale)),
+            _ => String::new(),
+        };
+        let kind = match r.scale.as_deref() {
+            Some("amax") => ratio(r, rows.iter().find(|n| n.scale.as_deref() == Some("pow2") && same(n, r) && n.rounding == r.rounding)),
+            _ => String::new(),
         };
         s += &format!(
-            "| {} | {} / {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0}% | {} |\n",
+            "| {} | {} / {} | {} | {} | {} | {:.3} | {:.0} | {:.0} | {:.0}% | {sr} | {kind} |\n",
             r.weights,
             r.m_format,
             r.v_format,
-            if r.block == 0 { "-".to_string() } else { r.block.to_string() },
+            match r.block {
+                None => "-".to_string(),
+                Some(0) => "tensor".to_string(),
+                Some(b) => b.to_string(),
+            },
+            r.scale.as_deref().unwrap_or("-"),
             r.rounding,
             r.step_ms,
             r.bytes_moved as f64 / 1e6,
             r.gb_per_s,
             100.0 * r.fraction_of_copy,
-            ratio
         );
     }
     s
