@@ -3,7 +3,8 @@
 
 usage: python3 scripts/long_run_table.py RUNS_DIR OUT_PREFIX
 Reads every run folder under RUNS_DIR (a folder holding metrics.jsonl; one folder per seed
-works: RUNS_DIR/seed0/<run>/...) and writes OUT_PREFIX.md and OUT_PREFIX.json:
+works: RUNS_DIR/seed0/<run>/...), writes OUT_PREFIX.json and prints the markdown tables (the
+tables of bench/paper_formats_h200.md, below its findings):
 - per run and seed: the states (formats, block, scale kind, rounding, v_zero), the final
   validation loss and its difference to FP32 states of the same seed (paired: same
   initialisation and data order), the mean stalled fractions of m and v over the second half
@@ -99,7 +100,6 @@ def main():
     for r in rows:
         curve = dict((s, v) for s, v in r["val_curve"])
         lines.append(f"| {r['run']} | {r['seed']} | " + " | ".join(fmt(curve.get(s), 3) for s in steps) + " |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

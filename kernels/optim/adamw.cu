@@ -54,8 +54,9 @@ template <typename P, int MF, int VF, bool WEIGHTS = true>
 __device__ __forceinline__ void load_inputs(const StepArgs& a, const TensorArgs& t, unsigned long long si,
                                             unsigned long long e, int k, Inputs<P, MF, VF>& in) {
     if (k <= 0) return;  // (a block past the tensor's end has no scale to read)
+    const bool fresh_v = a.reset_v && !a.keep_idle_v;  // (keep_idle_v: v is read, moments() zeroes it)
     in.sm = (Codes<MF>::SCALED && !a.reset_m) ? ((const float*)t.ms)[si] : 1.0f;
-    in.sv = (Codes<VF>::SCALED && !a.reset_v) ? ((const float*)t.vs)[si] : 1.0f;
+    in.sv = (Codes<VF>::SCALED && !fresh_v) ? ((const float*)t.vs)[si] : 1.0f;
     if constexpr (WeightCodes<P>::G16) {  // BF16 gradients, widened exactly
         unsigned c[4];
         Codes<FMT_BF16>::unpack(load_codes<FMT_BF16>((const void*)t.g, e, k, 0u), c);
@@ -72,7 +73,7 @@ __device__ __forceinline__ void load_inputs(const StepArgs& a, const TensorArgs&
     }
     if (WEIGHTS) in.w = load_codes<WeightCodes<P>::F>((const void*)t.p, e, k, 0u);
     in.m = load_codes<MF>((const void*)t.mc, e, a.reset_m ? 0 : k, MF == FMT_INT8 ? a.zero_m : 0u);
-    in.v = load_codes<VF>((const void*)t.vc, e, a.reset_v ? 0 : k, VF == FMT_INT8 ? a.zero_v : 0u);
+    in.v = load_codes<VF>((const void*)t.vc, e, fresh_v ? 0 : k, VF == FMT_INT8 ? a.zero_v : 0u);
 }
 
 // The quad's old codes, their decoded values and the new moments (FP32 registers; every
@@ -88,8 +89,15 @@ __device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, V
     const float g[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
     Codes<MF>::unpack(in.m, q.mo);
     Codes<VF>::unpack(in.v, q.vo);
+    typename Codes<VF>::Raw v_raw = in.v;
+    if (a.reset_v && a.keep_idle_v) {  // a reset of v that spares the zero gradients (state.rs zero_where)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (!zero_gradient(g[j], a)) q.vo[j] = VF == FMT_INT8 ? a.zero_v : 0u;
+        v_raw = Codes<VF>::pack(q.vo);
+    }
     decode_quad<MF>(in.m, q.mo, in.sm, map_m, q.m_old);
-    decode_quad<VF>(in.v, q.vo, in.sv, map_v, q.v_old);
+    decode_quad<VF>(v_raw, q.vo, in.sv, map_v, q.v_old);
 #pragma unroll
     for (int j = 0; j < 4; j++) adamw_moments(g[j], q.m_old[j], q.v_old[j], a, q.m[j], q.v[j]);
 }
@@ -172,12 +180,10 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     uint64_t rm[4], rv[4];
     quad_rand<SR, MF>(round_m, t.key_m, t.offset + e, rm);
     quad_rand<SR, VF>(round_v, t.key_v, t.offset + e, rv);
-    // The layout of the quad's encodes, each the fastest measured on the H200: FP4 states
-    // encode all four elements first, as straight-line code, then count (10% faster than
-    // inside the counting loop); int8 states encode all four inside the loop, without testing
-    // j < k; the others only the k in range, inside the loop (encoding first made FP32 and
-    // FP8 states 2-4% slower). Elements past k hold the moments of zero inputs and are never
-    // stored.
+    // The layout of the quad's encodes, the fastest measured per format (bench/optimizer_h200.md,
+    // "Kernel choices"): FP4 states encode all four elements first, then count; int8 states
+    // encode all four inside the loop, without testing j < k; the others only the k in range,
+    // inside the loop. Elements past k hold the moments of zero inputs and are never stored.
     constexpr bool FP4 = MF == FMT_E2M1 || VF == FMT_UE2M2, INT8 = MF == FMT_INT8 || VF == FMT_INT8;
     const unsigned aux_m = MF == FMT_E8M ? a.frac_m : a.zero_m, aux_v = VF == FMT_E8M ? a.frac_v : a.zero_v;
     const auto encode_pair = [&](int j) {
@@ -345,12 +351,8 @@ __device__ __forceinline__ unsigned tensor_at(const LaunchArgs& L, unsigned long
 // The warp's segments [s, last) in order: segment(t, s) for each, done(t) after a tensor's
 // last one. PER_TENSOR: a loop over the run's tensors around a loop over each tensor's
 // segments (a tensor's arguments loop-invariant), else one loop over the segments that looks
-// the tensor up for each. The step kernels with FP32 weights take PER_TENSOR: in the one
-// loop the compiler re-read the pointers from the kernel parameters between a segment's
-// global loads, and in the int8 kernel one such read shared a scoreboard with a global load,
-// delaying the gradient and weight loads by a memory latency (SASS). With BF16 weights
-// PER_TENSOR was 17-27% slower for fp32, bf16 and int8 states, cause not found. Numbers:
-// bench/optimizer_h200.md.
+// the tensor up for each. The step kernels with FP32 weights take PER_TENSOR, those with BF16
+// weights the one loop: each the faster (bench/optimizer_h200.md, "Kernel choices").
 template <bool PER_TENSOR, typename Segment, typename Done>
 __device__ __forceinline__ void for_each_segment(const LaunchArgs& L, unsigned long long s, unsigned long long last,
                                                  Segment segment, Done done) {
@@ -469,14 +471,10 @@ template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const
 // adamw_<weights>_<m>_<v>[_sr][_blocks] (weights: f32, bf16, bf16g = BF16 weights with BF16
 // gradients): _sr with stochastic rounding code (any write-back stochastic), _blocks for
 // scale blocks other than 128 elements; adamw_amax[_bf16g]_<m>_<v> per gradient dtype.
-// Thread blocks of 256 per SM at once (`__launch_bounds__`; measured on the H200): 4 (at most
-// 64 registers per thread) for int8 states (which spill; with 3 blocks int8 ran no faster
-// with 128-blocks and 12% slower with 2048-blocks, with 5 and 6 blocks 15% and 65% slower)
-// and for BF16 m and v with BF16 weights (3 blocks: 4% slower); 3 for the others (80
-// registers; 2 blocks without spills ran 15% slower), BF16 m and v with FP32 weights
-// included: with 4 blocks their SR kernel spilled and ran 4% slower than nearest, with 3 it
-// is within 1% (0.527-0.532 ms SR, nearest unchanged).
-// e8m states count as BF16 (the same containers; not measured separately).
+// Thread blocks of 256 per SM at once (`__launch_bounds__`): 4 (at most 64 registers per
+// thread) for int8 states and for BF16 m and v with BF16 weights, 3 (80 registers) for the
+// others; e8m states count as BF16 (the same containers). Each the fastest measured
+// (bench/optimizer_h200.md, "Kernel choices").
 template <int F> constexpr bool is16() { return F == FMT_BF16 || F == FMT_E8M; }
 template <typename P, int MF, int VF> constexpr int min_blocks() {
     return MF == FMT_INT8 || VF == FMT_INT8 || (is16<MF>() && is16<VF>() && WeightCodes<P>::F == FMT_BF16) ? 4 : 3;

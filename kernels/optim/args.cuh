@@ -18,6 +18,7 @@ struct StepArgs {
     unsigned frac_m, frac_v;      // e8mK states: K
     unsigned zero_free;           // 1: a block-scaled v never encodes to 0 in a non-zero block
     unsigned scale_m, scale_v;    // FP8/FP4 scale kinds (scale.cuh SCALE_POW2 / SCALE_AMAX)
+    unsigned keep_idle_v;         // with reset_v: elements whose gradient is 0 keep their v
 };
 
 // One tensor of the launch (mirrors StepKeys + the per-tensor decay).

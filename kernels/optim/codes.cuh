@@ -11,8 +11,8 @@
 // aligned for FP32 and 8-byte for BF16); load_raw/store_raw move them
 // with one vector access, pack/unpack convert to and from one code per unsigned.
 // load/store: one element (tails). Vector stores go through __stwb (st.global.wb.v4/v2, the
-// default caching): the compiler split a plain uint4 or uint2 store into 32-bit stores, four
-// per lane and state, which left FP32 states 5% slower (0.757 -> 0.717 ms, H200).
+// default caching): the compiler split a plain uint4 or uint2 store into 32-bit stores
+// (bench/optimizer_h200.md, "Kernel choices").
 template <int F> struct Codes;
 template <> struct Codes<FMT_F32> {
     static constexpr bool SCALED = false;

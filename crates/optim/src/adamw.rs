@@ -39,6 +39,9 @@ pub struct StepScalars {
     /// Zero the state before this step's update.
     pub reset_m: bool,
     pub reset_v: bool,
+    /// With `reset_v` (and not `reset_m`): elements whose gradient is 0 keep their stored v
+    /// (`optim.states.v_reset_idle = "keep"`).
+    pub keep_idle_v: bool,
 }
 
 /// Random stream keys of one tensor at one step (`rng::stream_key` per state kind).
@@ -118,7 +121,9 @@ pub fn step_tensor(
     if h.reset_m {
         m.set_zero();
     }
-    if h.reset_v {
+    if h.reset_v && h.keep_idle_v {
+        v.zero_where(|i| g[i] * h.grad_scale != 0.0);
+    } else if h.reset_v {
         v.set_zero();
     }
     scratch.m.resize(n, 0.0);

@@ -39,6 +39,25 @@ impl VZero {
     }
 }
 
+/// What a reset of v without one of m does to an element whose gradient is 0 at that update
+/// (`optim.states.v_reset_idle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VResetIdle {
+    /// Resets it like every element (the paper's Alg. 1): with v = 0 and m kept, it moves by
+    /// lr * m / eps at that update.
+    #[default]
+    Reset,
+    /// Keeps its stored v (the guard): only elements with a gradient restart v.
+    Keep,
+}
+
+impl VResetIdle {
+    fn is_reset(&self) -> bool {
+        *self == VResetIdle::Reset
+    }
+}
+
 /// `optim.states.scale`: a scale kind, or each format's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -172,8 +191,8 @@ pub struct StatesConfig {
     /// non-zero block, `keep` lets it round to 0. Ignored by unscaled formats.
     pub v_zero: VZero,
     /// Scale kind of fp8/fp4 states: `amax`, `pow2` ([`crate::format::scale`]) or `default`
-    /// (each format's, [`StateFormat::default_scale`]: FP4 amax, FP8 pow2). int8 keeps its
-    /// absmax scale; formats without scales ignore it.
+    /// (each format's, [`StateFormat::default_scale`]: FP4 `amax`, FP8 `pow2`, chosen by
+    /// measurement). int8 keeps its absmax scale; formats without scales ignore it.
     #[serde(skip_serializing_if = "ScaleChoice::is_default")]
     pub scale: ScaleChoice,
     /// Write-back rounding of m: `nearest` or `stochastic`.
@@ -190,6 +209,11 @@ pub struct StatesConfig {
     /// without an m reset (the paper's best FP8 policy, Table 6) moves every element whose
     /// gradient is 0 at the next update by lr * m / eps; the trainer logs how many there were.
     pub v_reset_every: ResetEvery,
+    /// At a reset of v without m: `reset` (default, the paper's) every element, or `keep` the
+    /// stored v of the elements whose gradient is 0 at that update (they would move by
+    /// lr * m / eps). Reset of m and v together: every element, either way.
+    #[serde(skip_serializing_if = "VResetIdle::is_reset")]
+    pub v_reset_idle: VResetIdle,
     /// `periodic` (default: the periods above) or `adaptive` (the paper's Alg. 2: m and v reset
     /// together when the measured v stalled fraction says so; the periods must be 0).
     #[serde(skip_serializing_if = "is_periodic")]
@@ -215,6 +239,7 @@ impl Default for StatesConfig {
             block_size: 128,
             m_reset_every: ResetEvery::Steps(0),
             v_reset_every: ResetEvery::Steps(0),
+            v_reset_idle: VResetIdle::Reset,
             reset: ResetRule::Periodic,
             reset_s0: DEFAULT_RESET_S0,
             bias_correction: BiasCorrection::Restart,
@@ -238,6 +263,7 @@ pub struct StatesSpec {
     /// Periods in optimizer updates (0 = never), `"auto"` resolved; 0 under `adaptive`.
     pub m_reset_every: u64,
     pub v_reset_every: u64,
+    pub v_reset_idle: VResetIdle,
     pub reset: ResetRule,
     pub reset_s0: f64,
     pub bias_correction: BiasCorrection,
@@ -298,6 +324,7 @@ impl StatesConfig {
             block_size: self.block_size,
             m_reset_every,
             v_reset_every,
+            v_reset_idle: self.v_reset_idle,
             reset: self.reset,
             reset_s0: self.reset_s0,
             bias_correction: self.bias_correction,
@@ -329,7 +356,10 @@ impl StatesSpec {
             (ResetRule::Adaptive, ..) => format!("adaptive (Alg. 2, s0 = {})", self.reset_s0),
             (_, 0, 0) => "none".into(),
             (_, m, v) if m == v => format!("m and v every {m} updates"),
-            (_, m, v) => format!("m every {m}, v every {v} updates (0 = never)"),
+            (_, m, v) => format!(
+                "m every {m}, v every {v} updates (0 = never){}",
+                if self.v_reset_idle == VResetIdle::Keep { ", v kept where the gradient is 0" } else { "" }
+            ),
         };
         format!(
             "m {} | v {}{} | resets: {resets}",

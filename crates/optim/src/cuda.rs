@@ -88,6 +88,7 @@ struct StepArgs {
     zero_free: u32,
     scale_m: u32,
     scale_v: u32,
+    keep_idle_v: u32,
 }
 
 /// One tensor of a launch: `struct TensorArgs` of `kernels/optim/args.cuh` (device addresses).
@@ -421,6 +422,7 @@ impl CudaAdamW {
             zero_free: self.host.tensors.first().is_some_and(|t| t.v.zero_free) as u32,
             scale_m: scale_id(spec.m_scale),
             scale_v: scale_id(spec.v_scale),
+            keep_idle_v: h.keep_idle_v as u32,
         };
         let (decay_off, decay_on) = (h.decay, self.host.scalars(step, lr, grad_scale, true).decay);
         // (weight dtype, gradient dtype, tensor) in optimizer order

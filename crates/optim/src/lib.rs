@@ -50,7 +50,7 @@ pub mod stalls;
 pub mod state;
 pub mod theory;
 
-pub use config::{BiasCorrection, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VZero};
+pub use config::{BiasCorrection, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};

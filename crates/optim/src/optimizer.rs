@@ -3,7 +3,7 @@
 //! CPU reference step. The CUDA path (`cuda` feature) uses the same constants and keys.
 
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
-use crate::config::{ResetRule, StatesSpec, VZero};
+use crate::config::{ResetRule, StatesSpec, VResetIdle, VZero};
 use crate::reset::{reset_at, AdaptiveReset};
 use crate::rng::{stream_key, StateKind};
 use crate::stalls::StallCounts;
@@ -131,6 +131,7 @@ impl LowbitAdamW {
             inv_bias_correction2: (1.0 / (1.0 - h.beta2.powi(tv.min(i32::MAX as u64) as i32))) as f32,
             reset_m,
             reset_v,
+            keep_idle_v: reset_v && !reset_m && self.spec.v_reset_idle == VResetIdle::Keep,
         }
     }
 

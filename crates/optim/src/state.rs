@@ -126,6 +126,19 @@ impl QuantState {
         self.scales.fill(zero);
     }
 
+    /// Reset the elements `i` with `which(i)` to +0, keeping the others and every scale (a
+    /// reset that spares some elements: `optim.states.v_reset_idle = "keep"`).
+    pub fn zero_where(&mut self, which: impl Fn(usize) -> bool) {
+        let zero = if self.format == StateFormat::Int8 { int8::dynamic_map(self.signed).zero_index() } else { 0 };
+        let nibbles = self.format.bits() == 4;
+        match &mut self.codes {
+            Codes::F32(c) => c.iter_mut().enumerate().filter(|(i, _)| which(*i)).for_each(|(_, x)| *x = 0.0),
+            Codes::Bf16(c) => c.iter_mut().enumerate().filter(|(i, _)| which(*i)).for_each(|(_, x)| *x = 0),
+            Codes::Bytes(c) if nibbles => (0..self.len).filter(|&i| which(i)).for_each(|i| c[i / 2] &= !(0xF << (4 * (i % 2)))),
+            Codes::Bytes(c) => c.iter_mut().enumerate().filter(|(i, _)| which(*i)).for_each(|(_, x)| *x = zero),
+        }
+    }
+
     /// The raw code of element `i` (FP8/FP4/int8 only).
     #[inline]
     pub fn code(&self, i: usize) -> u8 {

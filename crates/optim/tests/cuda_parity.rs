@@ -24,7 +24,7 @@ use lowbit_optim::adamw::Weights;
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::format::bf16 as bf;
 use lowbit_optim::rng::{random_bits, stream_key, StateKind};
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig, VZero};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig, VResetIdle, VZero};
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
 fn gpu() -> Device {
@@ -68,6 +68,9 @@ struct Case {
     block: usize,
     v_zero: VZero,
     scale: ScaleKind,
+    /// A v-only reset at step 3 that keeps the v of zero-gradient elements
+    /// (`v_reset_idle = "keep"`).
+    keep_idle: bool,
 }
 
 fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
@@ -93,10 +96,11 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
     if c.m == "fp32" {
         states.m_reset_every = 0.into();
     }
-    if c.m == "int8" {
+    if c.m == "int8" || c.keep_idle {
         // a v-only reset: v restarts at 0 while m keeps its value
         states.m_reset_every = 0.into();
         states.v_reset_every = 2.into();
+        states.v_reset_idle = if c.keep_idle { VResetIdle::Keep } else { VResetIdle::Reset };
     }
     let spec = states.resolve(0.999)?;
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
@@ -346,7 +350,7 @@ fn kernels_match_cpu_reference_bit_for_bit() {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 64, 256, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale };
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale, keep_idle: false };
                     cases += 1;
                     if let Err(e) = run_case(&dev, &c) {
                         failures.push(format!(
@@ -358,6 +362,28 @@ fn kernels_match_cpu_reference_bit_for_bit() {
         }
     }
     println!("{cases} cases, {} failures", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A reset of v without m that keeps the v of the elements whose gradient is 0
+/// (`v_reset_idle = "keep"`): the kernel reads their codes and zeroes the others', as the CPU's
+/// `zero_where`; every other check as `kernels_match_cpu_reference_bit_for_bit`.
+#[test]
+fn v_reset_keep_idle_matches_cpu() {
+    let dev = gpu();
+    let mut failures = vec![];
+    for (m, v, scale) in [("fp8e4m3", "fp8e4m3", ScaleKind::Amax), ("fp4e2m1", "fp4ue2m2", ScaleKind::Pow2), ("bf16", "bf16", ScaleKind::Pow2), ("fp32", "int8", ScaleKind::Pow2)] {
+        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+            for bf16_weights in [false, true] {
+                for block in [128usize, 256, 0] {
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero: VZero::Exclude, scale, keep_idle: true };
+                    if let Err(e) = run_case(&dev, &c) {
+                        failures.push(format!("m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
+                    }
+                }
+            }
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

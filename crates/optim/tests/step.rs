@@ -120,6 +120,39 @@ fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
     }
 }
 
+/// `v_reset_idle = "keep"`: at the same v-only reset, the zero-gradient elements keep their v
+/// (and move by about lr * m_hat / sqrt(v_hat), a normal step) while the others restart v.
+#[test]
+fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
+    let n = 8;
+    let mut o = opt("fp32", "fp32", |s| {
+        s.v_reset_every = 2.into();
+        s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
+    }, n);
+    let mut w = vec![0.0f32; n];
+    for t in 1..=2 {
+        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
+    }
+    let (before, v_before) = (w.clone(), o.tensors[0].v.decode_all());
+    let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
+    assert!(o.scalars(3, 1e-3, 1.0, true).keep_idle_v);
+    o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    let v = o.tensors[0].v.decode_all();
+    for i in 0..n {
+        let want = if i < 3 { 0.999 * v_before[i] } else { 0.001 * 1e-4 };
+        assert!((v[i] - want).abs() <= 1e-6 * want, "{i}: v {} want {want}", v[i]);
+        let moved = (before[i] - w[i]).abs();
+        assert!(moved < 2e-3, "{i}: moved {moved}, a normal step (lr 1e-3 x about 1)");
+    }
+    // m and v reset together: every element restarts (the guard only acts on v-only resets)
+    let o = opt("fp32", "fp32", |s| {
+        s.m_reset_every = 2.into();
+        s.v_reset_every = 2.into();
+        s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
+    }, n);
+    assert!(!o.scalars(3, 1e-3, 1.0, true).keep_idle_v);
+}
+
 /// The adaptive rule (Alg. 2) inside the optimizer: with v stalled entirely (fraction 1) the
 /// first decision that sees a measurement resets m and v and restarts bias correction; updates
 /// decided before need no measurement.

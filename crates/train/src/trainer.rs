@@ -336,8 +336,12 @@ impl StallWriter {
                 let total: StallCounts = counts.iter().copied().sum();
                 opt.observe(u, &total);
                 if self.spec.v_only_reset_at(u) && out.is_some() {
+                    let what = match self.spec.v_reset_idle {
+                        lowbit_optim::VResetIdle::Reset => "moved by lr * m / eps",
+                        lowbit_optim::VResetIdle::Keep => "kept their v (optim.states.v_reset_idle = \"keep\")",
+                    };
                     tracing::info!(
-                        "step {step}: v reset without m: {} of {} elements had a zero gradient and moved by lr * m / eps",
+                        "step {step}: v reset without m: {} of {} elements had a zero gradient and {what}",
                         row.zero_grad,
                         row.v.elements
                     );

@@ -135,16 +135,24 @@ impl StateFormat {
         }
     }
 
-    /// The scale kind of an fp8/fp4 state when `optim.states.scale` is unset (other formats:
-    /// `pow2`, which they ignore). Chosen by measurement (`bench/paper_formats_h200.md`; an
-    /// independent PyTorch simulation, DESIGN.md, agrees):
-    /// * FP4 (`fp4e2m1`, `fp4ue2m2`): `amax`. With `pow2`, E2M1's m cannot decay under
-    ///   round-to-nearest (0.9 x every grid point rounds back to it while the scale stays in its
-    ///   octave) and training falls ~1 nat behind FP32 states; with `amax` the block's scale
-    ///   shrinks with the block and FP4 trains level with FP32 states.
-    /// * FP8 (`fp8e4m3`, `fp8e5m2`): `pow2`. With one scale per tensor, an `amax` scale that
-    ///   moves a little every step re-rounds every element onto a shifted grid at every
-    ///   write-back (+0.09 / +0.12 nats over FP32 states in the simulation, `pow2` +0.01 / +0.03).
+    /// The scale kind of an fp8/fp4 state when `optim.states.scale` is `default`: `amax` for
+    /// FP4, `pow2` for FP8 (others: `pow2`, which they ignore). Chosen by measurement
+    /// (`bench/paper_formats_h200.md`: LLaMA-20M, FP32 model, 3000 steps, 2 seeds, final
+    /// validation loss minus FP32 states'), in the default 128-element blocks:
+    /// * FP4 (E2M1 m, unsigned E2M2 v): `amax` +0.061 / +0.023 with round-to-nearest, `pow2`
+    ///   +1.35 / +1.82. Under `pow2`, E2M1's m cannot decay (0.9 x every grid point rounds back
+    ///   to it while the block's scale stays in its octave: m stalled 97%); under `amax` the
+    ///   scale shrinks with the block and every code decays with it (m stalled by code 87%,
+    ///   yet correct). With SR both are within 0.02 of FP32 states.
+    /// * FP8 E4M3: with SR, the recommended rounding, the two are level at that shape (within
+    ///   0.005 of FP32 states), and on the 160-step CPU config (`configs/tiny_cpu.toml`, SR)
+    ///   `pow2` ends at 6.895 where `amax` ends at 7.104: an amax scale moves a little at every
+    ///   step, so SR re-rounds every element onto a shifted grid at every write-back, noise that
+    ///   a power of two (which rarely moves) does not add. With round-to-nearest `amax` is ahead
+    ///   (+0.029 / +0.016 against +0.070 / +0.075): `scale = "amax"` for nearest FP8.
+    ///
+    /// The optimizer step costs the same with either (`bench/optimizer_h200.md`: amax / pow2
+    /// 0.986 - 1.005).
     pub fn default_scale(self) -> ScaleKind {
         match self {
             StateFormat::Fp4E2M1 | StateFormat::Fp4UE2M2 => ScaleKind::Amax,

@@ -4,7 +4,8 @@
 //!   A.4, A.9): FP8 E4M3 m and v with one `amax` scale per tensor and zero kept, FP4 E2M1 m /
 //!   unsigned E2M2 v in 128-element `amax` blocks with zero excluded from v, AdamW eps 1e-6.
 //! * `blockwise`: lowbit's 128-element block storage formats with each format's default scale
-//!   kind and a zero-free v (the memory-saving formats a user would pick).
+//!   kind (FP8 pow2, FP4 amax) and a zero-free v (the memory-saving formats a user would pick):
+//!   its FP4 is then the paper's FP4 (the two kinds still run it apart).
 //! * `theory`: the stall theory's precision-only grids (FP8 = `e8m3`, FP4 = `e8m2`: FP32's
 //!   exponent, no range limit, 2 bytes per element) with AdamW eps 1e-8: the stand-in that
 //!   reproduced the paper's tables before its formats were known, as its committed results
