@@ -79,7 +79,10 @@ impl Session {
     /// folder is touched, and the model banner printed, only after all of these succeeded
     /// ([`run_folder::claim`]).
     pub fn open(launch: &Launch) -> Result<Session> {
-        let cfg = launch.config.clone();
+        let mut cfg = launch.config.clone();
+        if let Some(dir) = &launch.resume_from {
+            adopt_unrecorded_scale_kind(&mut cfg, dir)?;
+        }
         let run_dir = cfg.run_dir();
         let config_toml = cfg.to_toml();
         // the config check first: a rank with another device setting must not reach NCCL's set-up
@@ -385,6 +388,29 @@ impl Session {
         self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.stalls.as_mut())?;
         Ok(())
     }
+}
+
+/// A checkpoint written before scale kinds were recorded holds `pow2` FP8/FP4 states: with
+/// `optim.states.scale = "default"` (whose FP4 kind is now `amax`), resume it with `pow2`, said
+/// once and written to the run's `config.toml` (an explicit kind is left to the checkpoint
+/// check, which refuses a mismatch).
+fn adopt_unrecorded_scale_kind(cfg: &mut RunConfig, dir: &std::path::Path) -> Result<()> {
+    let saved = checkpoint::load_state(dir)?;
+    let states = &cfg.optim.states;
+    if !(saved.m_scale.is_empty() && saved.v_scale.is_empty()) || states.scale != lowbit_optim::ScaleChoice::Default {
+        return Ok(());
+    }
+    let spec = states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
+    let minifloat_amax = |f: lowbit_optim::StateFormat, k| f.minifloat().is_some() && k == lowbit_optim::ScaleKind::Amax;
+    if minifloat_amax(spec.m_format, spec.m_scale) || minifloat_amax(spec.v_format, spec.v_scale) {
+        tracing::info!(
+            "{}: written before scale kinds were recorded, its fp8/fp4 states have pow2 scales: resuming with \
+             optim.states.scale = \"pow2\"",
+            dir.join("state.json").display()
+        );
+        cfg.optim.states.scale = lowbit_optim::ScaleChoice::Pow2;
+    }
+    Ok(())
 }
 
 /// The scale kind a checkpoint records for a state: its name for fp8/fp4 states, empty for

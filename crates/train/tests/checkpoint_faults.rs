@@ -155,6 +155,37 @@ fn resume_is_bit_identical_with_adaptive_resets() {
     assert!(rule.cycle_start > 1, "no adaptive reset in 24 updates: {rule:?}");
 }
 
+/// A checkpoint written before scale kinds were recorded (its `state.json` without `m_scale` /
+/// `v_scale`) holds pow2 FP4 states: resumed with the default scale (now amax for FP4), it
+/// continues with pow2 (said in the run's config.toml), bit for bit as the uninterrupted pow2
+/// run; an explicit amax is refused, naming the way out.
+#[test]
+fn checkpoints_from_before_scale_kinds_resume_as_pow2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let pow2 = ["optim.states.scale=\"pow2\""];
+    let full = launch(config(d, "full", &pow2), None, None).unwrap();
+    let first = launch(config(d, "old", &pow2), None, Some(3)).unwrap();
+    let ck = checkpoint::latest(&first.run_dir).unwrap();
+    // make it an old checkpoint: no scale kinds in state.json, the manifest rewritten
+    let mut state: Value = serde_json::from_slice(&read(&ck.join("state.json"))).unwrap();
+    let o = state.as_object_mut().unwrap();
+    assert_eq!((o.remove("m_scale"), o.remove("v_scale")), (Some("pow2".into()), Some("pow2".into())));
+    std::fs::write(ck.join("state.json"), serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+    std::fs::remove_file(ck.join("manifest.json")).unwrap();
+    lowbit_train::manifest::write(&ck).unwrap();
+    // an explicit amax does not match what the checkpoint holds
+    one_line_error(
+        launch(config(d, "old", &["optim.states.scale=\"amax\""]), Some(ck.clone()), None),
+        &["state.json", "pow2 scales", "amax", "--set optim.states.scale=\"pow2\""],
+    );
+    let resumed = launch(config(d, "old", &[]), Some(ck), None).unwrap();
+    assert!(std::fs::read_to_string(resumed.run_dir.join("config.toml")).unwrap().contains("scale = \"pow2\""));
+    assert_eq!(metrics(&full.run_dir), metrics(&resumed.run_dir));
+    let (a, b) = (checkpoint::latest(&full.run_dir).unwrap(), checkpoint::latest(&resumed.run_dir).unwrap());
+    assert!(read(&a.join("optimizer.safetensors")) == read(&b.join("optimizer.safetensors")));
+}
+
 #[test]
 fn checkpoint_layout_and_retention() {
     let tmp = tempfile::tempdir().unwrap();
