@@ -38,11 +38,11 @@ cells+=("fp8_tensor_reset_mv fp8 fp8 0 amax stochastic keep auto auto periodic r
         "fp8_tensor_reset_v_keep fp8 fp8 0 amax stochastic keep 0 auto periodic keep"
         "fp8_tensor_reset_adaptive fp8 fp8 0 amax stochastic keep 0 0 adaptive reset")
 selected=("$@")
+q() { [[ $1 == auto ]] && echo '"auto"' || echo "$1"; }  # a reset period as a TOML value
 mkdir -p "$runs"
 pids=()
 for c in "${cells[@]}"; do
   read -r name m v block scale rounding zero m_reset v_reset rule idle <<<"$c"
-  q() { [[ $1 == auto ]] && echo '"auto"' || echo "$1"; }
   if (( ${#selected[@]} )) && [[ ! " ${selected[*]} " == *" $name "* ]]; then continue; fi
   RAYON_NUM_THREADS=1 "$train" --config "$config" \
     --set "run.dir=\"$runs\"" --set "run.name=\"$name\"" --set "train.seed=$seed" \

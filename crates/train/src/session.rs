@@ -80,8 +80,12 @@ impl Session {
     /// ([`run_folder::claim`]).
     pub fn open(launch: &Launch) -> Result<Session> {
         let mut cfg = launch.config.clone();
-        if let Some(dir) = &launch.resume_from {
-            adopt_unrecorded_scale_kind(&mut cfg, dir)?;
+        let resume = match &launch.resume_from {
+            Some(dir) => Some((dir, checkpoint::load_state(dir)?)),
+            None => None,
+        };
+        if let Some((dir, saved)) = &resume {
+            adopt_unrecorded_scale_kind(&mut cfg, dir, saved)?;
         }
         let run_dir = cfg.run_dir();
         let config_toml = cfg.to_toml();
@@ -136,8 +140,7 @@ impl Session {
             ranks: world as u64,
             global_batch: (cfg.train.micro_batch * cfg.train.grad_accum * world) as u64,
         };
-        if let Some(dir) = &launch.resume_from {
-            let saved = checkpoint::load_state(dir)?;
+        if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
             checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
             host.adaptive = saved.adaptive_reset.clone();
@@ -394,8 +397,7 @@ impl Session {
 /// `optim.states.scale = "default"` (whose FP4 kind is now `amax`), resume it with `pow2`, said
 /// once and written to the run's `config.toml` (an explicit kind is left to the checkpoint
 /// check, which refuses a mismatch).
-fn adopt_unrecorded_scale_kind(cfg: &mut RunConfig, dir: &std::path::Path) -> Result<()> {
-    let saved = checkpoint::load_state(dir)?;
+fn adopt_unrecorded_scale_kind(cfg: &mut RunConfig, dir: &std::path::Path, saved: &TrainState) -> Result<()> {
     let states = &cfg.optim.states;
     if !(saved.m_scale.is_empty() && saved.v_scale.is_empty()) || states.scale != lowbit_optim::ScaleChoice::Default {
         return Ok(());
