@@ -27,10 +27,10 @@ fi
 # One cargo invocation, one feature set (cuda + nccl for every crate): a second feature set
 # would build candle's CUDA kernels again (~15 min here). The test binaries' paths are read
 # from cargo's JSON messages.
-features=lowbit-optim/cuda,lowbit-model/cuda,lowbit-train/nccl
+features=lowbit-optim/cuda,lowbit-model/cuda,lowbit-train/nccl,lowbit-cli/nccl
 tests=(cuda_parity fused_parity nccl_one_rank)
-cargo build --release -p lowbit-train --features "$features"
-cargo test --release -p lowbit-optim -p lowbit-model -p lowbit-train --features "$features" \
+cargo build --release -p lowbit-cli --features "$features"
+cargo test --release -p lowbit-optim -p lowbit-model -p lowbit-train -p lowbit-cli --features "$features" \
   "${tests[@]/#/--test=}" --no-run --message-format=json > target-cuda/tests.json
 pairs=("target-cuda/release/train:train")
 for t in "${tests[@]}"; do

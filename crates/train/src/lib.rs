@@ -1,8 +1,9 @@
-//! # lowbit-train: the `train` binary's library
+//! # lowbit-train: the training library
 //!
 //! Config ([`config`]), the training loop ([`trainer`]), the optimizer glue
 //! ([`optimizer`]), run-folder files ([`run_folder`], [`metrics`], [`stall_log`], [`summary`],
-//! [`checkpoint`]), and the inspection commands ([`predict`], [`stalls_table`], [`plot`]).
+//! [`checkpoint`]) and data parallelism ([`distributed`]). The `train` binary (crate
+//! `lowbit-cli`) puts the commands, the progress bar and the plots on top.
 //!
 //! ```no_run
 //! use lowbit_train::{config::RunConfig, trainer};
@@ -11,14 +12,8 @@
 //! println!("{}", out.summary.unwrap().render());
 //! ```
 
-#[cfg(feature = "cuda")]
-pub mod bench;
-pub mod bench_data;
-#[cfg(feature = "cuda")]
-pub mod bench_training;
 pub mod checkpoint;
 pub mod config;
-pub mod config_path;
 pub mod distributed;
 #[cfg(feature = "cuda")]
 pub mod cuda_optimizer;
@@ -26,15 +21,10 @@ pub mod manifest;
 pub mod metrics;
 pub mod optimizer;
 pub mod output;
-pub mod plot;
-pub mod predict;
-pub mod reproduce;
 pub mod run_folder;
 pub mod schedule;
 pub mod session;
-pub mod signals;
 pub mod stall_log;
-pub mod stalls_table;
 pub mod step;
 pub mod summary;
 pub mod trainer;

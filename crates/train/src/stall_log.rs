@@ -7,17 +7,6 @@ use lowbit_optim::{theory, Counter, StallCounts, StatesSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Which estimator of the stalled fraction (`lowbit_optim::stalls`).
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Estimator {
-    /// lowbit's: stalled / elements with a non-zero FP32 update.
-    #[default]
-    Updated,
-    /// The paper's (arXiv:2603.16731v1, Alg. 2): entries whose stored code is unchanged / all
-    /// entries, zero gradients included.
-    Paper,
-}
-
 /// Stalled fractions of one aggregate under both estimators (null where nothing was updated,
 /// or in rows written before the paper's estimator was counted).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -44,14 +33,6 @@ impl Fractions {
             m_unchanged: c.m.unchanged_fraction(),
             v_unchanged: c.v.unchanged_fraction(),
             w_unchanged: c.w.unchanged_fraction(),
-        }
-    }
-
-    /// The (m, v, w) fractions of one estimator.
-    pub fn by(&self, e: Estimator) -> [Option<f64>; 3] {
-        match e {
-            Estimator::Updated => [self.m, self.v, self.w],
-            Estimator::Paper => [self.m_unchanged, self.v_unchanged, self.w_unchanged],
         }
     }
 }

@@ -286,11 +286,6 @@ pub fn run(launch: Launch) -> Result<Outcome> {
     let stopped_early = status == RunStatus::Interrupted;
     if !stopped_early {
         crate::outln!("{}", summary.render());
-        if s.cfg.run.plots {
-            if let Err(e) = crate::plot::plot_run(&s.run_dir) {
-                tracing::warn!("plots not written: {e:#}");
-            }
-        }
     }
     Ok(Outcome { run_dir: s.run_dir.clone(), summary: Some(summary), stopped_early })
 }

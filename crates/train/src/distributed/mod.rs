@@ -1,5 +1,5 @@
 //! Data-parallel training: one process per GPU (or CPU process), launched by
-//! `train --gpus N` ([`launcher`]) or from outside with the torchrun/SLURM environment
+//! `train --gpus N` (the `train` binary's launcher) or from outside with the torchrun/SLURM environment
 //! ([`world`]); a TCP rendezvous at `MASTER_ADDR:MASTER_PORT` ([`rendezvous`]); the
 //! collective operations the step needs ([`collective`]); the split of the global batch and
 //! of the optimizer states over ranks ([`shard`], [`zero`]).
@@ -8,7 +8,6 @@
 //! with `train.zero = 1`, step their shards of the states on the GPU ([`zero_gpu`]).
 
 pub mod collective;
-pub mod launcher;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod rendezvous;

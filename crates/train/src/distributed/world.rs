@@ -1,7 +1,7 @@
 //! Which process of a data-parallel job this is: rank, world size, local rank and the
 //! rendezvous address, read from the environment that torchrun and SLURM-style launchers set
 //! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), or set by
-//! `train --gpus N` for its workers ([`crate::distributed::launcher`]).
+//! `train --gpus N` for its workers (the `train` binary's launcher).
 
 use anyhow::{bail, Context, Result};
 use std::time::Duration;

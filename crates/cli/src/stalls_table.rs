@@ -5,13 +5,34 @@
 //! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
-use crate::metrics::read_rows;
-use crate::stall_log::{Estimator, Fractions, StallRow};
-use crate::summary::mean;
+use lowbit_train::metrics::read_rows;
+use lowbit_train::stall_log::{Fractions, StallRow};
+use lowbit_train::summary::mean;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+
+/// Which estimator of the stalled fraction (`lowbit_optim::stalls`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Estimator {
+    /// lowbit's: stalled / elements with a non-zero FP32 update.
+    #[default]
+    Updated,
+    /// The paper's (arXiv:2603.16731v1, Alg. 2): entries whose stored code is unchanged / all
+    /// entries, zero gradients included.
+    Paper,
+}
+
+impl Estimator {
+    /// The (m, v, w) fractions of this estimator.
+    pub fn of(self, f: &Fractions) -> [Option<f64>; 3] {
+        match self {
+            Estimator::Updated => [f.m, f.v, f.w],
+            Estimator::Paper => [f.m_unchanged, f.v_unchanged, f.w_unchanged],
+        }
+    }
+}
 
 /// Command-line arguments.
 #[derive(clap::Args, Debug, Clone)]
@@ -166,7 +187,7 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
     out += &head;
     out.push('\n');
     for l in &t.lines {
-        let ([lm, lv, lw], [mm, mv, mw]) = (l.latest.by(estimator), l.mean.by(estimator));
+        let ([lm, lv, lw], [mm, mv, mw]) = (estimator.of(&l.latest), estimator.of(&l.mean));
         let mut s = format!("{:<width$}", l.name);
         if show(State::M) {
             s += &format!("  {:>8}  {:>6}", cell(lm), cell(mm));
@@ -217,21 +238,21 @@ pub fn run(a: &StallsArgs) -> Result<()> {
         let t = table(&rows, a.by, a.window);
         let finished = a.run.join("summary.json").exists();
         if a.json {
-            crate::outln!("{}", serde_json::to_string(&t)?);
+            lowbit_train::outln!("{}", serde_json::to_string(&t)?);
         } else {
             if a.follow && terminal {
-                crate::out!("\x1b[2J\x1b[H"); // clear screen, cursor home
+                lowbit_train::out!("\x1b[2J\x1b[H"); // clear screen, cursor home
             } else if a.follow && !first {
-                crate::out!("\n"); // into a file or a pipe: one table after the other
+                lowbit_train::out!("\n"); // into a file or a pipe: one table after the other
             }
-            crate::out!("{}", render(&t, a.state, a.estimator, &describe(&a.run)));
+            lowbit_train::out!("{}", render(&t, a.state, a.estimator, &describe(&a.run)));
             if a.by == By::Tensor && t.lines.is_empty() {
-                crate::outln!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
+                lowbit_train::outln!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
             }
         }
         if !a.follow || finished {
             if a.follow {
-                crate::outln!("run finished");
+                lowbit_train::outln!("run finished");
             }
             return Ok(());
         }

@@ -42,20 +42,20 @@ pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, reset_period:
         if let Some(periods) = periods {
             o["reset_period"] = periods.iter().map(|&(s0, p)| (format!("{s0}"), serde_json::json!(p))).collect();
         }
-        crate::outln!("{o}");
+        lowbit_train::outln!("{o}");
         return Ok(());
     }
     match rounding {
-        Some(Rounding::Nearest) => crate::outln!("{pn:.3}"),
-        Some(Rounding::Stochastic) => crate::outln!("{ps:.3}"),
-        None => crate::outln!(
+        Some(Rounding::Nearest) => lowbit_train::outln!("{pn:.3}"),
+        Some(Rounding::Stochastic) => lowbit_train::outln!("{ps:.3}"),
+        None => lowbit_train::outln!(
             "{pn:.3}/{ps:.3}  (v stalled fraction, {} with {bits} fraction bits, b2 = {beta2}: nearest/stochastic, rho = {:.2})",
             f.name(),
             theory::rho(bits, beta2)
         ),
     }
     if let Some([(s0, p), (s1, p1), (s2, p2)]) = periods {
-        crate::outln!(
+        lowbit_train::outln!(
             "{}  (reset period K*, Prop. 5.2, s0 = {s0}; {} at s0 = {s1}, {} at s0 = {s2}; optim.states.v_reset_every = \"auto\")",
             k(p),
             k(p1),

@@ -1,7 +1,7 @@
 //! `train bench data`: speed of the data pipeline alone (shard reader, tokenizer, packing
 //! into sequences), as training reads it; CPU work, so it runs in every build.
 
-use crate::config::RunConfig;
+use lowbit_train::config::RunConfig;
 use anyhow::{Context, Result};
 use lowbit_data::{load_tokenizer, DataPosition, TrainStream};
 use std::path::Path;

@@ -3,7 +3,7 @@
 
 use lowbit_optim::{Rounding, ScaleKind, StateFormat, VZero};
 use lowbit_train::config::{RunConfig, WeightDtype};
-use lowbit_train::reproduce::*;
+use lowbit_reproduce::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

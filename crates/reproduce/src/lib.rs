@@ -47,7 +47,7 @@ pub use stats::{any_diverged, delta, evaluate_claim, loss_stat, paired_diffs, Ou
 pub use subset::{parse_seed_list, select_cells, seeds_to_run};
 
 use anyhow::{bail, Context, Result};
-use crate::run_folder::{lock_file, RunLock};
+use lowbit_train::run_folder::{lock_file, RunLock};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -168,14 +168,14 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
     }
     let (todo, held): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| a.force || file.find(&j.planned).is_none());
     if !held.is_empty() {
-        crate::errln!("reproduce: {} run(s) already in {} with the same config", held.len(), path.display());
+        lowbit_train::errln!("reproduce: {} run(s) already in {} with the same config", held.len(), path.display());
     }
     let mut failed: Vec<String> = Vec::new();
     if !a.report_only && !todo.is_empty() {
         let gpus = if todo.iter().any(|j| j.cuda) { detect_gpus() } else { vec![] };
         let at_once = a.jobs.unwrap_or(a.scale.default_jobs(gpus.len())).max(1);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        crate::errln!(
+        lowbit_train::errln!(
             "reproduce: {} run(s) of {} {} ({}), {at_once} at a time on {}, logs in <run>/train.log",
             todo.len(),
             a.table.as_str(),
@@ -189,7 +189,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         pool::run_all(&todo, &pool, |j, rec, gpu, secs| {
             finished += 1;
             let loss = rec.as_ref().and_then(|r| r.final_val_loss).map_or("-".into(), |v| format!("{v:.4}"));
-            crate::errln!(
+            lowbit_train::errln!(
                 "reproduce: [{finished}/{}] {} {} in {secs:.0}s{} (val loss {loss}), {:.0}s elapsed",
                 todo.len(),
                 j.name(a.table),
@@ -227,8 +227,8 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         let (md, info) = report_for(a, spec, kind, &seeds, &file)?;
         let out = a.out.join(kind.report_name(a.table, a.scale));
         std::fs::write(&out, &md).with_context(|| format!("cannot write {}", out.display()))?;
-        crate::outln!("{md}");
-        crate::errln!(
+        lowbit_train::outln!("{md}");
+        lowbit_train::errln!(
             "reproduce: wrote {} ({} of {} runs)",
             out.display(),
             info.runs_total - info.runs_missing.len(),

@@ -92,7 +92,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
     let specs = param_specs(&mcfg);
     let n: usize = specs.iter().map(|s| s.shape.iter().product::<usize>()).sum();
     let copy = copy_bandwidth(&cuda, 20)?;
-    crate::outln!("preset {preset}: {n} parameters in {} tensors; device copy bandwidth {copy:.0} GB/s", specs.len());
+    lowbit_train::outln!("preset {preset}: {n} parameters in {} tensors; device copy bandwidth {copy:.0} GB/s", specs.len());
     let grads: Vec<Tensor> = specs
         .iter()
         .map(|s| Tensor::randn(0f32, 1e-3, s.shape.as_slice(), &dev))

@@ -12,12 +12,12 @@
 //! `scripts/bench_training.sh` runs it beside `scripts/bench_hf_llama.py` (transformers eager
 //! and `torch.compile`) in one device command and writes `bench/training_h200.{md,json}`.
 
-use crate::config::{MatmulPrecision, RunConfig, WeightDtype};
-use crate::cuda_optimizer::{device_pool_memory, DeviceAdamW};
-use crate::optimizer::ParamSet;
-use crate::schedule::learning_rate;
-use crate::step::{train_step, Phases, StepContext};
-use crate::trainer::{build_model, param_infos};
+use lowbit_train::config::{MatmulPrecision, RunConfig, WeightDtype};
+use lowbit_train::cuda_optimizer::{device_pool_memory, DeviceAdamW};
+use lowbit_train::optimizer::ParamSet;
+use lowbit_train::schedule::learning_rate;
+use lowbit_train::step::{train_step, Phases, StepContext};
+use lowbit_train::trainer::{build_model, param_infos};
 use anyhow::{Context, Result};
 use candle_core::DType;
 use lowbit_data::{load_tokenizer, DataPosition, TrainStream};
@@ -54,7 +54,7 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
 /// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
 /// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
-    let dev = crate::trainer::device("cuda", 0)?;
+    let dev = lowbit_train::trainer::device("cuda", 0)?;
     let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
     let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mcfg = cfg.model_config(tok.vocab_size())?;
@@ -76,7 +76,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         micro_batch: cfg.train.micro_batch,
         grad_accum: cfg.train.grad_accum,
         grad_clip: cfg.optim.grad_clip,
-        comm: &crate::distributed::collective::Solo,
+        comm: &lowbit_train::distributed::collective::Solo,
     };
     let mut step = 0u64;
     let mut run = |ctx: &mut StepContext, phases: Option<&mut Phases>| -> Result<u64> {

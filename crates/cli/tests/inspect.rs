@@ -4,9 +4,10 @@
 
 use lowbit_train::config::RunConfig;
 use lowbit_train::metrics::{read_rows, MetricsRow};
-use lowbit_train::predict::{predict, reset_periods};
-use lowbit_train::stall_log::{Estimator, StallRow};
-use lowbit_train::stalls_table::{render, table, By, State};
+use lowbit_cli::predict::{predict, reset_periods};
+use lowbit_cli::stalls_table::Estimator;
+use lowbit_train::stall_log::StallRow;
+use lowbit_cli::stalls_table::{render, table, By, State};
 use lowbit_train::trainer::{self, Launch};
 use std::path::{Path, PathBuf};
 

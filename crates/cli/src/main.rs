@@ -14,8 +14,12 @@ use clap::{Args, Parser, Subcommand};
 use lowbit_optim::Rounding;
 use lowbit_train::run_folder::FolderUse;
 use lowbit_train::config::{RunConfig, RunSection};
-use lowbit_train::distributed::{self, launcher, world::World};
-use lowbit_train::{checkpoint, config_path, signals, trainer};
+use lowbit_train::distributed::{self, world::World};
+use lowbit_train::{checkpoint, trainer};
+
+use lowbit_cli::{bench_data, config_path, launcher, plot, predict, signals, stalls_table};
+#[cfg(feature = "cuda")]
+use lowbit_cli::{bench, bench_training};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -76,7 +80,7 @@ enum Cmd {
         json: bool,
     },
     /// Table of latest and running-mean stalled fractions next to the theory.
-    Stalls(lowbit_train::stalls_table::StallsArgs),
+    Stalls(stalls_table::StallsArgs),
     /// Plots of loss and stalling (SVG and PNG) for one or more runs.
     Plot {
         /// Run folders; more than one gives a comparison plot.
@@ -87,7 +91,7 @@ enum Cmd {
     },
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
     /// reproduce/<table>-<scale>-results.json and render reproduce/<table>-<scale>.md from it.
-    Reproduce(lowbit_train::reproduce::ReproduceArgs),
+    Reproduce(lowbit_reproduce::ReproduceArgs),
     /// Speed benchmarks: `train bench data`; with a CUDA build also `train bench optimizer`,
     /// `train bench training`.
     #[command(subcommand)]
@@ -206,11 +210,11 @@ fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Predict { format, beta2, rounding, reset_period, json }) => {
-            lowbit_train::predict::print(&format, beta2, rounding, reset_period, json)
+            predict::print(&format, beta2, rounding, reset_period, json)
         }
-        Some(Cmd::Stalls(args)) => lowbit_train::stalls_table::run(&args),
-        Some(Cmd::Plot { runs, out }) => lowbit_train::plot::plot_command(&runs, out.as_deref()),
-        Some(Cmd::Reproduce(args)) => lowbit_train::reproduce::run(&args),
+        Some(Cmd::Stalls(args)) => stalls_table::run(&args),
+        Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref()),
+        Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args),
         Some(Cmd::Bench(b)) => bench(b),
         None => train(cli.train),
     }
@@ -226,19 +230,17 @@ fn bench(b: BenchCmd) -> Result<()> {
         ),
         #[cfg(feature = "cuda")]
         BenchCmd::Optimizer { preset, iters, formats, weights } => {
-            use lowbit_train::bench;
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
             lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
         }
         BenchCmd::Data { config, batch, seq, batches, sets } => {
-            let tokens_per_s = lowbit_train::bench_data::data(&config, &sets, batch, seq, batches)?;
+            let tokens_per_s = bench_data::data(&config, &sets, batch, seq, batches)?;
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             lowbit_train::outln!("data pipeline: {tokens_per_s:.0} tokens/s ({batches} batches of {batch} x {seq}, {threads} CPU threads)");
         }
         #[cfg(feature = "cuda")]
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {
             sets.insert(0, format!("model.preset={preset}"));
-            use lowbit_train::bench_training;
             let cfg = bench_training::bench_config(&config, &sets, batch, micro_batch.unwrap_or(batch), seq, &dtype)?;
             let row = bench_training::training(&cfg, warmup, steps)?;
             lowbit_train::outln!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
@@ -323,7 +325,13 @@ fn train(a: TrainArgs) -> Result<()> {
         (None, true) => FolderUse::Overwrite,
         (None, false) => FolderUse::New,
     };
-    trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None, comm, local_rank: world.local_rank })?;
+    let plots = config.run.plots;
+    let out = trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None, comm, local_rank: world.local_rank })?;
+    if plots && out.summary.is_some() && !out.stopped_early {
+        if let Err(e) = plot::plot_run(&out.run_dir) {
+            tracing::warn!("plots not written: {e:#}");
+        }
+    }
     Ok(())
 }
 

@@ -8,8 +8,8 @@
 use super::paper::{cell_short, Cell, Table};
 use super::scale::Scale;
 use super::stats::{Results, RunResult};
-use crate::config::RunConfig;
-use crate::summary::Summary;
+use lowbit_train::config::RunConfig;
+use lowbit_train::summary::Summary;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

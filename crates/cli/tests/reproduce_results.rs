@@ -4,7 +4,7 @@
 //! report rendered from a results file with seed-by-seed verdicts.
 
 use lowbit_train::config::RunConfig;
-use lowbit_train::reproduce::*;
+use lowbit_reproduce::*;
 use lowbit_train::summary::Summary;
 use std::path::{Path, PathBuf};
 use std::process::Command;

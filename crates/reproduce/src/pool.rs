@@ -7,8 +7,8 @@ use super::paper::{cell_config, cell_name, Cell, Table};
 use super::results::{fingerprint, run_key, Planned, Record};
 use super::scale::{scale_overrides, Scale};
 use super::states::States;
-use crate::config::RunConfig;
-use crate::summary::Summary;
+use lowbit_train::config::RunConfig;
+use lowbit_train::summary::Summary;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -161,7 +161,7 @@ pub struct PoolSpec {
 fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
     // a run folder left by an unfinished or other run is moved aside, never mixed into; one
     // that a live run (another runner's) holds is refused
-    crate::run_folder::move_aside_unless_live(&job.run_dir)?;
+    lowbit_train::run_folder::move_aside_unless_live(&job.run_dir)?;
     std::fs::create_dir_all(&job.run_dir).with_context(|| format!("cannot create {}", job.run_dir.display()))?;
     let log = std::fs::File::create(job.run_dir.join("train.log"))?;
     let exe = std::env::current_exe().context("cannot find the current executable")?;
@@ -199,7 +199,7 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
                     running.push((j, c, Instant::now(), gpu));
                 }
                 Err(e) => {
-                    crate::errln!("reproduce: cannot start {}: {e:#}", j.run_dir.display());
+                    lowbit_train::errln!("reproduce: cannot start {}: {e:#}", j.run_dir.display());
                     done(j, None, None, 0.0)?;
                 }
             }

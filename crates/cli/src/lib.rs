@@ -1,0 +1,19 @@
+//! # lowbit-cli: the `train` binary
+//!
+//! The commands over the training library (`lowbit-train`) and the reproduction runner
+//! (`lowbit-reproduce`): `train` itself ([`launcher`] for `--gpus N`, [`signals`] for Ctrl-C
+//! and SIGTERM, [`config_path`] for bare config names), `predict` ([`predict`]), `stalls`
+//! ([`stalls_table`]), `plot` ([`plot`]), `bench data` ([`bench_data`]) and, in CUDA builds,
+//! `bench optimizer` ([`bench`]) and `bench training` ([`bench_training`]).
+
+#[cfg(feature = "cuda")]
+pub mod bench;
+pub mod bench_data;
+#[cfg(feature = "cuda")]
+pub mod bench_training;
+pub mod config_path;
+pub mod launcher;
+pub mod plot;
+pub mod predict;
+pub mod signals;
+pub mod stalls_table;
