@@ -86,7 +86,7 @@ fn bytes_moved(spec: &lowbit_optim::StatesSpec, n: usize, weight_bytes: usize) -
 /// weight dtypes in `only_weights` (empty: all); returns the copy bandwidth and the rows.
 pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weights: &[String]) -> Result<(f64, Vec<BenchRow>)> {
     let wanted = |list: &[String], x: &str| list.is_empty() || list.iter().any(|l| l == x);
-    let cuda = lowbit_optim::cuda::open_device(0).context("bench needs a CUDA device")?;
+    let cuda = lowbit_train::device::open_cuda(0).context("bench needs a CUDA device")?;
     let dev = Device::Cuda(cuda.clone());
     let mcfg = LlamaConfig::preset(preset, 32100).with_context(|| format!("unknown preset {preset}"))?;
     let specs = param_specs(&mcfg);

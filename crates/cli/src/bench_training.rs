@@ -13,11 +13,11 @@
 //! and `torch.compile`) in one device command and writes `bench/training_h200.{md,json}`.
 
 use lowbit_train::config::{MatmulPrecision, RunConfig, WeightDtype};
-use lowbit_train::cuda_optimizer::{device_pool_memory, DeviceAdamW};
+use lowbit_train::cuda_optimizer::DeviceAdamW;
 use lowbit_train::optimizer::ParamSet;
 use lowbit_train::schedule::learning_rate;
 use lowbit_train::step::{train_step, Phases, StepContext};
-use lowbit_train::trainer::{build_model, param_infos};
+use lowbit_train::session::{build_model, param_infos};
 use anyhow::{Context, Result};
 use candle_core::DType;
 use lowbit_data::{load_tokenizer, DataPosition, TrainStream};
@@ -54,7 +54,7 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
 /// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
 /// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
-    let dev = lowbit_train::trainer::device("cuda", 0)?;
+    let dev = lowbit_train::device::open("cuda", 0)?;
     let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
     let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mcfg = cfg.model_config(tok.vocab_size())?;
@@ -110,7 +110,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         backward: per_step(phases.backward),
         optimizer: per_step(phases.optimizer),
     };
-    let peak = device_pool_memory(&dev).map_or(0.0, |(_, p)| p as f64 / (1u64 << 30) as f64);
+    let peak = lowbit_train::device::memory(&dev).map_or(0.0, |(_, p)| p as f64 / (1u64 << 30) as f64);
     let n = params.num_params() - mcfg.vocab_size * mcfg.hidden_size;
     let t_len = cfg.data.seq_len;
     let flops_per_token = 6.0 * n as f64 + 12.0 * (mcfg.num_layers * mcfg.hidden_size * t_len) as f64;

@@ -2,7 +2,7 @@
 //!
 //! The commands over the training library (`lowbit-train`) and the reproduction runner
 //! (`lowbit-reproduce`): `train` itself ([`launcher`] for `--gpus N`, [`signals`] for Ctrl-C
-//! and SIGTERM, [`config_path`] for bare config names), `predict` ([`predict`]), `stalls`
+//! and SIGTERM, [`config_path`] for bare config names, [`progress`] for the bar), `predict` ([`predict`]), `stalls`
 //! ([`stalls_table`]), `plot` ([`plot`]), `bench data` ([`bench_data`]) and, in CUDA builds,
 //! `bench optimizer` ([`bench`]) and `bench training` ([`bench_training`]).
 
@@ -15,5 +15,6 @@ pub mod config_path;
 pub mod launcher;
 pub mod plot;
 pub mod predict;
+pub mod progress;
 pub mod signals;
 pub mod stalls_table;

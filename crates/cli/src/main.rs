@@ -15,9 +15,10 @@ use lowbit_optim::Rounding;
 use lowbit_train::run_folder::FolderUse;
 use lowbit_train::config::{RunConfig, RunSection};
 use lowbit_train::distributed::{self, world::World};
-use lowbit_train::{checkpoint, trainer};
+use lowbit_train::session::Launch;
+use lowbit_train::{checkpoint, run};
 
-use lowbit_cli::{bench_data, config_path, launcher, plot, predict, signals, stalls_table};
+use lowbit_cli::{bench_data, config_path, launcher, plot, predict, progress, signals, stalls_table};
 #[cfg(feature = "cuda")]
 use lowbit_cli::{bench, bench_training};
 use std::io::IsTerminal;
@@ -325,11 +326,23 @@ fn train(a: TrainArgs) -> Result<()> {
         (None, true) => FolderUse::Overwrite,
         (None, false) => FolderUse::New,
     };
-    let plots = config.run.plots;
-    let out = trainer::run(trainer::Launch { config, resume_from, folder, interrupt, stop_after: None, comm, local_rank: world.local_rank })?;
-    if plots && out.summary.is_some() && !out.stopped_early {
-        if let Err(e) = plot::plot_run(&out.run_dir) {
-            tracing::warn!("plots not written: {e:#}");
+    let (plots, max_steps) = (config.run.plots, config.train.max_steps);
+    let launch = Launch { config, resume_from, folder, interrupt, stop_after: None, comm, local_rank: world.local_rank };
+    let out = run::run(launch, &mut progress::Bar::new())?;
+    if let Some(done) = out.already_finished.filter(|_| world.rank == 0) {
+        lowbit_train::outln!(
+            "{}: already finished at step {done} (train.max_steps = {max_steps}); nothing to do (raise \
+             train.max_steps, e.g. --set train.max_steps={}, to continue it)",
+            out.run_dir.display(),
+            done * 2
+        );
+    }
+    if let Some(summary) = out.summary.as_ref().filter(|_| !out.stopped_early) {
+        lowbit_train::outln!("{}", summary.render());
+        if plots {
+            if let Err(e) = plot::plot_run(&out.run_dir) {
+                tracing::warn!("plots not written: {e:#}");
+            }
         }
     }
     Ok(())

@@ -6,8 +6,8 @@
 //!   stochastic rounding (the paper's stalling-probability figure);
 //! * `compare.{svg,png}` (several runs): validation loss and global v stalled fraction.
 
-use lowbit_train::metrics::{read_rows, MetricsRow};
-use lowbit_train::stall_log::StallRow;
+use lowbit_train::logs::metrics::{read_rows, MetricsRow};
+use lowbit_train::logs::stalls::StallRow;
 use anyhow::{Context, Result};
 use lowbit_optim::theory;
 use plotters::coord::Shift;
@@ -199,7 +199,7 @@ fn stall_panels(d: &RunData) -> Vec<Panel> {
     ["m", "v"]
         .iter()
         .map(|&state| {
-            let pick = |f: &lowbit_train::stall_log::Fractions| if state == "m" { f.m } else { f.v };
+            let pick = |f: &lowbit_train::logs::stalls::Fractions| if state == "m" { f.m } else { f.v };
             let mut series: Vec<Series> = groups
                 .iter()
                 .map(|g| Series {
@@ -214,7 +214,7 @@ fn stall_panels(d: &RunData) -> Vec<Panel> {
                 dashed: false,
             });
             // the paper's estimator (unchanged / all entries) of all tensors, where counted
-            let paper = |f: &lowbit_train::stall_log::Fractions| if state == "m" { f.m_unchanged } else { f.v_unchanged };
+            let paper = |f: &lowbit_train::logs::stalls::Fractions| if state == "m" { f.m_unchanged } else { f.v_unchanged };
             let points: Vec<(f64, f64)> = d.stalls.iter().filter_map(|r| paper(&r.frac).map(|f| (r.step as f64, f))).collect();
             if !points.is_empty() {
                 series.push(Series { name: "all, unchanged / all entries".into(), points, dashed: true });

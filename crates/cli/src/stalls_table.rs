@@ -5,9 +5,9 @@
 //! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
-use lowbit_train::metrics::read_rows;
-use lowbit_train::stall_log::{Fractions, StallRow};
-use lowbit_train::summary::mean;
+use lowbit_train::logs::metrics::read_rows;
+use lowbit_train::logs::stalls::{Fractions, StallRow};
+use lowbit_train::logs::summary::mean;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;

@@ -3,12 +3,13 @@
 //! and determinism of the logs (same seed and config: identical stalls.jsonl and losses).
 
 use lowbit_train::config::RunConfig;
-use lowbit_train::metrics::{read_rows, MetricsRow};
+use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_cli::predict::{predict, reset_periods};
 use lowbit_cli::stalls_table::Estimator;
-use lowbit_train::stall_log::StallRow;
+use lowbit_train::logs::stalls::StallRow;
 use lowbit_cli::stalls_table::{render, table, By, State};
-use lowbit_train::trainer::{self, Launch};
+use lowbit_train::run::{self, Logs};
+use lowbit_train::session::Launch;
 use std::path::{Path, PathBuf};
 
 mod common;
@@ -124,7 +125,7 @@ fn tiny_run(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, base_toml(&dir.join("runs"), name)).unwrap();
     let config = RunConfig::load(&path, &[]).unwrap();
-    trainer::run(Launch::new(config)).unwrap().run_dir
+    run::run(Launch::new(config), &mut Logs).unwrap().run_dir
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use lowbit_train::config::RunConfig;
 use lowbit_reproduce::*;
-use lowbit_train::summary::Summary;
+use lowbit_train::logs::summary::Summary;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -72,7 +72,7 @@ fn fingerprint_ignores_the_runs_folder_only() {
 fn committed_results_match_todays_configs() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reproduce");
     let mut checked = 0;
-    for table in [Table::Fp32Model, Table::Bf16Model] {
+    for table in [Table::Fp32Model, Table::Bf16Model, Table::ResetPolicies] {
         for scale in [Scale::Smoke, Scale::H200] {
             let file = ResultsFile::load(&dir.join(results_name(table, scale)), table, scale).unwrap();
             let spec = PlanSpec { table, scale, configs: &configs(), runs_root: Path::new("/tmp/runs"), extra: &[] };
@@ -88,7 +88,7 @@ fn committed_results_match_todays_configs() {
             }
         }
     }
-    assert!(checked >= 66, "{checked} records checked: the h200 results files are committed");
+    assert!(checked >= 66 + 40 + 18, "{checked} records checked: the h200 results files are committed");
 }
 
 #[test]
@@ -310,7 +310,7 @@ fn report_only_renders_from_the_merged_results_file() {
     assert!(md.contains("1 record(s) of the results file with another config"), "{md}");
     let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert!(row.contains("| 5.9750 ± 0.1061 | 2 |"), "{row}");
-    assert!(row.contains("| 0.250 / 0.970 | 0.989 |"), "{row}");
+    assert!(row.contains("| 0.250 / 0.970 | 0.400 / 0.980 | 0.989 |"), "both estimators beside the theory: {row}");
     let claim = md.lines().find(|l| l.contains("SR helps fp8 states")).unwrap();
     assert!(claim.contains("| s0 -0.0500, s1 +0.0200 |") && claim.contains("| 1/2 | **mixed** |"), "{claim}");
     let claim = md.lines().find(|l| l.contains("SR + resets below plain, fp8")).unwrap();
@@ -321,6 +321,41 @@ fn report_only_renders_from_the_merged_results_file() {
     assert!(!ok && err.contains("--cells: \"fp9\""), "{err}");
     let (ok, _, err) = train(&["reproduce", "--table", "fp32-model", "--scale", "smoke", "--merge", "nowhere"], tmp.path());
     assert!(!ok && err.contains("--merge nowhere: no such folder"), "{err}");
+}
+
+/// Table 6 (reset policies) reads the cells it shares with the main table (FP32 plain, FP8
+/// plain / SR / SR + symmetric resets) from the main table's results file: they are not run
+/// twice, its own file takes their records, and only its two policies are left to run.
+#[test]
+fn reset_policies_borrow_the_main_tables_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfgs, runs) = (configs(), tmp.path().join("runs"));
+    let main = plan(smoke(Table::Bf16Model, &cfgs, &runs), States::Paper, &cells(Table::Bf16Model), &[0]).unwrap();
+    let committed = tmp.path().join("committed");
+    std::fs::create_dir_all(&committed).unwrap();
+    let mut file = ResultsFile::new(Table::Bf16Model, Scale::Smoke);
+    for (i, j) in main.iter().enumerate() {
+        let k = &j.planned.key;
+        file.upsert(record(&k.states, &k.cell, k.seed, &j.planned.fingerprint, 6.0 + 0.01 * i as f64));
+    }
+    file.save(&committed.join("bf16-model-smoke-results.json")).unwrap();
+    let out = tmp.path().join("out");
+    let args = [
+        "reproduce", "--table", "reset-policies", "--scale", "smoke", "--report-only", "--seed-list", "0",
+        "--configs", cfgs.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
+        "--out", out.to_str().unwrap(), "--merge", committed.to_str().unwrap(),
+    ];
+    let (ok, md, err) = train(&args, tmp.path());
+    assert!(ok, "{err}");
+    let own = ResultsFile::load(&out.join("reset-policies-smoke-results.json"), Table::ResetPolicies, Scale::Smoke).unwrap();
+    let cells_held: Vec<&str> = own.runs.iter().map(|r| r.cell.as_str()).collect();
+    assert_eq!(cells_held, ["fp8_plain", "fp8_sr", "fp8_sr_reset", "fp32_plain"], "the shared cells, and only those");
+    assert!(md.contains("Reproduction of the paper's Table 6 (FP8 reset policies, BF16 model)"), "{md}");
+    assert!(md.contains("4 of 6 runs (6 cells x seed 0)"), "{md}");
+    assert!(md.contains("llama100m_fp8_sr_reset_v-s0, llama100m_fp8_sr_adaptive-s0"), "the policies are left to run: {md}");
+    let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
+    assert!(row.contains("| 3.223 |"), "Table 6's symmetric policy: {row}");
+    assert!(md.contains("| SR + v resets only | — | — | — (3.212) |"), "{md}");
 }
 
 /// Two commands through the real runner (2-step runs of one cell on the CPU): each merges its

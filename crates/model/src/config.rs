@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
 
+/// Standard deviation of the normal init of embeddings and linear weights
+/// (HF `initializer_range`, written into the exported `config.json`).
+pub const INIT_STD: f64 = 0.02;
+
 fn default_rms_norm_eps() -> f64 {
     1e-6
 }
@@ -214,7 +218,7 @@ impl LlamaConfig {
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "hidden_act": "silu",
-            "initializer_range": crate::init::INIT_STD,
+            "initializer_range": INIT_STD,
             "attention_bias": false,
             "attention_dropout": 0.0,
             "mlp_bias": false,

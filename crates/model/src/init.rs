@@ -11,11 +11,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use crate::config::LlamaConfig;
-
-/// Standard deviation of the normal init of embeddings and linear weights
-/// (HF `initializer_range`).
-pub const INIT_STD: f64 = 0.02;
+use crate::config::{LlamaConfig, INIT_STD};
 
 /// How a tensor is initialised.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -64,11 +64,13 @@ pub mod loss;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod training_pass;
 
-pub use config::LlamaConfig;
+pub use config::{LlamaConfig, INIT_STD};
 pub use error::ModelError;
 pub use groups::{param_group, try_param_group, ParamGroup};
-pub use init::{init_params, param_specs, ParamSpec, INIT_STD};
+pub use init::{init_params, param_specs, ParamSpec};
 pub use kernels::Kernels;
-pub use llama::{Llama, TrainingPass};
+pub use llama::Llama;
+pub use training_pass::TrainingPass;
 pub use loss::{masked_cross_entropy, masked_cross_entropy_with};

@@ -1,6 +1,5 @@
 //! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head.
 
-use candle_core::backprop::GradStore;
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
@@ -51,7 +50,7 @@ pub struct Llama {
     pub(crate) rope: Rope,
     mask: Tensor,
     device: Device,
-    kernels: Kernels,
+    pub(crate) kernels: Kernels,
 }
 
 impl Llama {
@@ -121,7 +120,7 @@ impl Llama {
         self.norm.forward_with(&x, k)
     }
 
-    fn check_seq_len(&self, t: usize) -> Result<()> {
+    pub(crate) fn check_seq_len(&self, t: usize) -> Result<()> {
         if t > self.cfg.max_seq_len {
             candle_core::bail!("sequence length {t} exceeds max_seq_len {}", self.cfg.max_seq_len);
         }
@@ -153,21 +152,6 @@ impl Llama {
         self.loss_with(input, target, mask, false)
     }
 
-    /// The forward pass for training on `scale` times [`Llama::loss`]; its
-    /// [`TrainingPass::backward`] gives the gradient of every weight. With [`Kernels::Fused`]
-    /// (and as many key/value heads as query heads) the backward is explicit, without
-    /// candle's autograd graph (`crate::fused::train`: each gradient is written once instead
-    /// of zero-filled and added per graph edge); otherwise it is `loss.backward()`.
-    pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, scale: f64) -> Result<TrainingPass<'_>> {
-        #[cfg(feature = "cuda")]
-        if self.kernels == Kernels::Fused && self.cfg.num_kv_heads == self.cfg.num_heads {
-            self.check_seq_len(input.dim(1)?)?;
-            return Ok(TrainingPass(Pass::Explicit(crate::fused::train::Forward::run(self, input, target, mask, scale)?)));
-        }
-        let loss = self.loss(input, target, mask)?.affine(scale, 0.0)?;
-        Ok(TrainingPass(Pass::Autograd(loss, std::marker::PhantomData)))
-    }
-
     fn loss_with(&self, input: &Tensor, target: &Tensor, mask: &Tensor, train: bool) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
@@ -184,35 +168,5 @@ impl Llama {
     /// Position `t` only sees tokens `0..=t`.
     pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
         linear(&self.forward_hidden(input)?, &self.lm_head)
-    }
-}
-
-/// A forward pass for training ([`Llama::training_pass`]).
-pub struct TrainingPass<'a>(Pass<'a>);
-
-enum Pass<'a> {
-    Autograd(Tensor, std::marker::PhantomData<&'a Llama>),
-    #[cfg(feature = "cuda")]
-    Explicit(crate::fused::train::Forward<'a>),
-}
-
-impl TrainingPass<'_> {
-    /// `scale` times the mean loss: F32 scalar (tracked by autograd only on the autograd path).
-    pub fn loss(&self) -> &Tensor {
-        match &self.0 {
-            Pass::Autograd(loss, _) => loss,
-            #[cfg(feature = "cuda")]
-            Pass::Explicit(f) => &f.loss,
-        }
-    }
-
-    /// The gradient of [`TrainingPass::loss`] for every weight, keyed by the weight tensors
-    /// as `Tensor::backward` keys them (the weights' dtype).
-    pub fn backward(self) -> Result<GradStore> {
-        match self.0 {
-            Pass::Autograd(loss, _) => loss.backward(),
-            #[cfg(feature = "cuda")]
-            Pass::Explicit(f) => f.backward(),
-        }
     }
 }

@@ -2,18 +2,9 @@
 
 use crate::format::scale::ScaleKind;
 use crate::format::{Rounding, StateFormat};
+use crate::reset::{reset_at, BiasCorrection};
 use crate::theory;
 use serde::{Deserialize, Serialize};
-
-/// When the bias-correction counter starts again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BiasCorrection {
-    /// `t` counts steps since the state's last reset (default; a reset state is a fresh Adam).
-    Restart,
-    /// `t` counts steps since the start of training, ignoring resets.
-    Continue,
-}
 
 /// Whether a block-scaled second moment may decode to 0 in a non-zero block (DESIGN.md,
 /// "Second moment without zero"; the zero-point problem of Li et al., "Memory Efficient
@@ -373,7 +364,7 @@ impl StatesSpec {
     /// both).
     pub fn v_only_reset_at(&self, step: u64) -> bool {
         let bc = self.bias_correction;
-        crate::reset::reset_at(step, self.v_reset_every, bc).0 && !crate::reset::reset_at(step, self.m_reset_every, bc).0
+        reset_at(step, self.v_reset_every, bc).0 && !reset_at(step, self.m_reset_every, bc).0
     }
 }
 

@@ -16,7 +16,6 @@ use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
 use crate::optimizer::LowbitAdamW;
 use crate::stalls::{Counter, StallCounts};
-use candle_core::backend::BackendDevice;
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use std::sync::Arc;
@@ -206,39 +205,6 @@ fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static
         );
     }
     Ok((kernel_format(m), kernel_format(v)))
-}
-
-/// Open CUDA device `ordinal` for training with these kernels. Candle runs every operation
-/// on one stream, so cudarc's cross-stream event tracking (an event record and a stream wait
-/// per kernel argument) is pure host overhead; it is switched off before any buffer exists.
-pub fn open_device(ordinal: usize) -> Result<CudaDevice> {
-    let dev = CudaDevice::new(ordinal)?;
-    // SAFETY: nothing has been allocated on this device yet, and candle and these kernels
-    // use the device's single stream, so no cross-stream synchronisation is needed.
-    unsafe { dev.disable_event_tracking() };
-    keep_pool_memory(&dev)?;
-    Ok(dev)
-}
-
-/// Lets the device's default memory pool (which candle allocates from, stream-ordered) keep
-/// the memory a step frees instead of returning it to the driver at every synchronisation
-/// (the pool's default release threshold is 0): the next step reuses those blocks without
-/// mapping pages again, as PyTorch's caching allocator does. Measured on the H200
-/// (LLaMA-100M, batch 128 x 256): 69.1k -> 75.3k tokens/s with FP32 weights, 276k -> 321k
-/// with BF16 (`bench/training_h200.md`).
-fn keep_pool_memory(dev: &CudaDevice) -> Result<()> {
-    use candle_core::cuda::cudarc::driver::{result, sys};
-    let ctx = dev.cuda_stream().context().clone();
-    ctx.bind_to_thread().map_err(err)?;
-    // SAFETY: the context is bound; the release threshold attribute is a u64 (cuuint64_t).
-    unsafe {
-        let pool = result::device::get_default_mem_pool(ctx.cu_device()).map_err(err)?;
-        let mut v = u64::MAX;
-        sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut v as *mut u64 as *mut std::ffi::c_void)
-            .result()
-            .map_err(err)?;
-    }
-    Ok(())
 }
 
 /// Device address of the first element of `t` (contiguous, on a CUDA device, start offset

@@ -50,8 +50,9 @@ pub mod stalls;
 pub mod state;
 pub mod theory;
 
-pub use config::{BiasCorrection, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
+pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;
+pub use reset::BiasCorrection;

@@ -8,9 +8,18 @@
 //! Adaptive ([`AdaptiveReset`], Alg. 2): m and v reset together when the stalling measured in
 //! the current cycle says the cycle has aged enough.
 
-use crate::config::BiasCorrection;
 use crate::theory::reset_threshold;
 use serde::{Deserialize, Serialize};
+
+/// When the bias-correction counter starts again after a reset (`optim.states.bias_correction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BiasCorrection {
+    /// `t` counts steps since the state's last reset (default; a reset state is a fresh Adam).
+    Restart,
+    /// `t` counts steps since the start of training, ignoring resets.
+    Continue,
+}
 
 /// Whether to reset before step `step` (1-based) and the bias-correction counter to use.
 ///

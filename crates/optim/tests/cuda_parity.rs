@@ -28,7 +28,7 @@ use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesCon
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
 fn gpu() -> Device {
-    Device::Cuda(lowbit_optim::cuda::open_device(0).unwrap_or_else(|e| panic!("cuda_parity needs a CUDA GPU: {e}")))
+    Device::new_cuda(0).unwrap_or_else(|e| panic!("cuda_parity needs a CUDA GPU: {e}"))
 }
 
 /// Deterministic pseudo-normal values with edge cases sprinkled in.

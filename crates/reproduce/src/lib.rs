@@ -2,7 +2,7 @@
 //! as a markdown table beside the paper's numbers.
 //!
 //! ```text
-//! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full
+//! train reproduce --table bf16-model|fp32-model|reset-policies --scale smoke|h200|full
 //!                 [--cells LIST] [--seeds N | --seed-list LIST] [--states paper|blockwise|theory|all]
 //!                 [--jobs N] [--set section.key=value ...] [--configs DIR] [--out DIR]
 //!                 [--merge DIR] [--runs DIR] [--force] [--report-only]
@@ -10,7 +10,8 @@
 //!
 //! A cell is one config file (`configs/llama100m_<states>_<fix>.toml` for the BF16-model main
 //! table, `configs/fp32_model/llama100m_f32model_<states>_<fix>.toml` for the FP32-model
-//! Table 2: [`paper`]), run at a *scale* ([`scale`]: `full` runs the file as written, `smoke`
+//! Table 2, `configs/reset_policies/` for Table 6's policies that the main table lacks:
+//! [`paper`]), run at a *scale* ([`scale`]: `full` runs the file as written, `smoke`
 //! and `h200` add `--set`-style overrides that shrink the run and set its reset periods) on a
 //! states kind ([`states`]: the paper's own formats as the config files hold them, lowbit's
 //! block storage formats, or the stall theory's precision-only grids). Each (cell, seed) is a
@@ -67,7 +68,9 @@ the next command. reproduce/README.md has the plan for the h200 tables.";
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_long_help = RESULTS_HELP)]
 pub struct ReproduceArgs {
-    /// Which table: the main table (BF16 model) or Table 2 (FP32 model).
+    /// Which table: the main table (BF16 model), Table 2 (FP32 model) or Table 6 (FP8 reset
+    /// policies, BF16 model; its cells shared with the main table are read from the main
+    /// table's results file, so run that one first).
     #[arg(long, value_enum)]
     pub table: Table,
     /// smoke (tiny model, bundled CPU sample, minutes), h200 (LLaMA-20M on the shared corpus,
@@ -123,9 +126,10 @@ pub struct ReproduceArgs {
 }
 
 /// The results file of `--out`, merged over the one in `--merge` (the `--out` records win),
-/// and the lock this command holds on it until it ends (`<file>.lock`): a second `train
-/// reproduce` on the same table, scale and `--out` is refused up front instead of splitting
-/// the cells with this one and overwriting its records.
+/// with the records of the cells it shares with [`Table::borrows_from`]'s table taken from
+/// that table's files; and the lock this command holds on it until it ends (`<file>.lock`): a
+/// second `train reproduce` on the same table, scale and `--out` is refused up front instead
+/// of splitting the cells with this one and overwriting its records.
 fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile, RunLock)> {
     let name = results_name(a.table, a.scale);
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create --out {}", a.out.display()))?;
@@ -139,14 +143,30 @@ fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile, RunLock)> {
         )
     };
     let lock = lock_file(&path.with_extension("json.lock"), busy)?;
-    let file = ResultsFile::load(&path, a.table, a.scale)?;
-    let Some(dir) = &a.merge else { return Ok((path, file, lock)) };
+    let mut file = read_merged(a, a.table)?;
+    if let Some(source) = a.table.borrows_from() {
+        let shared: Vec<String> = cells(a.table).iter().map(cell_short).collect();
+        for r in read_merged(a, source)?.runs {
+            if shared.contains(&r.cell) {
+                file.upsert(r);
+            }
+        }
+    }
+    Ok((path, file, lock))
+}
+
+/// The results file of `table` at `--scale` in `--out`, merged over the one in `--merge`
+/// (the `--out` records win); an empty file where neither exists.
+fn read_merged(a: &ReproduceArgs, table: Table) -> Result<ResultsFile> {
+    let name = results_name(table, a.scale);
+    let file = ResultsFile::load(&a.out.join(&name), table, a.scale)?;
+    let Some(dir) = &a.merge else { return Ok(file) };
     if !dir.is_dir() {
         bail!("--merge {}: no such folder", dir.display());
     }
-    let mut merged = ResultsFile::load(&dir.join(&name), a.table, a.scale)?;
+    let mut merged = ResultsFile::load(&dir.join(&name), table, a.scale)?;
     merged.merge(file);
-    Ok((path, merged, lock))
+    Ok(merged)
 }
 
 /// `train reproduce`: the selected runs of every state kind asked for (a run shared by two
@@ -259,6 +279,16 @@ fn report_for(
         candidates.into_iter().filter(|s| seeds.contains(s) || all.iter().filter(found).any(|j| j.planned.key.seed == *s)).collect();
     let jobs: Vec<&Job> = all.iter().filter(|j| shown.contains(&j.planned.key.seed)).collect();
     let planned: Vec<Planned> = jobs.iter().map(|j| j.planned.clone()).collect();
+    let kinds = if kind == States::Paper {
+        let mut v = Vec::new();
+        for k in [States::Paper, States::Blockwise, States::Theory] {
+            let p: Vec<Planned> = plan(spec, k, &cells(a.table), &shown)?.into_iter().map(|j| j.planned).collect();
+            v.push((k.as_str(), file.results(&p)));
+        }
+        v
+    } else {
+        vec![]
+    };
     let first = jobs.iter().find_map(|j| file.find(&j.planned));
     let stale = file
         .runs
@@ -278,6 +308,7 @@ fn report_for(
         tokens_per_run: first.map(|r| r.tokens),
         scale_text: scale_description(a.scale),
         states_text: kind.description(),
+        kinds,
     };
     Ok((render(a.table, a.scale, &file.results(&planned), &info), info))
 }

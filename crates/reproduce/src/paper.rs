@@ -1,13 +1,13 @@
-//! The paper's two loss tables: their cells (state format x fix), the config file of each
-//! cell, the published final validation losses, and the orderings the paper claims.
+//! The paper's loss tables: their cells (state format x fix), the config file of each cell,
+//! the published final validation losses, and the orderings the paper claims.
 //!
 //! Numbers from Topollai & Choromanska (2026), as DESIGN.md ("The run") quotes them:
 //! the main table (BF16 model) publishes plain and SR + resets per format; Table 2 (FP32
-//! model) publishes every cell.
+//! model) publishes every cell; Table 6 (FP8 reset policies, BF16 model) the three policies.
 
 use std::path::{Path, PathBuf};
 
-/// One of the paper's two loss tables.
+/// One of the paper's loss tables.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Table {
     /// Main table: BF16 weights and activations, plain AdamW -> SR + resets.
@@ -16,6 +16,11 @@ pub enum Table {
     /// Table 2: FP32 model, states x {nearest, SR, resets, SR + resets}.
     #[value(name = "fp32-model")]
     Fp32Model,
+    /// Table 6: FP8 reset policies with SR, BF16 model (symmetric, v only, adaptive), beside
+    /// FP8 plain and SR alone and FP32 states. Its cells shared with the main table are the
+    /// main table's runs ([`Table::borrows_from`]).
+    #[value(name = "reset-policies")]
+    ResetPolicies,
 }
 
 impl Table {
@@ -24,6 +29,7 @@ impl Table {
         match self {
             Table::Bf16Model => "bf16-model",
             Table::Fp32Model => "fp32-model",
+            Table::ResetPolicies => "reset-policies",
         }
     }
     /// The table's name in the paper, for report titles.
@@ -31,6 +37,23 @@ impl Table {
         match self {
             Table::Bf16Model => "main table (BF16 model)",
             Table::Fp32Model => "Table 2 (FP32 model)",
+            Table::ResetPolicies => "Table 6 (FP8 reset policies, BF16 model)",
+        }
+    }
+    /// Whether the table's runs train a BF16 model (weights and activations).
+    pub fn bf16_model(self) -> bool {
+        self != Table::Fp32Model
+    }
+    /// The table whose runs this one shares: a cell of both, with the same config, is run
+    /// once and its record read from that table's results file.
+    pub fn borrows_from(self) -> Option<Table> {
+        (self == Table::ResetPolicies).then_some(Table::Bf16Model)
+    }
+    /// The fixes of the table's cells, in report order (the grid's rows).
+    pub fn fixes(self) -> Vec<Fix> {
+        match self {
+            Table::ResetPolicies => vec![Fix::Plain, Fix::Sr, Fix::SrReset, Fix::SrResetV, Fix::SrAdaptive],
+            _ => Fix::ALL.to_vec(),
         }
     }
 }
@@ -82,12 +105,17 @@ pub enum Fix {
     Sr,
     /// Round-to-nearest, m and v reset periodically.
     Reset,
-    /// Stochastic rounding and resets.
+    /// Stochastic rounding and resets (Table 6's symmetric policy: m and v every period).
     SrReset,
+    /// Stochastic rounding, v reset every period, m never (Table 6's asymmetric policy).
+    SrResetV,
+    /// Stochastic rounding, m and v reset by the adaptive rule (paper Alg. 2,
+    /// `optim.states.reset = "adaptive"`).
+    SrAdaptive,
 }
 
 impl Fix {
-    /// Every fix, in report order.
+    /// The fixes of the main table and Table 2, in report order.
     pub const ALL: [Fix; 4] = [Fix::Plain, Fix::Sr, Fix::Reset, Fix::SrReset];
     /// Lower-case name (`sr_reset`), as in config file names and `--cells`.
     pub fn as_str(self) -> &'static str {
@@ -96,6 +124,8 @@ impl Fix {
             Fix::Sr => "sr",
             Fix::Reset => "reset",
             Fix::SrReset => "sr_reset",
+            Fix::SrResetV => "sr_reset_v",
+            Fix::SrAdaptive => "sr_adaptive",
         }
     }
     /// The row label in reports.
@@ -105,11 +135,21 @@ impl Fix {
             Fix::Sr => "SR",
             Fix::Reset => "resets",
             Fix::SrReset => "SR + resets",
+            Fix::SrResetV => "SR + v resets only",
+            Fix::SrAdaptive => "SR + adaptive resets",
         }
     }
-    /// Whether the cell resets m and v periodically.
-    pub fn resets(self) -> bool {
-        matches!(self, Fix::Reset | Fix::SrReset)
+    /// Whether the cell writes back with stochastic rounding.
+    pub fn stochastic(self) -> bool {
+        matches!(self, Fix::Sr | Fix::SrReset | Fix::SrResetV | Fix::SrAdaptive)
+    }
+    /// Periods `(m, v)` of the cell's periodic resets, given the format's period `k` (0: never).
+    pub fn reset_periods(self, k: u64) -> (u64, u64) {
+        match self {
+            Fix::Reset | Fix::SrReset => (k, k),
+            Fix::SrResetV => (0, k),
+            Fix::Plain | Fix::Sr | Fix::SrAdaptive => (0, 0),
+        }
     }
 }
 
@@ -118,9 +158,14 @@ pub type Cell = (Fmt, Fix);
 
 /// The cells of a table, in report order. The BF16-model table has the paper's 3 formats x 4
 /// fixes plus FP32 states (plain) as the reference; Table 2 has FP32 states with nearest and
-/// resets only, as the paper.
+/// resets only, as the paper; Table 6 has FP32 states and FP8 with every fix of
+/// [`Table::fixes`] but resets without SR.
 pub fn cells(table: Table) -> Vec<Cell> {
     let mut v = vec![(Fmt::Fp32, Fix::Plain)];
+    if table == Table::ResetPolicies {
+        v.extend(table.fixes().into_iter().map(|x| (Fmt::Fp8, x)));
+        return v;
+    }
     if table == Table::Fp32Model {
         v.push((Fmt::Fp32, Fix::Reset));
     }
@@ -140,7 +185,7 @@ pub fn cell_short(&(f, x): &Cell) -> String {
 /// The cell's name (= its config file stem).
 pub fn cell_name(table: Table, cell: Cell) -> String {
     match table {
-        Table::Bf16Model => format!("llama100m_{}", cell_short(&cell)),
+        Table::Bf16Model | Table::ResetPolicies => format!("llama100m_{}", cell_short(&cell)),
         Table::Fp32Model => format!("llama100m_f32model_{}", cell_short(&cell)),
     }
 }
@@ -148,9 +193,10 @@ pub fn cell_name(table: Table, cell: Cell) -> String {
 /// The cell's config file under the configs folder.
 pub fn cell_config(configs: &Path, table: Table, cell: Cell) -> PathBuf {
     let file = format!("{}.toml", cell_name(table, cell));
-    match table {
-        Table::Bf16Model => configs.join(file),
-        Table::Fp32Model => configs.join("fp32_model").join(file),
+    match (table, cell.1) {
+        (_, Fix::SrResetV | Fix::SrAdaptive) => configs.join("reset_policies").join(file),
+        (Table::Bf16Model | Table::ResetPolicies, _) => configs.join(file),
+        (Table::Fp32Model, _) => configs.join("fp32_model").join(file),
     }
 }
 
@@ -183,6 +229,12 @@ pub fn paper_loss(table: Table, (f, x): Cell) -> Option<f64> {
             (Fp4, Sr) => Some(3.182),
             (Fp4, Reset) => Some(3.166),
             (Fp4, SrReset) => Some(3.160),
+            _ => None,
+        },
+        Table::ResetPolicies => match (f, x) {
+            (Fp8, SrReset) => Some(3.223),
+            (Fp8, SrResetV) => Some(3.212),
+            (Fp8, SrAdaptive) => Some(3.225),
             _ => None,
         },
     }
@@ -222,6 +274,16 @@ pub struct Claim {
 pub fn claims(table: Table) -> Vec<Claim> {
     let below = |text: String, lhs: Cell, rhs: Cell| Claim { text, lhs, rhs, relation: Relation::Below };
     let mut v = Vec::new();
+    if table == Table::ResetPolicies {
+        let fp8 = |x: Fix| (Fmt::Fp8, x);
+        v.push(below("v resets only below symmetric resets".into(), fp8(Fix::SrResetV), fp8(Fix::SrReset)));
+        v.push(below("v resets only below adaptive resets".into(), fp8(Fix::SrResetV), fp8(Fix::SrAdaptive)));
+        for x in [Fix::SrReset, Fix::SrResetV, Fix::SrAdaptive] {
+            v.push(below(format!("{} below SR alone", x.label()), fp8(x), fp8(Fix::Sr)));
+        }
+        v.push(below("SR + resets below plain, fp8 states".into(), fp8(Fix::SrReset), fp8(Fix::Plain)));
+        return v;
+    }
     for f in Fmt::LOW {
         let text = format!("SR + resets below plain, {} states", f.as_str());
         v.push(below(text, (f, Fix::SrReset), (f, Fix::Plain)));

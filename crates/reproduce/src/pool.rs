@@ -8,7 +8,7 @@ use super::results::{fingerprint, run_key, Planned, Record};
 use super::scale::{scale_overrides, Scale};
 use super::states::States;
 use lowbit_train::config::RunConfig;
-use lowbit_train::summary::Summary;
+use lowbit_train::logs::summary::Summary;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -32,6 +32,9 @@ pub struct RunInfo {
     pub scale_text: String,
     /// What the FP8/FP4 cells store their states in ([`super::States::description`]).
     pub states_text: String,
+    /// The results of every states kind (label, results over the same seeds), for the section
+    /// that compares them cell by cell; empty: no such section.
+    pub kinds: Vec<(&'static str, Results)>,
 }
 
 fn opt(x: Option<f64>, digits: usize) -> String {
@@ -106,14 +109,12 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
         w,
         "Paper: LLaMA-100M on C4, {} (DESIGN.md). Losses are final validation losses (nats/token); \
          ours are seed means{}; deltas are paired by seed (same initialisation and data order). \
-         Stalled fractions (m, v and, for BF16 weights, w) are means over the second half of each run; \
-         the theory is the paper's for v (`lowbit_optim::theory`, b2 = 0.999, the run's v format and \
-         rounding). Ours and the paper's are different models and data: compare deltas and orderings, \
-         not absolute losses.\n",
-        match table {
-            Table::Bf16Model => "BF16 weights and activations",
-            Table::Fp32Model => "FP32 weights and activations",
-        },
+         Stalled fractions (m, v and, for BF16 weights, w) are means over the second half of each run, \
+         under lowbit's estimator (stored code unchanged / elements with a non-zero update) and the \
+         paper's (Alg. 2: unchanged / all entries, zero-gradient entries included); the theory is the \
+         paper's for v (`lowbit_optim::theory`, b2 = 0.999, the run's v format and rounding). Ours and \
+         the paper's are different models and data: compare deltas and orderings, not absolute losses.\n",
+        if table.bf16_model() { "BF16 weights and activations" } else { "FP32 weights and activations" },
         if info.seeds.len() > 1 { " ± sample standard deviation over seeds" } else { "" }
     );
 }
@@ -122,10 +123,10 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
     let _ = writeln!(w, "## Final validation loss per cell\n");
     let _ = writeln!(
         w,
-        "| states | fix | paper | ours | seeds | Δ vs plain (paper) | Δ vs plain (ours) | Δ vs fp32 states (paper) | Δ vs fp32 states (ours) | stalled {} (ours) | theory v |",
-        if table == Table::Bf16Model { "m / v / w" } else { "m / v" }
+        "| states | fix | paper | ours | seeds | Δ vs plain (paper) | Δ vs plain (ours) | Δ vs fp32 states (paper) | Δ vs fp32 states (ours) | stalled {} (ours) | paper's estimator m / v | theory v |",
+        if table.bf16_model() { "m / v / w" } else { "m / v" }
     );
-    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let base32 = (Fmt::Fp32, Fix::Plain);
     for c in cells(table) {
         let (f, x) = c;
@@ -136,17 +137,13 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
         };
         let vs_plain = if x == Fix::Plain { "—".into() } else { opt_stat(delta(r, c, plain), true) };
         let vs_32 = if c == base32 { "—".into() } else { opt_stat(delta(r, c, base32), true) };
-        let stall = [run_stat(r, c, |x| x.stall_m), run_stat(r, c, |x| x.stall_v), run_stat(r, c, |x| x.stall_w)];
-        let stall = if stall.iter().all(Option::is_none) {
-            "—".to_string()
-        } else {
-            let n = if table == Table::Bf16Model { 3 } else { 2 };
-            stall[..n].iter().map(|s| opt(s.map(|s| s.mean), 3)).collect::<Vec<_>>().join(" / ")
-        };
+        let n = if table.bf16_model() { 3 } else { 2 };
+        let stall = fractions(&[run_stat(r, c, |x| x.stall_m), run_stat(r, c, |x| x.stall_v), run_stat(r, c, |x| x.stall_w)][..n]);
+        let unchanged = fractions(&[run_stat(r, c, |x| x.unchanged_m), run_stat(r, c, |x| x.unchanged_v)]);
         let loss = loss_stat(r, c);
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f.as_str(),
             x.label(),
             opt(paper_loss(table, c), 3),
@@ -157,9 +154,18 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
             if c == base32 { "—".into() } else { pd(c, base32) },
             vs_32,
             stall,
+            unchanged,
             opt(run_stat(r, c, |x| x.theory_v).map(|s| s.mean), 3),
         );
     }
+}
+
+/// Seed means of stalled fractions, `m / v / w`; `—` when none was recorded.
+fn fractions(stats: &[Option<Stat>]) -> String {
+    if stats.iter().all(Option::is_none) {
+        return "—".into();
+    }
+    stats.iter().map(|s| opt(s.map(|s| s.mean), 3)).collect::<Vec<_>>().join(" / ")
 }
 
 fn grid(w: &mut String, table: Table, r: &Results) {
@@ -167,7 +173,7 @@ fn grid(w: &mut String, table: Table, r: &Results) {
     let _ = writeln!(w, "| states | fp32 | bf16 | fp8 | fp4 |");
     let _ = writeln!(w, "|---|---:|---:|---:|---:|");
     let all = cells(table);
-    for x in Fix::ALL {
+    for x in table.fixes() {
         let mut row = format!("| {} |", x.label());
         for f in Fmt::ALL {
             let c = (f, x);
@@ -194,7 +200,8 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
         let v = evaluate_claim(r, &c);
         let paper = match paper_verdict(table, &c) {
             Some((d, h)) => format!("{d:+.3}{}", if h { "" } else { " (!)" }),
-            None => "— (Table 2)".into(),
+            None if table == Table::Bf16Model => "— (Table 2)".into(),
+            None => "— (not published)".into(),
         };
         let per_seed: Vec<String> = v.per_seed.iter().map(|(s, d)| format!("s{s} {d:+.4}")).collect();
         let _ = writeln!(
@@ -232,12 +239,40 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
     }
 }
 
-/// The markdown report of a table: header, per-cell table, grid, orderings.
+fn kinds_compared(w: &mut String, table: Table, kinds: &[(&'static str, Results)]) {
+    let _ = writeln!(w, "\n## The states kinds, cell by cell\n");
+    let _ = writeln!(
+        w,
+        "Final validation loss (seed mean ± spread) and, in brackets, the paired delta against FP32 \
+         states of the same kind. FP32 and BF16 cells are the same runs under `paper` and `blockwise`; \
+         `theory`'s are its own (eps 1e-8 in every cell).\n"
+    );
+    let labels: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
+    let _ = writeln!(w, "| states | fix | {} |", labels.join(" | "));
+    let _ = writeln!(w, "|---|---|{}", "---:|".repeat(kinds.len()));
+    let base32 = (Fmt::Fp32, Fix::Plain);
+    for c in cells(table) {
+        let mut row = format!("| {} | {} |", c.0.as_str(), c.1.label());
+        for (_, r) in kinds {
+            let loss = opt_stat(loss_stat(r, c), false);
+            let vs = if c == base32 { String::new() } else { delta(r, c, base32).map_or(String::new(), |d| format!(" ({})", d.fmt(true))) };
+            let _ = write!(row, " {loss}{vs}{} |", if any_diverged(r, c) { " diverged" } else { "" });
+        }
+        let _ = writeln!(w, "{row}");
+    }
+}
+
+/// The markdown report of a table: header, per-cell table, grid, orderings, and the states
+/// kinds side by side when `info.kinds` holds results of more than one.
 pub fn render(table: Table, scale: Scale, r: &Results, info: &RunInfo) -> String {
     let mut s = String::new();
     header(&mut s, table, scale, info);
     cell_rows(&mut s, table, r);
     grid(&mut s, table, r);
     orderings(&mut s, table, r, info.seeds.len());
+    let kinds: Vec<(&'static str, Results)> = info.kinds.iter().filter(|(_, r)| !r.is_empty()).cloned().collect();
+    if kinds.len() > 1 {
+        kinds_compared(&mut s, table, &kinds);
+    }
     s
 }

@@ -9,7 +9,7 @@ use super::paper::{cell_short, Cell, Table};
 use super::scale::Scale;
 use super::stats::{Results, RunResult};
 use lowbit_train::config::RunConfig;
-use lowbit_train::summary::Summary;
+use lowbit_train::logs::summary::Summary;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -111,6 +111,8 @@ impl Record {
             stall_m: self.mean_stall_m,
             stall_v: self.mean_stall_v,
             stall_w: self.mean_stall_w,
+            unchanged_m: self.mean_unchanged_m,
+            unchanged_v: self.mean_unchanged_v,
             theory_v: self.theory_stall_v,
             diverged: self.diverged,
         }

@@ -122,10 +122,12 @@ pub fn scale_overrides(scale: Scale, (fmt, fix): Cell) -> Vec<String> {
         .chain([format!("train.max_steps={H200_STEPS}")])
         .collect(),
     };
-    if fix.resets() {
-        let k = reset_period(scale, fmt);
-        o.push(format!("optim.states.m_reset_every={k}"));
-        o.push(format!("optim.states.v_reset_every={k}"));
+    let (m, v) = fix.reset_periods(reset_period(scale, fmt));
+    if m > 0 {
+        o.push(format!("optim.states.m_reset_every={m}"));
+    }
+    if v > 0 {
+        o.push(format!("optim.states.v_reset_every={v}"));
     }
     o
 }

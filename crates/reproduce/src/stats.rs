@@ -15,6 +15,10 @@ pub struct RunResult {
     pub stall_v: Option<f64>,
     /// BF16 weights (model.dtype = "bf16").
     pub stall_w: Option<f64>,
+    /// The same for m and v under the paper's estimator (Alg. 2: unchanged entries / all
+    /// entries, zero-gradient entries included).
+    pub unchanged_m: Option<f64>,
+    pub unchanged_v: Option<f64>,
     /// The theory's stalled fraction of v for the run's format, b2 and rounding
     /// (`lowbit_optim::theory`, recorded by the run).
     pub theory_v: Option<f64>,

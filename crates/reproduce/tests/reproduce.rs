@@ -1,7 +1,7 @@
 //! Tests of `train reproduce`: every config resolves, the grids match the config files, the
 //! scale overrides, and the pure statistics / ordering checks / rendering on hand-made numbers.
 
-use lowbit_optim::{Rounding, ScaleKind, StateFormat, VZero};
+use lowbit_optim::{ResetRule, Rounding, ScaleKind, StateFormat, VZero};
 use lowbit_train::config::{RunConfig, WeightDtype};
 use lowbit_reproduce::*;
 use std::collections::BTreeMap;
@@ -78,21 +78,23 @@ fn fp4_cells_have_the_papers_formats() {
 #[test]
 fn grids_match_the_config_files() {
     let base = RunConfig::load(&configs().join("paper/base_llama100m.toml"), &[]).unwrap();
-    for table in [Table::Bf16Model, Table::Fp32Model] {
+    for (table, n) in [(Table::Bf16Model, 13), (Table::Fp32Model, 14), (Table::ResetPolicies, 6)] {
         let grid = cells(table);
-        assert_eq!(grid.len(), if table == Table::Bf16Model { 13 } else { 14 });
+        assert_eq!(grid.len(), n);
         for cell @ (f, x) in grid {
             let path = cell_config(&configs(), table, cell);
             let c = RunConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
             let s = &c.optim.states;
             assert_eq!(c.run.name, cell_name(table, cell));
-            let dtype = if table == Table::Bf16Model { WeightDtype::Bf16 } else { WeightDtype::F32 };
+            let dtype = if table.bf16_model() { WeightDtype::Bf16 } else { WeightDtype::F32 };
             assert_eq!(c.model.dtype, dtype, "{}", path.display());
             assert_eq!((s.m_format.as_str(), s.v_format.as_str()), (f.as_str(), f.as_str()));
-            let r = if matches!(x, Fix::Sr | Fix::SrReset) { Rounding::Stochastic } else { Rounding::Nearest };
+            let r = if x.stochastic() { Rounding::Stochastic } else { Rounding::Nearest };
             assert_eq!((s.m_rounding, s.v_rounding), (r, r), "{}", path.display());
-            let k = if x.resets() { f.paper_reset_period() } else { 0 };
-            assert_eq!((s.m_reset_every, s.v_reset_every), (k.into(), k.into()), "{}", path.display());
+            let (m, v) = x.reset_periods(f.paper_reset_period());
+            assert_eq!((s.m_reset_every, s.v_reset_every), (m.into(), v.into()), "{}", path.display());
+            let rule = if x == Fix::SrAdaptive { ResetRule::Adaptive } else { ResetRule::Periodic };
+            assert_eq!(s.reset, rule, "{}", path.display());
             assert_eq!(s.weight_rounding, Rounding::Nearest);
             // the rest is the base, unchanged
             let mut norm = c.clone();
@@ -161,6 +163,16 @@ fn scales_override_the_run_and_reset_periods() {
     for scale in [Scale::Smoke, Scale::H200, Scale::Full] {
         assert!(!scale_overrides(scale, (Fmt::Fp4, Fix::Sr)).iter().any(|o| o.contains("reset_every")));
     }
+    // Table 6's policies: v only every period, or the adaptive rule's own timing (no period)
+    let periods = |x| scale_overrides(Scale::H200, (Fmt::Fp8, x)).into_iter().filter(|o| o.contains("reset_every")).collect::<Vec<_>>();
+    assert_eq!(periods(Fix::SrResetV), ["optim.states.v_reset_every=300"]);
+    assert!(periods(Fix::SrAdaptive).is_empty());
+    let policy = |x| {
+        let path = cell_config(&configs(), Table::ResetPolicies, (Fmt::Fp8, x));
+        RunConfig::load(&path, &scale_overrides(Scale::H200, (Fmt::Fp8, x))).unwrap().optim.states.resolve(0.999).unwrap()
+    };
+    assert_eq!((policy(Fix::SrResetV).m_reset_every, policy(Fix::SrResetV).v_reset_every), (0, 300));
+    assert_eq!(policy(Fix::SrAdaptive).reset, ResetRule::Adaptive);
     assert_eq!([reset_period(Scale::Smoke, Fmt::Bf16), reset_period(Scale::Smoke, Fmt::Fp4)], [20, 4]);
     assert_eq!([reset_period(Scale::H200, Fmt::Bf16), reset_period(Scale::H200, Fmt::Fp4)], [1000, 200]);
 }
@@ -320,6 +332,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     }
     r.insert((Fmt::Fp32, Fix::Reset), vec![one(3.0), one(3.0)]); // resets "help" fp32: fails
     r.insert((Fmt::Fp4, Fix::Sr), vec![None, None]); // missing
+    let theory: Results = [((Fmt::Fp32, Fix::Plain), vec![one(3.1)])].into_iter().collect();
     let info = RunInfo {
         results_file: "fp32-model-smoke-results.json".into(),
         commands: vec![CommandLog {
@@ -338,6 +351,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
         steps: Some(40),
         scale_text: scale_description(Scale::Smoke),
         states_text: States::Paper.description(),
+        kinds: vec![("paper", r.clone()), ("blockwise", BTreeMap::new()), ("theory", theory)],
     };
     let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
@@ -367,6 +381,13 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     // the grid in the paper's layout
     assert!(md.contains("| states | fp32 | bf16 | fp8 | fp4 |"));
     assert!(md.lines().any(|l| l.starts_with("| SR |") && l.contains("| — |")));
+    // the states kinds side by side: loss (paired delta vs fp32 states of the kind), a kind
+    // without runs shows dashes
+    assert!(md.contains("## The states kinds, cell by cell") && md.contains("| states | fix | paper | theory |"), "kinds without runs left out");
+    let row = md.lines().filter(|l| l.starts_with("| fp8 | SR + resets |")).last().unwrap();
+    assert_eq!(row, "| fp8 | SR + resets | 3.6595 ± 0.0064 (+0.0045 ± 0.0064) | — |");
+    let alone = RunInfo { kinds: vec![("paper", r.clone()), ("theory", BTreeMap::new())], ..info.clone() };
+    assert!(!render(t, Scale::Smoke, &r, &alone).contains("## The states kinds"), "one kind: nothing to compare");
 }
 
 #[test]

@@ -108,7 +108,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 const DATA_FILE: &str = "data.safetensors";
 const CARRY: &str = "carry";
 
-fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
+/// The folder of the checkpoint of `step` in a run folder.
+pub fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step_{step:07}"))
 }
 
@@ -309,6 +310,27 @@ pub fn load_tensors(dir: &Path, model: &mut candle_nn::VarMap, opt: &mut LowbitA
     Ok(())
 }
 
+/// [`crate::manifest::verify`] checkpoint `dir` of a run; when it fails, the error also offers
+/// the newest older checkpoint of the run that passes and says how to resume from it.
+pub fn verify_for_resume(dir: &Path) -> Result<()> {
+    let Err(e) = crate::manifest::verify(dir) else { return Ok(()) };
+    let Some(run_dir) = dir.parent().filter(|p| p.ends_with("checkpoints")).and_then(Path::parent) else {
+        return Err(e); // not in a run's checkpoints/ folder: no siblings to offer
+    };
+    let older = list(run_dir)?;
+    let good = older.iter().rev().filter(|(_, p)| p.as_path() != dir).find(|(_, p)| crate::manifest::verify(p).is_ok());
+    match good {
+        Some((step, p)) => bail!(
+            "{e:#}. The previous checkpoint {} (step {step}) passes its checks: move the corrupt one aside \
+             (mv {} {}.corrupt) and resume again to continue from step {step}",
+            p.display(),
+            dir.display(),
+            dir.display()
+        ),
+        None => bail!("{e:#}. No older checkpoint of {} passes its checks", run_dir.display()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,5 +373,25 @@ mod tests {
         let st = load_state(tmp.path()).unwrap();
         assert_eq!((st.step, st.updates, st.data.carry, st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
         assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.adaptive_reset), ("", "", None), "pow2 and periodic");
+    }
+
+    #[test]
+    fn a_flipped_byte_is_named_and_the_previous_good_checkpoint_offered() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("checkpoints");
+        for step in [3, 6] {
+            let d = ck.join(format!("step_{step:07}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("optimizer.safetensors"), [1u8, 2, 3, 4]).unwrap();
+            crate::manifest::write(&d).unwrap();
+        }
+        let newest = ck.join("step_0000006");
+        verify_for_resume(&newest).unwrap();
+        std::fs::write(newest.join("optimizer.safetensors"), [1u8, 2, 3, 5]).unwrap();
+        let e = verify_for_resume(&newest).unwrap_err().to_string();
+        let opt = newest.join("optimizer.safetensors");
+        assert!(e.starts_with(&format!("{}: corrupt: 4 bytes with CRC-32", opt.display())), "{e}");
+        assert!(e.contains(&format!("previous checkpoint {} (step 3) passes", ck.join("step_0000003").display())), "{e}");
+        assert!(e.contains("continue from step 3"), "{e}");
     }
 }

@@ -165,6 +165,18 @@ fn is_zero(v: &u8) -> bool {
     *v == 0
 }
 
+impl TrainSection {
+    /// Whether the loop validates after step `step` (besides the last).
+    pub fn validates_at(&self, step: u64) -> bool {
+        self.eval_every > 0 && step.is_multiple_of(self.eval_every)
+    }
+
+    /// Whether the loop checkpoints after step `step` (besides the last and a stop).
+    pub fn checkpoints_at(&self, step: u64) -> bool {
+        self.checkpoint_every > 0 && step.is_multiple_of(self.checkpoint_every)
+    }
+}
+
 impl Default for TrainSection {
     fn default() -> Self {
         TrainSection {

@@ -49,25 +49,3 @@ impl Optimizer for DeviceAdamW {
         Ok(self.opt.download()?)
     }
 }
-
-/// Memory of the device's default (stream-ordered) pool, which candle allocates from:
-/// `(in use now, high-water mark since the start)`, bytes.
-pub fn device_pool_memory(dev: &Device) -> Option<(u64, u64)> {
-    use candle_core::cuda::cudarc::driver::{result, sys};
-    let Device::Cuda(d) = dev else { return None };
-    let ctx = d.cuda_stream().context().clone();
-    ctx.bind_to_thread().ok()?;
-    let attr = |a: sys::CUmemPool_attribute| -> Option<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: the context is bound; the pool attributes USED_MEM_* are u64 (cuuint64_t).
-        unsafe {
-            let pool = result::device::get_default_mem_pool(ctx.cu_device()).ok()?;
-            sys::cuMemPoolGetAttribute(pool, a, &mut v as *mut u64 as *mut std::ffi::c_void).result().ok()?;
-        }
-        Some(v)
-    };
-    Some((
-        attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-        attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-    ))
-}

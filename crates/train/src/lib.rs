@@ -1,30 +1,30 @@
 //! # lowbit-train: the training library
 //!
-//! Config ([`config`]), the training loop ([`trainer`]), the optimizer glue
-//! ([`optimizer`]), run-folder files ([`run_folder`], [`metrics`], [`stall_log`], [`summary`],
-//! [`checkpoint`]) and data parallelism ([`distributed`]). The `train` binary (crate
-//! `lowbit-cli`) puts the commands, the progress bar and the plots on top.
+//! The loop ([`run`]) over a [`session`] (set-up and every builder; one [`step`], validation,
+//! checkpoints), its config ([`config`]), device policy ([`device`]), learning-rate
+//! [`schedule`], run folder ([`run_folder`], [`checkpoint`], [`manifest`], [`logs`]) and data
+//! parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`) puts the commands, the
+//! progress bar and the plots on top.
 //!
 //! ```no_run
-//! use lowbit_train::{config::RunConfig, trainer};
+//! use lowbit_train::{config::RunConfig, run, session::Launch};
 //! let config = RunConfig::load("configs/tiny_cpu.toml".as_ref(), &["train.max_steps=10".into()]).unwrap();
-//! let out = trainer::run(trainer::Launch::new(config)).unwrap();
+//! let out = run::run(Launch::new(config), &mut run::Logs).unwrap();
 //! println!("{}", out.summary.unwrap().render());
 //! ```
 
 pub mod checkpoint;
 pub mod config;
-pub mod distributed;
 #[cfg(feature = "cuda")]
 pub mod cuda_optimizer;
+pub mod device;
+pub mod distributed;
+pub mod logs;
 pub mod manifest;
-pub mod metrics;
 pub mod optimizer;
 pub mod output;
+pub mod run;
 pub mod run_folder;
 pub mod schedule;
 pub mod session;
-pub mod stall_log;
 pub mod step;
-pub mod summary;
-pub mod trainer;

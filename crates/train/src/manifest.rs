@@ -1,8 +1,9 @@
 //! `manifest.json` of a checkpoint: the size and CRC-32 of every other file in the folder,
 //! written last (before the folder is renamed into place) and verified before a resume loads
 //! anything, so flipped bytes in `optimizer.safetensors` are refused instead of training on
-//! garbage. A refused checkpoint's error names the file and offers the newest older
-//! checkpoint that passes. Checkpoints written before manifests existed load with a warning.
+//! garbage. A refused checkpoint's error names the file (a resume also offers the newest older
+//! checkpoint that passes: `checkpoint::verify_for_resume`). Checkpoints written before
+//! manifests existed load with a warning.
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -81,50 +82,4 @@ pub fn verify(dir: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// [`verify`] checkpoint `dir` of a run; when it fails, the error also offers the newest older
-/// checkpoint of the run that passes and says how to resume from it.
-pub fn verify_for_resume(dir: &Path) -> Result<()> {
-    let Err(e) = verify(dir) else { return Ok(()) };
-    let Some(run_dir) = dir.parent().filter(|p| p.ends_with("checkpoints")).and_then(Path::parent) else {
-        return Err(e); // not in a run's checkpoints/ folder: no siblings to offer
-    };
-    let older = crate::checkpoint::list(run_dir)?;
-    let good = older.iter().rev().filter(|(_, p)| p.as_path() != dir).find(|(_, p)| verify(p).is_ok());
-    match good {
-        Some((step, p)) => bail!(
-            "{e:#}. The previous checkpoint {} (step {step}) passes its checks: move the corrupt one aside \
-             (mv {} {}.corrupt) and resume again to continue from step {step}",
-            p.display(),
-            dir.display(),
-            dir.display()
-        ),
-        None => bail!("{e:#}. No older checkpoint of {} passes its checks", run_dir.display()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_flipped_byte_is_named_and_the_previous_good_checkpoint_offered() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ck = tmp.path().join("checkpoints");
-        for step in [3, 6] {
-            let d = ck.join(format!("step_{step:07}"));
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("optimizer.safetensors"), [1u8, 2, 3, 4]).unwrap();
-            write(&d).unwrap();
-        }
-        let newest = ck.join("step_0000006");
-        verify_for_resume(&newest).unwrap();
-        std::fs::write(newest.join("optimizer.safetensors"), [1u8, 2, 3, 5]).unwrap();
-        let e = verify_for_resume(&newest).unwrap_err().to_string();
-        let opt = newest.join("optimizer.safetensors");
-        assert!(e.starts_with(&format!("{}: corrupt: 4 bytes with CRC-32", opt.display())), "{e}");
-        assert!(e.contains(&format!("previous checkpoint {} (step 3) passes", ck.join("step_0000003").display())), "{e}");
-        assert!(e.contains("continue from step 3"), "{e}");
-    }
 }

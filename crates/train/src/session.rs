@@ -1,33 +1,70 @@
 //! A run between its steps: [`Session::open`] sets up data, model, optimizer, resume and the
-//! run folder; then [`Session::step`], [`Session::validate`] and [`Session::checkpoint`]
-//! are the units that [`crate::trainer::run`]'s loop calls.
+//! run folder (with every builder it uses); then [`Session::step`], [`Session::validate`] and
+//! [`Session::checkpoint`] are the units that [`crate::run::run`]'s loop calls.
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{RunConfig, WeightDtype};
-use crate::distributed::collective::Collective;
+use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
+use crate::distributed::collective::{Collective, Solo};
 use crate::distributed;
-use crate::metrics::{JsonlWriter, MetricsRow};
-use crate::optimizer::{Optimizer, ParamSet};
-use crate::run_folder::{self, RunLock};
+use crate::logs::metrics::{JsonlWriter, MetricsRow};
+use crate::logs::stalls::{StallWriter, Theory};
+use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
+use crate::run_folder::{self, FolderUse, RunLock};
 use crate::schedule::learning_rate;
-use crate::stall_log::Theory;
-use crate::step::{train_step, StepContext, StepOutput};
-use crate::trainer::{
-    build_model, check_compatible, data_err, device, device_memory, evaluate, export_check, make_optimizer, param_infos,
-    Launch, StallWriter,
-};
-use anyhow::{Context, Result};
+use crate::step::{batch_tensors, train_step, StepContext, StepOutput};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
-use lowbit_model::{init_params, Llama};
-use lowbit_optim::{Hyper, LowbitAdamW};
+use lowbit_model::{init_params, param_group, Kernels, Llama, LlamaConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo};
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How a run starts.
+pub struct Launch {
+    pub config: RunConfig,
+    /// Resume from this checkpoint folder.
+    pub resume_from: Option<PathBuf>,
+    /// New run, new run over an old one moved aside, or resume ([`FolderUse`]).
+    pub folder: FolderUse,
+    /// Set by Ctrl-C or SIGTERM: write a checkpoint and stop after the current step.
+    pub interrupt: Arc<AtomicBool>,
+    /// Stop (with a checkpoint) after this step, as if interrupted (tests of resume).
+    pub stop_after: Option<u64>,
+    /// The other ranks of a data-parallel job ([`Solo`] for one process).
+    pub comm: Arc<dyn Collective>,
+    /// This process's rank on its host (`LOCAL_RANK`): the GPU it trains on when
+    /// `train.device = "cuda"`.
+    pub local_rank: usize,
+}
+
+impl Launch {
+    /// A new run of `config` (its folder must not hold a run yet), not interrupted.
+    pub fn new(config: RunConfig) -> Launch {
+        Launch {
+            config,
+            resume_from: None,
+            folder: FolderUse::New,
+            interrupt: Default::default(),
+            stop_after: None,
+            comm: Arc::new(Solo),
+            local_rank: 0,
+        }
+    }
+
+    /// Resume `config`'s run from the checkpoint folder `from`.
+    pub fn resume(config: RunConfig, from: PathBuf) -> Launch {
+        Launch { resume_from: Some(from), folder: FolderUse::Resume, ..Launch::new(config) }
+    }
+}
+
 /// Everything a run holds between steps.
 pub struct Session {
+    /// What runs (model, states, theory), for the caller to show once.
+    banner: String,
     pub cfg: RunConfig,
     pub run_dir: PathBuf,
     config_toml: String,
@@ -64,6 +101,8 @@ pub struct Session {
 
 /// What one step did, for the progress line and the stop conditions.
 pub struct StepReport {
+    /// The trainer's step number.
+    pub step: u64,
     pub out: StepOutput,
     /// Seconds the step took.
     pub seconds: f64,
@@ -71,6 +110,21 @@ pub struct StepReport {
     pub stalls: Option<(Option<f64>, Option<f64>)>,
     /// The epoch the step's data reached, when it began a new one.
     pub new_epoch: Option<u64>,
+}
+
+impl StepReport {
+    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
+    pub fn line(&self) -> String {
+        let frac = |f: Option<f64>| f.map_or("-".into(), |x| format!("{x:.3}"));
+        let (m, v) = self.stalls.unwrap_or((None, None));
+        format!(
+            "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
+            self.out.loss,
+            frac(m),
+            frac(v),
+            self.out.tokens as f64 / self.seconds
+        )
+    }
 }
 
 impl Session {
@@ -91,7 +145,7 @@ impl Session {
         let config_toml = cfg.to_toml();
         // the config check first: a rank with another device setting must not reach NCCL's set-up
         same_config_as_rank0(launch.comm.as_ref(), &config_toml)?;
-        let dev = device(&cfg.train.device, launch.local_rank)?;
+        let dev = crate::device::open(&cfg.train.device, launch.local_rank)?;
         let comm = distributed::for_device(launch.comm.clone(), &dev)?;
         let (rank, world) = (comm.rank(), comm.world_size());
         let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
@@ -211,42 +265,36 @@ impl Session {
         } else {
             (None, None, None)
         };
-        // The banner once the folder is ours: a refused start prints only its error.
+        // What runs, said by the caller once the folder is ours (a refused start says only its
+        // error): the model, the states, the theory.
+        let mut banner = format!(
+            "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}\nstates: {}",
+            n_params,
+            mcfg.num_layers,
+            mcfg.hidden_size,
+            dtype,
+            model.kernels(),
+            spec.m_format.name(),
+            spec.v_format.name(),
+            spec.m_rounding.as_str(),
+            spec.v_rounding.as_str(),
+            state_bytes,
+            state_bytes as f64 / n_params as f64,
+            global_batch,
+            cfg.data.seq_len,
+            cfg.train.device,
+            spec.describe(),
+        );
+        if let Some(p) = theory.v {
+            banner += &format!("\ntheory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
+        }
         if rank == 0 {
-            crate::outln!(
-                "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}",
-                n_params,
-                mcfg.num_layers,
-                mcfg.hidden_size,
-                dtype,
-                model.kernels(),
-                spec.m_format.name(),
-                spec.v_format.name(),
-                spec.m_rounding.as_str(),
-                spec.v_rounding.as_str(),
-                state_bytes,
-                state_bytes as f64 / n_params as f64,
-                global_batch,
-                cfg.data.seq_len,
-                cfg.train.device,
-            );
-            crate::outln!("states: {}", spec.describe());
-            if let Some(p) = theory.v {
-                crate::outln!("theory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
-            }
-            if spec.resets_v_without_m() {
-                tracing::warn!(
-                    "optim.states: v resets every {} updates without an m reset: at each, every element whose gradient is 0 \
-                     moves by lr * m / eps (eps = {}); their count is logged at each such reset and in stalls.jsonl \
-                     (zero_grad)",
-                    spec.v_reset_every,
-                    cfg.optim.eps
-                );
-            }
+            warn_about_settings(&cfg, &spec);
         }
 
         let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every, spec };
         Ok(Session {
+            banner,
             cfg,
             run_dir,
             config_toml,
@@ -300,7 +348,7 @@ impl Session {
             self.state.nonfinite_in_row += 1;
             tracing::warn!("step {step}: non-finite loss {} or gradient norm {}: update skipped", out.loss, out.grad_norm);
         }
-        if let Some((used, peak)) = device_memory(&self.dev) {
+        if let Some((used, peak)) = crate::device::memory(&self.dev) {
             self.device_peak = Some(peak);
             tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
         }
@@ -324,7 +372,7 @@ impl Session {
         self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
         let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.stalls.as_mut())?;
-        Ok(StepReport { out, seconds, stalls, new_epoch })
+        Ok(StepReport { step, out, seconds, stalls, new_epoch })
     }
 
     /// Validation loss of the model now, written to `metrics.jsonl` as step `step`.
@@ -368,6 +416,16 @@ impl Session {
         Ok(Some(dir))
     }
 
+    /// What runs: the model, the states, the theory (a few lines).
+    pub fn banner(&self) -> &str {
+        &self.banner
+    }
+
+    /// The folder of the checkpoint of `step` (written by rank 0).
+    pub fn checkpoint_dir_of(&self, step: u64) -> PathBuf {
+        checkpoint::step_dir(&self.run_dir, step)
+    }
+
     /// Whether this is rank 0, which writes the run folder and reports.
     pub fn is_leader(&self) -> bool {
         self.comm.rank() == 0
@@ -390,6 +448,28 @@ impl Session {
     pub fn flush_stalls(&mut self) -> Result<()> {
         self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.stalls.as_mut())?;
         Ok(())
+    }
+}
+
+/// Settings that run, but not as a user may expect: a warmup as long as the run (cut), v
+/// resets without m resets.
+fn warn_about_settings(cfg: &RunConfig, spec: &lowbit_optim::StatesSpec) {
+    let max_steps = cfg.train.max_steps;
+    if cfg.optim.warmup_steps >= max_steps {
+        tracing::warn!(
+            "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} \
+             steps so that the learning rate still decays",
+            cfg.optim.warmup_steps,
+            max_steps - 1
+        );
+    }
+    if spec.resets_v_without_m() {
+        tracing::warn!(
+            "optim.states: v resets every {} updates without an m reset: at each, every element whose gradient is 0 \
+             moves by lr * m / eps (eps = {}); their count is logged at each such reset and in stalls.jsonl (zero_grad)",
+            spec.v_reset_every,
+            cfg.optim.eps
+        );
     }
 }
 
@@ -440,4 +520,156 @@ fn same_config_as_rank0(comm: &dyn Collective, config_toml: &str) -> Result<()> 
         );
     }
     Ok(())
+}
+
+/// Model parameters' optimizer metadata, sorted by name.
+pub fn param_infos(params: &ParamSet) -> Vec<ParamInfo> {
+    params
+        .names
+        .iter()
+        .zip(&params.vars)
+        .map(|(n, v)| ParamInfo {
+            name: n.clone(),
+            group: param_group(n).as_str().to_string(),
+            len: v.elem_count(),
+            weight_decay: v.rank() >= 2,
+        })
+        .collect()
+}
+
+/// The model on `dev` with the configured kernels and FP32 matmul precision.
+pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarMap, dtype: DType, dev: &Device) -> Result<Llama> {
+    let model = Llama::new(mcfg, candle_nn::VarBuilder::from_varmap(varmap, dtype, dev))?;
+    let kernels = match cfg.model.kernels {
+        KernelChoice::Auto => Kernels::for_device(dev),
+        KernelChoice::Fused => Kernels::Fused,
+        KernelChoice::Composed => Kernels::Composed,
+    };
+    let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;
+    #[cfg(feature = "cuda")]
+    candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
+    #[cfg(not(feature = "cuda"))]
+    let _ = tf32; // CPU matrix products are FP32
+    model.with_kernels(kernels).context("model.kernels")
+}
+
+/// Mean validation loss (nats per target token) over the fixed validation batches.
+pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
+    let (mut nll, mut count) = (0f64, 0f64);
+    for b in batches {
+        let (x, y, m) = batch_tensors(b, dev)?;
+        let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
+        let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
+        nll += loss * n;
+        count += n;
+    }
+    if count == 0.0 {
+        bail!("validation set is empty: check data.validation and data.val_tokens");
+    }
+    Ok(nll / count)
+}
+
+/// A data error as one line: its message already includes its source, so `{:#}` must not
+/// append the source a second time.
+fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<()> {
+    if saved.rng != now.rng {
+        tracing::warn!(
+            "{}: written with random-bit scheme {:?}, this build uses {:?}: the run continues, but its \
+             stochastic-rounding draws differ from an uninterrupted run of the older build",
+            dir.join("state.json").display(),
+            saved.rng,
+            now.rng
+        );
+    }
+    if saved.params != now.params {
+        let first = saved.params.iter().zip(&now.params).find(|(a, b)| a != b);
+        let what = match first {
+            _ if saved.params.len() != now.params.len() => format!(
+                "the checkpoint has {} parameter tensors, the config {} (model.num_layers?)",
+                saved.params.len(),
+                now.params.len()
+            ),
+            Some(((sn, sl), (nn, nl))) if sn == nn => {
+                format!("{sn} has {sl} elements in the checkpoint, {nl} in the config")
+            }
+            Some(((sn, _), (nn, _))) => format!("the checkpoint has {sn} where the config has {nn}"),
+            None => "parameter lists differ".into(),
+        };
+        bail!(
+            "{}: checkpoint of another model: {what} (resume with the [model] settings it was trained with)",
+            dir.join("state.json").display()
+        );
+    }
+    // (v_zero: a checkpoint without the field was written as "keep"; scale kinds: as pow2)
+    let saved_v_zero = if saved.v_zero.is_empty() { "keep" } else { saved.v_zero.as_str() };
+    for (key, format, saved_kind, kind) in [
+        ("m", &saved.m_format, &saved.m_scale, &now.m_scale),
+        ("v", &saved.v_format, &saved.v_scale, &now.v_scale),
+    ] {
+        let saved_kind = if saved_kind.is_empty() && !kind.is_empty() { "pow2" } else { saved_kind.as_str() };
+        if saved_kind != kind.as_str() && format == if key == "m" { &now.m_format } else { &now.v_format } {
+            bail!(
+                "{}: checkpoint {key} states ({format}) have {saved_kind} scales, the config asks for {kind} \
+                 (resume with --set optim.states.scale=\"{saved_kind}\")",
+                dir.join("state.json").display()
+            );
+        }
+    }
+    if saved.adaptive_reset.is_some() != now.adaptive_reset.is_some() {
+        let rule = |adaptive: bool| if adaptive { "adaptive" } else { "periodic" };
+        bail!(
+            "{}: the checkpoint's states reset by the {} rule, the config asks for the {} one (optim.states.reset \
+             must match to resume: the bias correction counts from the last reset)",
+            dir.join("state.json").display(),
+            rule(saved.adaptive_reset.is_some()),
+            rule(now.adaptive_reset.is_some())
+        );
+    }
+    if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size, saved_v_zero)
+        != (now.m_format.as_str(), now.v_format.as_str(), now.block_size, now.v_zero.as_str())
+    {
+        bail!(
+            "{}: checkpoint states are m={} v={} block {} v_zero {}, the config asks for m={} v={} block {} \
+             v_zero {} (optim.states.m_format / v_format / block_size / v_zero must match to resume)",
+            dir.join("state.json").display(),
+            saved.m_format,
+            saved.v_format,
+            saved.block_size,
+            saved_v_zero,
+            now.m_format,
+            now.v_format,
+            now.block_size,
+            now.v_zero
+        );
+    }
+    Ok(())
+}
+
+/// The loss of the model on the first validation micro-batch, with the batch itself, for
+/// checking an exported checkpoint in `transformers` (`scripts/check_hf_export.py`).
+pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<checkpoint::ExportCheck> {
+    let b = val.first().context("validation set is empty: no batch for export_check.json")?;
+    let (x, y, m) = batch_tensors(b, dev)?;
+    let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
+    let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
+    Ok(checkpoint::ExportCheck {
+        input_ids: rows(&b.input),
+        targets: rows(&b.target),
+        mask: b.mask.chunks(b.seq_len).map(|r| r.to_vec()).collect(),
+        loss,
+        dtype: if dtype == DType::BF16 { "bfloat16" } else { "float32" }.into(),
+    })
+}
+
+/// The optimizer for a device: CPU reference on the CPU, fused kernels on CUDA.
+fn make_optimizer(host: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>> {
+    match dev {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => Ok(Box::new(crate::cuda_optimizer::DeviceAdamW::new(host, dev)?)),
+        _ => Ok(Box::new(HostAdamW::new(host))),
+    }
 }

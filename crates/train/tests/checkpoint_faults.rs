@@ -9,7 +9,8 @@
 
 use lowbit_train::checkpoint::{self, ExportCheck, TrainState};
 use lowbit_train::config::RunConfig;
-use lowbit_train::trainer::{self, Launch, Outcome};
+use lowbit_train::run::{self, Logs, Outcome};
+use lowbit_train::session::Launch;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -34,7 +35,7 @@ fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u6
         Some(ck) => Launch::resume(config, ck),
         None => Launch::new(config),
     };
-    trainer::run(Launch { stop_after, ..start })
+    run::run(Launch { stop_after, ..start }, &mut Logs)
 }
 
 fn rows(path: &Path) -> Vec<Value> {
@@ -299,7 +300,7 @@ fn interrupt_writes_a_checkpoint_and_stops_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), "ctrlc", &[]);
     // Ctrl-C arrived during step 1
-    let out = trainer::run(Launch { interrupt: Arc::new(AtomicBool::new(true)), ..Launch::new(cfg.clone()) }).unwrap();
+    let out = run::run(Launch { interrupt: Arc::new(AtomicBool::new(true)), ..Launch::new(cfg.clone()) }, &mut Logs).unwrap();
     assert!(out.stopped_early);
     let ck = checkpoint::latest(&out.run_dir).unwrap();
     assert_eq!(checkpoint::load_state(&ck).unwrap().step, 1);

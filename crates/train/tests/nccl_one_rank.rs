@@ -33,7 +33,7 @@ fn values(seed: u64, n: usize) -> Vec<f32> {
 
 /// A one-rank communicator on GPU 0, or a failure that says why.
 fn one_rank() -> (NcclCollective, Device) {
-    let dev = lowbit_optim::cuda::open_device(0).unwrap_or_else(|e| panic!("nccl_one_rank needs a CUDA GPU: {e}"));
+    let dev = lowbit_train::device::open_cuda(0).unwrap_or_else(|e| panic!("nccl_one_rank needs a CUDA GPU: {e}"));
     let comm = NcclCollective::new(Arc::new(Solo), &dev).expect("a one-rank NCCL communicator");
     (comm, Device::Cuda(dev))
 }

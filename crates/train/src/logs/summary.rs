@@ -1,8 +1,8 @@
 //! `summary.json` and the one-screen summary printed at the end of a run, computed from the
 //! run's own files (so a resumed run summarises the whole run).
 
-use crate::metrics::{read_rows, MetricsRow};
-use crate::stall_log::StallRow;
+use super::metrics::{read_rows, MetricsRow};
+use super::stalls::StallRow;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
