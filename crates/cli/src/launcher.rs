@@ -132,7 +132,7 @@ fn fail(children: &mut [Child], done: &[Option<ExitStatus>], first: usize, statu
             Some(s) if !s.success() => failed.push(format!("rank {rank} failed ({s})")),
             Some(_) => {}
             None => {
-                let _ = c.kill();
+                kill_group(c);
                 let _ = c.wait();
                 stopped = true;
             }
@@ -148,10 +148,18 @@ fn fail(children: &mut [Child], done: &[Option<ExitStatus>], first: usize, statu
 fn stop(children: &mut [Child]) {
     for c in children.iter_mut() {
         if matches!(c.try_wait(), Ok(None)) {
-            let _ = c.kill();
+            kill_group(c);
         }
         let _ = c.wait();
     }
+}
+
+/// SIGKILL to the worker's process group (each worker leads its own: [`detach`]), so that
+/// whatever the worker started goes with it.
+fn kill_group(c: &Child) {
+    // SAFETY: kill(2) on the process group of our own child, which is still unreaped (its
+    // pid, hence the group id, cannot have been reused).
+    unsafe { libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL) };
 }
 
 #[cfg(test)]
@@ -190,6 +198,24 @@ mod tests {
         let e = supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap_err().to_string();
         assert!(e.contains("worker rank 1 failed (exit status: 3)"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(10), "the sleepers were killed");
+        assert_eq!(processes_running("sleep 60"), 0, "no `sleep 60` left behind: the workers' process groups were killed");
+    }
+
+    /// Processes whose command line is `pattern` and whose parent is this test process or
+    /// init (the orphans a killed worker shell would leave), from /proc.
+    fn processes_running(pattern: &str) -> usize {
+        let me = std::process::id().to_string();
+        let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+        dir.filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+            .filter(|e| {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let ppid = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).unwrap_or("").to_string();
+                cmd.trim() == pattern && (ppid == me || ppid == "1")
+            })
+            .count()
     }
 
     #[test]
@@ -212,7 +238,7 @@ mod tests {
     fn an_interrupt_is_forwarded_once_to_every_worker() {
         // each worker records the signal it got, then exits 143 as the trainer does
         let dir = tempfile::tempdir().unwrap();
-        let script = "trap 'echo term > \"$0\".$RANK; exit 143' TERM; sleep 30 & wait";
+        let script = "trap 'echo term > \"$0\".$RANK; kill $!; exit 143' TERM; sleep 30 & wait";
         let base = dir.path().join("sig");
         let args = [OsString::from("-c"), script.into(), base.clone().into()];
         let children = spawn(std::path::Path::new("sh"), &args, 2, 29_513).unwrap();
