@@ -63,7 +63,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
     let model = build_model(cfg, &mcfg, &varmap, dtype, &dev)?;
     let params = ParamSet::from_varmap(&varmap);
     let hyper = Hyper { beta1: cfg.optim.beta1, beta2: cfg.optim.beta2, eps: cfg.optim.eps, weight_decay: cfg.optim.weight_decay };
-    let host = LowbitAdamW::new(hyper, spec, cfg.train.seed, param_infos(&params));
+    let host = LowbitAdamW::new(hyper, spec, cfg.train.seed, param_infos(&params)?);
     let mut opt = DeviceAdamW::new(host, &dev)?;
     let mut stream = TrainStream::new(&cfg.data, &tok, DataPosition::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let total = warmup + 2 * steps;

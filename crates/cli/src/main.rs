@@ -1,12 +1,12 @@
 //! `train`: pre-train a LLaMA with low-precision AdamW states, and inspect the results.
 //!
 //! ```text
-//! train --config configs/tiny_cpu.toml [--set optim.lr=6e-4] [--device cuda] [--resume runs/NAME|latest] [--overwrite] [--print-config] [--gpus N]
+//! train --config FILE|NAME [--set section.key=value ...] [--device cpu|cuda] [--resume RUN_DIR|latest] [--overwrite] [--print-config] [--gpus N]
 //! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--reset-period] [--json]
-//! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--json]
+//! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--estimator updated|paper] [--window N] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
-//! train reproduce --table bf16-model|fp32-model --scale smoke|h200|full [--cells LIST] [--seeds N | --seed-list LIST] [--out DIR --merge DIR]
-//! train bench optimizer            (CUDA builds)
+//! train reproduce --table bf16-model|fp32-model|reset-policies --scale smoke|h200|full [--states paper|blockwise|theory|all] [--cells LIST] [--seeds N | --seed-list LIST] [--jobs N] [--merge DIR]
+//! train bench optimizer | training | data   (optimizer and training: CUDA builds)
 //! ```
 
 use anyhow::{Context, Result};

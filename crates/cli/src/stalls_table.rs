@@ -5,6 +5,7 @@
 //! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
+use lowbit_train::output::fixed;
 use lowbit_train::logs::metrics::read_rows;
 use lowbit_train::logs::stalls::{Fractions, StallRow};
 use lowbit_train::logs::summary::mean;
@@ -58,9 +59,17 @@ pub struct StallsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Seconds between redraws with --follow.
-    #[arg(long, default_value_t = 2.0)]
+    /// Seconds between redraws with --follow, 0.1 to 3600.
+    #[arg(long, default_value_t = 2.0, value_parser = redraw_interval)]
     pub interval: f64,
+}
+
+/// `--interval`: seconds in [0.1, 3600] (`inf`, `nan` or 1e20 would not fit a sleep).
+fn redraw_interval(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if (0.1..=3600.0).contains(&t) => Ok(t),
+        _ => Err(format!("{s:?}: expected seconds between 0.1 and 3600")),
+    }
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,10 +160,6 @@ pub fn table(rows: &[StallRow], by: By, window: usize) -> Table {
     }
 }
 
-fn cell(x: Option<f64>) -> String {
-    x.map_or("-".into(), |v| format!("{v:.3}"))
-}
-
 /// Render as text; `state` limits the columns, `estimator` picks the fractions.
 pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &str) -> String {
     let show = |s: State| state.is_none_or(|x| x == s);
@@ -190,14 +195,14 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
         let ([lm, lv, lw], [mm, mv, mw]) = (estimator.of(&l.latest), estimator.of(&l.mean));
         let mut s = format!("{:<width$}", l.name);
         if show(State::M) {
-            s += &format!("  {:>8}  {:>6}", cell(lm), cell(mm));
+            s += &format!("  {:>8}  {:>6}", fixed(lm, 3), fixed(mm, 3));
         }
         if show(State::V) {
             let diff = mv.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
-            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}", cell(lv), cell(mv), cell(t.theory_v), diff);
+            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}", fixed(lv, 3), fixed(mv, 3), fixed(t.theory_v, 3), diff);
         }
         if show(State::W) {
-            s += &format!("  {:>8}  {:>6}", cell(lw), cell(mw));
+            s += &format!("  {:>8}  {:>6}", fixed(lw, 3), fixed(mw, 3));
         }
         out += &s;
         out.push('\n');
@@ -257,6 +262,6 @@ pub fn run(a: &StallsArgs) -> Result<()> {
             return Ok(());
         }
         first = false;
-        std::thread::sleep(std::time::Duration::from_secs_f64(a.interval.max(0.1)));
+        std::thread::sleep(std::time::Duration::from_secs_f64(a.interval));
     }
 }

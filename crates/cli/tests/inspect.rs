@@ -166,3 +166,20 @@ fn stalls_headers_say_what_the_mean_is_over() {
         "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps; stalled / updated elements)"
     );
 }
+
+/// Issue 33: `--follow --interval inf` (or 1e20) exited 101 on a panic converting the seconds;
+/// now a usage error (exit 2) that says the range, before the run folder is read.
+#[test]
+fn follow_intervals_that_cannot_be_slept_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_stalls(dir.path(), false);
+    for bad in ["inf", "1e20", "nan", "0"] {
+        let out = std::process::Command::new(common::train_bin())
+            .args(["stalls", dir.path().to_str().unwrap(), "--follow", "--interval", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--interval {bad}: {err}");
+        assert!(err.contains("expected seconds between 0.1 and 3600"), "{err}");
+    }
+}

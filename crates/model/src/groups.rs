@@ -56,9 +56,3 @@ pub fn try_param_group(name: &str) -> Option<ParamGroup> {
         None
     }
 }
-
-/// Group of an HF LLaMA tensor name (see [`try_param_group`]). Names outside the LLaMA
-/// layout fall back to [`ParamGroup::Mlp`] (a generic matrix).
-pub fn param_group(name: &str) -> ParamGroup {
-    try_param_group(name).unwrap_or(ParamGroup::Mlp)
-}

@@ -22,12 +22,12 @@
 //! | [`loss`]    | [`masked_cross_entropy`] |
 //! | [`kernels`] | [`Kernels`]: composed or fused ops |
 //! | `fused`     | the CUDA ops (`cuda` feature) |
-//! | [`groups`]  | [`ParamGroup`], [`param_group`] |
+//! | [`groups`]  | [`ParamGroup`], [`try_param_group`] |
 //!
 //! ```
 //! use candle_core::{DType, Device, Tensor};
 //! use candle_nn::VarBuilder;
-//! use lowbit_model::{init_params, masked_cross_entropy, param_group, Llama, LlamaConfig};
+//! use lowbit_model::{init_params, masked_cross_entropy, try_param_group, Llama, LlamaConfig};
 //!
 //! # fn main() -> candle_core::Result<()> {
 //! let cfg = LlamaConfig::preset("tiny", 256).unwrap();
@@ -45,7 +45,7 @@
 //! for (name, var) in varmap.data().lock().unwrap().iter() {
 //!     let g = grads.get(var.as_tensor()).expect("every var has a grad");
 //!     assert_eq!(g.dims(), var.dims());
-//!     let _group = param_group(name); // embed / attn / mlp / norm / head
+//!     let _group = try_param_group(name); // embed / attn / mlp / norm / head
 //! }
 //! assert_eq!(varmap.all_vars().iter().map(|v| v.elem_count()).sum::<usize>(), cfg.num_parameters());
 //! # Ok(()) }
@@ -68,7 +68,7 @@ pub mod training_pass;
 
 pub use config::{LlamaConfig, INIT_STD};
 pub use error::ModelError;
-pub use groups::{param_group, try_param_group, ParamGroup};
+pub use groups::{try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec};
 pub use kernels::Kernels;
 pub use llama::Llama;

@@ -47,8 +47,6 @@ pub fn masked_cross_entropy_with(logits: &Tensor, target: &Tensor, mask: &Tensor
     weighted_nll.sum_all()? / denom
 }
 
-/// `target` as u32 `[n]`, `mask` as F32 `[n]` (detached) and the loss's denominator
-/// `max(sum(mask), f32::MIN_POSITIVE)` (a scalar tensor).
 /// `target` as u32 `[n]` and the per-row weights of the mean loss, `mask / Σ mask` (F32 `[n]`,
 /// no gradient).
 #[cfg(feature = "cuda")]
@@ -57,6 +55,8 @@ pub(crate) fn flat_weights(target: &Tensor, mask: &Tensor, n: usize) -> Result<(
     Ok((target, mask.broadcast_div(&denom)?))
 }
 
+/// `target` as u32 `[n]`, `mask` as F32 `[n]` (detached) and the loss's denominator
+/// `max(sum(mask), f32::MIN_POSITIVE)` (a scalar tensor).
 pub(crate) fn flat_targets(target: &Tensor, mask: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let target = target.to_dtype(DType::U32)?.reshape(n)?;
     let mask = mask.to_dtype(DType::F32)?.reshape(n)?.detach();

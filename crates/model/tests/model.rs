@@ -343,7 +343,7 @@ fn groups_and_names() {
     let cfg = LlamaConfig::preset("tiny", 50).unwrap();
     let vm = init_params(&cfg, 0, DType::F32, &Device::Cpu).unwrap();
     let data = vm.data().lock().unwrap();
-    let count = |g: ParamGroup| data.keys().filter(|n| param_group(n) == g).count();
+    let count = |g: ParamGroup| data.keys().filter(|n| try_param_group(n) == Some(g)).count();
     assert_eq!(count(ParamGroup::Embedding), 1);
     assert_eq!(count(ParamGroup::Head), 1);
     assert_eq!(count(ParamGroup::Attention), 4 * cfg.num_layers);
@@ -357,7 +357,8 @@ fn groups_and_names() {
     assert_eq!(data["model.norm.weight"].dims(), &[128]);
     let names: Vec<_> = ParamGroup::ALL.iter().map(|g| g.as_str()).collect();
     assert_eq!(names, ["embed", "attn", "mlp", "norm", "head"]);
-    assert_eq!(param_group("model.layers.3.post_attention_layernorm.weight"), ParamGroup::Norm);
+    assert_eq!(try_param_group("model.layers.3.post_attention_layernorm.weight"), Some(ParamGroup::Norm));
+    assert_eq!(try_param_group("model.layers.0.adapter.weight"), None, "outside the LLaMA layout: no group");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The `[optim.states]` config section: how each state is stored, scaled, rounded and reset.
 
+use crate::error::OptimError;
 use crate::format::scale::ScaleKind;
 use crate::format::{Rounding, StateFormat};
 use crate::reset::{reset_at, BiasCorrection};
@@ -264,45 +265,45 @@ pub struct StatesSpec {
 impl StatesConfig {
     /// Validate and resolve format names, scale kinds and `"auto"` reset periods (which need
     /// the AdamW `beta2`). Errors name the offending key.
-    pub fn resolve(&self, beta2: f64) -> Result<StatesSpec, String> {
+    pub fn resolve(&self, beta2: f64) -> Result<StatesSpec, OptimError> {
         let m_format = StateFormat::parse(&self.m_format, false)
-            .map_err(|e| format!("optim.states.m_format: {e}"))?;
+            .map_err(|e| OptimError::Config(format!("optim.states.m_format: {e}")))?;
         let v_format = StateFormat::parse(&self.v_format, true)
-            .map_err(|e| format!("optim.states.v_format: {e}"))?;
+            .map_err(|e| OptimError::Config(format!("optim.states.v_format: {e}")))?;
         if !self.block_size.is_multiple_of(4) {
-            return Err(format!(
+            return Err(OptimError::Config(format!(
                 "optim.states.block_size: must be a multiple of 4 (fp4 packs two codes per byte; the \
                  CUDA kernel moves 4 elements at a time), or 0 for one scale per tensor; got {}",
                 self.block_size
-            ));
+            )));
         }
         if !(self.reset_s0 > 0.0 && self.reset_s0 < 1.0) {
-            return Err(format!("optim.states.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0));
+            return Err(OptimError::Config(format!("optim.states.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0)));
         }
-        let period = |every: ResetEvery, key: &str| -> Result<u64, String> {
+        let period = |every: ResetEvery, key: &str| -> Result<u64, OptimError> {
             match every {
                 ResetEvery::Steps(k) => Ok(k),
                 ResetEvery::Auto => {
                     let bits = v_format.fraction_bits().ok_or_else(|| {
-                        format!("optim.states.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name())
+                        OptimError::Config(format!("optim.states.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name()))
                     })?;
                     theory::reset_period(bits, beta2, self.reset_s0).ok_or_else(|| {
-                        format!(
+                        OptimError::Config(format!(
                             "optim.states.{key} = \"auto\": v in {} at b2 = {beta2} has no finite reset period K* \
                              up to {} updates (Prop. 5.2); give a number of steps or 0",
                             v_format.name(),
                             theory::MAX_RESET_PERIOD
-                        )
+                        ))
                     })
                 }
             }
         };
         let (m_reset_every, v_reset_every) = (period(self.m_reset_every, "m_reset_every")?, period(self.v_reset_every, "v_reset_every")?);
         if self.reset == ResetRule::Adaptive && (m_reset_every > 0 || v_reset_every > 0) {
-            return Err(format!(
+            return Err(OptimError::Config(format!(
                 "optim.states.reset = \"adaptive\" decides when m and v reset from the measured stalled fraction: \
                  m_reset_every and v_reset_every must be 0, got {m_reset_every} and {v_reset_every}"
-            ));
+            )));
         }
         Ok(StatesSpec {
             m_format,
@@ -374,7 +375,7 @@ mod tests {
 
     fn resolve(text: &str) -> Result<StatesSpec, String> {
         let c: StatesConfig = toml::from_str(text).map_err(|e| e.to_string())?;
-        c.resolve(0.999)
+        c.resolve(0.999).map_err(|e| e.to_string())
     }
 
     #[test]

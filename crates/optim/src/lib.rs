@@ -42,6 +42,7 @@ pub mod adamw;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod config;
+pub mod error;
 pub mod format;
 pub mod optimizer;
 pub mod reset;
@@ -51,6 +52,7 @@ pub mod state;
 pub mod theory;
 
 pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
+pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};

@@ -2,6 +2,7 @@
 //! host-side per-step constants (learning rate, bias corrections, resets, RNG keys) and the
 //! CPU reference step. The CUDA path (`cuda` feature) uses the same constants and keys.
 
+use crate::error::OptimError;
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
 use crate::config::{ResetRule, StatesSpec, VResetIdle, VZero};
 use crate::reset::{reset_at, AdaptiveReset};
@@ -88,7 +89,7 @@ impl LowbitAdamW {
     ///
     /// # Errors
     /// The adaptive rule is missing a measurement ([`Self::observe`] was not called for it).
-    pub fn begin_update(&mut self, step: u64) -> Result<(), String> {
+    pub fn begin_update(&mut self, step: u64) -> Result<(), OptimError> {
         let (beta2, s0) = (self.hyper.beta2, self.spec.reset_s0);
         if let Some(a) = &mut self.adaptive {
             a.reset_before(step, beta2, s0)?;
@@ -185,9 +186,9 @@ impl LowbitAdamW {
     /// # Errors
     /// A range count that differs from the tensor count, or a range that is out of bounds or
     /// cut inside a scale block ([`QuantState::slice`]).
-    pub fn shard(&self, ranges: &[std::ops::Range<usize>]) -> Result<LowbitAdamW, String> {
+    pub fn shard(&self, ranges: &[std::ops::Range<usize>]) -> Result<LowbitAdamW, OptimError> {
         if ranges.len() != self.tensors.len() {
-            return Err(format!("{} shard ranges for {} tensors", ranges.len(), self.tensors.len()));
+            return Err(OptimError::State(format!("{} shard ranges for {} tensors", ranges.len(), self.tensors.len())));
         }
         let tensors = self
             .tensors
@@ -195,10 +196,10 @@ impl LowbitAdamW {
             .zip(ranges)
             .map(|(t, r)| {
                 let (a, b) = (r.start - t.first, r.end - t.first);
-                let cut = |s: &QuantState| s.slice(a..b).map_err(|e| format!("{}: {e}", t.info.name));
+                let cut = |s: &QuantState| s.slice(a..b).map_err(|e| OptimError::State(format!("{}: {e}", t.info.name)));
                 Ok(TensorState { info: t.info.clone(), first: r.start, m: cut(&t.m)?, v: cut(&t.v)? })
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, OptimError>>()?;
         Ok(LowbitAdamW { tensors, ..self.clone_states() })
     }
 
@@ -207,21 +208,21 @@ impl LowbitAdamW {
     ///
     /// # Errors
     /// No shards, shards of different tensor lists, or shards that do not tile each tensor.
-    pub fn unshard(shards: &[LowbitAdamW]) -> Result<LowbitAdamW, String> {
-        let head = shards.first().ok_or("no shards")?;
+    pub fn unshard(shards: &[LowbitAdamW]) -> Result<LowbitAdamW, OptimError> {
+        let head = shards.first().ok_or_else(|| OptimError::State("no shards".into()))?;
         let mut tensors = Vec::with_capacity(head.tensors.len());
         for (i, t) in head.tensors.iter().enumerate() {
-            let parts: Vec<&TensorState> = shards.iter().map(|s| s.tensors.get(i)).collect::<Option<_>>().ok_or("shards hold different tensor lists")?;
+            let parts: Vec<&TensorState> = shards.iter().map(|s| s.tensors.get(i)).collect::<Option<_>>().ok_or_else(|| OptimError::State("shards hold different tensor lists".into()))?;
             let (ms, vs): (Vec<_>, Vec<_>) = parts.iter().map(|p| (&p.m, &p.v)).unzip();
             let mut at = 0;
             for p in &parts {
                 if p.info != t.info || p.first != at {
-                    return Err(format!("{}: shard at element {} does not continue at {at}", t.info.name, p.first));
+                    return Err(OptimError::State(format!("{}: shard at element {} does not continue at {at}", t.info.name, p.first)));
                 }
                 at += p.m.len;
             }
             if at != t.info.len {
-                return Err(format!("{}: shards hold {at} of {} elements", t.info.name, t.info.len));
+                return Err(OptimError::State(format!("{}: shards hold {at} of {} elements", t.info.name, t.info.len)));
             }
             tensors.push(TensorState { info: t.info.clone(), first: 0, m: QuantState::concat(&ms)?, v: QuantState::concat(&vs)? });
         }

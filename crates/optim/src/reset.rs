@@ -8,6 +8,7 @@
 //! Adaptive ([`AdaptiveReset`], Alg. 2): m and v reset together when the stalling measured in
 //! the current cycle says the cycle has aged enough.
 
+use crate::error::OptimError;
 use crate::theory::reset_threshold;
 use serde::{Deserialize, Serialize};
 
@@ -90,19 +91,19 @@ impl AdaptiveReset {
     /// # Errors
     /// A measurement the rule needs was never observed (the trainer must observe every
     /// update's stall counts), or `update` goes back before the last one decided.
-    pub fn reset_before(&mut self, update: u64, beta2: f64, s0: f64) -> Result<bool, String> {
+    pub fn reset_before(&mut self, update: u64, beta2: f64, s0: f64) -> Result<bool, OptimError> {
         if update == self.decided {
             return Ok(update == self.cycle_start && update > 1);
         }
         if update < self.decided {
-            return Err(format!("adaptive reset: update {update} after update {} was decided", self.decided));
+            return Err(OptimError::Reset(format!("adaptive reset: update {update} after update {} was decided", self.decided)));
         }
         self.decided = update;
         let last = update.saturating_sub(1 + ADAPTIVE_LAG);
         while self.next <= last {
             let t = self.next;
             let at = self.pending.iter().position(|&(u, _)| u == t).ok_or_else(|| {
-                format!("adaptive reset: the stalled fraction of v at update {t} was not observed (needed before update {update})")
+                OptimError::Reset(format!("adaptive reset: the stalled fraction of v at update {t} was not observed (needed before update {update})"))
             })?;
             let (_, p) = self.pending.swap_remove(at);
             self.next += 1;
@@ -155,7 +156,7 @@ mod tests {
         }
         // a missing measurement is an error, not a silent default
         let mut c = AdaptiveReset::default();
-        let e = c.reset_before(first, 0.999, 0.6).unwrap_err();
+        let e = c.reset_before(first, 0.999, 0.6).unwrap_err().to_string();
         assert!(e.contains("update 1 was not observed"), "{e}");
     }
 

@@ -5,6 +5,7 @@
 //! formats. Checkpoints save these bytes as they are (never dequantized), and the CUDA
 //! kernels read and write the same layout.
 
+use crate::error::OptimError;
 use crate::format::scale::ScaleKind;
 use crate::format::{bf16, int8, num_scales, StateFormat};
 
@@ -182,15 +183,15 @@ impl QuantState {
     }
 
     /// Restore codes from [`Self::code_bytes`] output; errors on a length mismatch.
-    pub fn set_code_bytes(&mut self, bytes: &[u8]) -> Result<(), String> {
+    pub fn set_code_bytes(&mut self, bytes: &[u8]) -> Result<(), OptimError> {
         let want = (self.len * self.format.bits() as usize).div_ceil(8);
         if bytes.len() != want {
-            return Err(format!(
+            return Err(OptimError::State(format!(
                 "{} state of {} elements needs {want} code bytes, got {}",
                 self.format.name(),
                 self.len,
                 bytes.len()
-            ));
+            )));
         }
         self.codes = match self.format {
             StateFormat::Fp32 => Codes::F32(
@@ -213,10 +214,10 @@ impl QuantState {
     ///
     /// # Errors
     /// A range out of bounds or cut inside a block, naming both.
-    pub fn slice(&self, range: std::ops::Range<usize>) -> Result<QuantState, String> {
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Result<QuantState, OptimError> {
         let (a, b) = (range.start, range.end);
         if a > b || b > self.len {
-            return Err(format!("element range {a}..{b} is outside the state's {} elements", self.len));
+            return Err(OptimError::State(format!("element range {a}..{b} is outside the state's {} elements", self.len)));
         }
         if a == b {
             let scales = vec![self.zero_scale(); num_scales(self.format, 0, self.block)];
@@ -225,11 +226,11 @@ impl QuantState {
         let scales = if self.format.is_scaled() {
             let bl = self.block_len();
             if !a.is_multiple_of(bl) || !(b.is_multiple_of(bl) || b == self.len) {
-                return Err(format!(
+                return Err(OptimError::State(format!(
                     "element range {a}..{b} cuts a scale block of {bl} elements ({} state of {} elements)",
                     self.format.name(),
                     self.len
-                ));
+                )));
             }
             self.scales[a / bl..b.div_ceil(bl)].to_vec()
         } else {
@@ -250,16 +251,16 @@ impl QuantState {
     /// # Errors
     /// No non-empty part, parts of different formats or block sizes, or an FP4 part of odd
     /// length before the last (its codes would not start on a byte).
-    pub fn concat(parts: &[&QuantState]) -> Result<QuantState, String> {
+    pub fn concat(parts: &[&QuantState]) -> Result<QuantState, OptimError> {
         let parts: Vec<&QuantState> = parts.iter().copied().filter(|p| p.len > 0).collect();
-        let head = *parts.first().ok_or("no non-empty state to concatenate")?;
+        let head = *parts.first().ok_or_else(|| OptimError::State("no non-empty state to concatenate".into()))?;
         let mut out = QuantState { codes: head.empty_codes(), ..head.clone_settings() };
         for (k, p) in parts.iter().enumerate() {
             if (p.format, p.block, p.signed, p.scale_kind) != (head.format, head.block, head.signed, head.scale_kind) {
-                return Err(format!("cannot concatenate a {} state with a {} state", p.format.name(), head.format.name()));
+                return Err(OptimError::State(format!("cannot concatenate a {} state with a {} state", p.format.name(), head.format.name())));
             }
             if head.format.bits() == 4 && k + 1 < parts.len() && p.len % 2 == 1 {
-                return Err(format!("fp4 part {k} has an odd length {}: its successor would not start on a byte", p.len));
+                return Err(OptimError::State(format!("fp4 part {k} has an odd length {}: its successor would not start on a byte", p.len)));
             }
             match (&mut out.codes, &p.codes) {
                 (Codes::F32(o), Codes::F32(c)) => o.extend_from_slice(c),

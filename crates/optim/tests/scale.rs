@@ -103,7 +103,7 @@ fn scale_kind_travels_with_the_state() {
     let p = z.zeros_like(8);
     assert_eq!((p.scale_kind, p.len, p.scales.len()), (ScaleKind::Amax, 8, 2));
     let other = QuantState::zeros(lowbit_optim::StateFormat::Fp8E4M3, 4, 4, true);
-    let e = QuantState::concat(&[&z.slice(0..8).unwrap(), &other]).unwrap_err();
+    let e = QuantState::concat(&[&z.slice(0..8).unwrap(), &other]).unwrap_err().to_string();
     assert!(e.contains("cannot concatenate"), "{e}");
     let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, 8);
     let mut w = vec![0.0f32; 8];

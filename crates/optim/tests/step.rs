@@ -182,7 +182,7 @@ fn adaptive_resets_follow_the_observed_stalled_fraction() {
     assert_eq!((s.inv_bias_correction1, s.inv_bias_correction2), (10.0, (1.0 / (1.0 - 0.999f64)) as f32));
     // a missing measurement is an error
     let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
-    assert!(o.begin_update(ADAPTIVE_LAG + 2).unwrap_err().contains("not observed"));
+    assert!(o.begin_update(ADAPTIVE_LAG + 2).unwrap_err().to_string().contains("not observed"));
 }
 
 #[test]

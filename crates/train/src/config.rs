@@ -80,6 +80,8 @@ pub struct ModelSection {
     pub num_layers: Option<usize>,
     pub num_heads: Option<usize>,
     pub num_kv_heads: Option<usize>,
+    /// Longest sequence the model takes (RoPE table, causal mask); default: the preset's,
+    /// raised to `data.seq_len`. Set shorter than `data.seq_len`, it is refused.
     pub max_seq_len: Option<usize>,
     pub rms_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
@@ -332,7 +334,12 @@ impl RunConfig {
         Ok(v.get("run").and_then(|r| r.get("dir")).and_then(|d| d.as_str()).map(String::from))
     }
 
-    /// The model dims: the preset, with explicit fields overriding it.
+    /// The model dims: the preset, with explicit fields overriding it; `max_seq_len` at least
+    /// `data.seq_len`.
+    ///
+    /// # Errors
+    /// An unknown preset, a missing dimension, an explicit `model.max_seq_len` below
+    /// `data.seq_len`, or dimensions the model rejects.
     pub fn model_config(&self, tokenizer_vocab: usize) -> Result<LlamaConfig> {
         let m = &self.model;
         let vocab = m.vocab_size.unwrap_or(tokenizer_vocab);
@@ -365,7 +372,14 @@ impl RunConfig {
         if m.num_kv_heads.is_none() && m.num_heads.is_some() {
             c.num_kv_heads = c.num_heads;
         }
-        c.max_seq_len = c.max_seq_len.max(self.data.seq_len);
+        match m.max_seq_len {
+            Some(n) if n < self.data.seq_len => bail!(
+                "model.max_seq_len = {n} is shorter than data.seq_len = {}: raise it, or leave it out (it then \
+                 follows data.seq_len)",
+                self.data.seq_len
+            ),
+            _ => c.max_seq_len = c.max_seq_len.max(self.data.seq_len),
+        }
         c.validate().map_err(|e| anyhow::anyhow!("model: {e}"))?;
         Ok(c)
     }

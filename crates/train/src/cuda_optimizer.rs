@@ -7,15 +7,16 @@ use lowbit_optim::cuda::{CudaAdamW, COUNTER_RING};
 use lowbit_optim::{LowbitAdamW, StallCounts};
 
 /// Steps by which the stall counts of a GPU optimizer are read late (half the kernel's ring of
-/// counters, at most the adaptive reset rule's lag, which its decisions then never wait for),
-/// so that the step itself never waits for the device.
+/// counters, at most the adaptive reset rule's lag, which its decisions then never wait for):
+/// the counters of step s are read at step s + lag, long written, so reading them adds no wait
+/// to the step (whose one synchronisation is at its end, `step.rs`).
 pub const COUNT_LAG: usize = {
     let lag = lowbit_optim::reset::ADAPTIVE_LAG as usize;
     if COUNTER_RING / 2 < lag { COUNTER_RING / 2 } else { lag }
 };
 
-/// States on the GPU; stall counters read back [`Optimizer::count_lag`] steps late so the
-/// step itself never waits for the device.
+/// States on the GPU; stall counters read back [`Optimizer::count_lag`] steps late so that
+/// reading them never waits for the device.
 pub struct DeviceAdamW {
     opt: CudaAdamW,
 }

@@ -12,6 +12,12 @@ pub fn print(text: &str) {
     write_or_ignore(std::io::stdout().lock(), text, "stdout");
 }
 
+/// `x` with `digits` decimals, `-` when there is none (a fraction not measured yet, a loss
+/// not computed): the one formatter of optional numbers in text output.
+pub fn fixed(x: Option<f64>, digits: usize) -> String {
+    x.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
 /// Write `text` to stderr; errors are ignored as in [`print`].
 pub fn eprint(text: &str) {
     write_or_ignore(std::io::stderr().lock(), text, "stderr");

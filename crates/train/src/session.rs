@@ -15,7 +15,7 @@ use crate::step::{batch_tensors, train_step, StepContext, StepOutput};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
-use lowbit_model::{init_params, param_group, Kernels, Llama, LlamaConfig};
+use lowbit_model::{init_params, try_param_group, Kernels, Llama, LlamaConfig};
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -115,7 +115,7 @@ pub struct StepReport {
 impl StepReport {
     /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
     pub fn line(&self) -> String {
-        let frac = |f: Option<f64>| f.map_or("-".into(), |x| format!("{x:.3}"));
+        let frac = |f: Option<f64>| crate::output::fixed(f, 3);
         let (m, v) = self.stalls.unwrap_or((None, None));
         format!(
             "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
@@ -165,7 +165,7 @@ impl Session {
         let mut varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
         let model = build_model(&cfg, &mcfg, &varmap, dtype, &dev)?;
         let params = ParamSet::from_varmap(&varmap);
-        let infos = param_infos(&params);
+        let infos = param_infos(&params)?;
         let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
         let hyper = Hyper {
             beta1: cfg.optim.beta1,
@@ -285,6 +285,7 @@ impl Session {
             cfg.train.device,
             spec.describe(),
         );
+        banner += &format!("\n{}", weight_decay_line(&infos, cfg.optim.weight_decay));
         if let Some(p) = theory.v {
             banner += &format!("\ntheory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
         }
@@ -522,19 +523,35 @@ fn same_config_as_rank0(comm: &dyn Collective, config_toml: &str) -> Result<()> 
     Ok(())
 }
 
-/// Model parameters' optimizer metadata, sorted by name.
-pub fn param_infos(params: &ParamSet) -> Vec<ParamInfo> {
+/// Model parameters' optimizer metadata, sorted by name: the stall-report group of each
+/// tensor (from its HF LLaMA name) and whether it takes weight decay (matrices do, vectors
+/// (the norms' gains) do not, as nanoGPT's and torchtitan's AdamW groups).
+///
+/// # Errors
+/// A tensor name outside the LLaMA layout (no group to report its stalls under).
+pub fn param_infos(params: &ParamSet) -> Result<Vec<ParamInfo>> {
     params
         .names
         .iter()
         .zip(&params.vars)
-        .map(|(n, v)| ParamInfo {
-            name: n.clone(),
-            group: param_group(n).as_str().to_string(),
-            len: v.elem_count(),
-            weight_decay: v.rank() >= 2,
+        .map(|(n, v)| {
+            let group = try_param_group(n).with_context(|| format!("parameter {n}: not a LLaMA tensor name (embed, attn, mlp, norm or head)"))?;
+            Ok(ParamInfo { name: n.clone(), group: group.as_str().to_string(), len: v.elem_count(), weight_decay: v.rank() >= 2 })
         })
         .collect()
+}
+
+/// The banner's weight-decay line: which tensors take it.
+fn weight_decay_line(infos: &[ParamInfo], weight_decay: f64) -> String {
+    let (decayed, kept): (Vec<&ParamInfo>, Vec<&ParamInfo>) = infos.iter().partition(|i| i.weight_decay);
+    let count = |v: &[&ParamInfo]| v.iter().map(|i| i.len).sum::<usize>();
+    format!(
+        "weight decay {weight_decay} on {} matrices ({} parameters), none on {} vectors ({} parameters: norm gains)",
+        decayed.len(),
+        count(&decayed),
+        kept.len(),
+        count(&kept)
+    )
 }
 
 /// The model on `dev` with the configured kernels and FP32 matmul precision.

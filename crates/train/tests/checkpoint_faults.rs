@@ -433,6 +433,12 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
         RunConfig::load(&d.join("ok.toml"), &sets(&["train.grad_accum=0"])),
         &["--set train.grad_accum=0", "train.grad_accum: must be > 0"],
     );
+    // a model shorter than its sequences is refused, not silently lengthened
+    let short = RunConfig::load(&d.join("ok.toml"), &sets(&["model.max_seq_len=16"])).unwrap();
+    let e = short.model_config(100).unwrap_err().to_string();
+    assert!(e.contains("model.max_seq_len = 16 is shorter than data.seq_len = 32"), "{e}");
+    let follows = RunConfig::load(&d.join("ok.toml"), &[]).unwrap().model_config(100).unwrap();
+    assert_eq!(follows.max_seq_len, 1024, "left out: the default, at least data.seq_len");
 }
 
 /// Write a shard file for the data tests.

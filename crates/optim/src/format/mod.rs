@@ -30,6 +30,7 @@ pub mod rounding;
 pub use rounding::Rounding;
 pub mod scale;
 
+use crate::error::OptimError;
 use minifloat::MiniFloat;
 use scale::ScaleKind;
 use serde::{Deserialize, Serialize};
@@ -79,12 +80,12 @@ impl StateFormat {
     /// Parse a config name for the first (`for_v = false`) or second moment. `fp8` means
     /// E4M3; `fp4` means E2M1 for m and unsigned E2M2 for v; `e8m1`..`e8m6` are the
     /// precision-only formats and `e8m7` is `bf16`.
-    pub fn parse(name: &str, for_v: bool) -> Result<Self, String> {
+    pub fn parse(name: &str, for_v: bool) -> Result<Self, OptimError> {
         if let Some(k) = name.strip_prefix("e8m").and_then(|k| k.parse::<u32>().ok()) {
             return match k {
                 7 => Ok(StateFormat::Bf16),
                 k if precision::FRACTION_BITS.contains(&k) => Ok(StateFormat::E8m(k as u8)),
-                _ => Err(format!("precision-only format `{name}`: fraction bits must be 1 to 7 (e8m7 = bf16)")),
+                _ => Err(OptimError::Config(format!("precision-only format `{name}`: fraction bits must be 1 to 7 (e8m7 = bf16)"))),
             };
         }
         let f = match name {
@@ -97,14 +98,14 @@ impl StateFormat {
             "fp4ue2m2" | "ue2m2" => StateFormat::Fp4UE2M2,
             "int8" => StateFormat::Int8,
             _ => {
-                return Err(format!(
+                return Err(OptimError::Config(format!(
                     "unknown state format `{name}` (expected one of fp32, bf16, fp8, fp8e4m3, \
                      fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8, e8m1 .. e8m7)"
-                ))
+                )))
             }
         };
         if f == StateFormat::Fp4UE2M2 && !for_v {
-            return Err("fp4ue2m2 is unsigned and can only hold the second moment v".into());
+            return Err(OptimError::Config("fp4ue2m2 is unsigned and can only hold the second moment v".into()));
         }
         Ok(f)
     }

@@ -7,6 +7,7 @@
 //!   truncate (for BF16 exactly "add a uniform 16-bit integer to the FP32 word and clear the
 //!   low 16 bits"). Values already on the grid never move; Inf/NaN are preserved.
 
+use crate::error::OptimError;
 use serde::{Deserialize, Serialize};
 
 /// How a FP32 value is rounded onto a coarser grid.
@@ -30,12 +31,12 @@ impl Rounding {
 }
 
 impl std::str::FromStr for Rounding {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = OptimError;
+    fn from_str(s: &str) -> Result<Self, OptimError> {
         match s {
             "nearest" | "rne" => Ok(Rounding::Nearest),
             "stochastic" | "sr" => Ok(Rounding::Stochastic),
-            _ => Err(format!("unknown rounding `{s}` (expected `nearest` or `stochastic`)")),
+            _ => Err(OptimError::Config(format!("unknown rounding `{s}` (expected `nearest` or `stochastic`)"))),
         }
     }
 }

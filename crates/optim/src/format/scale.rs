@@ -20,6 +20,7 @@
 //!
 //! Int8: `absmax` itself (8-bit Adam), 1 for an all-zero block ([`super::int8`]).
 
+use crate::error::OptimError;
 use super::minifloat::pow2;
 use serde::{Deserialize, Serialize};
 
@@ -45,12 +46,12 @@ impl ScaleKind {
 }
 
 impl std::str::FromStr for ScaleKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = OptimError;
+    fn from_str(s: &str) -> Result<Self, OptimError> {
         match s {
             "amax" => Ok(ScaleKind::Amax),
             "pow2" => Ok(ScaleKind::Pow2),
-            _ => Err(format!("unknown scale kind `{s}` (expected `amax` or `pow2`)")),
+            _ => Err(OptimError::Config(format!("unknown scale kind `{s}` (expected `amax` or `pow2`)"))),
         }
     }
 }

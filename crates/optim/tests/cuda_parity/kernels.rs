@@ -84,7 +84,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         states.v_reset_every = 2.into();
         states.v_reset_idle = if c.keep_idle { VResetIdle::Keep } else { VResetIdle::Reset };
     }
-    let spec = states.resolve(0.999)?;
+    let spec = states.resolve(0.999).map_err(|e| e.to_string())?;
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
     let infos: Vec<ParamInfo> = sizes
         .iter()
@@ -281,7 +281,7 @@ fn sharded_step_matches_whole_tensor_step() {
             }
             let host: Vec<LowbitAdamW> = shards.iter_mut().map(|s| s.download().unwrap().clone_states()).collect();
             let whole = LowbitAdamW::unshard(&host).unwrap();
-            let mut check = || -> Result<(), String> {
+            let check = || -> Result<(), String> {
                 if summed != cpu_counts {
                     return Err(format!("stall counts differ: shards {summed:?} cpu {cpu_counts:?}"));
                 }

@@ -1,6 +1,6 @@
-//! Collective operations between the ranks of a data-parallel job, behind one trait so that
-//! the NCCL backend (GPU buffers, not yet built: it needs candle-core's `nccl` feature and a
-//! 2-GPU machine to validate) drops in beside the CPU one.
+//! Collective operations between the ranks of a data-parallel job, behind one trait: the CPU
+//! backends here, the NCCL one (GPU buffers, `nccl` feature: `nccl.rs`; checked on one GPU by
+//! `tests/nccl_one_rank.rs`, two ranks exchanging data not yet run) beside them.
 //!
 //! - [`Solo`]: one process; every operation is the identity.
 //! - [`TcpCollective`]: the CPU backend over the rendezvous's TCP connections, a star

@@ -13,6 +13,10 @@ pub const TIMEOUT_VAR: &str = "LOWBIT_DIST_TIMEOUT_S";
 /// Default wait for the rendezvous and for a peer in a collective: 300 s.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The longest [`TIMEOUT_VAR`] taken: a week (a longer wait is a hang, and seconds beyond
+/// ~1.8e19 do not fit a `Duration`).
+pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+
 /// One process of a data-parallel job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct World {
@@ -55,8 +59,8 @@ impl World {
         let timeout = match var(TIMEOUT_VAR) {
             None => DEFAULT_TIMEOUT,
             Some(s) => match s.trim().parse::<f64>() {
-                Ok(t) if t > 0.0 && t.is_finite() => Duration::from_secs_f64(t),
-                _ => bail!("{TIMEOUT_VAR}={s:?}: expected a positive number of seconds"),
+                Ok(t) if t > 0.0 && t <= MAX_TIMEOUT_S => Duration::from_secs_f64(t),
+                _ => bail!("{TIMEOUT_VAR}={s:?}: expected a number of seconds in (0, {MAX_TIMEOUT_S}] (a week)"),
             },
         };
         let (rank, size) = (var("RANK"), var("WORLD_SIZE"));
@@ -151,5 +155,9 @@ mod tests {
         assert!(err(&[("WORLD_SIZE", "2")]).contains("RANK is not set"));
         assert!(err(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]).contains("MASTER_PORT is not set"));
         assert!(err(&[(TIMEOUT_VAR, "-1")]).contains(TIMEOUT_VAR));
+        // issue 33: seconds that do not fit a Duration are refused, not a panic
+        for huge in ["1e20", "inf", "nan", "604801"] {
+            assert!(err(&[(TIMEOUT_VAR, huge)]).contains("expected a number of seconds in (0, 604800]"), "{huge}");
+        }
     }
 }

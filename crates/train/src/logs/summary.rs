@@ -3,6 +3,7 @@
 
 use super::metrics::{read_rows, MetricsRow};
 use super::stalls::StallRow;
+use crate::output::fixed;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -129,10 +130,6 @@ fn process_peak_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn f(x: Option<f64>, digits: usize) -> String {
-    x.map_or("-".into(), |v| format!("{v:.digits$}"))
-}
-
 impl Summary {
     /// The one-screen text summary.
     pub fn render(&self) -> String {
@@ -148,16 +145,16 @@ impl Summary {
             self.tokens,
             self.tokens_per_s,
             self.peak_memory_bytes.map_or("-".into(), |b| format!("{:.2} GiB", gib(b))),
-            f(self.initial_val_loss, 4),
-            f(self.final_val_loss, 4),
-            f(self.final_train_loss, 4),
-            f(self.mean_stall_m, 3),
-            f(self.mean_stall_v, 3),
-            f(self.theory_stall_v, 3),
-            f(self.mean_stall_w, 3),
-            f(self.mean_unchanged_m, 3),
-            f(self.mean_unchanged_v, 3),
-            f(self.mean_unchanged_w, 3),
+            fixed(self.initial_val_loss, 4),
+            fixed(self.final_val_loss, 4),
+            fixed(self.final_train_loss, 4),
+            fixed(self.mean_stall_m, 3),
+            fixed(self.mean_stall_v, 3),
+            fixed(self.theory_stall_v, 3),
+            fixed(self.mean_stall_w, 3),
+            fixed(self.mean_unchanged_m, 3),
+            fixed(self.mean_unchanged_v, 3),
+            fixed(self.mean_unchanged_w, 3),
             self.params,
             self.state_bytes,
             self.state_bytes_per_param,
