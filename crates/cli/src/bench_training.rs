@@ -1,5 +1,6 @@
-//! `train bench training` (CUDA builds): speed of the real training step (the trainer's
-//! [`train_step`] on a run config: data reader and tokenizer, model, optimizer) on one GPU.
+//! `train bench training` (CUDA builds): speed of the real training step on one GPU: a
+//! [`Session`] opened on a run config as a run opens it (data reader and tokenizer, model,
+//! optimizer), without a run folder, stepped as the loop steps it.
 //!
 //! After `--warmup` steps: a window of `--steps` steps without any extra synchronisation
 //! gives tokens/s; a second window with a device synchronisation at each phase boundary
@@ -12,17 +13,12 @@
 //! `scripts/bench_training.sh` runs it beside `scripts/bench_hf_llama.py` (transformers eager
 //! and `torch.compile`) in one device command and writes `bench/training_h200.{md,json}`.
 
-use lowbit_train::config::{MatmulPrecision, RunConfig, WeightDtype};
-use lowbit_train::cuda_optimizer::DeviceAdamW;
-use lowbit_train::optimizer::ParamSet;
-use lowbit_train::schedule::learning_rate;
-use lowbit_train::step::{train_step, Phases, StepContext};
-use lowbit_train::session::{build_model, param_infos};
 use anyhow::{Context, Result};
 use candle_core::DType;
-use lowbit_data::{load_tokenizer, DataPosition, TrainStream};
-use lowbit_model::init_params;
-use lowbit_optim::{Hyper, LowbitAdamW};
+use lowbit_train::config::{MatmulPrecision, RunConfig};
+use lowbit_train::run_folder::FolderUse;
+use lowbit_train::session::{Launch, Session};
+use lowbit_train::step::Phases;
 use std::time::Instant;
 
 /// One measured configuration: the JSON row plus the split.
@@ -52,56 +48,37 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
 }
 
 /// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
-/// `grad_accum`): `warmup` untimed steps, then two windows of `steps` steps.
+/// `grad_accum`), built as a run is ([`Session::open`]) but without a run folder: `warmup`
+/// untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
-    let dev = lowbit_train::device::open("cuda", 0)?;
-    let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
-    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mcfg = cfg.model_config(tok.vocab_size())?;
-    let dtype = if cfg.model.dtype == WeightDtype::Bf16 { DType::BF16 } else { DType::F32 };
-    let varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
-    let model = build_model(cfg, &mcfg, &varmap, dtype, &dev)?;
-    let params = ParamSet::from_varmap(&varmap);
-    let hyper = Hyper { beta1: cfg.optim.beta1, beta2: cfg.optim.beta2, eps: cfg.optim.eps, weight_decay: cfg.optim.weight_decay };
-    let host = LowbitAdamW::new(hyper, spec, cfg.train.seed, param_infos(&params)?);
-    let mut opt = DeviceAdamW::new(host, &dev)?;
-    let mut stream = TrainStream::new(&cfg.data, &tok, DataPosition::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let total = warmup + 2 * steps;
-    let mut ctx = StepContext {
-        model: &model,
-        params: &params,
-        opt: &mut opt,
-        stream: &mut stream,
-        device: &dev,
-        micro_batch: cfg.train.micro_batch,
-        grad_accum: cfg.train.grad_accum,
-        grad_clip: cfg.optim.grad_clip,
-        comm: &lowbit_train::distributed::collective::Solo,
-    };
+    let mut cfg = cfg.clone();
+    cfg.train.device = "cuda".into();
+    cfg.train.max_steps = warmup + 2 * steps; // the learning-rate schedule's length
+    let mut session = Session::open(&Launch { folder: FolderUse::None, ..Launch::new(cfg.clone()) })?;
+    let dev = session.dev.clone();
     let mut step = 0u64;
-    let mut run = |ctx: &mut StepContext, phases: Option<&mut Phases>| -> Result<u64> {
+    let mut run = |s: &mut Session, phases: Option<&mut Phases>| -> Result<u64> {
         step += 1;
-        let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio);
-        let out = train_step(ctx, step, lr, phases)?;
+        let r = s.step_timed(step, phases)?;
         if step == 1 || step % 10 == 0 {
-            tracing::info!("step {step}: loss {:.4}", out.loss);
+            tracing::info!("step {step}: loss {:.4}", r.out.loss);
         }
-        Ok(out.tokens)
+        Ok(r.out.tokens)
     };
     for _ in 0..warmup {
-        run(&mut ctx, None)?;
+        run(&mut session, None)?;
     }
     dev.synchronize()?;
     let t = Instant::now();
     let mut tokens = 0u64;
     for _ in 0..steps {
-        tokens += run(&mut ctx, None)?;
+        tokens += run(&mut session, None)?;
     }
     dev.synchronize()?;
     let tokens_per_s = tokens as f64 / t.elapsed().as_secs_f64();
     let mut phases = Phases::default();
     for _ in 0..steps {
-        run(&mut ctx, Some(&mut phases))?;
+        run(&mut session, Some(&mut phases))?;
     }
     let per_step = |x: f64| 1e3 * x / steps as f64;
     let phases_ms = Phases {
@@ -111,7 +88,9 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         optimizer: per_step(phases.optimizer),
     };
     let peak = lowbit_train::device::memory(&dev).map_or(0.0, |(_, p)| p as f64 / (1u64 << 30) as f64);
-    let n = params.num_params() - mcfg.vocab_size * mcfg.hidden_size;
+    let (model, dtype) = (session.model(), session.dtype());
+    let mcfg = model.config();
+    let n = session.n_params - mcfg.vocab_size * mcfg.hidden_size;
     let t_len = cfg.data.seq_len;
     let flops_per_token = 6.0 * n as f64 + 12.0 * (mcfg.num_layers * mcfg.hidden_size * t_len) as f64;
     let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;

@@ -365,13 +365,17 @@ fn run_folder(dir: &Path) -> Result<PathBuf> {
     Ok(dir.to_path_buf())
 }
 
-/// The most recently modified run folder that has a checkpoint.
+/// The most recently modified run folder that has a checkpoint; a run that `--overwrite`
+/// moved aside (`<name>.old-<N>`) is never one.
 fn latest_run(runs: &Path) -> Result<PathBuf> {
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
     let entries = std::fs::read_dir(runs)
         .with_context(|| format!("--resume latest: cannot list the run folders in {} (run.dir)", runs.display()))?;
     for e in entries {
         let p = e?.path();
+        if lowbit_train::run_folder::is_moved_aside(&p) {
+            continue;
+        }
         if let Ok(m) = std::fs::metadata(p.join("checkpoints")).and_then(|m| m.modified()) {
             if best.as_ref().is_none_or(|(t, _)| m > *t) {
                 best = Some((m, p));

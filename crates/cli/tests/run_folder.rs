@@ -98,6 +98,10 @@ fn resume_latest_honours_run_dir() {
     let r = train(d, &["--set", "run.dir=elsewhere", "--resume", "latest"]);
     assert_eq!(r.code, Some(0));
     assert!(r.stdout.starts_with("elsewhere/x: already finished at step 3"), "{}", r.stdout);
+    // issue 33 (8c): a run that --overwrite moved aside is never `latest`, however new
+    std::fs::create_dir_all(d.join("elsewhere/x.old-1/checkpoints/step_0000009")).unwrap();
+    let r = train(d, &["--set", "run.dir=elsewhere", "--resume", "latest"]);
+    assert!(r.stdout.starts_with("elsewhere/x: already finished at step 3"), "{}\n{}", r.stdout, r.stderr);
     let r = train(d, &["--resume", "latest"]);
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("--resume latest: cannot list the run folders in runs (run.dir)"), "{}", r.stderr);

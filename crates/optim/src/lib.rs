@@ -2,8 +2,9 @@
 //!
 //! The CPU reference of lowbit's optimizer (the oracle the CUDA kernels match bit for bit):
 //! state formats ([`format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
-//! the step ([`adamw`]), resets ([`reset`]), stall counting ([`stalls`]) and the closed-form
-//! stall prediction ([`theory`]).
+//! the step ([`adamw`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
+//! stall prediction ([`theory`]), the states as named arrays for checkpoints ([`state_dict`])
+//! and the crate's error ([`error`]).
 //!
 //! ## The update (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
 //! Kingma & Ba, "Adam", ICLR 2015), per element, in FP32, in this order:
@@ -49,6 +50,7 @@ pub mod reset;
 pub mod rng;
 pub mod stalls;
 pub mod state;
+pub mod state_dict;
 pub mod theory;
 
 pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};

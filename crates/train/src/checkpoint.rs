@@ -14,13 +14,14 @@
 //!   that `transformers` computes the same loss from the exported weights.
 //!
 //! A checkpoint is written into `step_N.tmp/` and renamed when complete, so a kill never
-//! leaves a half checkpoint; only the newest `keep` are kept. Each component saves its own
-//! state; this module only arranges the files.
+//! leaves a half checkpoint; only the newest `keep` are kept. Each tensor file belongs to a
+//! [`Stateful`] component (the model's weights, the optimizer, the data position's carry:
+//! `crate::components`) that names its tensors and restores itself from them, as torchtitan's
+//! `Stateful`; this module only writes and reads the files.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use lowbit_data::DataPosition;
-use lowbit_optim::LowbitAdamW;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -78,6 +79,16 @@ fn one_rank() -> u64 {
     1
 }
 
+impl TrainState {
+    /// `state.json`: everything but the data position's carry, which the data position saves
+    /// in its own file (`crate::components`).
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        let mut small = self.clone();
+        small.data.carry = Vec::new();
+        Ok(serde_json::to_vec_pretty(&small)?)
+    }
+}
+
 /// File name of the [`ExportCheck`] in a checkpoint folder.
 pub const EXPORT_CHECK: &str = "export_check.json";
 
@@ -105,56 +116,56 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// File of the data position's pending tokens in a checkpoint folder, and its tensor name.
-const DATA_FILE: &str = "data.safetensors";
-const CARRY: &str = "carry";
 
 /// The folder of the checkpoint of `step` in a run folder.
 pub fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step_{step:07}"))
 }
 
-/// Save a checkpoint, with extra files `(name, bytes)` written into the folder before it is
-/// renamed; returns its folder.
-#[allow(clippy::too_many_arguments)]
-pub fn save(
-    run_dir: &Path,
-    model: &candle_nn::VarMap,
-    hf_config: &serde_json::Value,
-    opt: &LowbitAdamW,
-    state: &TrainState,
-    config_toml: &str,
-    keep: usize,
-    extra: &[(&str, Vec<u8>)],
-) -> Result<PathBuf> {
-    let dir = step_dir(run_dir, state.step);
+/// A part of the training state that a checkpoint holds in its own safetensors file: it
+/// names its tensors and restores itself from them (torchtitan's `Stateful`).
+pub trait Stateful {
+    /// Its file in the checkpoint folder (`model.safetensors`).
+    fn file(&self) -> &'static str;
+    /// Whether a checkpoint without the file is refused (else the component keeps its state:
+    /// a file added to the format later).
+    fn required(&self) -> bool {
+        true
+    }
+    /// Its tensors by name (on the CPU).
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>>;
+    /// Restore from the tensors of its file.
+    ///
+    /// # Errors
+    /// A missing tensor, or one of the wrong shape or kind (the caller adds the file's name).
+    fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()>;
+}
+
+/// Save a checkpoint of `state.step` into `run_dir`: one safetensors file per component, the
+/// small files `(name, bytes)` (`config.json`, `state.json`, ...), then the manifest; returns
+/// its folder. Keeps the newest `keep` checkpoints.
+pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful], files: &[(&str, Vec<u8>)]) -> Result<PathBuf> {
+    let dir = step_dir(run_dir, step);
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove {}", tmp.display()))?;
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let write = |name: &str, bytes: &[u8]| {
+    for (name, bytes) in files {
         let p = tmp.join(name);
-        std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))
-    };
-    save_weights(model, &tmp.join("model.safetensors"))?;
-    write("config.json", serde_json::to_string_pretty(hf_config)?.as_bytes())?;
-    candle_core::safetensors::save(&optimizer_tensors(opt)?, tmp.join("optimizer.safetensors"))
-        .with_context(|| format!("cannot write {}", tmp.join("optimizer.safetensors").display()))?;
-    let mut small = state.clone();
-    let carry = std::mem::take(&mut small.data.carry);
-    write("state.json", serde_json::to_string_pretty(&small)?.as_bytes())?;
-    let n = carry.len();
-    candle_core::safetensors::save(&HashMap::from([(CARRY.to_string(), Tensor::from_vec(carry, n, &Device::Cpu)?)]), tmp.join(DATA_FILE))
-        .with_context(|| format!("cannot write {}", tmp.join(DATA_FILE).display()))?;
-    write("config.toml", config_toml.as_bytes())?;
-    // the safetensors writer creates its files readable by the owner only; give them the
-    // permissions of the other files (the umask's), so others who can read the run can load it
-    let mode = std::fs::metadata(tmp.join("config.toml"))?.permissions();
-    for name in ["model.safetensors", "optimizer.safetensors", DATA_FILE] {
-        std::fs::set_permissions(tmp.join(name), mode.clone()).with_context(|| format!("cannot set the permissions of {name}"))?;
+        std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
     }
-    for (name, bytes) in extra {
-        write(name, bytes)?;
+    // the safetensors writer creates its files readable by the owner only; give them the
+    // permissions of a file created here (the umask's: the folder's without execute bits), so
+    // others who can read the run can load it
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(std::fs::metadata(&tmp)?.permissions().mode() & 0o666)
+    };
+    for c in components {
+        let p = tmp.join(c.file());
+        write_tensors(&c.state_dict()?, &p)?;
+        std::fs::set_permissions(&p, mode.clone()).with_context(|| format!("cannot set the permissions of {}", p.display()))?;
     }
     crate::manifest::write(&tmp)?;
     if dir.exists() {
@@ -165,36 +176,27 @@ pub fn save(
     Ok(dir)
 }
 
-/// The model's variables as safetensors with `{"format": "pt"}` metadata (what
-/// `transformers` writes and expects), tensors in name order.
-fn save_weights(model: &candle_nn::VarMap, path: &Path) -> Result<()> {
-    let data = model.data().lock().unwrap();
-    let mut tensors: Vec<(String, Tensor)> =
-        data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
-    drop(data);
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+/// Tensors as safetensors with `{"format": "pt"}` metadata (what `transformers` writes and
+/// expects), in name order.
+fn write_tensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()> {
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    safetensors::tensor::serialize_to_file(tensors.iter().map(|(k, t)| (k.as_str(), t)), Some(metadata), path)
-        .with_context(|| format!("cannot write model weights {}", path.display()))
+    safetensors::tensor::serialize_to_file(sorted.iter().map(|(k, t)| (k.as_str(), t)), Some(metadata), path)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn optimizer_tensors(opt: &LowbitAdamW) -> Result<HashMap<String, Tensor>> {
-    let mut map = HashMap::new();
-    for t in &opt.tensors {
-        for (kind, s) in [("m", &t.m), ("v", &t.v)] {
-            let codes = s.code_bytes();
-            let n = codes.len();
-            map.insert(format!("{}.{kind}.codes", t.info.name), Tensor::from_vec(codes, n, &Device::Cpu)?);
-            if !s.scales.is_empty() {
-                let n = s.scales.len();
-                map.insert(
-                    format!("{}.{kind}.scales", t.info.name),
-                    Tensor::from_vec(s.scales.clone(), n, &Device::Cpu)?,
-                );
-            }
+/// Restore `components` from checkpoint `dir`; errors name the file and the tensor.
+pub fn load(dir: &Path, components: &mut [&mut dyn Stateful]) -> Result<()> {
+    for c in components.iter_mut() {
+        let p = dir.join(c.file());
+        if !p.exists() && !c.required() {
+            continue;
         }
+        let tensors = candle_core::safetensors::load(&p, &Device::Cpu).with_context(|| format!("{}: cannot read", p.display()))?;
+        c.load_state_dict(tensors).with_context(|| p.display().to_string())?;
     }
-    Ok(map)
+    Ok(())
 }
 
 /// Checkpoint folders of a run, oldest first.
@@ -237,7 +239,7 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf> {
         })
 }
 
-/// Read `state.json` of a checkpoint.
+/// Read `state.json` of a checkpoint, with the data position's carry (`data.safetensors`).
 pub fn load_state(dir: &Path) -> Result<TrainState> {
     if !dir.is_dir() {
         bail!("{}: no such checkpoint folder", dir.display());
@@ -254,60 +256,8 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
     }
     let mut state: TrainState =
         serde_json::from_value(v).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
-    let dp = dir.join(DATA_FILE);
-    if dp.exists() {
-        let t = candle_core::safetensors::load(&dp, &Device::Cpu).with_context(|| format!("{}: cannot read", dp.display()))?;
-        let carry = t.get(CARRY).with_context(|| format!("{}: missing tensor {CARRY}", dp.display()))?;
-        state.data.carry = carry.to_vec1::<u32>().with_context(|| format!("{}: {CARRY}", dp.display()))?;
-    }
+    load(dir, &mut [&mut state.data])?;
     Ok(state)
-}
-
-/// Load weights into `model` (every variable must be present with its shape) and the
-/// optimizer's stored bytes into `opt`; errors name the file and the tensor.
-pub fn load_tensors(dir: &Path, model: &mut candle_nn::VarMap, opt: &mut LowbitAdamW) -> Result<()> {
-    let mp = dir.join("model.safetensors");
-    let weights = candle_core::safetensors::load(&mp, &Device::Cpu)
-        .with_context(|| format!("{}: cannot read weights", mp.display()))?;
-    {
-        let data = model.data().lock().unwrap();
-        for (name, var) in data.iter() {
-            let t = weights
-                .get(name)
-                .with_context(|| format!("{}: missing tensor {name} (checkpoint of another model?)", mp.display()))?;
-            if t.dims() != var.dims() {
-                bail!("{}: tensor {name} has shape {:?}, the model wants {:?}", mp.display(), t.dims(), var.dims());
-            }
-            if t.dtype() != var.dtype() {
-                tracing::warn!(
-                    "{}: {name} is {:?}, the model is {:?}: converted (the resume is not bit-exact)",
-                    mp.display(),
-                    t.dtype(),
-                    var.dtype()
-                );
-            }
-            var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
-        }
-    }
-    let op = dir.join("optimizer.safetensors");
-    let states = candle_core::safetensors::load(&op, &Device::Cpu)
-        .with_context(|| format!("{}: cannot read optimizer states", op.display()))?;
-    for t in &mut opt.tensors {
-        for (kind, s) in [("m", &mut t.m), ("v", &mut t.v)] {
-            let key = format!("{}.{kind}.codes", t.info.name);
-            let codes = states.get(&key).with_context(|| format!("{}: missing {key}", op.display()))?;
-            s.set_code_bytes(&codes.to_vec1::<u8>()?).map_err(|e| anyhow::anyhow!("{}: {key}: {e}", op.display()))?;
-            if !s.scales.is_empty() {
-                let key = format!("{}.{kind}.scales", t.info.name);
-                let sc = states.get(&key).with_context(|| format!("{}: missing {key}", op.display()))?.to_vec1::<f32>()?;
-                if sc.len() != s.scales.len() {
-                    bail!("{}: {key} has {} scales, expected {}", op.display(), sc.len(), s.scales.len());
-                }
-                s.scales = sc;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// [`crate::manifest::verify`] checkpoint `dir` of a run; when it fails, the error also offers

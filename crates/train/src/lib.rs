@@ -2,9 +2,9 @@
 //!
 //! The loop ([`run`]) over a [`session`] (set-up and every builder; one [`step`], validation,
 //! checkpoints), its config ([`config`]), device policy ([`device`]), learning-rate
-//! [`schedule`], run folder ([`run_folder`], [`checkpoint`], [`manifest`], [`logs`]) and data
-//! parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`) puts the commands, the
-//! progress bar and the plots on top.
+//! [`schedule`], run folder ([`run_folder`], [`checkpoint`] of [`components`], [`manifest`],
+//! [`logs`]) and data parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`)
+//! puts the commands, the progress bar and the plots on top.
 //!
 //! ```no_run
 //! use lowbit_train::{config::RunConfig, run, session::Launch};
@@ -14,6 +14,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod components;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda_optimizer;

@@ -37,6 +37,8 @@ pub enum FolderUse {
     Overwrite,
     /// Continue the run in the folder (`--resume`).
     Resume,
+    /// No run folder: nothing is written (`train bench training`); [`claim`] is not called.
+    None,
 }
 
 /// The exclusive lock of a live run on its folder; released (and the lock file removed) on drop.
@@ -62,6 +64,7 @@ pub fn run_files(dir: &Path) -> Vec<&'static str> {
 /// Take `dir` for a run used as `how`: lock it, then check (new), move aside (overwrite) or
 /// keep (resume) what is in it. Returns the lock, to be held until the run ends.
 pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
+    anyhow::ensure!(how != FolderUse::None, "{}: a launch without a run folder claims none", dir.display());
     if how == FolderUse::Overwrite {
         if let Some(aside) = move_aside_unless_live(dir)? {
             tracing::warn!("--overwrite: moved the previous run in {} to {}", dir.display(), aside.display());
@@ -94,6 +97,12 @@ pub fn move_aside_unless_live(dir: &Path) -> Result<Option<PathBuf>> {
     held.path = aside.join(LOCK_FILE); // the lock file moved with the folder: removed on drop
     drop(held);
     Ok(Some(aside))
+}
+
+/// Whether `dir` is a run that `--overwrite` moved aside (`<name>.old-<N>`, [`claim`]).
+pub fn is_moved_aside(dir: &Path) -> bool {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.rsplit_once(".old-").is_some_and(|(stem, n)| !stem.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Rename `dir` to the first free `<dir>.old-<N>` and return that path.
@@ -153,6 +162,13 @@ pub fn lock_file(path: &Path, busy: impl Fn(&str, &Path) -> String) -> Result<Ru
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moved_aside_names_are_recognised() {
+        for (name, aside) in [("x.old-1", true), ("run.old-12", true), ("x", false), ("x.old-", false), (".old-1", false), ("x.old-1a", false)] {
+            assert_eq!(is_moved_aside(Path::new("runs").join(name).as_path()), aside, "{name}");
+        }
+    }
 
     #[test]
     fn new_refuses_a_used_folder_overwrite_moves_it_aside_resume_keeps_it() {

@@ -2,7 +2,8 @@
 //! run folder (with every builder it uses); then [`Session::step`], [`Session::validate`] and
 //! [`Session::checkpoint`] are the units that [`crate::run::run`]'s loop calls.
 
-use crate::checkpoint::{self, TrainState};
+use crate::checkpoint::{self, Stateful, TrainState};
+use crate::components::Weights;
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use crate::distributed::collective::{Collective, Solo};
 use crate::distributed;
@@ -11,7 +12,7 @@ use crate::logs::stalls::{StallWriter, Theory};
 use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
 use crate::run_folder::{self, FolderUse, RunLock};
 use crate::schedule::learning_rate;
-use crate::step::{batch_tensors, train_step, StepContext, StepOutput};
+use crate::step::{batch_tensors, train_step, Phases, StepContext, StepOutput};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
@@ -162,7 +163,7 @@ impl Session {
         // The exported config.json: the model, and the tokenizer's special ids for `generate`.
         let mut hf_config = mcfg.hf_config_json_with_dtype(dtype);
         hf_config.as_object_mut().context("config.json is a JSON object")?.extend(tok.hf_token_ids());
-        let mut varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
+        let varmap = init_params(&mcfg, cfg.train.seed, dtype, &dev)?;
         let model = build_model(&cfg, &mcfg, &varmap, dtype, &dev)?;
         let params = ParamSet::from_varmap(&varmap);
         let infos = param_infos(&params)?;
@@ -196,7 +197,7 @@ impl Session {
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
-            checkpoint::load_tensors(dir, &mut varmap, &mut host)?;
+            checkpoint::load(dir, &mut [&mut Weights(&varmap), &mut host])?;
             host.adaptive = saved.adaptive_reset.clone();
             if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
                 tracing::warn!(
@@ -253,7 +254,7 @@ impl Session {
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder: a start that fails leaves the folder as it was.
         // Rank 0 alone writes the run folder.
-        let (lock, metrics, stalls) = if rank == 0 {
+        let (lock, metrics, stalls) = if rank == 0 && launch.folder != FolderUse::None {
             let lock = run_folder::claim(&run_dir, launch.folder)?;
             // a summary marks an ended run (`train stalls --follow` stops on it)
             let _ = std::fs::remove_file(run_dir.join("summary.json"));
@@ -326,6 +327,12 @@ impl Session {
     /// Training step `step` (= `state.step + 1`): the step itself ([`train_step`]), then the
     /// run's state, the metrics row and the stall rows that are due.
     pub fn step(&mut self, step: u64) -> Result<StepReport> {
+        self.step_timed(step, None)
+    }
+
+    /// [`Session::step`], adding the seconds of each phase to `phases` (with a device
+    /// synchronisation at each phase boundary: for benchmarks, not for training).
+    pub fn step_timed(&mut self, step: u64, phases: Option<&mut Phases>) -> Result<StepReport> {
         let t0 = Instant::now();
         let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
         let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
@@ -341,7 +348,7 @@ impl Session {
             comm: self.comm.as_ref(),
         };
         let update = self.state.updates + 1;
-        let out = train_step(&mut ctx, update, lr, None)?;
+        let out = train_step(&mut ctx, update, lr, phases)?;
         if out.updated {
             self.state.nonfinite_in_row = 0;
             self.state.updates = update;
@@ -402,16 +409,14 @@ impl Session {
         }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
         let state = TrainState { adaptive_reset: states.adaptive.clone(), ..self.state.clone() };
-        let dir = checkpoint::save(
-            &self.run_dir,
-            &self.varmap,
-            &self.hf_config,
-            states,
-            &state,
-            &self.config_toml,
-            self.cfg.train.keep_checkpoints,
-            &[(checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?)],
-        )?;
+        let files = [
+            ("config.json", serde_json::to_vec_pretty(&self.hf_config)?),
+            ("state.json", state.to_json()?),
+            ("config.toml", self.config_toml.clone().into_bytes()),
+            (checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?),
+        ];
+        let components: [&dyn Stateful; 3] = [&Weights(&self.varmap), states, &state.data];
+        let dir = checkpoint::save(&self.run_dir, state.step, self.cfg.train.keep_checkpoints, &components, &files)?;
         tracing::info!("checkpoint {}", dir.display());
         self.last_checkpoint = Some(dir.clone());
         Ok(Some(dir))
@@ -420,6 +425,14 @@ impl Session {
     /// What runs: the model, the states, the theory (a few lines).
     pub fn banner(&self) -> &str {
         &self.banner
+    }
+
+    /// The model being trained, and its weights' dtype.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     /// The folder of the checkpoint of `step` (written by rank 0).

@@ -433,6 +433,10 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
         RunConfig::load(&d.join("ok.toml"), &sets(&["train.grad_accum=0"])),
         &["--set train.grad_accum=0", "train.grad_accum: must be > 0"],
     );
+    // issue 33 (11): a float that is 0 in the optimizer's FP32 is refused, naming the key
+    for (set, key) in [("optim.eps=1e-60", "optim.eps"), ("optim.lr=1e-50", "optim.lr")] {
+        one_line_error(RunConfig::load(&d.join("ok.toml"), &sets(&[set])), &[key, "below FP32's smallest normal number"]);
+    }
     // a model shorter than its sequences is refused, not silently lengthened
     let short = RunConfig::load(&d.join("ok.toml"), &sets(&["model.max_seq_len=16"])).unwrap();
     let e = short.model_config(100).unwrap_err().to_string();

@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+mod load;
+pub use load::apply_override;
+use load::{find_key_line, key_of_message, load_value, locate_merged, located};
+
 /// The whole run configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -233,7 +237,7 @@ impl RunConfig {
             for o in overrides {
                 apply_override(&mut value, o)?;
             }
-            RunConfig::deserialize(value).map_err(|e| locate_merged(&files, overrides, &e))?
+            RunConfig::deserialize(value).map_err(|e| locate_merged::<RunConfig>(&files, overrides, &e))?
         };
         cfg.validate().map_err(|e| {
             let msg = format!("{e:#}");
@@ -285,6 +289,13 @@ impl RunConfig {
         }
         if !(o.eps > 0.0 && o.eps.is_finite()) {
             bail!("optim.eps: must be a positive number, got {}", o.eps);
+        }
+        // the optimizer computes in FP32: a value that rounds to 0 or a subnormal there is not
+        // the one configured (eps = 1e-60 is 0, and v = 0 then divides by zero)
+        for (k, v) in [("optim.lr", o.lr), ("optim.eps", o.eps)] {
+            if (v as f32) < f32::MIN_POSITIVE {
+                bail!("{k}: {v} is below FP32's smallest normal number {:e} (the optimizer computes in FP32)", f32::MIN_POSITIVE);
+            }
         }
         for (k, v) in [("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip)] {
             if !(v >= 0.0 && v.is_finite()) {
@@ -422,199 +433,3 @@ impl RunConfig {
     }
 }
 
-/// Read a TOML file into a table, merging it over its `extends` base. `files` collects
-/// every file read with its text, the top file first.
-fn load_value(path: &Path, depth: usize, files: &mut Vec<(PathBuf, String)>) -> Result<toml::Value> {
-    if depth > 8 {
-        bail!("{}: `extends` chain deeper than 8 files (a cycle?)", path.display());
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    let value: toml::Value = toml::from_str(&text).map_err(|e| located(path, &text, &e))?;
-    files.push((path.to_path_buf(), text));
-    let Some(base) = value.get("extends") else {
-        return Ok(value);
-    };
-    let Some(base) = base.as_str() else {
-        let (p, text) = files.last().expect("pushed");
-        let at = find_key_in(text, "extends").map_or(String::new(), |l| format!(":{l}"));
-        bail!("{}{at}: `extends` must be a string (path of the base config)", p.display());
-    };
-    let base_path = path.parent().unwrap_or(Path::new(".")).join(base);
-    if !base_path.is_file() {
-        let at = find_key_in(&files.last().expect("pushed").1, "extends").map_or(String::new(), |l| format!(":{l}"));
-        bail!("{}{at}: extends {base:?}, but {} does not exist", path.display(), base_path.display());
-    }
-    let mut merged = load_value(&base_path, depth + 1, files)?;
-    merge(&mut merged, value);
-    if let Some(t) = merged.as_table_mut() {
-        t.remove("extends");
-    }
-    Ok(merged)
-}
-
-/// A TOML error in `text` (the contents of `path`) as one line:
-/// `path:line:col: message (in [section] `line text`)`.
-fn located(path: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
-    let msg = one_line(e.message());
-    let Some(span) = e.span() else {
-        return anyhow::anyhow!("{}: {msg}", path.display());
-    };
-    let start = span.start.min(text.len());
-    let line_no = text[..start].matches('\n').count() + 1;
-    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
-    let col = text[line_start..start].chars().count() + 1;
-    let line = text[line_start..].lines().next().unwrap_or("").trim();
-    let section = text[..line_start]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| l.starts_with('['))
-        .map(|h| format!("{h} "))
-        .unwrap_or_default();
-    if line.is_empty() {
-        anyhow::anyhow!("{}:{line_no}:{col}: {msg}", path.display())
-    } else {
-        anyhow::anyhow!("{}:{line_no}:{col}: {msg} (in {section}`{line}`)", path.display())
-    }
-}
-
-fn one_line(s: &str) -> String {
-    s.split('\n').map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
-}
-
-/// Locate an error of the merged config (files of an `extends` chain plus `--set`
-/// overrides): the override that set the offending key, or the file and line holding it.
-fn locate_merged(files: &[(PathBuf, String)], overrides: &[String], e: &toml::de::Error) -> anyhow::Error {
-    let msg = one_line(e.message());
-    // The key path: toml's Display ends with "in `a.b`" for errors without a position,
-    // and an unknown field is named in the message.
-    let shown = e.to_string();
-    let mut key = shown
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("in `").and_then(|k| k.strip_suffix('`')))
-        .unwrap_or("")
-        .to_string();
-    if let Some(field) = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
-        if !key.ends_with(field) {
-            key = if key.is_empty() { field.to_string() } else { format!("{key}.{field}") };
-        }
-    }
-    if !key.is_empty() {
-        for o in overrides.iter().rev() {
-            let k = o.split_once('=').map_or(o.as_str(), |(k, _)| k).trim();
-            if k == key || key.starts_with(&format!("{k}.")) || k.starts_with(&format!("{key}.")) {
-                return anyhow::anyhow!("--set {o}: {msg} (key `{key}`)");
-            }
-        }
-    }
-    // A file whose own text gives the same error (ignoring sections only its base has).
-    for (p, text) in files {
-        if let Err(fe) = toml::from_str::<RunConfig>(text) {
-            if fe.message() == e.message() && fe.span().is_some() {
-                return located(p, text, &fe);
-            }
-        }
-    }
-    if let Some(loc) = (!key.is_empty()).then(|| find_key_line(files, overrides, &key)).flatten() {
-        return anyhow::anyhow!("{loc}: {msg} (key `{key}`)");
-    }
-    let top = files.first().map_or(String::new(), |f| f.0.display().to_string());
-    if key.is_empty() {
-        anyhow::anyhow!("{top} (with its `extends` bases and --set overrides): {msg}")
-    } else {
-        anyhow::anyhow!("{top} (with its `extends` bases and --set overrides): {msg} (key `{key}`)")
-    }
-}
-
-/// `section.key` at the start of a validation message such as "optim.lr: must be ...".
-fn key_of_message(msg: &str) -> Option<String> {
-    let first = msg.split([':', ' ', ',']).next()?;
-    (first.contains('.') && first.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'))
-        .then(|| first.to_string())
-}
-
-/// Where a dotted key was set last: `--set KEY=..` or `file:line` (top file first).
-fn find_key_line(files: &[(PathBuf, String)], overrides: &[String], key: &str) -> Option<String> {
-    for o in overrides.iter().rev() {
-        if o.split_once('=').is_some_and(|(k, _)| k.trim() == key) {
-            return Some(format!("(--set {o})"));
-        }
-    }
-    files
-        .iter()
-        .find_map(|(p, text)| find_key_in(text, key).map(|l| format!("{}:{l}", p.display())))
-}
-
-/// 1-based line of a dotted key in a TOML text (simple scan of `[table]` headers and
-/// `key = value` lines; enough for run configs).
-fn find_key_in(text: &str, key: &str) -> Option<usize> {
-    let unquote = |s: &str| {
-        s.split('.')
-            .map(|p| p.trim().trim_matches('"').trim_matches('\'').to_string())
-            .collect::<Vec<_>>()
-            .join(".")
-    };
-    let mut table = String::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        if let Some(h) = line.strip_prefix('[') {
-            let h = h.trim_start_matches('[');
-            let h = h.split(']').next().unwrap_or("");
-            table = unquote(h);
-            if table == key {
-                return Some(i + 1);
-            }
-            continue;
-        }
-        let Some((k, _)) = line.split_once('=') else { continue };
-        let k = unquote(k);
-        let full = if table.is_empty() { k } else { format!("{table}.{k}") };
-        if full == key {
-            return Some(i + 1);
-        }
-    }
-    None
-}
-
-/// Recursively overlay `top` onto `base` (tables merge, other values replace).
-fn merge(base: &mut toml::Value, top: toml::Value) {
-    match (base, top) {
-        (toml::Value::Table(b), toml::Value::Table(t)) => {
-            for (k, v) in t {
-                match b.get_mut(&k) {
-                    Some(bv) if bv.is_table() && v.is_table() => merge(bv, v),
-                    _ => {
-                        b.insert(k, v);
-                    }
-                }
-            }
-        }
-        (b, t) => *b = t,
-    }
-}
-
-/// Apply `section.key=value` (value parsed as TOML, else taken as a string).
-pub fn apply_override(root: &mut toml::Value, spec: &str) -> Result<()> {
-    let (key, raw) = spec
-        .split_once('=')
-        .with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
-    let parts: Vec<&str> = key.trim().split('.').collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        bail!("--set {spec:?}: empty key component");
-    }
-    let value: toml::Value = toml::from_str::<toml::Table>(&format!("x = {}", raw.trim()))
-        .ok()
-        .and_then(|mut t| t.remove("x"))
-        .unwrap_or_else(|| toml::Value::String(raw.trim().to_string()));
-    let mut node = root;
-    for p in &parts[..parts.len() - 1] {
-        let t = node.as_table_mut().with_context(|| format!("--set {key}: {p} is not a section"))?;
-        node = t.entry(p.to_string()).or_insert_with(|| toml::Value::Table(Default::default()));
-    }
-    node.as_table_mut()
-        .with_context(|| format!("--set {key}: parent is not a section"))?
-        .insert(parts[parts.len() - 1].to_string(), value);
-    Ok(())
-}

@@ -1,0 +1,93 @@
+//! The [`Stateful`] components of a checkpoint, each saving and restoring its own tensors: the
+//! model's weights (`model.safetensors`, HF LLaMA names, loads in `transformers`), the
+//! optimizer's states (`optimizer.safetensors`: [`LowbitAdamW::state_dict`], stored codes and
+//! block scales as they are) and the data position's pending tokens (`data.safetensors`).
+
+use crate::checkpoint::Stateful;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use lowbit_data::DataPosition;
+use lowbit_optim::state_dict::Array;
+use lowbit_optim::LowbitAdamW;
+use std::collections::HashMap;
+
+/// The model's weights (a [`candle_nn::VarMap`], set in place on load).
+pub struct Weights<'a>(pub &'a candle_nn::VarMap);
+
+impl Stateful for Weights<'_> {
+    fn file(&self) -> &'static str {
+        "model.safetensors"
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.0.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect())
+    }
+    /// Every variable must be present with its shape; another dtype is converted, with a
+    /// warning (the resume is then not bit-exact).
+    fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
+        let data = self.0.data().lock().unwrap();
+        for (name, var) in data.iter() {
+            let t = tensors.get(name).with_context(|| format!("missing tensor {name} (checkpoint of another model?)"))?;
+            if t.dims() != var.dims() {
+                bail!("tensor {name} has shape {:?}, the model wants {:?}", t.dims(), var.dims());
+            }
+            if t.dtype() != var.dtype() {
+                tracing::warn!("{name} is {:?}, the model is {:?}: converted (the resume is not bit-exact)", t.dtype(), var.dtype());
+            }
+            var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Stateful for LowbitAdamW {
+    fn file(&self) -> &'static str {
+        "optimizer.safetensors"
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        LowbitAdamW::state_dict(self)
+            .into_iter()
+            .map(|(k, a)| {
+                let t = match a {
+                    Array::U8(v) => Tensor::new(v, &Device::Cpu)?,
+                    Array::F32(v) => Tensor::new(v, &Device::Cpu)?,
+                };
+                Ok((k, t))
+            })
+            .collect()
+    }
+    fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
+        let mut get = |k: &str| {
+            let t = tensors.get(k)?;
+            match t.dtype() {
+                DType::U8 => t.to_vec1::<u8>().ok().map(Array::U8),
+                DType::F32 => t.to_vec1::<f32>().ok().map(Array::F32),
+                _ => None,
+            }
+        };
+        LowbitAdamW::load_state_dict(self, &mut get)?;
+        Ok(())
+    }
+}
+
+/// Name of the carry tensor in `data.safetensors`.
+const CARRY: &str = "carry";
+
+/// The pending tokens of the data position (`carry`, U32), kept out of `state.json` (a JSON
+/// list of them is tens of MB after one long document); checkpoints written before the file
+/// existed hold them in `state.json`.
+impl Stateful for DataPosition {
+    fn file(&self) -> &'static str {
+        "data.safetensors"
+    }
+    fn required(&self) -> bool {
+        false
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(vec![(CARRY.into(), Tensor::from_vec(self.carry.clone(), self.carry.len(), &Device::Cpu)?)])
+    }
+    fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
+        let t = tensors.get(CARRY).with_context(|| format!("missing tensor {CARRY}"))?;
+        self.carry = t.to_vec1::<u32>().with_context(|| CARRY.to_string())?;
+        Ok(())
+    }
+}

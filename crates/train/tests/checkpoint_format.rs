@@ -1,0 +1,129 @@
+//! Checkpoints written by an older lowbit still resume: `tests/fixtures/checkpoint_3ef565f/`
+//! was written by commit 3ef565f (before the checkpoint's components saved themselves), from
+//! the small deterministic training state [`fixture`] (two tensors, FP8 m / FP4 v with
+//! stochastic rounding, 3 CPU steps, a data carry). Today's code must read back exactly that
+//! state, and what it writes must read back the same.
+
+use candle_core::{Device, Tensor, Var};
+use lowbit_data::DataPosition;
+use lowbit_optim::adamw::Weights as StepWeights;
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use lowbit_train::checkpoint::{self, Stateful, TrainState};
+use lowbit_train::components::Weights;
+use std::path::{Path, PathBuf};
+
+fn committed() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoint_3ef565f")
+}
+
+/// The weights of a VarMap by name.
+fn weights(vm: &candle_nn::VarMap) -> Vec<(String, Vec<f32>)> {
+    let mut v: Vec<(String, Vec<f32>)> =
+        vm.data().lock().unwrap().iter().map(|(k, t)| (k.clone(), t.as_tensor().flatten_all().unwrap().to_vec1().unwrap())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// A VarMap with the fixture's names and shapes, zeros, and an optimizer with fresh states.
+fn blank() -> (candle_nn::VarMap, LowbitAdamW) {
+    let (vm, opt, _) = fixture_with_steps(0);
+    for (_, var) in vm.data().lock().unwrap().iter() {
+        var.set(&var.as_tensor().zeros_like().unwrap()).unwrap();
+    }
+    (vm, opt)
+}
+
+/// The training state of the fixture after 3 steps.
+fn fixture() -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
+    fixture_with_steps(3)
+}
+
+fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
+    let shapes: [(&str, &[usize]); 2] = [("model.layers.0.mlp.up_proj.weight", &[24, 16]), ("model.norm.weight", &[16])];
+    let s = StatesConfig {
+        m_format: "fp8".into(),
+        v_format: "fp4".into(),
+        block_size: 128,
+        m_rounding: Rounding::Stochastic,
+        v_rounding: Rounding::Stochastic,
+        ..Default::default()
+    };
+    let spec = s.resolve(0.999).unwrap();
+    let infos: Vec<ParamInfo> = shapes
+        .iter()
+        .map(|(n, d)| ParamInfo { name: n.to_string(), group: if n.contains("mlp") { "mlp" } else { "norm" }.into(), len: d.iter().product(), weight_decay: d.len() >= 2 })
+        .collect();
+    let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
+    let mut opt = LowbitAdamW::new(hyper, spec.clone(), 11, infos.clone());
+    let mut weights: Vec<Vec<f32>> = infos.iter().map(|i| (0..i.len).map(|k| ((k * 37 % 101) as f32 - 50.0) * 1e-3).collect()).collect();
+    for step in 1..=steps {
+        opt.begin_update(step).unwrap();
+        for (idx, w) in weights.iter_mut().enumerate() {
+            let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
+            opt.step_cpu(step, 1e-3, 1.0, idx, StepWeights::F32(w), &g);
+        }
+    }
+    let varmap = candle_nn::VarMap::new();
+    {
+        let mut data = varmap.data().lock().unwrap();
+        for ((n, d), w) in shapes.iter().zip(&weights) {
+            data.insert(n.to_string(), Var::from_tensor(&Tensor::from_vec(w.clone(), *d, &Device::Cpu).unwrap()).unwrap());
+        }
+    }
+    let state = TrainState {
+        step: 3,
+        tokens: 3 * 64,
+        data: DataPosition { carry: vec![5, 6, 7], ..DataPosition::default() },
+        nonfinite_in_row: 0,
+        updates: 3,
+        m_format: spec.m_format.name().into(),
+        v_format: spec.v_format.name().into(),
+        block_size: spec.block_size,
+        v_zero: spec.v_zero.as_str().into(),
+        m_scale: "pow2".into(),
+        v_scale: "amax".into(),
+        adaptive_reset: None,
+        params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
+        rng: lowbit_optim::rng::SCHEME.into(),
+        ranks: 1,
+        global_batch: 2,
+    };
+    (varmap, opt, state)
+}
+
+#[test]
+fn a_checkpoint_from_an_older_lowbit_resumes_exactly() {
+    let dir = committed();
+    lowbit_train::manifest::verify(&dir).unwrap();
+    let (want_vm, want_opt, want_state) = fixture();
+    assert_eq!(checkpoint::load_state(&dir).unwrap(), want_state, "state.json and the data carry");
+    let (vm, mut opt) = blank();
+    assert_ne!(weights(&vm), weights(&want_vm));
+    checkpoint::load(&dir, &mut [&mut Weights(&vm), &mut opt]).unwrap();
+    assert_eq!(weights(&vm), weights(&want_vm), "weights");
+    for (got, want) in opt.tensors.iter().zip(&want_opt.tensors) {
+        assert_eq!((&got.m, &got.v), (&want.m, &want.v), "{}: stored states", want.info.name);
+    }
+    assert!(want_opt.tensors[0].v.scales.iter().any(|&s| s > 0.0), "the fixture's states are not empty");
+}
+
+/// What today's code writes reads back the same, and a checkpoint of another model is refused
+/// naming the file and the tensor.
+#[test]
+fn checkpoints_round_trip_and_name_what_does_not_fit() {
+    let (vm, opt, state) = fixture();
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [("state.json", state.to_json().unwrap()), ("config.toml", b"# test\n".to_vec())];
+    let components: [&dyn Stateful; 3] = [&Weights(&vm), &opt, &state.data];
+    let dir = checkpoint::save(tmp.path(), state.step, 1, &components, &files).unwrap();
+    assert_eq!(checkpoint::load_state(&dir).unwrap(), state);
+    let (vm2, mut opt2) = blank();
+    checkpoint::load(&dir, &mut [&mut Weights(&vm2), &mut opt2]).unwrap();
+    assert_eq!(weights(&vm2), weights(&vm));
+    assert_eq!(opt2.tensors[0].m, opt.tensors[0].m);
+    // another model: a tensor the checkpoint lacks
+    let other = candle_nn::VarMap::new();
+    other.data().lock().unwrap().insert("lm_head.weight".into(), Var::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());
+    let e = format!("{:#}", checkpoint::load(&dir, &mut [&mut Weights(&other)]).unwrap_err());
+    assert!(e.contains("model.safetensors") && e.contains("missing tensor lm_head.weight"), "{e}");
+}
