@@ -15,6 +15,11 @@ pub fn resolve(given: &Path, configs_dir: &Path) -> Result<PathBuf> {
     if given.is_file() {
         return Ok(given.to_path_buf());
     }
+    if given.is_dir() {
+        let inside: Vec<String> = toml_files(given).iter().take(3).map(|p| p.display().to_string()).collect();
+        let hint = if inside.is_empty() { String::new() } else { format!(" (it holds {})", inside.join(", ")) };
+        bail!("--config {}: is a folder; give a config file{hint}", given.display());
+    }
     let bare = given.components().count() == 1;
     let all = toml_files(configs_dir);
     if bare {
@@ -83,6 +88,9 @@ mod tests {
         let e = r("llama100m_fp8_sr_rest.toml").unwrap_err().to_string();
         assert!(e.starts_with("--config llama100m_fp8_sr_rest.toml: no such file nor under"), "{e}");
         assert!(e.contains(&format!("nearest: {}", c.join("llama100m_fp8_sr_reset.toml").display())), "{e}");
+        // issue 33 (11): a folder is named as one, with the configs it holds
+        let e = r(c.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("is a folder; give a config file (it holds ") && e.contains("tiny_cpu.toml"), "{e}");
         let e = r("elsewhere/tiny.toml").unwrap_err().to_string();
         assert!(e.starts_with("--config elsewhere/tiny.toml: no such file; nearest: "), "{e}");
     }
