@@ -12,9 +12,9 @@ use lowbit_optim::LowbitAdamW;
 use std::collections::HashMap;
 
 /// The model's weights (a [`candle_nn::VarMap`], set in place on load).
-pub struct Weights<'a>(pub &'a candle_nn::VarMap);
+pub struct ModelWeights<'a>(pub &'a candle_nn::VarMap);
 
-impl Stateful for Weights<'_> {
+impl Stateful for ModelWeights<'_> {
     fn file(&self) -> &'static str {
         "model.safetensors"
     }

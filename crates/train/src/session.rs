@@ -3,7 +3,7 @@
 //! [`Session::checkpoint`] are the units that [`crate::run::run`]'s loop calls.
 
 use crate::checkpoint::{self, Stateful, TrainState};
-use crate::components::Weights;
+use crate::components::ModelWeights;
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use crate::distributed::collective::{Collective, Solo};
 use crate::distributed;
@@ -197,7 +197,7 @@ impl Session {
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
-            checkpoint::load(dir, &mut [&mut Weights(&varmap), &mut host])?;
+            checkpoint::load(dir, &mut [&mut ModelWeights(&varmap), &mut host])?;
             host.adaptive = saved.adaptive_reset.clone();
             if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
                 tracing::warn!(
@@ -415,7 +415,7 @@ impl Session {
             ("config.toml", self.config_toml.clone().into_bytes()),
             (checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?),
         ];
-        let components: [&dyn Stateful; 3] = [&Weights(&self.varmap), states, &state.data];
+        let components: [&dyn Stateful; 3] = [&ModelWeights(&self.varmap), states, &state.data];
         let dir = checkpoint::save(&self.run_dir, state.step, self.cfg.train.keep_checkpoints, &components, &files)?;
         tracing::info!("checkpoint {}", dir.display());
         self.last_checkpoint = Some(dir.clone());

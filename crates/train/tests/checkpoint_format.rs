@@ -6,10 +6,10 @@
 
 use candle_core::{Device, Tensor, Var};
 use lowbit_data::DataPosition;
-use lowbit_optim::adamw::Weights as StepWeights;
+use lowbit_optim::adamw::Weights;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
 use lowbit_train::checkpoint::{self, Stateful, TrainState};
-use lowbit_train::components::Weights;
+use lowbit_train::components::ModelWeights;
 use std::path::{Path, PathBuf};
 
 fn committed() -> PathBuf {
@@ -60,7 +60,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         opt.begin_update(step).unwrap();
         for (idx, w) in weights.iter_mut().enumerate() {
             let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
-            opt.step_cpu(step, 1e-3, 1.0, idx, StepWeights::F32(w), &g);
+            opt.step_cpu(step, 1e-3, 1.0, idx, Weights::F32(w), &g);
         }
     }
     let varmap = candle_nn::VarMap::new();
@@ -99,7 +99,7 @@ fn a_checkpoint_from_an_older_lowbit_resumes_exactly() {
     assert_eq!(checkpoint::load_state(&dir).unwrap(), want_state, "state.json and the data carry");
     let (vm, mut opt) = blank();
     assert_ne!(weights(&vm), weights(&want_vm));
-    checkpoint::load(&dir, &mut [&mut Weights(&vm), &mut opt]).unwrap();
+    checkpoint::load(&dir, &mut [&mut ModelWeights(&vm), &mut opt]).unwrap();
     assert_eq!(weights(&vm), weights(&want_vm), "weights");
     for (got, want) in opt.tensors.iter().zip(&want_opt.tensors) {
         assert_eq!((&got.m, &got.v), (&want.m, &want.v), "{}: stored states", want.info.name);
@@ -114,16 +114,16 @@ fn checkpoints_round_trip_and_name_what_does_not_fit() {
     let (vm, opt, state) = fixture();
     let tmp = tempfile::tempdir().unwrap();
     let files = [("state.json", state.to_json().unwrap()), ("config.toml", b"# test\n".to_vec())];
-    let components: [&dyn Stateful; 3] = [&Weights(&vm), &opt, &state.data];
+    let components: [&dyn Stateful; 3] = [&ModelWeights(&vm), &opt, &state.data];
     let dir = checkpoint::save(tmp.path(), state.step, 1, &components, &files).unwrap();
     assert_eq!(checkpoint::load_state(&dir).unwrap(), state);
     let (vm2, mut opt2) = blank();
-    checkpoint::load(&dir, &mut [&mut Weights(&vm2), &mut opt2]).unwrap();
+    checkpoint::load(&dir, &mut [&mut ModelWeights(&vm2), &mut opt2]).unwrap();
     assert_eq!(weights(&vm2), weights(&vm));
     assert_eq!(opt2.tensors[0].m, opt.tensors[0].m);
     // another model: a tensor the checkpoint lacks
     let other = candle_nn::VarMap::new();
     other.data().lock().unwrap().insert("lm_head.weight".into(), Var::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());
-    let e = format!("{:#}", checkpoint::load(&dir, &mut [&mut Weights(&other)]).unwrap_err());
+    let e = format!("{:#}", checkpoint::load(&dir, &mut [&mut ModelWeights(&other)]).unwrap_err());
     assert!(e.contains("model.safetensors") && e.contains("missing tensor lm_head.weight"), "{e}");
 }
