@@ -51,9 +51,11 @@ fn peak_flops(dtype: DType, tf32: bool) -> f64 {
 /// `grad_accum`), built as a run is ([`Session::open`]) but without a run folder: `warmup`
 /// untimed steps, then two windows of `steps` steps.
 pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow> {
+    anyhow::ensure!(steps > 0, "train bench training: --steps must be > 0");
     let mut cfg = cfg.clone();
     cfg.train.device = "cuda".into();
     cfg.train.max_steps = warmup + 2 * steps; // the learning-rate schedule's length
+    cfg.data.val_tokens = 0; // no validation set: nothing to read or tokenize for it
     let mut session = Session::open(&Launch { folder: FolderUse::None, ..Launch::new(cfg.clone()) })?;
     let dev = session.dev.clone();
     let mut step = 0u64;

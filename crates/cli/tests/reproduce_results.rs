@@ -325,7 +325,8 @@ fn report_only_renders_from_the_merged_results_file() {
 
 /// Table 6 (reset policies) reads the cells it shares with the main table (FP32 plain, FP8
 /// plain / SR / SR + symmetric resets) from the main table's results file: they are not run
-/// twice, its own file takes their records, and only its two policies are left to run.
+/// twice, its own file takes their records (those made with today's configs only), and only
+/// its two policies are left to run.
 #[test]
 fn reset_policies_borrow_the_main_tables_runs() {
     let tmp = tempfile::tempdir().unwrap();
@@ -334,11 +335,19 @@ fn reset_policies_borrow_the_main_tables_runs() {
     let committed = tmp.path().join("committed");
     std::fs::create_dir_all(&committed).unwrap();
     let mut file = ResultsFile::new(Table::Bf16Model, Scale::Smoke);
+    let mut own = ResultsFile::new(Table::ResetPolicies, Scale::Smoke);
     for (i, j) in main.iter().enumerate() {
         let k = &j.planned.key;
-        file.upsert(record(&k.states, &k.cell, k.seed, &j.planned.fingerprint, 6.0 + 0.01 * i as f64));
+        if k.cell == "fp8_sr" {
+            // the main table's record is stale (another config); Table 6's own is current
+            file.upsert(record(&k.states, &k.cell, k.seed, "00000000", 1.0));
+            own.upsert(record(&k.states, &k.cell, k.seed, &j.planned.fingerprint, 7.77));
+        } else {
+            file.upsert(record(&k.states, &k.cell, k.seed, &j.planned.fingerprint, 6.0 + 0.01 * i as f64));
+        }
     }
     file.save(&committed.join("bf16-model-smoke-results.json")).unwrap();
+    own.save(&committed.join("reset-policies-smoke-results.json")).unwrap();
     let out = tmp.path().join("out");
     let args = [
         "reproduce", "--table", "reset-policies", "--scale", "smoke", "--report-only", "--seed-list", "0",
@@ -350,6 +359,8 @@ fn reset_policies_borrow_the_main_tables_runs() {
     let own = ResultsFile::load(&out.join("reset-policies-smoke-results.json"), Table::ResetPolicies, Scale::Smoke).unwrap();
     let cells_held: Vec<&str> = own.runs.iter().map(|r| r.cell.as_str()).collect();
     assert_eq!(cells_held, ["fp8_plain", "fp8_sr", "fp8_sr_reset", "fp32_plain"], "the shared cells, and only those");
+    let sr = own.runs.iter().find(|r| r.cell == "fp8_sr").unwrap();
+    assert_eq!(sr.final_val_loss, Some(7.77), "a stale record of the main table never replaces a current one");
     assert!(md.contains("Reproduction of the paper's Table 6 (FP8 reset policies, BF16 model)"), "{md}");
     assert!(md.contains("4 of 6 runs (6 cells x seed 0)"), "{md}");
     assert!(md.contains("llama100m_fp8_sr_reset_v-s0, llama100m_fp8_sr_adaptive-s0"), "the policies are left to run: {md}");

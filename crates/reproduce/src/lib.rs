@@ -126,10 +126,9 @@ pub struct ReproduceArgs {
 }
 
 /// The results file of `--out`, merged over the one in `--merge` (the `--out` records win),
-/// with the records of the cells it shares with [`Table::borrows_from`]'s table taken from
-/// that table's files; and the lock this command holds on it until it ends (`<file>.lock`): a
-/// second `train reproduce` on the same table, scale and `--out` is refused up front instead
-/// of splitting the cells with this one and overwriting its records.
+/// and the lock this command holds on it until it ends (`<file>.lock`): a second `train
+/// reproduce` on the same table, scale and `--out` is refused up front instead of splitting
+/// the cells with this one and overwriting its records.
 fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile, RunLock)> {
     let name = results_name(a.table, a.scale);
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create --out {}", a.out.display()))?;
@@ -143,16 +142,31 @@ fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile, RunLock)> {
         )
     };
     let lock = lock_file(&path.with_extension("json.lock"), busy)?;
-    let mut file = read_merged(a, a.table)?;
-    if let Some(source) = a.table.borrows_from() {
-        let shared: Vec<String> = cells(a.table).iter().map(cell_short).collect();
-        for r in read_merged(a, source)?.runs {
-            if shared.contains(&r.cell) {
-                file.upsert(r);
+    let file = read_merged(a, a.table)?;
+    Ok((path, file, lock))
+}
+
+/// For a table that shares cells with another ([`Table::borrows_from`]): every run of this
+/// table (each states kind, the seeds of either file and of the command) that the file does
+/// not hold with today's config but the other table's file does is copied in. Only exact
+/// matches (key and fingerprint) are taken, so a stale record of either file never replaces
+/// a current one.
+fn borrow_shared_runs(a: &ReproduceArgs, spec: PlanSpec, kinds: &[States], seeds: &[usize], file: &mut ResultsFile) -> Result<()> {
+    let Some(source) = a.table.borrows_from() else { return Ok(()) };
+    let source = read_merged(a, source)?;
+    let mut all: Vec<usize> = seeds.iter().copied().chain(file.seeds()).chain(source.seeds()).collect();
+    all.sort_unstable();
+    all.dedup();
+    for &k in kinds {
+        for j in plan(spec, k, &cells(a.table), &all)? {
+            if file.find(&j.planned).is_none() {
+                if let Some(r) = source.find(&j.planned) {
+                    file.upsert(r.clone());
+                }
             }
         }
     }
-    Ok((path, file, lock))
+    Ok(())
 }
 
 /// The results file of `table` at `--scale` in `--out`, merged over the one in `--merge`
@@ -178,6 +192,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
     let spec = PlanSpec { table: a.table, scale: a.scale, configs: &a.configs, runs_root: &a.runs, extra: &a.set };
     let (path, mut file, _lock) = load_results(a)?;
     let kinds = a.states.kinds();
+    borrow_shared_runs(a, spec, &kinds, &seeds, &mut file)?;
     let mut jobs: Vec<Job> = Vec::new();
     for &k in &kinds {
         for j in plan(spec, k, &selected, &seeds)? {

@@ -160,11 +160,12 @@ pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful]
     // others who can read the run can load it
     let mode = {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::Permissions::from_mode(std::fs::metadata(&tmp)?.permissions().mode() & 0o666)
+        let dir_mode = std::fs::metadata(&tmp).with_context(|| format!("cannot read {}", tmp.display()))?.permissions().mode();
+        std::fs::Permissions::from_mode(dir_mode & 0o666)
     };
     for c in components {
         let p = tmp.join(c.file());
-        write_tensors(&c.state_dict()?, &p)?;
+        write_tensors(&c.state_dict().with_context(|| format!("{}: the tensors to write", p.display()))?, &p)?;
         std::fs::set_permissions(&p, mode.clone()).with_context(|| format!("cannot set the permissions of {}", p.display()))?;
     }
     crate::manifest::write(&tmp)?;

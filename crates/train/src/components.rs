@@ -56,6 +56,11 @@ impl Stateful for LowbitAdamW {
             .collect()
     }
     fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
+        for (k, t) in &tensors {
+            if !matches!(t.dtype(), DType::U8 | DType::F32) || t.rank() != 1 {
+                bail!("{k}: {:?} of shape {:?}, expected 1-D U8 codes or F32 scales", t.dtype(), t.dims());
+            }
+        }
         let mut get = |k: &str| {
             let t = tensors.get(k)?;
             match t.dtype() {

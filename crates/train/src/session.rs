@@ -239,7 +239,8 @@ impl Session {
         let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = state.global_batch;
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
-        let shared = shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)?;
+        // (no validation set, as in `train bench training`: nothing to overlap)
+        let shared = if cfg.data.val_tokens == 0 { 0 } else { shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)? };
         if shared > 0 {
             tracing::warn!(
                 shared,
@@ -402,9 +403,10 @@ impl Session {
     /// checkpoint folder on rank 0.
     pub fn checkpoint(&mut self) -> Result<Option<PathBuf>> {
         self.flush_stalls()?;
-        let leader = self.is_leader();
+        // rank 0 of a run with a folder (its writers are open) writes it
+        let writes = self.is_leader() && self.metrics.is_some();
         let states = self.opt.states()?;
-        if !leader {
+        if !writes {
             return Ok(None);
         }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
@@ -474,7 +476,7 @@ fn warn_about_settings(cfg: &RunConfig, spec: &lowbit_optim::StatesSpec) {
             "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} \
              steps so that the learning rate still decays",
             cfg.optim.warmup_steps,
-            max_steps - 1
+            max_steps.saturating_sub(1)
         );
     }
     if spec.resets_v_without_m() {
