@@ -110,7 +110,7 @@ fn records_take_the_summary_and_flag_divergence() {
 #[test]
 fn results_files_merge_across_commands() {
     let t = Table::Fp32Model;
-    let log = |runs| CommandLog { command: format!("train reproduce ... {runs}"), runs, wall_s: 470.0, jobs: 14, gpus: 2 };
+    let log = |runs| CommandLog { command: format!("train reproduce ... {runs}"), runs, wall_s: 470.0, jobs: 14, gpus: 2, states: vec![] };
     let mut committed = ResultsFile::new(t, Scale::H200);
     committed.upsert(record("shared", "fp32_plain", 0, "aaaaaaaa", 5.60));
     committed.upsert(record("paper", "fp8_sr", 0, "bbbbbbbb", 5.62));

@@ -220,6 +220,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         );
         let started = Instant::now();
         let (mut finished, mut ran) = (0usize, 0usize);
+        let mut made: Vec<String> = Vec::new();
         let pool = pool::PoolSpec { jobs: at_once, gpus: gpus.clone(), threads: (cpus / at_once).max(1) };
         pool::run_all(&todo, &pool, |j, rec, gpu, secs| {
             finished += 1;
@@ -235,6 +236,9 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
             match rec {
                 Some(r) => {
                     ran += 1;
+                    if !made.contains(&r.states) {
+                        made.push(r.states.clone());
+                    }
                     file.upsert(r);
                     file.save(&path)
                 }
@@ -252,6 +256,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
                 wall_s: started.elapsed().as_secs_f64(),
                 jobs: at_once,
                 gpus: gpus.len(),
+                states: made,
             });
         }
     }
@@ -313,7 +318,7 @@ fn report_for(
         .count();
     let info = RunInfo {
         results_file: results_name(a.table, a.scale),
-        commands: file.commands.clone(),
+        commands: file.commands.iter().filter(|c| c.made_runs_of(kind)).cloned().collect(),
         seeds: shown,
         runs_total: jobs.len(),
         runs_missing: jobs.iter().filter(|j| !found(j)).map(|j| j.name(a.table)).collect(),

@@ -7,6 +7,7 @@
 
 use super::paper::{cell_short, Cell, Table};
 use super::scale::Scale;
+use super::states::{States, SHARED};
 use super::stats::{Results, RunResult};
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::Summary;
@@ -130,6 +131,21 @@ pub struct CommandLog {
     /// Runs at once, and GPUs they were spread over (0: CPU).
     pub jobs: usize,
     pub gpus: usize,
+    /// The states kinds of the runs it finished (`paper`, `blockwise`, `theory`, `shared`), so
+    /// that each report lists only the commands that made its runs. Empty in files written
+    /// before the field existed: such a command is listed in every report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<String>,
+}
+
+impl CommandLog {
+    /// Whether this command made runs of the report of states kind `kind` (its own runs, or
+    /// for `paper` and `blockwise` the [`SHARED`] FP32/BF16 runs); a command of unknown kinds
+    /// counts.
+    pub fn made_runs_of(&self, kind: States) -> bool {
+        self.states.is_empty()
+            || self.states.iter().any(|s| s == kind.as_str() || (kind != States::Theory && s == SHARED))
+    }
 }
 
 /// A planned run as the results file sees it: its key and config fingerprint.

@@ -341,6 +341,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
             wall_s: 125.0,
             jobs: 2,
             gpus: 0,
+            states: vec!["theory".into()],
         }],
         seeds: vec![0, 1],
         runs_total: 28,
@@ -403,4 +404,28 @@ fn diverged_runs_are_flagged_and_not_judged() {
     assert!(md.lines().any(|l| l.starts_with("| fp4 | plain (nearest) |") && l.contains("28410.5000 (diverged)")));
     assert!(md.contains("Diverged (final validation loss above the initial one): llama100m_fp4_plain"));
     assert!(md.contains("**n/a (a run diverged)**"));
+}
+
+#[test]
+fn each_report_lists_the_commands_that_made_its_runs() {
+    let log = |states: &[&str]| CommandLog {
+        command: "train reproduce ...".into(),
+        runs: 1,
+        wall_s: 1.0,
+        jobs: 1,
+        gpus: 1,
+        states: states.iter().map(|s| s.to_string()).collect(),
+    };
+    let theory = log(&["theory"]);
+    assert!(theory.made_runs_of(States::Theory));
+    assert!(!theory.made_runs_of(States::Paper) && !theory.made_runs_of(States::Blockwise));
+    // The FP32/BF16 runs that `paper` and `blockwise` share belong to both, never to `theory`.
+    let shared = log(&[SHARED]);
+    assert!(shared.made_runs_of(States::Paper) && shared.made_runs_of(States::Blockwise));
+    assert!(!shared.made_runs_of(States::Theory));
+    let paper = log(&["paper"]);
+    assert!(paper.made_runs_of(States::Paper) && !paper.made_runs_of(States::Blockwise));
+    // A dropped kind's command is in no report; one written before the field, in all.
+    assert!(!log(&["storage"]).made_runs_of(States::Paper));
+    assert!(log(&[]).made_runs_of(States::Theory) && log(&[]).made_runs_of(States::Paper));
 }
