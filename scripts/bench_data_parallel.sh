@@ -12,13 +12,15 @@ OUT=${2:-bench/data_parallel_h200x2.json}
 ZEROS=${3:-0 1}
 DIR=$(mktemp -d)
 ARGS=(--config configs/llama100m_fp8_sr_reset.toml --device cuda --set train.max_steps=30
-  --set train.micro_batch=128 --set train.grad_accum=1 --set train.checkpoint_every=0
+  --set train.micro_batch=128 --set train.checkpoint_every=0
   --set optim.warmup_steps=5 --set data.val_tokens=32768 --set run.plots=false --set run.dir="$DIR"
   --set 'data.train=["data/c4-sample/en-train.*.json.gz"]'
   --set 'data.validation=["data/c4-sample/en-validation.*.json.gz"]')
-"$BIN" "${ARGS[@]}" --set run.name=g1z0 > /dev/null
+# grad_accum = GPUs: one micro-batch of 128 per GPU and step (the global batch is
+# micro_batch x grad_accum whatever the GPU count)
+"$BIN" "${ARGS[@]}" --set train.grad_accum=1 --set run.name=g1z0 > /dev/null
 for z in $ZEROS; do
-  "$BIN" "${ARGS[@]}" --set train.zero="$z" --set run.name="g2z$z" --gpus 2 > /dev/null
+  "$BIN" "${ARGS[@]}" --set train.grad_accum=2 --set train.zero="$z" --set run.name="g2z$z" --gpus 2 > /dev/null
 done
 python3 - "$DIR" "$OUT" <<'PY'
 import json, os, statistics, sys

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data parallelism on 2 GPUs (NCCL) against 1 GPU with the same global batch: LLaMA-20M,
 # BF16, FP8 states SR + resets, 50 steps of 64 x 256 tokens: 1 GPU with micro_batch 32 x
-# grad_accum 2, then `--gpus 2` with micro_batch 32 x grad_accum 1 (the same rows per step,
-# the same micro-batch shapes). The issue's tolerance: losses within 1e-4 per step (a
+# grad_accum 2, then `--gpus 2` with the same config (the global batch is micro_batch x
+# grad_accum whatever the GPU count: one micro-batch of 32 per GPU, the same rows per step). The issue's tolerance: losses within 1e-4 per step (a
 # different summation order could move them; the two FP32 partial gradients are added once
 # either way, so they are expected bit-identical), stalled fractions within 0.5 points. Then
 # `--gpus 2` with train.zero = 1 (each GPU steps its shard of the states) against zero = 0:
@@ -26,8 +26,8 @@ rm -rf "$DIR/dp_one" "$DIR/dp_one_zero1" "$DIR/dp_two" "$DIR/dp_zero1"
 if [ "$GPUS" = 1 ]; then
   "$BIN" "${ARGS[@]}" --set train.grad_accum=2 --set run.name=dp_one_zero1 --set train.zero=1 > /dev/null
 else
-  "$BIN" "${ARGS[@]}" --set train.grad_accum=1 --set run.name=dp_two --gpus 2 > /dev/null
-  "$BIN" "${ARGS[@]}" --set train.grad_accum=1 --set run.name=dp_zero1 --gpus 2 --set train.zero=1 > /dev/null
+  "$BIN" "${ARGS[@]}" --set train.grad_accum=2 --set run.name=dp_two --gpus 2 > /dev/null
+  "$BIN" "${ARGS[@]}" --set train.grad_accum=2 --set run.name=dp_zero1 --gpus 2 --set train.zero=1 > /dev/null
 fi
 python3 - "$DIR" "$GPUS" <<'PY'
 import glob, json, sys

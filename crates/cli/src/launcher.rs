@@ -7,8 +7,13 @@
 //!
 //! Signals: the workers run in their own process group, so a Ctrl-C at the terminal reaches
 //! only the supervisor, which forwards SIGINT or SIGTERM once to every worker (they agree
-//! on the step to stop at, write a checkpoint and exit 130 / 143). On Linux a worker gets
+//! on the step to stop at, write a checkpoint and exit 130 / 143). A scheduler that signals
+//! the workers themselves gets the same stop (a worker's 130 / 143 is not a failure), and
+//! one that signals every process gets one stop ([`crate::signals`]). On Linux a worker gets
 //! SIGTERM if the supervisor dies.
+//!
+//! Exit status of the job: 0 when every worker finished, 130 / 143 when they stopped on an
+//! interrupt with a checkpoint, 1 when any worker failed (also after an interrupt).
 
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
@@ -85,16 +90,40 @@ fn detach(cmd: &mut Command) {
     }
 }
 
-/// Waits for every worker. When `interrupt` is set, forwards the signal that set it
-/// (`signal`: SIGINT or SIGTERM) once to every worker still running and waits for them.
+/// How a worker ended, as the exit-status contract reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ended {
+    /// Exit 0: the run finished (or had nothing to do).
+    Finished,
+    /// Exit 130 / 143: interrupted, its part of the checkpoint written.
+    Interrupted(i32),
+    /// Anything else, a death by a signal included (no checkpoint promised).
+    Failed,
+}
+
+fn ended(status: ExitStatus) -> Ended {
+    match status.code() {
+        Some(0) => Ended::Finished,
+        Some(c @ (130 | 143)) => Ended::Interrupted(c),
+        _ => Ended::Failed,
+    }
+}
+
+/// Waits for every worker and returns the job's exit status: 0 when every worker finished,
+/// 130 / 143 when they stopped on an interrupt (each wrote its part of the checkpoint; the
+/// status of the first interrupted worker). When `interrupt` is set, forwards the signal that
+/// set it (`signal`: SIGINT or SIGTERM) once to every worker still running. A worker that
+/// exits 130 / 143 by itself (a scheduler signalled the workers, not this process) is not a
+/// failure: its peers stop at the same step, and they are waited for.
 ///
 /// # Errors
-/// The first worker that exits unsuccessfully (when no signal was forwarded): the others are
-/// killed, and the error names its rank and exit status, then those of any other rank that
-/// had failed too.
-pub fn supervise(mut children: Vec<Child>, interrupt: &AtomicBool, signal: impl Fn() -> i32) -> Result<()> {
+/// The first worker that fails (any other status, also after an interrupt: the worst status
+/// wins): the others are killed, and the error names its rank and exit status, then those of
+/// any other rank that had failed too.
+pub fn supervise(mut children: Vec<Child>, interrupt: &AtomicBool, signal: impl Fn() -> i32) -> Result<i32> {
     let mut done: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let mut forwarded = false;
+    let mut interrupted: Option<i32> = None;
     while done.iter().any(Option::is_none) {
         if interrupt.load(Ordering::SeqCst) && !forwarded {
             forwarded = true;
@@ -111,14 +140,16 @@ pub fn supervise(mut children: Vec<Child>, interrupt: &AtomicBool, signal: impl 
             }
             if let Some(status) = c.try_wait()? {
                 done[rank] = Some(status);
-                if !status.success() && !forwarded {
-                    bail!("{}", fail(&mut children, &done, rank, status));
+                match ended(status) {
+                    Ended::Finished => {}
+                    Ended::Interrupted(code) => interrupted = interrupted.or(Some(code)),
+                    Ended::Failed => bail!("{}", fail(&mut children, &done, rank, status)),
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
+    Ok(interrupted.unwrap_or(0))
 }
 
 /// After worker `first` failed with `status`: reaps the workers that have exited by now, kills
@@ -129,7 +160,7 @@ fn fail(children: &mut [Child], done: &[Option<ExitStatus>], first: usize, statu
     let mut stopped = false;
     for (rank, c) in children.iter_mut().enumerate().filter(|(r, _)| *r != first) {
         match done[rank].or_else(|| c.try_wait().ok().flatten()) {
-            Some(s) if !s.success() => failed.push(format!("rank {rank} failed ({s})")),
+            Some(s) if ended(s) == Ended::Failed => failed.push(format!("rank {rank} failed ({s})")),
             Some(_) => {}
             None => {
                 kill_group(c);
@@ -181,7 +212,7 @@ mod tests {
         let base = dir.path().join("env");
         let args = [OsString::from("-c"), script.into(), base.clone().into()];
         let children = spawn(std::path::Path::new("sh"), &args, 2, 29_511).unwrap();
-        supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap();
+        assert_eq!(supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap(), 0);
         for r in 0..2 {
             let got = std::fs::read_to_string(format!("{}.{r}", base.display())).unwrap();
             assert_eq!(got.trim(), format!("{r} 2 {r} 127.0.0.1 29511"));
@@ -243,9 +274,38 @@ mod tests {
         let args = [OsString::from("-c"), script.into(), base.clone().into()];
         let children = spawn(std::path::Path::new("sh"), &args, 2, 29_513).unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        supervise(children, &AtomicBool::new(true), || libc::SIGTERM).unwrap();
+        assert_eq!(supervise(children, &AtomicBool::new(true), || libc::SIGTERM).unwrap(), 143);
         for r in 0..2 {
             assert_eq!(std::fs::read_to_string(format!("{}.{r}", base.display())).unwrap().trim(), "term");
         }
+    }
+
+    /// Issue 33 (2): a scheduler's SIGTERM to the workers only: rank 1 stops first and exits
+    /// 143; rank 0 still writes its checkpoint and is not killed; the job exits 143.
+    #[test]
+    fn a_worker_interrupted_by_the_scheduler_is_waited_for_not_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "if [ $RANK = 1 ]; then exit 143; fi; sleep 0.5; echo written > \"$0\"; exit 143";
+        let done = dir.path().join("checkpoint");
+        let args = [OsString::from("-c"), script.into(), done.clone().into()];
+        let children = spawn(std::path::Path::new("sh"), &args, 2, 29_515).unwrap();
+        assert_eq!(supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap(), 143);
+        assert_eq!(std::fs::read_to_string(&done).unwrap().trim(), "written", "rank 0 ran to its end");
+    }
+
+    /// Issue 33 (3): a worker that fails after the interrupt was forwarded fails the job (the
+    /// worst status wins), naming its rank; a worker killed by a signal is a failure too.
+    #[test]
+    fn a_failure_after_an_interrupt_fails_the_job() {
+        let script = "trap 'if [ $RANK = 0 ]; then exit 1; else exit 143; fi' TERM; sleep 30 & wait";
+        let args = [OsString::from("-c"), script.into()];
+        let children = spawn(std::path::Path::new("sh"), &args, 2, 29_516).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let e = supervise(children, &AtomicBool::new(true), || libc::SIGTERM).unwrap_err().to_string();
+        assert!(e.starts_with("worker rank 0 failed (exit status: 1)"), "{e}");
+        let args = [OsString::from("-c"), "kill -9 $$".into()];
+        let children = spawn(std::path::Path::new("sh"), &args, 1, 29_517).unwrap();
+        let e = supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap_err().to_string();
+        assert!(e.contains("worker rank 0 failed (signal: 9 (SIGKILL))"), "{e}");
     }
 }

@@ -57,7 +57,8 @@ struct TrainArgs {
     #[arg(long)]
     print_config: bool,
     /// Data-parallel training with N worker processes on this host (one per GPU), supervised
-    /// by this one; the global batch is micro_batch x grad_accum x N.
+    /// by this one; the global batch stays micro_batch x grad_accum sequences, each worker
+    /// accumulating grad_accum / N micro-batches (N must divide train.grad_accum).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     gpus: Option<u32>,
 }
@@ -189,12 +190,12 @@ fn main() {
         // report of the failed write would go to the same stderr with eprintln! and panic
         .log_internal_errors(false)
         .init();
-    if let Err(e) = real_main() {
-        lowbit_train::errln!("{}error: {e:#}", rank_prefix());
-        std::process::exit(1);
-    }
-    if let Some(code) = signals::exit_status() {
-        std::process::exit(code);
+    match real_main() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            lowbit_train::errln!("{}error: {e:#}", rank_prefix());
+            std::process::exit(1);
+        }
     }
 }
 
@@ -207,18 +208,21 @@ fn rank_prefix() -> String {
     }
 }
 
-fn real_main() -> Result<()> {
+/// The command's exit status: 0 done, 130 / 143 a training run stopped by an interrupt with a
+/// checkpoint (see [`train`]); an error exits 1.
+fn real_main() -> Result<i32> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Predict { format, beta2, rounding, reset_period, json }) => {
-            predict::print(&format, beta2, rounding, reset_period, json)
+            predict::print(&format, beta2, rounding, reset_period, json)?
         }
-        Some(Cmd::Stalls(args)) => stalls_table::run(&args),
-        Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref()),
-        Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args),
-        Some(Cmd::Bench(b)) => bench(b),
-        None => train(cli.train),
+        Some(Cmd::Stalls(args)) => stalls_table::run(&args)?,
+        Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref())?,
+        Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args)?,
+        Some(Cmd::Bench(b)) => bench(b)?,
+        None => return train(cli.train),
     }
+    Ok(0)
 }
 
 fn bench(b: BenchCmd) -> Result<()> {
@@ -256,7 +260,12 @@ fn bench(b: BenchCmd) -> Result<()> {
     Ok(())
 }
 
-fn train(a: TrainArgs) -> Result<()> {
+/// Train (or resume) and return the exit status: 0 when the run finished (or had nothing to
+/// do), 128 + the signal (130 SIGINT, 143 SIGTERM) when it stopped early on an interrupt with a
+/// checkpoint written: this process's signal, or 143 when a peer rank's signal stopped it (every
+/// rank of an interrupted job exits 130 / 143). `--gpus N`: the workers' status
+/// ([`launcher::supervise`]).
+fn train(a: TrainArgs) -> Result<i32> {
     let mut set = a.set.clone();
     if let Some(d) = &a.device {
         set.push(format!("train.device=\"{d}\""));
@@ -295,7 +304,7 @@ fn train(a: TrainArgs) -> Result<()> {
     }
     if a.print_config {
         lowbit_train::out!("{}", config.to_toml());
-        return Ok(());
+        return Ok(0);
     }
     let resume_from = match &resume_dir {
         Some(d) => Some(checkpoint::latest(d)?),
@@ -308,6 +317,7 @@ fn train(a: TrainArgs) -> Result<()> {
             anyhow::bail!("--gpus {n} inside a data-parallel launch (WORLD_SIZE is set): use one or the other");
         }
         // what every worker would refuse, said once before any starts
+        config.train.accum_per_rank(n as usize).with_context(|| format!("--gpus {n}"))?;
         if config.train.device != "cpu" {
             if let Some(why) = distributed::gpu_ranks_refused(n as usize) {
                 anyhow::bail!("--gpus {n} with train.device = {:?}: {why}", config.train.device);
@@ -316,8 +326,7 @@ fn train(a: TrainArgs) -> Result<()> {
         let exe = std::env::current_exe().context("cannot find this binary to start the workers")?;
         let args = launcher::worker_args(&std::env::args_os().skip(1).collect::<Vec<_>>());
         let workers = launcher::spawn(&exe, &args, n as usize, launcher::free_port()?)?;
-        // the exit status of the signal forwarded (130 / 143) comes from signals::exit_status
-        return launcher::supervise(workers, &interrupt, || signals::exit_status().map_or(libc::SIGTERM, |c| c - 128));
+        return launcher::supervise(workers, &interrupt, || signals::received().unwrap_or(libc::SIGTERM));
     }
     let world = World::from_env()?;
     let comm = distributed::connect(&world)?;
@@ -345,7 +354,7 @@ fn train(a: TrainArgs) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(if out.stopped_early { 128 + signals::received().unwrap_or(libc::SIGTERM) } else { 0 })
 }
 
 /// `--resume DIR`: DIR must be a run folder (written by `train`).

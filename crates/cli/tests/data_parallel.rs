@@ -52,11 +52,13 @@ fn two_ranks_match_one_rank_and_zero1_matches_zero0_bit_for_bit() {
         assert_eq!(r.code, Some(0), "{}", r.stderr);
         r
     };
-    // the same global batch of 4 sequences: 1 rank x 2 micro-batches x 2, 2 ranks x 1 x 2
-    run("one", &[]);
-    let two = run("two", &["--gpus", "2", "--set", "train.grad_accum=1"]);
-    run("two_zero1", &["--gpus", "2", "--set", "train.grad_accum=1", "--set", "train.zero=1"]);
-    assert!(two.stdout.contains("batch 4 x 32 tokens"), "the global batch is logged: {}", two.stdout);
+    // the config's global batch of 4 sequences (micro_batch 2 x grad_accum 2): 1 rank x 2
+    // micro-batches x 2, 2 ranks x 1 x 2 (issue 33 (12): --gpus keeps the batch)
+    let one = run("one", &[]);
+    let two = run("two", &["--gpus", "2"]);
+    run("two_zero1", &["--gpus", "2", "--set", "train.zero=1"]);
+    assert!(one.stdout.contains("batch 4 x 32 tokens |"), "{}", one.stdout);
+    assert!(two.stdout.contains("batch 4 x 32 tokens (2 ranks x micro-batch 2 x 1 accumulated)"), "the split is logged: {}", two.stdout);
 
     let one = train_rows(&d.join("runs/one"));
     let two = train_rows(&d.join("runs/two"));
@@ -99,19 +101,19 @@ fn a_run_checkpointed_on_two_ranks_resumes_on_one() {
     // the schedule of a run of 8
     let flat = "optim.min_lr_ratio=1.0";
     ok(&["--config", "c.toml", "--set", "run.name=\"whole\"", "--set", flat]);
-    // 4 steps on 2 ranks (grad_accum 1), then steps 5..8 on 1 rank (grad_accum 2): same batch
-    ok(&["--config", "c.toml", "--set", "run.name=\"moved\"", "--set", "train.max_steps=4", "--set", "train.grad_accum=1", "--set", flat, "--gpus", "2"]);
-    let kept = ok(&["--resume", "runs/moved", "--set", "train.max_steps=8", "--set", "train.grad_accum=2"]);
+    // 4 steps on 2 ranks (1 micro-batch each), then steps 5..8 on 1 rank (2): the same batch
+    ok(&["--config", "c.toml", "--set", "run.name=\"moved\"", "--set", "train.max_steps=4", "--set", flat, "--gpus", "2"]);
+    let kept = ok(&["--resume", "runs/moved", "--set", "train.max_steps=8"]);
     assert!(!kept.contains("global batch changes"), "the batch was kept: {kept}");
     let whole = train_rows(&d.join("runs/whole"));
     let moved = train_rows(&d.join("runs/moved"));
     let diff = max_loss_diff(&whole, &moved);
     eprintln!("resume 2 -> 1 ranks: largest relative loss difference {diff:e}");
     assert!(diff < TOLERANCE, "losses differ by {diff} (relative)");
-    // resumed on 1 rank without doubling grad_accum: the global batch halves, and it says so
-    ok(&["--config", "c.toml", "--set", "run.name=\"halved\"", "--set", "train.max_steps=1", "--set", "train.grad_accum=1", "--gpus", "2"]);
+    // resumed with half the accumulation: the global batch halves, and it says so
+    ok(&["--config", "c.toml", "--set", "run.name=\"halved\"", "--set", "train.max_steps=1", "--gpus", "2"]);
     let halved = ok(&["--resume", "runs/halved", "--set", "train.max_steps=2", "--set", "train.grad_accum=1"]);
-    assert!(halved.contains("the global batch changes from 4 sequences per step (2 rank(s)) to 2"), "{halved}");
+    assert!(halved.contains("the global batch changes from 4 sequences per step to 2 (train.micro_batch 2 x train.grad_accum 1)"), "{halved}");
 }
 
 #[test]
@@ -122,7 +124,7 @@ fn a_failing_worker_fails_the_command_naming_its_rank() {
     let d = dir.path();
     let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=1"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let r = train(d, &["--config", "c.toml", "--gpus", "2", "--set", "train.grad_accum=1"]);
+    let r = train(d, &["--config", "c.toml", "--gpus", "2"]);
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("already holds a run") || r.stderr.contains("--resume"), "rank 0's own error: {}", r.stderr);
     // rank 1 is stopped, or (on a slow machine) has already failed itself on losing rank 0
@@ -145,7 +147,7 @@ fn an_error_every_worker_hits_is_attributed_to_its_rank() {
     // a missing tokenizer: the supervisor does not open it, every worker fails on it
     let dir = cli_dir("all_fail");
     let d = dir.path();
-    let r = train(d, &["--config", "c.toml", "--gpus", "2", "--set", "train.grad_accum=1", "--set", "data.tokenizer=\"missing.json\""]);
+    let r = train(d, &["--config", "c.toml", "--gpus", "2", "--set", "data.tokenizer=\"missing.json\""]);
     assert_eq!(r.code, Some(1));
     let errors: Vec<&str> = r.stderr.lines().filter(|l| l.contains("tokenizer 'missing.json'")).collect();
     assert!(!errors.is_empty(), "{}", r.stderr);
@@ -174,7 +176,7 @@ fn adaptive_resets_on_zero1_shards_match_the_unsharded_run() {
     let sets = [
         "--set", "optim.states.reset=\"adaptive\"", "--set", "optim.states.m_reset_every=0",
         "--set", "optim.states.v_reset_every=0", "--set", "optim.states.reset_s0=0.05", "--set", "optim.beta2=0.9",
-        "--set", "train.max_steps=24", "--set", "train.grad_accum=1", "--gpus", "2",
+        "--set", "train.max_steps=24", "--gpus", "2",
     ];
     for (name, zero) in [("plain", "train.zero=0"), ("zero1", "train.zero=1")] {
         let name_set = format!("run.name=\"{name}\"");
@@ -190,4 +192,24 @@ fn adaptive_resets_on_zero1_shards_match_the_unsharded_run() {
     let rule = state("zero1")["adaptive_reset"].clone();
     assert_eq!(rule, state("plain")["adaptive_reset"]);
     assert!(rule["cycle_start"].as_u64().unwrap() > 1, "the rule reset within the run: {rule}");
+}
+
+/// Issue 33 (12): `--gpus N` splits the config's global batch; a rank count that does not
+/// divide `train.grad_accum` is refused once, before any worker starts or anything is written,
+/// with both numbers and a setting that keeps the batch.
+#[test]
+fn a_rank_count_that_does_not_divide_the_accumulation_is_refused_before_any_worker() {
+    let dir = cli_dir("split");
+    let d = dir.path();
+    let r = train(d, &["--config", "c.toml", "--device", "cpu", "--gpus", "3"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains(
+        "error: --gpus 3: train.grad_accum = 2 cannot be split over 3 ranks (the global batch is train.micro_batch 2 x \
+         train.grad_accum 2 = 4 sequences per step, and each rank accumulates grad_accum / ranks micro-batches): use a \
+         rank count that divides 2, or the global batch of 4 is not a multiple of 3: change it or the rank count"
+    ), "{}", r.stderr);
+    let r = train(d, &["--config", "c.toml", "--device", "cpu", "--gpus", "4", "--set", "train.micro_batch=4", "--set", "train.grad_accum=2"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("or e.g. --set train.micro_batch=2 --set train.grad_accum=4 (the same global batch)"), "{}", r.stderr);
+    assert!(!d.join("runs").exists(), "a refused start wrote nothing");
 }

@@ -5,11 +5,10 @@
 use lowbit_train::checkpoint;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 mod common;
-use common::{checkpoints, cli_dir, snapshot, train, train_bin};
+use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, train_bin, wait_for_rows};
 
 fn json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
@@ -107,36 +106,6 @@ fn resume_latest_honours_run_dir() {
     assert!(r.stderr.contains("--resume latest: cannot list the run folders in runs (run.dir)"), "{}", r.stderr);
 }
 
-/// Spawn `train ARGS` in `cwd` with stderr to `log`.
-fn spawn(cwd: &Path, args: &[&str], log: &Path) -> std::process::Child {
-    Command::new(train_bin())
-        .args(args)
-        .current_dir(cwd)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
-}
-
-/// Wait until `metrics.jsonl` of `run` has more than `rows` train rows; returns the count.
-fn wait_for_rows(run: &Path, rows: usize) -> usize {
-    let t0 = Instant::now();
-    loop {
-        let n = std::fs::read_to_string(run.join("metrics.jsonl"))
-            .map(|t| t.lines().filter(|l| l.contains("\"kind\":\"train\"")).count())
-            .unwrap_or(0);
-        if n > rows {
-            return n;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "no progress in {}", run.display());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn signal(child: &std::process::Child, sig: &str) {
-    assert!(Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success());
-}
-
 /// Item 4 and the signal bullet: a live run holds a lock (a second run fails naming it);
 /// SIGTERM and SIGINT checkpoint and exit 143 / 130 with the summary marked interrupted and
 /// the resume hint in the log; the lock of a killed run (kill -9) is taken over.
@@ -156,7 +125,7 @@ fn a_live_run_locks_its_folder_and_signals_checkpoint_and_exit_128_plus_signal()
     );
     assert!(r.stderr.contains(&want), "{}", r.stderr);
 
-    signal(&first, "-TERM");
+    signal(&[first.id()], "-TERM");
     assert_eq!(first.wait().unwrap().code(), Some(143));
     let log = std::fs::read_to_string(d.join("first.log")).unwrap();
     let summary = json(&run.join("summary.json"));
@@ -171,7 +140,7 @@ fn a_live_run_locks_its_folder_and_signals_checkpoint_and_exit_128_plus_signal()
     let resume = ["--resume", "runs/x", "--set", "train.checkpoint_every=0"];
     let mut second = spawn(d, &resume, &d.join("second.log"));
     let rows = wait_for_rows(&run, step as usize);
-    signal(&second, "-INT");
+    signal(&[second.id()], "-INT");
     assert_eq!(second.wait().unwrap().code(), Some(130));
     let resumed_to = json(&run.join("summary.json"))["steps"].as_u64().unwrap();
     assert!(resumed_to as usize >= rows, "{resumed_to} < {rows}");

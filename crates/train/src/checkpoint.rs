@@ -69,8 +69,9 @@ pub struct TrainState {
     /// recorded.
     #[serde(default = "one_rank")]
     pub ranks: u64,
-    /// Sequences per optimizer step of the run's last launch (`micro_batch x grad_accum x
-    /// ranks`), to warn when a resume changes it; 0 (unknown) in older checkpoints.
+    /// Sequences per optimizer step of the run's last launch (`micro_batch x grad_accum`; in
+    /// checkpoints written before the global batch stopped depending on the rank count, also
+    /// `x ranks`), to warn when a resume changes it; 0 (unknown) in older checkpoints.
     #[serde(default)]
     pub global_batch: u64,
 }

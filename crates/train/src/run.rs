@@ -165,7 +165,7 @@ impl Session {
     fn interrupted(&self) -> Stop {
         let gpus = match self.ranks() {
             1 => String::new(),
-            n => format!(" --gpus {n} (as many ranks keep the global batch)"),
+            n => format!(" --gpus {n} (or any rank count that divides train.grad_accum)"),
         };
         tracing::warn!(
             "stopped at step {} of {}; resume with: train --resume {}{gpus}",

@@ -82,6 +82,8 @@ pub struct Session {
     stream: TrainStream,
     /// The other ranks ([`crate::distributed::collective::Solo`] in a single process).
     comm: Arc<dyn Collective>,
+    /// Micro-batches this rank accumulates per step (`train.grad_accum / ranks`).
+    accum_per_rank: usize,
     /// The run folder's writers: rank 0 only (`None` on the other ranks, which write nothing).
     metrics: Option<JsonlWriter>,
     stalls: Option<JsonlWriter>,
@@ -149,6 +151,7 @@ impl Session {
         let dev = crate::device::open(&cfg.train.device, launch.local_rank)?;
         let comm = distributed::for_device(launch.comm.clone(), &dev)?;
         let (rank, world) = (comm.rank(), comm.world_size());
+        let accum_per_rank = cfg.train.accum_per_rank(world)?;
         let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
 
         // Data and model.
@@ -193,7 +196,7 @@ impl Session {
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: world as u64,
-            global_batch: (cfg.train.micro_batch * cfg.train.grad_accum * world) as u64,
+            global_batch: (cfg.train.micro_batch * cfg.train.grad_accum) as u64,
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
@@ -201,12 +204,10 @@ impl Session {
             host.adaptive = saved.adaptive_reset.clone();
             if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
                 tracing::warn!(
-                    "--resume {}: the global batch changes from {} sequences per step ({} rank(s)) to {} ({world} \
-                     rank(s) x train.micro_batch {} x train.grad_accum {}); launch as many ranks or set \
-                     train.grad_accum to keep it",
+                    "--resume {}: the global batch changes from {} sequences per step to {} (train.micro_batch {} x \
+                     train.grad_accum {}); set them back to keep it",
                     dir.display(),
                     saved.global_batch,
-                    saved.ranks,
                     state.global_batch,
                     cfg.train.micro_batch,
                     cfg.train.grad_accum
@@ -270,7 +271,7 @@ impl Session {
         // What runs, said by the caller once the folder is ours (a refused start says only its
         // error): the model, the states, the theory.
         let mut banner = format!(
-            "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens | device {}\nstates: {}",
+            "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens{} | device {}\nstates: {}",
             n_params,
             mcfg.num_layers,
             mcfg.hidden_size,
@@ -284,6 +285,10 @@ impl Session {
             state_bytes as f64 / n_params as f64,
             global_batch,
             cfg.data.seq_len,
+            match world {
+                1 => String::new(),
+                w => format!(" ({w} ranks x micro-batch {} x {accum_per_rank} accumulated)", cfg.train.micro_batch),
+            },
             cfg.train.device,
             spec.describe(),
         );
@@ -312,6 +317,7 @@ impl Session {
             val,
             stream,
             comm,
+            accum_per_rank,
             metrics,
             stalls,
             stall_log,
@@ -344,7 +350,7 @@ impl Session {
             stream: &mut self.stream,
             device: &self.dev,
             micro_batch: cfg.train.micro_batch,
-            grad_accum: cfg.train.grad_accum,
+            grad_accum: self.accum_per_rank,
             grad_clip: cfg.optim.grad_clip,
             comm: self.comm.as_ref(),
         };

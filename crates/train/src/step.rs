@@ -32,6 +32,7 @@ pub struct StepContext<'a> {
     pub stream: &'a mut TrainStream,
     pub device: &'a Device,
     pub micro_batch: usize,
+    /// Micro-batches this rank accumulates per step (`train.grad_accum / ranks`).
     pub grad_accum: usize,
     /// Clip the global gradient norm to this (0 = no clipping).
     pub grad_clip: f64,

@@ -6,6 +6,8 @@ mod shared;
 pub use shared::*;
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `train` binary of this build.
 pub fn train_bin() -> PathBuf {
@@ -21,7 +23,7 @@ pub struct Ran {
 
 /// Run `train ARGS` in `cwd` and wait for it.
 pub fn train(cwd: &Path, args: &[&str]) -> Ran {
-    let out = std::process::Command::new(train_bin()).args(args).current_dir(cwd).output().unwrap();
+    let out = Command::new(train_bin()).args(args).current_dir(cwd).output().unwrap();
     let r = Ran {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -38,3 +40,34 @@ pub fn cli_dir(name: &str) -> tempfile::TempDir {
     tmp
 }
 
+/// Spawn `train ARGS` in `cwd` with stderr to `log`.
+pub fn spawn(cwd: &Path, args: &[&str], log: &Path) -> Child {
+    Command::new(train_bin())
+        .args(args)
+        .current_dir(cwd)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until `metrics.jsonl` of `run` has more than `rows` train rows; returns the count.
+pub fn wait_for_rows(run: &Path, rows: usize) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let n = std::fs::read_to_string(run.join("metrics.jsonl"))
+            .map(|t| t.lines().filter(|l| l.contains("\"kind\":\"train\"")).count())
+            .unwrap_or(0);
+        if n > rows {
+            return n;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no progress in {}", run.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `kill SIG PID...` (e.g. `-TERM`), asserting that it succeeded.
+pub fn signal(pids: &[u32], sig: &str) {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    assert!(Command::new("kill").arg(sig).args(&pids).status().unwrap().success());
+}

@@ -142,7 +142,9 @@ pub struct TrainSection {
     pub seed: u64,
     /// Sequences per micro-batch.
     pub micro_batch: usize,
-    /// Micro-batches per optimizer step (global batch = micro_batch * grad_accum * ranks).
+    /// Micro-batches per optimizer step, over all ranks: the global batch is `micro_batch *
+    /// grad_accum` sequences whatever the rank count (the paper's 512 on 1 GPU or 8), and
+    /// each of W ranks accumulates `grad_accum / W` ([`TrainSection::accum_per_rank`]).
     pub grad_accum: usize,
     /// Optimizer steps.
     pub max_steps: u64,
@@ -175,6 +177,30 @@ impl TrainSection {
     /// Whether the loop validates after step `step` (besides the last).
     pub fn validates_at(&self, step: u64) -> bool {
         self.eval_every > 0 && step.is_multiple_of(self.eval_every)
+    }
+
+    /// Micro-batches each of `ranks` data-parallel ranks accumulates per optimizer step:
+    /// `grad_accum / ranks`, so that the global batch (`micro_batch * grad_accum` sequences)
+    /// does not depend on the rank count.
+    ///
+    /// # Errors
+    /// `ranks` does not divide `grad_accum`: the message gives both numbers and the settings
+    /// that keep the global batch.
+    pub fn accum_per_rank(&self, ranks: usize) -> Result<usize> {
+        let (mb, ga) = (self.micro_batch, self.grad_accum);
+        if ranks > 0 && ga.is_multiple_of(ranks) {
+            return Ok(ga / ranks);
+        }
+        let global = mb * ga;
+        let keep = match ranks > 0 && global.is_multiple_of(ranks) {
+            true => format!("e.g. --set train.micro_batch={} --set train.grad_accum={ranks} (the same global batch)", global / ranks),
+            false => format!("the global batch of {global} is not a multiple of {ranks}: change it or the rank count"),
+        };
+        bail!(
+            "train.grad_accum = {ga} cannot be split over {ranks} ranks (the global batch is train.micro_batch {mb} x \
+             train.grad_accum {ga} = {global} sequences per step, and each rank accumulates grad_accum / ranks \
+             micro-batches): use a rank count that divides {ga}, or {keep}"
+        )
     }
 
     /// Whether the loop checkpoints after step `step` (besides the last and a stop).

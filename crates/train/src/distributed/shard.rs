@@ -4,9 +4,10 @@
 //! **Batch.** Every rank reads the same global data order (one [`lowbit_data::TrainStream`]
 //! per rank, all at the same position). Each micro-step reads `micro_batch * world_size`
 //! rows and rank `r` takes the contiguous block `r * micro_batch .. (r + 1) * micro_batch`
-//! ([`rank_rows`]). So a step consumes `micro_batch * grad_accum * world_size` rows, the same
-//! rows in the same order whatever the split (1 rank x 4 micro-batches and 2 ranks x 2 see
-//! identical tokens per step), and the stream position after a step is the global one: a
+//! ([`rank_rows`]), and each rank accumulates `grad_accum / world_size` micro-steps. So a step
+//! consumes `micro_batch * grad_accum` rows (the config's global batch), the same rows in the
+//! same order whatever the split (1 rank x 4 micro-batches and 2 ranks x 2 see identical
+//! tokens per step), and the stream position after a step is the global one: a
 //! checkpoint resumes on any number of ranks. Every rank also counts the targets of the whole
 //! global step, so each micro-batch's loss weight `n_i / N` uses the global `N` without any
 //! exchange. The cost: each rank tokenizes the whole global batch (cheap next to a GPU step

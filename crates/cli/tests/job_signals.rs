@@ -1,0 +1,139 @@
+//! Issue 33 (1-4): the exit status of a data-parallel job is one a scheduler can trust. Every
+//! test runs the real binary on the CPU (`--gpus 2` or an external launch of two ranks) for an
+//! endless run and signals it the way a scheduler does; each interrupted job must exit 143 with
+//! one complete checkpoint and `summary.json` saying "interrupted", and a failure must exit 1.
+
+mod common;
+
+use common::{checkpoints, cli_dir, signal, spawn, train_bin, wait_for_rows};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// An endless CPU run (on 2 ranks: one micro-batch each), checkpointed only when stopped.
+fn endless(name: &str) -> Vec<String> {
+    [
+        "--config", "c.toml", "--device", "cpu", "--set", &format!("run.name=\"{name}\""), "--set", "train.max_steps=100000",
+        "--set", "train.checkpoint_every=0", "--set", "train.eval_every=0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The two workers of the supervisor `pid` (processes whose parent it is), from /proc.
+fn workers_of(pid: u32) -> Vec<u32> {
+    let t0 = Instant::now();
+    loop {
+        let mut kids: Vec<u32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)) == Some(&pid.to_string())
+            })
+            .collect();
+        if kids.len() == 2 {
+            kids.sort_unstable();
+            return kids;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "supervisor {pid} has workers {kids:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The run stopped on an interrupt: `summary.json` says so, and its one checkpoint is the step
+/// it stopped at, complete (no `.tmp` left).
+fn assert_interrupted_with_a_checkpoint(run: &Path) {
+    let summary: Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "interrupted", "{summary}");
+    let step = summary["steps"].as_u64().unwrap();
+    assert_eq!(checkpoints(run), [format!("step_{step:07}")]);
+    assert!(run.join(format!("checkpoints/step_{step:07}/manifest.json")).is_file());
+}
+
+fn wait(child: &mut Child) -> Option<i32> {
+    child.wait().unwrap().code()
+}
+
+/// (1) SIGTERM to every process of the job at once (Slurm's time limit, `scancel`, systemd's
+/// `KillMode=control-group`): each worker gets the scheduler's copy and the supervisor's
+/// forward within milliseconds; that is one stop, not "signal again to abort".
+/// (2) SIGTERM to the workers only: a worker's 143 is not a failure, the supervisor waits
+/// for the checkpoint and exits 143.
+#[test]
+fn sigterm_to_the_whole_job_or_to_its_workers_stops_it_once_with_a_checkpoint() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    for (name, whole_job) in [("all", true), ("workers", false)] {
+        let mut args = endless(name);
+        args.extend(["--gpus", "2"].map(String::from));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = d.join(format!("{name}.log"));
+        let mut sup = spawn(d, &args, &log);
+        let run = d.join("runs").join(name);
+        wait_for_rows(&run, 1);
+        let mut pids = workers_of(sup.id());
+        if whole_job {
+            pids.push(sup.id());
+        }
+        signal(&pids, "-TERM");
+        let code = wait(&mut sup);
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(code, Some(143), "{name}: {log}");
+        assert!(!log.contains("failed"), "{name}: {log}");
+        assert_interrupted_with_a_checkpoint(&run);
+    }
+}
+
+/// (3) A failure after the interrupt was forwarded (rank 0 cannot write its checkpoint: a file
+/// where `checkpoints/` goes) exits 1, not 143, with the error and the rank named.
+#[test]
+fn a_failure_after_an_interrupt_exits_1_naming_the_rank() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let mut args = endless("x");
+    args.extend(["--gpus", "2"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut sup = spawn(d, &args, &d.join("x.log"));
+    let run = d.join("runs/x");
+    wait_for_rows(&run, 1);
+    std::fs::write(run.join("checkpoints"), "in the way").unwrap();
+    signal(&[sup.id()], "-TERM");
+    let code = wait(&mut sup);
+    let log = std::fs::read_to_string(d.join("x.log")).unwrap();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.lines().any(|l| l.starts_with("error: ") && l.contains("checkpoints")), "rank 0's own error: {log}");
+    assert!(log.lines().last().unwrap().starts_with("error: worker rank 0 failed (exit status: 1)"), "{log}");
+}
+
+/// (4) An external launch (RANK / WORLD_SIZE / MASTER_* as torchrun sets them), SIGTERM to
+/// rank 1 only: both ranks stop at the same step with a checkpoint, and both exit 143 (rank 0
+/// too, though its stop came from its peer).
+#[test]
+fn every_rank_of_an_interrupted_external_launch_exits_143() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let args = endless("x");
+    let mut ranks: Vec<Child> = (0..2)
+        .map(|rank| {
+            Command::new(train_bin())
+                .args(&args)
+                .current_dir(d)
+                .envs([("RANK", rank.to_string()), ("LOCAL_RANK", rank.to_string()), ("WORLD_SIZE", "2".into())])
+                .envs([("MASTER_ADDR", "127.0.0.1".to_string()), ("MASTER_PORT", port.to_string())])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join(format!("rank{rank}.log"))).unwrap())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let run = d.join("runs/x");
+    wait_for_rows(&run, 1);
+    signal(&[ranks[1].id()], "-TERM");
+    let codes: Vec<Option<i32>> = ranks.iter_mut().map(wait).collect();
+    let log = std::fs::read_to_string(d.join("rank0.log")).unwrap();
+    assert_eq!(codes, [Some(143), Some(143)], "{log}");
+    assert_interrupted_with_a_checkpoint(&run);
+}
