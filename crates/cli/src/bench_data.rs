@@ -14,8 +14,12 @@ use std::time::Instant;
 /// 6.6M tokens).
 ///
 /// # Errors
-/// A config that does not load; data or tokenizer errors, with the file they come from.
+/// A zero `batch`, `seq` or `batches` (naming the flag); a config that does not load; data or
+/// tokenizer errors, with the file they come from.
 pub fn data(config: &Path, sets: &[String], batch: usize, seq: usize, batches: usize) -> Result<f64> {
+    for (flag, v) in [("--batch", batch), ("--seq", seq), ("--batches", batches)] {
+        anyhow::ensure!(v > 0, "train bench data {flag} must be at least 1, got 0");
+    }
     let mut all = vec![format!("data.seq_len={seq}")];
     all.extend(sets.iter().cloned());
     let cfg = RunConfig::load(config, &all).with_context(|| format!("bench config {}", config.display()))?;

@@ -49,6 +49,10 @@ struct TrainArgs {
     /// the most recent run with a checkpoint in run.dir).
     #[arg(long, value_name = "RUN_DIR|latest", conflicts_with = "overwrite")]
     resume: Option<String>,
+    /// With --resume: accept a checkpoint that has no manifest.json (written before
+    /// checkpoints had checksums, or its manifest lost); its files are loaded unverified.
+    #[arg(long, requires = "resume")]
+    trust_checkpoint: bool,
     /// Start a new run even if the run folder holds one: the old folder is moved aside to
     /// `<name>.old-<N>` (nothing is deleted).
     #[arg(long)]
@@ -122,8 +126,9 @@ enum BenchCmd {
     /// The data pipeline alone, as training reads it (shard reader, tokenizer, packing into
     /// sequences): tokens/s over `--batches` batches, from opening the stream.
     Data {
-        /// Run config (its `[data]` section; `--set` overrides it).
-        #[arg(long, default_value = "configs/llama100m_fp8_sr_reset.toml")]
+        /// Run config (its `[data]` section; `--set` overrides it). The default reads the
+        /// bundled sample with the T5 tokenizer, as the paper's configs read C4.
+        #[arg(long, default_value = "configs/tiny_cpu.toml")]
         config: PathBuf,
         /// Sequences per batch.
         #[arg(long, default_value_t = 128)]
@@ -229,8 +234,9 @@ fn bench(b: BenchCmd) -> Result<()> {
     match b {
         #[cfg(not(feature = "cuda"))]
         BenchCmd::Gpu(args) => anyhow::bail!(
-            "train bench {} needs the GPU build: cargo build --release -p lowbit-train --features cuda \
-             (this binary was built without the `cuda` feature; `train bench data` runs here)",
+            "train bench {} needs the GPU build: cargo build --release -p lowbit-cli --features cuda, with \
+             CUDA set up as README \"The GPU build\" says (this binary was built without the `cuda` feature; \
+             `train bench data` runs here)",
             args.first().map_or("", String::as_str)
         ),
         #[cfg(feature = "cuda")]
@@ -336,7 +342,16 @@ fn train(a: TrainArgs) -> Result<i32> {
         (None, false) => FolderUse::New,
     };
     let (plots, max_steps) = (config.run.plots, config.train.max_steps);
-    let launch = Launch { config, resume_from, folder, interrupt, stop_after: None, comm, local_rank: world.local_rank };
+    let launch = Launch {
+        config,
+        resume_from,
+        trust_unverified: a.trust_checkpoint,
+        folder,
+        interrupt,
+        stop_after: None,
+        comm,
+        local_rank: world.local_rank,
+    };
     let out = run::run(launch, &mut progress::Bar::new())?;
     if let Some(done) = out.already_finished.filter(|_| world.rank == 0) {
         lowbit_train::outln!(

@@ -160,8 +160,12 @@ struct RunData {
 }
 
 fn load(run: &Path) -> Result<RunData> {
-    let rows: Vec<MetricsRow> = read_rows(&run.join("metrics.jsonl"))
-        .with_context(|| format!("{} is not a run folder (no metrics.jsonl)", run.display()))?;
+    let metrics = run.join("metrics.jsonl");
+    if !metrics.is_file() {
+        anyhow::bail!("{} is not a run folder (no metrics.jsonl)", run.display());
+    }
+    // a file that is there but unreadable (not text) is named with the reason
+    let rows: Vec<MetricsRow> = read_rows(&metrics)?;
     let stall_path = run.join("stalls.jsonl");
     let stalls = if stall_path.exists() { read_rows(&stall_path)? } else { vec![] };
     let mut d = RunData {

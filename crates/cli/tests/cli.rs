@@ -128,7 +128,7 @@ fn errors_name_the_file_or_field_and_what_to_do() {
     let e = err(&["predict", "--format", "bf16", "--beta2", "-0.5"]);
     assert!(e.contains("--beta2 must be in [0, 1), got -0.5"), "{e}");
     let e = err(&["bench", "optimizer"]);
-    assert!(e.contains("train bench optimizer needs the GPU build: cargo build --release -p lowbit-train --features cuda"), "{e}");
+    assert!(e.contains("train bench optimizer needs the GPU build: cargo build --release -p lowbit-cli --features cuda"), "{e}");
     // the data pipeline's benchmark is CPU work: it runs in this build, on the config's data
     let r = train(d, &["bench", "data", "--config", "c.toml", "--batch", "2", "--seq", "32", "--batches", "3"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);

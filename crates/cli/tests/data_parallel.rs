@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cli_dir, train};
+use common::{cli_dir, launch_ranks, train};
 use serde_json::Value;
 use std::path::Path;
 
@@ -212,4 +212,25 @@ fn a_rank_count_that_does_not_divide_the_accumulation_is_refused_before_any_work
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("or e.g. --set train.micro_batch=2 --set train.grad_accum=4 (the same global batch)"), "{}", r.stderr);
     assert!(!d.join("runs").exists(), "a refused start wrote nothing");
+}
+
+/// Issue 33 (11): an external launch whose ranks resolve different configs fails on every
+/// rank with the same message, rank 0's naming rank 1's differing line (rank 0 used to say
+/// only that it lost rank 1).
+#[test]
+fn ranks_with_different_configs_all_name_the_difference() {
+    let dir = cli_dir("differ");
+    let d = dir.path();
+    let zero = ["--config", "c.toml", "--device", "cpu", "--set", "train.max_steps=4"];
+    let one = ["--config", "c.toml", "--device", "cpu", "--set", "train.max_steps=5"];
+    let mut ranks = launch_ranks(d, &[&zero, &one]);
+    for (r, child) in ranks.iter_mut().enumerate() {
+        assert_eq!(child.wait().unwrap().code(), Some(1), "rank {r}");
+        let log = std::fs::read_to_string(d.join(format!("rank{r}.log"))).unwrap();
+        assert!(
+            log.contains("the ranks resolved different configs (every rank needs the same --config and --set): rank 1 has \"max_steps = 5\" where rank 0 has \"max_steps = 4\""),
+            "rank {r}: {log}"
+        );
+    }
+    assert!(!d.join("runs/differ").exists(), "a refused start created the run folder");
 }

@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{checkpoints, cli_dir, signal, spawn, train_bin, wait_for_rows};
+use common::{checkpoints, cli_dir, launch_ranks, signal, spawn, wait_for_rows};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// An endless CPU run (on 2 ranks: one micro-batch each), checkpointed only when stopped.
@@ -114,21 +114,9 @@ fn a_failure_after_an_interrupt_exits_1_naming_the_rank() {
 fn every_rank_of_an_interrupted_external_launch_exits_143() {
     let tmp = cli_dir("x");
     let d = tmp.path();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let args = endless("x");
-    let mut ranks: Vec<Child> = (0..2)
-        .map(|rank| {
-            Command::new(train_bin())
-                .args(&args)
-                .current_dir(d)
-                .envs([("RANK", rank.to_string()), ("LOCAL_RANK", rank.to_string()), ("WORLD_SIZE", "2".into())])
-                .envs([("MASTER_ADDR", "127.0.0.1".to_string()), ("MASTER_PORT", port.to_string())])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join(format!("rank{rank}.log"))).unwrap())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut ranks = launch_ranks(d, &[&args, &args]);
     let run = d.join("runs/x");
     wait_for_rows(&run, 1);
     signal(&[ranks[1].id()], "-TERM");

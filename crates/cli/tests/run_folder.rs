@@ -209,3 +209,33 @@ fn resume_names_the_settings_it_changes() {
     let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=5"]);
     assert!(r.stderr.contains("train.max_steps: 4 -> 5") && !r.stderr.contains("optim.lr:"), "{}", r.stderr);
 }
+
+/// Issue 33 (9, 8a): train shards without usable text (empty, not JSON) are refused before the
+/// run folder is touched: a new run leaves no folder behind (so the same command is not
+/// refused afterwards), and a resume of a finished run keeps its `summary.json` and
+/// `config.toml` byte for byte.
+#[test]
+fn shards_without_text_are_refused_before_the_folder_is_touched() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    std::fs::write(d.join("empty.json.gz"), b"").unwrap();
+    std::fs::write(d.join("garbage.json.gz"), b"this is not gzip\n").unwrap();
+    let cases = [
+        ("data.train=[\"empty.json.gz\"]", "skip", "no train text"),
+        ("data.train=[\"empty.json.gz\", \"garbage.json.gz\"]", "skip", "no train text"),
+        ("data.train=[\"garbage.json.gz\"]", "fail", "garbage.json.gz:1: bad C4 line: not JSON"),
+    ];
+    for (shards, on_bad, want) in cases {
+        let on_bad = format!("data.on_bad_line=\"{on_bad}\"");
+        let r = train(d, &["--config", "c.toml", "--set", shards, "--set", &on_bad]);
+        assert_eq!(r.code, Some(1), "{shards}");
+        assert!(r.stderr.contains(want), "{shards}: {}", r.stderr);
+        assert!(!d.join("runs/x").exists(), "{shards}: a refused start created the run folder");
+    }
+    assert_eq!(train(d, &["--config", "c.toml", "--set", "train.max_steps=3"]).code, Some(0));
+    let before = snapshot(&d.join("runs/x"));
+    let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=6", "--set", "data.train=[\"empty.json.gz\"]"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("no train text"), "{}", r.stderr);
+    assert_eq!(snapshot(&d.join("runs/x")), before, "the finished run was touched");
+}

@@ -266,6 +266,32 @@ impl Iterator for ShardReader {
     }
 }
 
+/// Reads each train shard up to its first usable document, so that shards without text are
+/// found before a run claims its folder (issue 33 (9)), not at the first batch: none holding
+/// text is [`DataError::NoText`]; with `on_bad_line = "fail"` a bad line or corrupt gzip met on
+/// the way is its error (`file:line`); with `"skip"` a shard without text is named in a
+/// warning and skipped, as the stream skips it. Reads little of a healthy shard (its first
+/// document), all of a shard without text.
+///
+/// # Errors
+/// [`DataError::NoText`], and what [`ShardReader::next_text`] returns.
+pub(crate) fn check_train_shards(shards: &[PathBuf], on_bad: BadInput) -> Result<()> {
+    let mut empty = Vec::new();
+    for path in shards {
+        let mut r = ShardReader::open(path, on_bad)?;
+        if r.next_text()?.is_none() {
+            empty.push((path, r.line(), r.bad_lines()));
+        }
+    }
+    if empty.len() == shards.len() {
+        return Err(DataError::NoText { what: "train", shards: shards.to_vec() });
+    }
+    for (path, lines, bad) in empty {
+        tracing::warn!("{}: no usable document ({lines} lines, {bad} bad); the stream skips this train shard", path.display());
+    }
+    Ok(())
+}
+
 /// One document with the stream position right after it.
 #[derive(Debug)]
 pub(crate) struct Doc {

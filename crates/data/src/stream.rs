@@ -23,7 +23,7 @@ use crate::batch::{Batch, DataPosition, Packer, Row};
 use crate::config::DataConfig;
 use crate::error::{DataError, Result};
 use crate::pipeline::{next_chunk, pack_chunk};
-use crate::reader::{expand_shards, DocSource};
+use crate::reader::{check_train_shards, expand_shards, DocSource};
 use crate::tokenize::Tokens;
 
 /// Endless stream of training batches over the `train` shards.
@@ -55,11 +55,14 @@ impl TrainStream {
     /// # Errors
     /// [`DataError::Config`] for bad settings, [`DataError::MissingFile`] /
     /// [`DataError::NoMatch`] for train patterns, [`DataError::BadPosition`] if `start`
-    /// points past the shard list. Errors met later while reading are returned by
+    /// points past the shard list, [`DataError::NoText`] (and, with `on_bad_line = "fail"`,
+    /// the first bad line) when the shards hold no text: each shard is read up to its first
+    /// document first. Errors met later while reading are returned by
     /// [`TrainStream::next_batch`].
     pub fn new(cfg: &DataConfig, tok: &Tokens, start: DataPosition) -> Result<Self> {
         cfg.validate()?;
         let shards = expand_shards(&cfg.train, "train")?;
+        check_train_shards(&shards, cfg.on_bad_line)?;
         tracing::info!(shards = shards.len(), first = %shards[0].display(), ?cfg.mode, cfg.seq_len, "train data");
         let mut src = DocSource::new(shards.clone(), cfg.on_bad_line, true, start.epoch, start.shard, start.line)?;
 

@@ -1,6 +1,12 @@
 //! Which implementation of the model's ops a forward pass runs.
 
+use crate::LlamaConfig;
 use candle_core::{Device, Result};
+
+/// Largest `hidden_size` the fused kernels take: the RMSNorm backward's gain-gradient kernel
+/// (`rmsnorm_bwd_w` in `kernels/model/ops.cu`) keeps 8 warps' FP32 partial sums of a whole row
+/// in shared memory, 8 x 1536 x 4 bytes = the 48 KiB a kernel gets without opting in.
+pub const FUSED_MAX_HIDDEN: usize = 1536;
 
 /// The ops behind [`crate::Llama`]'s forward and backward passes.
 ///
@@ -25,11 +31,56 @@ impl Kernels {
         }
     }
 
+    /// The fastest available on `device` for a model of `cfg`'s sizes: [`Kernels::for_device`],
+    /// but `Composed` where a size is beyond the fused kernels ([`Kernels::fits`]).
+    pub fn for_model(cfg: &LlamaConfig, device: &Device) -> Self {
+        match Kernels::for_device(device) {
+            Kernels::Fused if Kernels::fits(cfg).is_err() => Kernels::Composed,
+            k => k,
+        }
+    }
+
+    /// Whether the fused kernels take a model of `cfg`'s sizes (checked before a run writes
+    /// anything, not at its first backward pass).
+    ///
+    /// # Errors
+    /// `hidden_size` above [`FUSED_MAX_HIDDEN`], naming the setting and the way out.
+    pub fn fits(cfg: &LlamaConfig) -> std::result::Result<(), String> {
+        if cfg.hidden_size > FUSED_MAX_HIDDEN {
+            return Err(format!(
+                "fused kernels take hidden sizes up to {FUSED_MAX_HIDDEN} (the RMSNorm backward keeps a row of FP32 \
+                 partial sums per warp in 48 KiB of shared memory), this model has {}: set model.kernels = \"composed\" \
+                 (or \"auto\", which picks it for this size)",
+                cfg.hidden_size
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks that these kernels can run on `device`.
     pub fn check(self, device: &Device) -> Result<()> {
         if self == Kernels::Fused && !(cfg!(feature = "cuda") && device.is_cuda()) {
             candle_core::bail!("fused kernels need a CUDA device and a build with `--features cuda`");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 33 (5): a hidden size the fused kernels cannot take is known from the config
+    /// (before a run writes anything), and `auto` picks the composed ops for it.
+    #[test]
+    fn hidden_sizes_beyond_the_fused_kernels_are_known_from_the_config() {
+        let mut cfg = LlamaConfig::preset("tiny", 256).unwrap();
+        cfg.hidden_size = FUSED_MAX_HIDDEN;
+        Kernels::fits(&cfg).unwrap();
+        cfg.hidden_size = 2048;
+        let e = Kernels::fits(&cfg).unwrap_err();
+        assert!(e.starts_with("fused kernels take hidden sizes up to 1536"), "{e}");
+        assert!(e.contains("this model has 2048: set model.kernels = \"composed\""), "{e}");
+        assert_eq!(Kernels::for_model(&cfg, &Device::Cpu), Kernels::Composed);
     }
 }

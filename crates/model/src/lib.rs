@@ -70,7 +70,7 @@ pub use config::{LlamaConfig, INIT_STD};
 pub use error::ModelError;
 pub use groups::{try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec};
-pub use kernels::Kernels;
+pub use kernels::{Kernels, FUSED_MAX_HIDDEN};
 pub use llama::Llama;
 pub use training_pass::TrainingPass;
 pub use loss::{masked_cross_entropy, masked_cross_entropy_with};

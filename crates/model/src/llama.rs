@@ -75,15 +75,18 @@ impl Llama {
             lm_head: vb.pp("lm_head").get((v, h), "weight")?,
             rope: Rope::new(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, &device)?,
             mask: causal_mask(cfg.max_seq_len, &device)?,
-            kernels: Kernels::for_device(&device),
+            kernels: Kernels::for_model(cfg, &device),
             device,
         })
     }
 
-    /// The same model running `kernels` (default: [`Kernels::for_device`]). Errors when the
-    /// kernels cannot run on the model's device.
+    /// The same model running `kernels` (default: [`Kernels::for_model`]). Errors when the
+    /// kernels cannot run on the model's device or do not take its sizes ([`Kernels::fits`]).
     pub fn with_kernels(mut self, kernels: Kernels) -> Result<Self> {
         kernels.check(&self.device)?;
+        if kernels == Kernels::Fused {
+            Kernels::fits(&self.cfg).map_err(candle_core::Error::msg)?;
+        }
         self.kernels = kernels;
         Ok(self)
     }

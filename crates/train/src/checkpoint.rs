@@ -263,9 +263,20 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
 }
 
 /// [`crate::manifest::verify`] checkpoint `dir` of a run; when it fails, the error also offers
-/// the newest older checkpoint of the run that passes and says how to resume from it.
-pub fn verify_for_resume(dir: &Path) -> Result<()> {
+/// the newest older checkpoint of the run that passes and says how to resume from it. A
+/// checkpoint without `manifest.json` fails too, unless `trust_unverified` (`train
+/// --trust-checkpoint`): then it loads with a warning that its files are not verified.
+pub fn verify_for_resume(dir: &Path, trust_unverified: bool) -> Result<()> {
+    let no_manifest = dir.is_dir() && !dir.join(crate::manifest::MANIFEST).exists();
+    if no_manifest && trust_unverified {
+        tracing::warn!("{}: no manifest.json; resuming with its files unverified (--trust-checkpoint)", dir.display());
+        return Ok(());
+    }
     let Err(e) = crate::manifest::verify(dir) else { return Ok(()) };
+    let e = match no_manifest {
+        true => anyhow::anyhow!("{e:#}; pass --trust-checkpoint to resume from it unverified"),
+        false => e,
+    };
     let Some(run_dir) = dir.parent().filter(|p| p.ends_with("checkpoints")).and_then(Path::parent) else {
         return Err(e); // not in a run's checkpoints/ folder: no siblings to offer
     };
@@ -338,12 +349,33 @@ mod tests {
             crate::manifest::write(&d).unwrap();
         }
         let newest = ck.join("step_0000006");
-        verify_for_resume(&newest).unwrap();
+        verify_for_resume(&newest, false).unwrap();
         std::fs::write(newest.join("optimizer.safetensors"), [1u8, 2, 3, 5]).unwrap();
-        let e = verify_for_resume(&newest).unwrap_err().to_string();
+        let e = verify_for_resume(&newest, false).unwrap_err().to_string();
         let opt = newest.join("optimizer.safetensors");
         assert!(e.starts_with(&format!("{}: corrupt: 4 bytes with CRC-32", opt.display())), "{e}");
         assert!(e.contains(&format!("previous checkpoint {} (step 3) passes", ck.join("step_0000003").display())), "{e}");
         assert!(e.contains("continue from step 3"), "{e}");
+    }
+
+    /// Issue 33 (8b): a checkpoint whose manifest.json is gone is refused (naming it and the
+    /// previous verified checkpoint) unless the user says it is unverified.
+    #[test]
+    fn a_checkpoint_without_its_manifest_is_refused_unless_trusted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("checkpoints");
+        for step in [3, 6] {
+            let d = ck.join(format!("step_{step:07}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("optimizer.safetensors"), [1u8, 2, 3, 4]).unwrap();
+            crate::manifest::write(&d).unwrap();
+        }
+        let newest = ck.join("step_0000006");
+        std::fs::remove_file(newest.join("manifest.json")).unwrap();
+        let e = verify_for_resume(&newest, false).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: no manifest.json, so its files cannot be checked", newest.display())), "{e}");
+        assert!(e.contains("pass --trust-checkpoint to resume from it unverified"), "{e}");
+        assert!(e.contains(&format!("previous checkpoint {} (step 3) passes", ck.join("step_0000003").display())), "{e}");
+        verify_for_resume(&newest, true).unwrap();
     }
 }

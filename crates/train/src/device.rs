@@ -26,7 +26,11 @@ pub fn open(name: &str, ordinal: usize) -> Result<Device> {
         #[cfg(not(feature = "cuda"))]
         "cuda" => {
             let _ = ordinal;
-            bail!("train.device = \"cuda\" needs a build with `--features cuda`")
+            bail!(
+                "train.device = \"cuda\": this binary is the CPU build; run on the CPU with --device cpu, or build \
+                 for CUDA (cargo build --release -p lowbit-cli --features cuda, CUDA set up as README \"The GPU \
+                 build\" says)"
+            )
         }
         d => bail!("train.device: unknown device {d:?}"),
     }

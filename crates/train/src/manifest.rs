@@ -51,15 +51,19 @@ pub fn write(dir: &Path) -> Result<()> {
     std::fs::write(&p, serde_json::to_string_pretty(&files)?).with_context(|| format!("cannot write {}", p.display()))
 }
 
-/// Check every file listed in `dir/manifest.json`; an error names the first bad file.
+/// Check every file listed in `dir/manifest.json`; an error names the first bad file, or the
+/// missing manifest (a checkpoint without one is not trusted: issue 33 (8b)).
 pub fn verify(dir: &Path) -> Result<()> {
     let p = dir.join(MANIFEST);
     if !dir.is_dir() {
         return Ok(()); // reading the checkpoint reports it
     }
     if !p.exists() {
-        tracing::warn!("{}: no {MANIFEST} (written before checkpoints had checksums): files not verified", dir.display());
-        return Ok(());
+        bail!(
+            "{}: no {MANIFEST}, so its files cannot be checked (a checkpoint written before checkpoints had \
+             checksums, or its manifest was deleted)",
+            dir.display()
+        );
     }
     let text = std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
     let files: BTreeMap<String, FileSum> =

@@ -125,7 +125,7 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
 /// (after the checkpoint's files are verified).
 fn already_finished(launch: &Launch) -> Result<Option<u64>> {
     let Some(dir) = &launch.resume_from else { return Ok(None) };
-    crate::checkpoint::verify_for_resume(dir)?;
+    crate::checkpoint::verify_for_resume(dir, launch.trust_unverified)?;
     let done = crate::checkpoint::load_state(dir)?.step;
     Ok((done >= launch.config.train.max_steps).then_some(done))
 }

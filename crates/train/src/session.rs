@@ -29,6 +29,9 @@ pub struct Launch {
     pub config: RunConfig,
     /// Resume from this checkpoint folder.
     pub resume_from: Option<PathBuf>,
+    /// Accept a checkpoint without `manifest.json` (its files unverified; `--trust-checkpoint`).
+    /// Otherwise such a checkpoint is refused ([`crate::checkpoint::verify_for_resume`]).
+    pub trust_unverified: bool,
     /// New run, new run over an old one moved aside, or resume ([`FolderUse`]).
     pub folder: FolderUse,
     /// Set by Ctrl-C or SIGTERM: write a checkpoint and stop after the current step.
@@ -48,6 +51,7 @@ impl Launch {
         Launch {
             config,
             resume_from: None,
+            trust_unverified: false,
             folder: FolderUse::New,
             interrupt: Default::default(),
             stop_after: None,
@@ -524,24 +528,45 @@ fn scale_name(format: lowbit_optim::StateFormat, kind: lowbit_optim::ScaleKind) 
 }
 
 /// Every rank must run rank 0's resolved config (a multi-node launch could give a node
-/// another file): rank 0 broadcasts its `config.toml`, the others compare.
+/// another file): rank 0 broadcasts its `config.toml`, the others compare, and every rank
+/// learns each one's first difference, so that all of them (rank 0 too, which the user reads
+/// first) fail with the same message naming the ranks and the lines.
 fn same_config_as_rank0(comm: &dyn Collective, config_toml: &str) -> Result<()> {
-    if comm.world_size() == 1 {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if world == 1 {
         return Ok(());
     }
     let mut theirs = config_toml.as_bytes().to_vec();
     comm.broadcast(&mut theirs)?;
-    if theirs != config_toml.as_bytes() {
-        let theirs = String::from_utf8_lossy(&theirs);
-        let first = config_toml.lines().zip(theirs.lines()).find(|(a, b)| a != b);
-        anyhow::bail!(
-            "rank {} resolved another config than rank 0 (first difference: {:?}); every rank needs the same \
-             --config and --set",
-            comm.rank(),
-            first.unwrap_or(("(length)", "(length)"))
-        );
+    let diff = match theirs == config_toml.as_bytes() {
+        true => String::new(),
+        false => {
+            let theirs = String::from_utf8_lossy(&theirs);
+            let first = config_toml.lines().zip(theirs.lines()).find(|(a, b)| a != b);
+            let (mine, zero) = first.unwrap_or(("(length)", "(length)"));
+            format!("rank {rank} has {mine:?} where rank 0 has {zero:?}")
+        }
+    };
+    let mut lens = vec![0u64; world];
+    lens[rank] = diff.len() as u64;
+    comm.sum_u64(&mut lens)?;
+    if lens.iter().all(|&n| n == 0) {
+        return Ok(());
     }
-    Ok(())
+    let counts: Vec<usize> = lens.iter().map(|&n| n as usize).collect();
+    let all = comm.all_gather(diff.as_bytes(), &counts)?;
+    let mut diffs = Vec::new();
+    let mut at = 0;
+    for n in counts {
+        if n > 0 {
+            diffs.push(String::from_utf8_lossy(&all[at..at + n]).into_owned());
+        }
+        at += n;
+    }
+    anyhow::bail!(
+        "the ranks resolved different configs (every rank needs the same --config and --set): {}",
+        diffs.join("; ")
+    )
 }
 
 /// Model parameters' optimizer metadata, sorted by name: the stall-report group of each
@@ -579,8 +604,27 @@ fn weight_decay_line(infos: &[ParamInfo], weight_decay: f64) -> String {
 pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarMap, dtype: DType, dev: &Device) -> Result<Llama> {
     let model = Llama::new(mcfg, candle_nn::VarBuilder::from_varmap(varmap, dtype, dev))?;
     let kernels = match cfg.model.kernels {
-        KernelChoice::Auto => Kernels::for_device(dev),
-        KernelChoice::Fused => Kernels::Fused,
+        KernelChoice::Auto => {
+            let k = Kernels::for_model(mcfg, dev);
+            if k != Kernels::for_device(dev) {
+                tracing::warn!(
+                    "model.kernels = \"auto\": composed ops, the fused kernels take hidden sizes up to {} (this model: {})",
+                    lowbit_model::FUSED_MAX_HIDDEN,
+                    mcfg.hidden_size
+                );
+            }
+            k
+        }
+        KernelChoice::Fused => {
+            if !(cfg!(feature = "cuda") && dev.is_cuda()) {
+                bail!(
+                    "model.kernels = \"fused\": the fused kernels run on CUDA in the CUDA build (train.device = \
+                     \"cuda\"); on the CPU use \"auto\" or \"composed\""
+                );
+            }
+            Kernels::fits(mcfg).map_err(|e| anyhow::anyhow!("model.kernels = \"fused\": {e}"))?;
+            Kernels::Fused
+        }
         KernelChoice::Composed => Kernels::Composed,
     };
     let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;
@@ -609,8 +653,20 @@ pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
 
 /// A data error as one line: its message already includes its source, so `{:#}` must not
 /// append the source a second time.
+/// A data error, with how to get the data when it is a corpus the README fetches.
 fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
+    use lowbit_data::DataError::{MissingFile, NoMatch};
+    let hint = match &e {
+        MissingFile { pattern, .. } | NoMatch { pattern, .. } if pattern.contains("data/local/c4") => {
+            "; get C4 with `python3 scripts/fetch_c4.py --train-shards 18 --val-shards 1` (README \"Data\"), or point \
+             data.train / data.validation at your shards"
+        }
+        MissingFile { pattern, .. } | NoMatch { pattern, .. } if pattern.contains("data/local/corpus") => {
+            "; link the shared corpus with `scripts/link_shared_corpus.sh` (README \"Data\")"
+        }
+        _ => "",
+    };
+    anyhow::anyhow!("{e}{hint}")
 }
 
 fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<()> {

@@ -71,3 +71,23 @@ pub fn signal(pids: &[u32], sig: &str) {
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     assert!(Command::new("kill").arg(sig).args(&pids).status().unwrap().success());
 }
+
+/// An external launch as torchrun makes one: rank r runs `train ranks[r]` in `cwd` with
+/// `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and a free `MASTER_PORT` on 127.0.0.1, its stderr in
+/// `cwd/rank<r>.log`.
+pub fn launch_ranks(cwd: &Path, ranks: &[&[&str]]) -> Vec<Child> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (0..ranks.len())
+        .map(|rank| {
+            Command::new(train_bin())
+                .args(ranks[rank])
+                .current_dir(cwd)
+                .envs([("RANK", rank.to_string()), ("LOCAL_RANK", rank.to_string()), ("WORLD_SIZE", ranks.len().to_string())])
+                .envs([("MASTER_ADDR", "127.0.0.1".to_string()), ("MASTER_PORT", port.to_string())])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(cwd.join(format!("rank{rank}.log"))).unwrap())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}

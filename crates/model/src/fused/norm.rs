@@ -55,8 +55,8 @@ impl CustomOp2 for RmsNorm {
         let dtype = x.dtype();
         let dy = dy.contiguous()?;
         let (rows, h) = rows_and_width(x.shape())?;
-        if h > 1536 {
-            candle_core::bail!("fused rms_norm backward: hidden size {h} > 1536 does not fit shared memory");
+        if h > crate::kernels::FUSED_MAX_HIDDEN {
+            candle_core::bail!("fused rms_norm backward: hidden size {h} > {} does not fit shared memory", crate::kernels::FUSED_MAX_HIDDEN);
         }
         let (xp, wp, dyp) = (tensor_ptr(x, "x")?, tensor_ptr(w, "w")?, tensor_ptr(&dy, "dy")?);
         let (r, hh) = (rows as i32, h as i32);
