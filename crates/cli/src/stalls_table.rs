@@ -40,7 +40,9 @@ impl Estimator {
 pub struct StallsArgs {
     /// Run folder (holding stalls.jsonl).
     pub run: PathBuf,
-    /// Keep redrawing while the run is in progress (stops when summary.json appears).
+    /// Keep redrawing while the run is in progress: waits for a run that is starting, stops when
+    /// it ends (summary.json), when no live process holds its folder (killed), or when the
+    /// output's reader has gone.
     #[arg(long)]
     pub follow: bool,
     /// Rows per tensor group or per tensor (per-tensor rows come every run.stall_detail_every steps).
@@ -227,39 +229,93 @@ fn describe(run: &Path) -> String {
     )
 }
 
-/// `train stalls`.
+/// Where a followed run stands: writing, ended (its `summary.json`), or gone without one.
+enum Standing {
+    Live,
+    /// `status` and `steps` from `summary.json`.
+    Ended(String, Option<u64>),
+    /// No summary and no live process holds the folder's lock: killed or crashed.
+    Gone,
+}
+
+fn standing(run: &Path) -> Standing {
+    match std::fs::read(run.join("summary.json")) {
+        Ok(bytes) => {
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            Standing::Ended(v["status"].as_str().unwrap_or("ended").to_string(), v["steps"].as_u64())
+        }
+        Err(_) if lowbit_train::run_folder::live_holder(run).is_some() => Standing::Live,
+        Err(_) => Standing::Gone,
+    }
+}
+
+/// The last line of a `--follow` that stops: how the run ended, and how to go on.
+fn end_line(run: &Path, status: &str, steps: Option<u64>) -> String {
+    let at = steps.map_or(String::new(), |s| format!(" at step {s}"));
+    match status {
+        "finished" => "run finished".into(),
+        "interrupted" => format!("run interrupted{at}; resume with: train --resume {}", run.display()),
+        other => format!("run ended ({other}){at}"),
+    }
+}
+
+/// `train stalls`. With `--follow`: waits for a folder without `stalls.jsonl` yet (a run
+/// starting),
+/// redraws while it runs, and stops when it ends (saying how: finished, interrupted,
+/// non-finite), when no live process holds its folder any more (killed or crashed), or when
+/// the reader of the output has gone (`| head -1`).
 pub fn run(a: &StallsArgs) -> Result<()> {
     let path = a.run.join("stalls.jsonl");
     let terminal = std::io::stdout().is_terminal();
     let mut first = true;
+    let mut waited = false;
     loop {
+        let now = standing(&a.run);
         if !path.is_file() {
-            anyhow::bail!(
-                "{}: no stalls.jsonl (not a run folder, or its run has not written a step yet)",
-                a.run.display()
-            );
+            if !a.follow {
+                anyhow::bail!(
+                    "{}: no stalls.jsonl (not a run folder, or its run has not written a step yet)",
+                    a.run.display()
+                );
+            }
+            // the run may be starting: it loads data and model before it claims the folder
+            if !std::mem::replace(&mut waited, true) {
+                lowbit_train::errln!("{}: no stalls.jsonl yet; waiting for the run to start (Ctrl-C to stop)", a.run.display());
+            }
+            std::thread::sleep(std::time::Duration::from_secs_f64(a.interval));
+            continue;
         }
         let rows: Vec<StallRow> = read_rows(&path)?;
         let t = table(&rows, a.by, a.window);
-        let finished = a.run.join("summary.json").exists();
+        let mut text = String::new();
         if a.json {
-            lowbit_train::outln!("{}", serde_json::to_string(&t)?);
+            text = format!("{}\n", serde_json::to_string(&t)?);
         } else {
             if a.follow && terminal {
-                lowbit_train::out!("\x1b[2J\x1b[H"); // clear screen, cursor home
+                text += "\x1b[2J\x1b[H"; // clear screen, cursor home
             } else if a.follow && !first {
-                lowbit_train::out!("\n"); // into a file or a pipe: one table after the other
+                text += "\n"; // into a file or a pipe: one table after the other
             }
-            lowbit_train::out!("{}", render(&t, a.state, a.estimator, &describe(&a.run)));
+            text += &render(&t, a.state, a.estimator, &describe(&a.run));
             if a.by == By::Tensor && t.lines.is_empty() {
-                lowbit_train::outln!("(no per-tensor rows yet: they are written every run.stall_detail_every steps)");
+                text += "(no per-tensor rows yet: they are written every run.stall_detail_every steps)\n";
             }
         }
-        if !a.follow || finished {
-            if a.follow {
-                lowbit_train::outln!("run finished");
-            }
-            return Ok(());
+        let end = match (&now, a.follow) {
+            (_, false) | (Standing::Live, true) => None,
+            (Standing::Ended(status, steps), true) => Some(end_line(&a.run, status, *steps)),
+            (Standing::Gone, true) => Some(format!(
+                "the run is not running (no live process holds {}) and wrote no summary.json: it was killed or \
+                 crashed; resume with: train --resume {}",
+                a.run.join("train.lock").display(),
+                a.run.display()
+            )),
+        };
+        if let Some(line) = &end {
+            text += &format!("{line}\n");
+        }
+        if lowbit_train::output::try_print(&text).is_err() || end.is_some() || !a.follow {
+            return Ok(()); // done, or the reader has gone
         }
         first = false;
         std::thread::sleep(std::time::Duration::from_secs_f64(a.interval));

@@ -208,7 +208,9 @@ fn stalls_follow_into_a_pipe_writes_plain_tables() {
     let run = d.join("live");
     std::fs::create_dir_all(&run).unwrap();
     std::fs::write(run.join("stalls.jsonl"), format!("{}\n{}\n", stall_row(1), stall_row(2))).unwrap();
-    // a live run (no summary.json yet): redraws until the summary appears
+    // a live run (no summary.json yet, its lock held by a live process: this one): redraws
+    // until the summary appears
+    std::fs::write(run.join("train.lock"), std::process::id().to_string()).unwrap();
     let mut child = Command::new(train_bin())
         .args(["stalls", "live", "--follow", "--interval", "0.1"])
         .current_dir(d)
@@ -237,4 +239,52 @@ fn stalls_follow_into_a_pipe_writes_plain_tables() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(r.stdout.matches("step 2 (").count(), 1, "{}", r.stdout);
     assert!(!r.stdout.contains('\x1b') && r.stdout.ends_with("run finished\n"), "{:?}", r.stdout);
+}
+
+/// Issue 33 (10): `train stalls --follow` stops when the run ends however it ends, and when
+/// its reader goes away; it waits for a run that has not written a step yet.
+#[test]
+fn stalls_follow_stops_on_a_dead_or_interrupted_run_and_a_closed_pipe() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let run = d.join("live");
+    std::fs::create_dir_all(&run).unwrap();
+    let follow = |extra: &[&str]| -> std::process::Child {
+        Command::new(train_bin())
+            .args(["stalls", "live", "--follow", "--interval", "0.1"])
+            .args(extra)
+            .current_dir(d)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // not started yet: it waits (it used to fail with "no stalls.jsonl"), then draws
+    let mut child = follow(&[]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "--follow gave up on a run that has not started");
+    std::fs::write(run.join("train.lock"), std::process::id().to_string()).unwrap();
+    std::fs::write(run.join("stalls.jsonl"), format!("{}\n", stall_row(1))).unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("step 1 ("), "{line:?}");
+    // its reader goes away (`| head -1`): it stops (it used to poll forever)
+    drop(stdout);
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "--follow kept running after its pipe closed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // the run was killed (its lock names a process that is gone): it says so and stops
+    std::fs::write(run.join("train.lock"), "4000000000").unwrap();
+    let r = train(d, &["stalls", "live", "--follow"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.ends_with("it was killed or crashed; resume with: train --resume live\n"), "{}", r.stdout);
+    // an interrupted run is not "finished"
+    std::fs::write(run.join("summary.json"), r#"{"status":"interrupted","steps":5}"#).unwrap();
+    let r = train(d, &["stalls", "live", "--follow"]);
+    assert!(r.stdout.ends_with("run interrupted at step 5; resume with: train --resume live\n"), "{}", r.stdout);
 }

@@ -239,3 +239,30 @@ fn shards_without_text_are_refused_before_the_folder_is_touched() {
     assert!(r.stderr.contains("no train text"), "{}", r.stderr);
     assert_eq!(snapshot(&d.join("runs/x")), before, "the finished run was touched");
 }
+
+/// Issue 33 (10): a signal during start-up or the step-0 validation acts at once (it used to
+/// wait for the validation, then write a step-1 checkpoint into a folder that blocked the same
+/// command): a new run removes what it wrote, exits 143, and the same command starts afresh.
+#[test]
+fn an_interrupt_before_the_first_step_leaves_no_run_behind() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    // the whole bundled validation shard: a step-0 validation of seconds, not milliseconds
+    let args = ["--config", "c.toml", "--set", "data.val_tokens=250000", "--set", "train.max_steps=2"];
+    let mut child = spawn(d, &args, &d.join("x.log"));
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(d.join("x.log")).unwrap_or_default().contains("validation loss of the initial model") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(120), "no step-0 validation");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    signal(&[child.id()], "-TERM");
+    let code = child.wait().unwrap().code();
+    let log = std::fs::read_to_string(d.join("x.log")).unwrap();
+    assert_eq!(code, Some(143), "{log}");
+    assert!(log.contains("interrupted before the first step: nothing to resume, runs/x was removed"), "{log}");
+    assert!(!log.contains("step 0: validation loss 1"), "the validation ran to its end: {log}");
+    assert!(!d.join("runs/x").exists(), "the interrupted start left its folder");
+    // the same run starts afresh in that folder (with the usual small validation set)
+    let again = ["--config", "c.toml", "--set", "train.max_steps=2"];
+    assert_eq!(train(d, &again).code, Some(0), "a new run in runs/x was refused");
+}

@@ -9,7 +9,16 @@ use std::io::Write;
 /// Write `text` to stdout; a closed pipe (or any other write error) is ignored after one
 /// debug line: the output was meant for a reader that is no longer there.
 pub fn print(text: &str) {
-    write_or_ignore(std::io::stdout().lock(), text, "stdout");
+    if let Err(e) = try_print(text) {
+        tracing::debug!("stdout not written: {e}");
+    }
+}
+
+/// Write `text` to stdout and return the error: for a loop that prints until its reader goes
+/// away (`train stalls --follow | head -1`) and should stop then.
+pub fn try_print(text: &str) -> std::io::Result<()> {
+    let mut w = std::io::stdout().lock();
+    w.write_all(text.as_bytes()).and_then(|_| w.flush())
 }
 
 /// `x` with `digits` decimals, `-` when there is none (a fraction not measured yet, a loss

@@ -76,8 +76,13 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
     let max_steps = s.cfg.train.max_steps;
     if s.state.step == 0 {
         progress.message(&format!("step 0: validation loss of the initial model ({} batches of the validation set)", s.val_batches()));
-        let vl = s.validate(0)?;
-        progress.message(&format!("step 0: validation loss {vl:.4}"));
+        if let Some(vl) = s.validate_until(0, &launch.interrupt)? {
+            progress.message(&format!("step 0: validation loss {vl:.4}"));
+        }
+    }
+    // an interrupt during start-up or the first validation acts now, not after a step
+    if s.any_rank(launch.interrupt.load(Ordering::SeqCst))? {
+        return stop_before_the_first_step(s, &launch);
     }
     progress.begin(s.state.step, max_steps);
     let (started, tokens_at_start) = (Instant::now(), s.state.tokens);
@@ -119,6 +124,37 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
     }
     let stopped_early = status == RunStatus::Interrupted;
     Ok(Outcome { run_dir: s.run_dir.clone(), summary, stopped_early, already_finished: None })
+}
+
+/// An interrupt before the loop's first step: a new run removes what it wrote (nothing to
+/// resume; the same command starts afresh), a resumed one stays at its checkpoint with a
+/// summary saying "interrupted".
+fn stop_before_the_first_step(s: Session, launch: &Launch) -> Result<Outcome> {
+    let run_dir = s.run_dir.clone();
+    let leader = s.is_leader();
+    let summary = if launch.resume_from.is_none() {
+        s.discard()?;
+        if leader {
+            tracing::warn!(
+                "interrupted before the first step: nothing to resume, {} was removed; start again with the same command",
+                run_dir.display()
+            );
+        }
+        None
+    } else {
+        if leader {
+            tracing::warn!(
+                "interrupted before the first step: the run stays at step {}; resume with: train --resume {}",
+                s.state.step,
+                run_dir.display()
+            );
+        }
+        match leader {
+            true => Some(s.write_summary(0.0, None, RunStatus::Interrupted)?),
+            false => None,
+        }
+    };
+    Ok(Outcome { run_dir, summary, stopped_early: true, already_finished: None })
 }
 
 /// The step a resumed run had already finished at, when it is `train.max_steps` or beyond

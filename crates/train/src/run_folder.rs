@@ -56,6 +56,18 @@ impl Drop for RunLock {
     }
 }
 
+/// Remove the run files of `dir` (a new run stopped before its first step wrote them), and
+/// `dir` itself when that leaves it empty.
+pub fn remove_run_files(dir: &Path) -> Result<()> {
+    for f in run_files(dir) {
+        let p = dir.join(f);
+        let gone = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        gone.with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    let _ = std::fs::remove_dir(dir); // only when empty
+    Ok(())
+}
+
 /// The `train` files present in `dir` (empty when it holds no run or does not exist).
 pub fn run_files(dir: &Path) -> Vec<&'static str> {
     RUN_FILES.into_iter().filter(|f| dir.join(f).exists()).collect()
@@ -97,6 +109,17 @@ pub fn move_aside_unless_live(dir: &Path) -> Result<Option<PathBuf>> {
     held.path = aside.join(LOCK_FILE); // the lock file moved with the folder: removed on drop
     drop(held);
     Ok(Some(aside))
+}
+
+/// The process id in `dir/train.lock` when that process is alive: a training run is writing
+/// the folder now. `None` when no lock file is there (no run has claimed it, or its run ended),
+/// or it names a process that no longer exists (a killed run's stale lock). Reads the file
+/// only (taking the lock, even briefly, could refuse a run starting at that moment).
+/// Liveness is `/proc/<pid>` on Linux; elsewhere a lock file's process counts as alive.
+pub fn live_holder(dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join(LOCK_FILE)).ok()?.trim().parse().ok()?;
+    let alive = !cfg!(target_os = "linux") || Path::new(&format!("/proc/{pid}")).exists();
+    alive.then_some(pid)
 }
 
 /// Whether `dir` is a run that `--overwrite` moved aside (`<name>.old-<N>`, [`claim`]).

@@ -396,11 +396,29 @@ impl Session {
 
     /// Validation loss of the model now, written to `metrics.jsonl` as step `step`.
     pub fn validate(&mut self, step: u64) -> Result<f64> {
-        let vl = evaluate(&self.model, &self.val, &self.dev)?;
+        Ok(self.validate_until(step, &AtomicBool::new(false))?.expect("never stopped"))
+    }
+
+    /// [`Session::validate`] that gives up (`None`, nothing written) once `stop` is set.
+    pub fn validate_until(&mut self, step: u64, stop: &AtomicBool) -> Result<Option<f64>> {
+        let Some(vl) = evaluate_until(&self.model, &self.val, &self.dev, stop)? else { return Ok(None) };
         if let Some(metrics) = &mut self.metrics {
             metrics.write(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
         }
-        Ok(vl)
+        Ok(Some(vl))
+    }
+
+    /// Ends a new run stopped before its first step: the files it wrote into its folder
+    /// (config, logs, lock) are removed, and the folder too when nothing else is in it, so the
+    /// same command starts afresh. Returns the folder.
+    pub fn discard(self) -> Result<PathBuf> {
+        let dir = self.run_dir.clone();
+        let wrote = self.metrics.is_some();
+        drop(self); // closes the logs, releases and removes the lock
+        if wrote {
+            crate::run_folder::remove_run_files(&dir)?;
+        }
+        Ok(dir)
     }
 
     /// Number of validation micro-batches.
@@ -637,8 +655,17 @@ pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarM
 
 /// Mean validation loss (nats per target token) over the fixed validation batches.
 pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
+    Ok(evaluate_until(model, batches, dev, &AtomicBool::new(false))?.expect("never stopped"))
+}
+
+/// [`evaluate`], checking `stop` before each batch: `None` once it is set (an interrupt
+/// during a long validation acts within one batch).
+pub fn evaluate_until(model: &Llama, batches: &[Batch], dev: &Device, stop: &AtomicBool) -> Result<Option<f64>> {
     let (mut nll, mut count) = (0f64, 0f64);
     for b in batches {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(None);
+        }
         let (x, y, m) = batch_tensors(b, dev)?;
         let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
         let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
@@ -648,12 +675,12 @@ pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
     if count == 0.0 {
         bail!("validation set is empty: check data.validation and data.val_tokens");
     }
-    Ok(nll / count)
+    Ok(Some(nll / count))
 }
 
-/// A data error as one line: its message already includes its source, so `{:#}` must not
-/// append the source a second time.
-/// A data error, with how to get the data when it is a corpus the README fetches.
+/// A data error as one line (its message already includes its source, so `{:#}` must not
+/// append the source a second time), with how to get the data when it is a corpus the README
+/// fetches.
 fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
     use lowbit_data::DataError::{MissingFile, NoMatch};
     let hint = match &e {
