@@ -266,3 +266,24 @@ fn an_interrupt_before_the_first_step_leaves_no_run_behind() {
     let again = ["--config", "c.toml", "--set", "train.max_steps=2"];
     assert_eq!(train(d, &again).code, Some(0), "a new run in runs/x was refused");
 }
+
+/// Issue 33 (7): sizes that cannot fit (they aborted in an allocation, or hung after the folder
+/// was claimed) are refused before anything of their size is allocated or written, with the
+/// memory they need at the least and the part that needs it.
+#[test]
+fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let cases = [
+        ("train.micro_batch=100000000", "one micro-batch's logits and attention scores alone take"),
+        ("data.seq_len=1000000000", "one micro-batch's logits and attention scores alone take"),
+        ("model.hidden_size=4000000", "the weights, gradients and states alone take"),
+        ("model.vocab_size=1000000000", "the weights, gradients and states alone take"),
+    ];
+    for (set, part) in cases {
+        let r = train(d, &["--config", "c.toml", "--set", set]);
+        assert_eq!(r.code, Some(1), "{set}: {}", r.stderr);
+        assert!(r.stderr.contains("error: this config needs at least ") && r.stderr.contains(part), "{set}: {}", r.stderr);
+        assert!(!d.join("runs/x").exists(), "{set}: a refused start created the run folder");
+    }
+}

@@ -63,5 +63,5 @@ pub use error::{DataError, Result};
 pub use overlap::{shared_documents, OVERLAP_SAMPLE};
 pub use reader::{expand_shards, ShardReader};
 pub use stream::TrainStream;
-pub use tokenize::{load_tokenizer, Tokens};
+pub use tokenize::{load_tokenizer, pieces, Tokens, PIECE_BYTES};
 pub use validation::validation_batches;

@@ -75,3 +75,26 @@ fn llama2_special_tokens_in_text_stay_text() {
     let Some(path) = shared_tokenizer("llama2-tokenizer.json") else { return };
     special_tokens_in_text_stay_text(&load_tokenizer(path.to_str().unwrap(), false).unwrap());
 }
+
+/// Issue 33 (7): a document longer than `PIECE_BYTES` is encoded in pieces cut at spaces, with
+/// the ids of the whole text (each piece's first word gets its `▁` as in context), so the
+/// tokenizer's memory is bounded by the piece, not the document.
+#[test]
+fn long_documents_are_encoded_in_pieces_with_the_whole_texts_ids() {
+    use lowbit_data::{pieces, PIECE_BYTES};
+    let tok = t5();
+    let unit = "the quick brown fox jumps over the lazy dog";
+    let n = 2 * PIECE_BYTES / (unit.len() + 1) + 100;
+    let text = vec![unit; n].join(" ");
+    let cut = pieces(&text);
+    assert!(cut.len() == 3 && cut.iter().all(|p| p.len() <= PIECE_BYTES && !p.is_empty() && !p.starts_with(' ')), "{}", cut.len());
+    assert_eq!(cut.join(" "), text, "the pieces are the text, cut at spaces");
+    let mut unit_ids = tok.encode(unit).unwrap();
+    unit_ids.pop(); // EOS
+    let mut want: Vec<u32> = unit_ids.iter().copied().cycle().take(unit_ids.len() * n).collect();
+    want.push(tok.eos_id);
+    assert_eq!(tok.encode(&text).unwrap(), want);
+    // a text without spaces is cut on character boundaries
+    let wide = "é".repeat(PIECE_BYTES / 2 + 1);
+    assert!(pieces(&wide).iter().all(|p| p.len() <= PIECE_BYTES) && pieces(&wide).concat() == wide);
+}

@@ -338,10 +338,10 @@ mod tests {
         assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.adaptive_reset), ("", "", None), "pow2 and periodic");
     }
 
-    #[test]
-    fn a_flipped_byte_is_named_and_the_previous_good_checkpoint_offered() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ck = tmp.path().join("checkpoints");
+    /// `run/checkpoints/step_0000003` and `step_0000006`, each with its manifest; returns the
+    /// checkpoints folder and the newest.
+    fn two_verified_checkpoints(run: &Path) -> (PathBuf, PathBuf) {
+        let ck = run.join("checkpoints");
         for step in [3, 6] {
             let d = ck.join(format!("step_{step:07}"));
             std::fs::create_dir_all(&d).unwrap();
@@ -349,6 +349,13 @@ mod tests {
             crate::manifest::write(&d).unwrap();
         }
         let newest = ck.join("step_0000006");
+        (ck, newest)
+    }
+
+    #[test]
+    fn a_flipped_byte_is_named_and_the_previous_good_checkpoint_offered() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ck, newest) = two_verified_checkpoints(tmp.path());
         verify_for_resume(&newest, false).unwrap();
         std::fs::write(newest.join("optimizer.safetensors"), [1u8, 2, 3, 5]).unwrap();
         let e = verify_for_resume(&newest, false).unwrap_err().to_string();
@@ -363,14 +370,7 @@ mod tests {
     #[test]
     fn a_checkpoint_without_its_manifest_is_refused_unless_trusted() {
         let tmp = tempfile::tempdir().unwrap();
-        let ck = tmp.path().join("checkpoints");
-        for step in [3, 6] {
-            let d = ck.join(format!("step_{step:07}"));
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("optimizer.safetensors"), [1u8, 2, 3, 4]).unwrap();
-            crate::manifest::write(&d).unwrap();
-        }
-        let newest = ck.join("step_0000006");
+        let (ck, newest) = two_verified_checkpoints(tmp.path());
         std::fs::remove_file(newest.join("manifest.json")).unwrap();
         let e = verify_for_resume(&newest, false).unwrap_err().to_string();
         assert!(e.starts_with(&format!("{}: no manifest.json, so its files cannot be checked", newest.display())), "{e}");

@@ -1,7 +1,8 @@
 //! # lowbit-train: the training library
 //!
 //! The loop ([`run`]) over a [`session`] (set-up and every builder; one [`step`], validation,
-//! checkpoints), its config ([`config`]), device policy ([`device`]), learning-rate
+//! checkpoints), its config ([`config`]) and the [`memory`] it needs at the least, device
+//! policy ([`device`]), learning-rate
 //! [`schedule`], run folder ([`run_folder`], [`checkpoint`] of [`components`], [`manifest`],
 //! [`logs`]) and data parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`)
 //! puts the commands, the progress bar and the plots on top.
@@ -22,6 +23,7 @@ pub mod device;
 pub mod distributed;
 pub mod logs;
 pub mod manifest;
+pub mod memory;
 pub mod optimizer;
 pub mod output;
 pub mod run;

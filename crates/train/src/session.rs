@@ -163,6 +163,13 @@ impl Session {
         let mcfg = cfg
             .model_config(tok.vocab_size())
             .with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
+        // before anything of the model's size is allocated (on the GPU the allocation itself
+        // fails cleanly; on the CPU it would abort the process)
+        if !dev.is_cuda() {
+            if let Some(available) = crate::memory::host_available() {
+                crate::memory::MemoryFloor::of(&cfg, &mcfg, &spec).check(available, "this host's available memory")?;
+            }
+        }
         let dtype = match cfg.model.dtype {
             WeightDtype::F32 => DType::F32,
             WeightDtype::Bf16 => DType::BF16,

@@ -9,6 +9,7 @@
 
 use lowbit_train::checkpoint::{self, ExportCheck, TrainState};
 use lowbit_train::config::RunConfig;
+use lowbit_train::logs::summary::RunStatus;
 use lowbit_train::run::{self, Logs, Outcome};
 use lowbit_train::session::Launch;
 use serde_json::Value;
@@ -295,16 +296,23 @@ fn exported_config_json_has_the_tokenizers_special_ids() {
     }
 }
 
+/// Issue 33 (10): an interrupt that arrives before the first step (during start-up or the
+/// step-0 validation) acts then: a new run leaves nothing behind, a resumed one stays at its
+/// checkpoint with an "interrupted" summary; the run then continues to the end.
 #[test]
-fn interrupt_writes_a_checkpoint_and_stops_cleanly() {
+fn an_interrupt_before_the_first_step_writes_no_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), "ctrlc", &[]);
-    // Ctrl-C arrived during step 1
-    let out = run::run(Launch { interrupt: Arc::new(AtomicBool::new(true)), ..Launch::new(cfg.clone()) }, &mut Logs).unwrap();
-    assert!(out.stopped_early);
-    let ck = checkpoint::latest(&out.run_dir).unwrap();
-    assert_eq!(checkpoint::load_state(&ck).unwrap().step, 1);
-    // and the run continues from there to the end
+    let interrupted = || Arc::new(AtomicBool::new(true));
+    let out = run::run(Launch { interrupt: interrupted(), ..Launch::new(cfg.clone()) }, &mut Logs).unwrap();
+    assert!(out.stopped_early && out.summary.is_none());
+    assert!(!out.run_dir.exists(), "a new run stopped before its first step left its folder");
+    let first = launch(cfg.clone(), None, Some(3)).unwrap();
+    let ck = checkpoint::latest(&first.run_dir).unwrap();
+    let out = run::run(Launch { interrupt: interrupted(), ..Launch::resume(cfg.clone(), ck.clone()) }, &mut Logs).unwrap();
+    let summary = out.summary.unwrap();
+    assert!(out.stopped_early && summary.status == RunStatus::Interrupted && summary.steps == 3);
+    assert_eq!(checkpoint::latest(&out.run_dir).unwrap(), ck, "no checkpoint was written");
     let done = launch(cfg, Some(ck), None).unwrap();
     assert!(!done.stopped_early);
     assert_eq!(done.summary.unwrap().steps, 8);

@@ -1,0 +1,124 @@
+//! What a run needs in memory at the least, from its config alone, so that a config that
+//! cannot fit is refused with the numbers before anything is allocated or written (issue 33
+//! (7): `data.seq_len = 1e9` or `model.vocab_size = 1e9` aborted in an allocation, a huge
+//! `train.micro_batch` hung after the run folder was claimed).
+//!
+//! A lower bound, not a forecast: only what the run surely holds at once is counted, so that a
+//! config that fits is never refused. The weights, their gradients and the two moment states;
+//! the composed ops' causal mask (`max_seq_len`² FP32, built with the model); and one
+//! micro-batch's logits (`micro_batch x seq_len x vocab`, in the weights' dtype) and one
+//! layer's attention scores (`micro_batch x heads x seq_len`², FP32). Arithmetic in f64, so
+//! that absurd sizes give absurd numbers instead of overflowing.
+
+use crate::config::{RunConfig, WeightDtype};
+use anyhow::{bail, Result};
+use lowbit_model::LlamaConfig;
+use lowbit_optim::StatesSpec;
+
+/// Bytes a run needs at the least, by part.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryFloor {
+    /// Weights, gradients (FP32) and the m and v states.
+    pub model_and_states: f64,
+    /// One micro-batch's logits and one layer's attention scores.
+    pub activations: f64,
+    /// The causal mask of `model.max_seq_len`.
+    pub mask: f64,
+}
+
+impl MemoryFloor {
+    /// The floor of a run of `cfg` with model `m` and states `spec`.
+    pub fn of(cfg: &RunConfig, m: &LlamaConfig, spec: &StatesSpec) -> Self {
+        let f = |x: usize| x as f64;
+        let (h, i, v, layers) = (f(m.hidden_size), f(m.intermediate_size), f(m.vocab_size), f(m.num_layers));
+        let kv = f(m.num_kv_heads) * f(m.head_dim());
+        // embedding and untied head, per layer q/o (h x h), k/v (h x kv), gate/up/down, 2 norms
+        let params = 2.0 * v * h + layers * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i + 2.0 * h) + h;
+        let weight_bytes = match cfg.model.dtype {
+            WeightDtype::F32 => 4.0,
+            WeightDtype::Bf16 => 2.0,
+        };
+        let state_bytes = f64::from(spec.m_format.bits() + spec.v_format.bits()) / 8.0;
+        let tokens = f(cfg.train.micro_batch) * f(cfg.data.seq_len);
+        let seq = f(cfg.data.seq_len);
+        MemoryFloor {
+            model_and_states: params * (weight_bytes + 4.0 + state_bytes),
+            activations: tokens * v * weight_bytes + f(cfg.train.micro_batch) * f(m.num_heads) * seq * seq * 4.0,
+            mask: f(m.max_seq_len) * f(m.max_seq_len) * 4.0,
+        }
+    }
+
+    /// All parts.
+    pub fn total(&self) -> f64 {
+        self.model_and_states + self.activations + self.mask
+    }
+
+    /// Refuses a floor above `available` bytes of `place` (e.g. "this host's available
+    /// memory"), naming the largest part and the settings that size it.
+    ///
+    /// # Errors
+    /// The floor does not fit: the message gives both in GiB.
+    pub fn check(&self, available: u64, place: &str) -> Result<()> {
+        if self.total() <= available as f64 {
+            return Ok(());
+        }
+        let gib = |b: f64| b / f64::from(1u32 << 30);
+        let parts = [
+            (self.model_and_states, "the weights, gradients and states", "model.preset or model.hidden_size / num_layers / vocab_size"),
+            (self.activations, "one micro-batch's logits and attention scores", "train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len"),
+            (self.mask, "the causal mask", "data.seq_len or model.max_seq_len"),
+        ];
+        let (bytes, what, keys) = parts.iter().copied().fold(parts[0], |a, b| if b.0 > a.0 { b } else { a });
+        bail!(
+            "this config needs at least {:.1} GiB, {place} is {:.1} GiB: {what} alone take {:.1} GiB; lower {keys}",
+            gib(self.total()),
+            gib(available as f64),
+            gib(bytes)
+        )
+    }
+}
+
+/// This host's available memory (`MemAvailable` of /proc/meminfo), bytes; `None` where it
+/// cannot be read.
+pub fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> (RunConfig, LlamaConfig, StatesSpec) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tiny_cpu.toml");
+        let cfg = RunConfig::load(&path, &[]).unwrap();
+        let m = cfg.model_config(32100).unwrap();
+        let spec = cfg.optim.states.resolve(cfg.optim.beta2).unwrap();
+        (cfg, m, spec)
+    }
+
+    /// The shipped CPU config fits in 1 GiB; the sizes of the issue do not fit anywhere, and
+    /// the error names the part and the keys.
+    #[test]
+    fn absurd_sizes_are_refused_with_the_part_and_the_keys() {
+        let (mut cfg, m, spec) = tiny();
+        let floor = MemoryFloor::of(&cfg, &m, &spec);
+        floor.check(1 << 30, "1 GiB").unwrap();
+        // the weights of the tiny model: 8.6M parameters, FP32 weights + FP32 gradients + fp8 states
+        assert!((floor.model_and_states / m.num_parameters() as f64 - 10.0).abs() < 0.5, "{floor:?}");
+        cfg.train.micro_batch = 100_000_000;
+        let e = MemoryFloor::of(&cfg, &m, &spec).check(64 << 30, "this host's available memory").unwrap_err().to_string();
+        assert!(e.contains("is 64.0 GiB: one micro-batch's logits and attention scores alone take"), "{e}");
+        assert!(e.ends_with("lower train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len"), "{e}");
+        let (cfg, mut m, spec) = tiny();
+        m.max_seq_len = 1_000_000_000;
+        let e = MemoryFloor::of(&cfg, &m, &spec).check(64 << 30, "x").unwrap_err().to_string();
+        assert!(e.contains("the causal mask alone take"), "{e}");
+        m.max_seq_len = 128;
+        m.hidden_size = 4_000_000;
+        let e = MemoryFloor::of(&cfg, &m, &spec).check(64 << 30, "x").unwrap_err().to_string();
+        assert!(e.contains("the weights, gradients and states alone take"), "{e}");
+    }
+}
