@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, train_bin, wait_for_rows};
+use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, wait_for_rows};
 
 fn json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()

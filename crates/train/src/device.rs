@@ -59,6 +59,21 @@ pub fn open_cuda(ordinal: usize) -> candle_core::Result<CudaDevice> {
     Ok(dev)
 }
 
+/// Memory a run on `dev` can still take, bytes, and what it is: the host's available memory on
+/// the CPU ([`crate::memory::host_available`]), the GPU's free memory on CUDA
+/// (`cuMemGetInfo`); `None` when it cannot be read.
+pub fn available_memory(dev: &Device) -> Option<(u64, &'static str)> {
+    match dev {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => {
+            let free = d.cuda_stream().context().mem_get_info().ok()?.0;
+            Some((free as u64, "the GPU's free memory"))
+        }
+        Device::Cpu => crate::memory::host_available().map(|b| (b, "this host's available memory")),
+        _ => None,
+    }
+}
+
 /// Memory of the device's default (stream-ordered) pool, which candle allocates from:
 /// `(in use now, high-water mark since the start)`, bytes; `None` on the CPU.
 pub fn memory(dev: &Device) -> Option<(u64, u64)> {

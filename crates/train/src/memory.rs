@@ -54,7 +54,8 @@ impl MemoryFloor {
     }
 
     /// Refuses a floor above `available` bytes of `place` (e.g. "this host's available
-    /// memory"), naming the largest part and the settings that size it.
+    /// memory", [`crate::device::available_memory`]), naming the largest part and the settings
+    /// that size it.
     ///
     /// # Errors
     /// The floor does not fit: the message gives both in GiB.

@@ -163,12 +163,10 @@ impl Session {
         let mcfg = cfg
             .model_config(tok.vocab_size())
             .with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
-        // before anything of the model's size is allocated (on the GPU the allocation itself
-        // fails cleanly; on the CPU it would abort the process)
-        if !dev.is_cuda() {
-            if let Some(available) = crate::memory::host_available() {
-                crate::memory::MemoryFloor::of(&cfg, &mcfg, &spec).check(available, "this host's available memory")?;
-            }
+        // before anything of the model's size is allocated (on the CPU an allocation that
+        // fails aborts the process) or the run folder is claimed
+        if let Some((available, place)) = crate::device::available_memory(&dev) {
+            crate::memory::MemoryFloor::of(&cfg, &mcfg, &spec).check(available, place)?;
         }
         let dtype = match cfg.model.dtype {
             WeightDtype::F32 => DType::F32,
