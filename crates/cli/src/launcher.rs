@@ -297,7 +297,7 @@ mod tests {
     /// worst status wins), naming its rank; a worker killed by a signal is a failure too.
     #[test]
     fn a_failure_after_an_interrupt_fails_the_job() {
-        let script = "trap 'if [ $RANK = 0 ]; then exit 1; else exit 143; fi' TERM; sleep 30 & wait";
+        let script = "trap 'kill $!; if [ $RANK = 0 ]; then exit 1; else exit 143; fi' TERM; sleep 30 & wait";
         let args = [OsString::from("-c"), script.into()];
         let children = spawn(std::path::Path::new("sh"), &args, 2, 29_516).unwrap();
         std::thread::sleep(Duration::from_millis(300));

@@ -7,10 +7,11 @@
 //! process of a job (Slurm's time limit, `scancel`, systemd's `KillMode=control-group`) reaches
 //! a `--gpus N` worker directly and again through the supervisor's forward, within
 //! milliseconds. A signal within [`COPY_WINDOW_MS`] of the first is such a copy and is ignored;
-//! one after it (a second Ctrl-C by the user) exits at once, without a checkpoint.
+//! one after it (a second Ctrl-C by the user) kills the process at once, without a checkpoint
+//! (it dies by the signal: a supervisor counts that as a failure).
 //!
 //! The handler only does async-signal-safe things: atomic loads and stores, `clock_gettime(2)`,
-//! `write(2)` and `_exit(2)`.
+//! `write(2)`, `signal(2)` and `raise(3)`.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -39,8 +40,13 @@ extern "C" fn on_signal(sig: libc::c_int) {
         if now.saturating_sub(first) < COPY_WINDOW_MS {
             return; // a copy of the first (the scheduler's and the supervisor's): one stop
         }
-        // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(128 + sig) };
+        // abort: die by the signal (no checkpoint), so that a supervisor or scheduler sees a
+        // process killed by it, not the 130 / 143 of a stop with a checkpoint
+        // SAFETY: signal(2) and raise(3) are async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
     }
     RECEIVED.store(sig, Ordering::SeqCst);
     if let Some(flag) = FLAG.get() {

@@ -2,8 +2,9 @@
 //! written last (before the folder is renamed into place) and verified before a resume loads
 //! anything, so flipped bytes in `optimizer.safetensors` are refused instead of training on
 //! garbage. A refused checkpoint's error names the file (a resume also offers the newest older
-//! checkpoint that passes: `checkpoint::verify_for_resume`). Checkpoints written before
-//! manifests existed load with a warning.
+//! checkpoint that passes: `checkpoint::verify_for_resume`). A checkpoint without its
+//! manifest (written before manifests existed, or the file lost) is refused unless the user
+//! says to load it unverified (`train --resume RUN --trust-checkpoint`).
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};

@@ -27,8 +27,9 @@ pub struct MemoryFloor {
 }
 
 impl MemoryFloor {
-    /// The floor of a run of `cfg` with model `m` and states `spec`.
-    pub fn of(cfg: &RunConfig, m: &LlamaConfig, spec: &StatesSpec) -> Self {
+    /// The floor of one rank of `ranks` in a run of `cfg` with model `m` and states `spec`
+    /// (with `train.zero = 1` a rank holds `1 / ranks` of the states).
+    pub fn of(cfg: &RunConfig, m: &LlamaConfig, spec: &StatesSpec, ranks: usize) -> Self {
         let f = |x: usize| x as f64;
         let (h, i, v, layers) = (f(m.hidden_size), f(m.intermediate_size), f(m.vocab_size), f(m.num_layers));
         let kv = f(m.num_kv_heads) * f(m.head_dim());
@@ -38,7 +39,8 @@ impl MemoryFloor {
             WeightDtype::F32 => 4.0,
             WeightDtype::Bf16 => 2.0,
         };
-        let state_bytes = f64::from(spec.m_format.bits() + spec.v_format.bits()) / 8.0;
+        let shards = if cfg.train.zero == 1 { ranks.max(1) as f64 } else { 1.0 };
+        let state_bytes = f64::from(spec.m_format.bits() + spec.v_format.bits()) / 8.0 / shards;
         let tokens = f(cfg.train.micro_batch) * f(cfg.data.seq_len);
         let seq = f(cfg.data.seq_len);
         MemoryFloor {
@@ -105,21 +107,21 @@ mod tests {
     #[test]
     fn absurd_sizes_are_refused_with_the_part_and_the_keys() {
         let (mut cfg, m, spec) = tiny();
-        let floor = MemoryFloor::of(&cfg, &m, &spec);
+        let floor = MemoryFloor::of(&cfg, &m, &spec, 1);
         floor.check(1 << 30, "1 GiB").unwrap();
         // the weights of the tiny model: 8.6M parameters, FP32 weights + FP32 gradients + fp8 states
         assert!((floor.model_and_states / m.num_parameters() as f64 - 10.0).abs() < 0.5, "{floor:?}");
         cfg.train.micro_batch = 100_000_000;
-        let e = MemoryFloor::of(&cfg, &m, &spec).check(64 << 30, "this host's available memory").unwrap_err().to_string();
+        let e = MemoryFloor::of(&cfg, &m, &spec, 1).check(64 << 30, "this host's available memory").unwrap_err().to_string();
         assert!(e.contains("is 64.0 GiB: one micro-batch's logits and attention scores alone take"), "{e}");
         assert!(e.ends_with("lower train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len"), "{e}");
         let (cfg, mut m, spec) = tiny();
         m.max_seq_len = 1_000_000_000;
-        let e = MemoryFloor::of(&cfg, &m, &spec).check(64 << 30, "x").unwrap_err().to_string();
+        let e = MemoryFloor::of(&cfg, &m, &spec, 1).check(64 << 30, "x").unwrap_err().to_string();
         assert!(e.contains("the causal mask alone take"), "{e}");
         m.max_seq_len = 128;
         m.hidden_size = 4_000_000;
-        let e = MemoryFloor::of(&cfg, &m, &spec).check(64 << 30, "x").unwrap_err().to_string();
+        let e = MemoryFloor::of(&cfg, &m, &spec, 1).check(64 << 30, "x").unwrap_err().to_string();
         assert!(e.contains("the weights, gradients and states alone take"), "{e}");
     }
 }

@@ -132,7 +132,7 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
 fn stop_before_the_first_step(s: Session, launch: &Launch) -> Result<Outcome> {
     let run_dir = s.run_dir.clone();
     let leader = s.is_leader();
-    let summary = if launch.resume_from.is_none() {
+    let summary = if launch.folder != crate::run_folder::FolderUse::Resume {
         s.discard()?;
         if leader {
             tracing::warn!(

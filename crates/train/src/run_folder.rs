@@ -56,15 +56,14 @@ impl Drop for RunLock {
     }
 }
 
-/// Remove the run files of `dir` (a new run stopped before its first step wrote them), and
-/// `dir` itself when that leaves it empty.
+/// Remove the run files of `dir` (a new run stopped before its first step wrote them; call
+/// it while holding the folder's lock, so that no other run has claimed it meanwhile).
 pub fn remove_run_files(dir: &Path) -> Result<()> {
     for f in run_files(dir) {
         let p = dir.join(f);
         let gone = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
         gone.with_context(|| format!("cannot remove {}", p.display()))?;
     }
-    let _ = std::fs::remove_dir(dir); // only when empty
     Ok(())
 }
 

@@ -165,8 +165,17 @@ impl Session {
             .with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
         // before anything of the model's size is allocated (on the CPU an allocation that
         // fails aborts the process) or the run folder is claimed
-        if let Some((available, place)) = crate::device::available_memory(&dev) {
-            crate::memory::MemoryFloor::of(&cfg, &mcfg, &spec).check(available, place)?;
+        let refused = match crate::device::available_memory(&dev) {
+            Some((available, place)) => crate::memory::MemoryFloor::of(&cfg, &mcfg, &spec, world).check(available, place).err(),
+            None => None,
+        };
+        // every rank takes the same way (a rank that went on would wait in a collective)
+        let mut refusing = [u64::from(refused.is_some())];
+        launch.comm.sum_u64(&mut refusing)?;
+        match refused {
+            Some(e) => return Err(e),
+            None if refusing[0] > 0 => bail!("another rank's device cannot hold this config (its error names the sizes)"),
+            None => {}
         }
         let dtype = match cfg.model.dtype {
             WeightDtype::F32 => DType::F32,
@@ -205,7 +214,7 @@ impl Session {
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: world as u64,
-            global_batch: (cfg.train.micro_batch * cfg.train.grad_accum) as u64,
+            global_batch: cfg.train.micro_batch.saturating_mul(cfg.train.grad_accum) as u64,
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
@@ -416,13 +425,16 @@ impl Session {
     /// Ends a new run stopped before its first step: the files it wrote into its folder
     /// (config, logs, lock) are removed, and the folder too when nothing else is in it, so the
     /// same command starts afresh. Returns the folder.
-    pub fn discard(self) -> Result<PathBuf> {
+    pub fn discard(mut self) -> Result<PathBuf> {
         let dir = self.run_dir.clone();
-        let wrote = self.metrics.is_some();
-        drop(self); // closes the logs, releases and removes the lock
-        if wrote {
+        let lock = self._lock.take();
+        drop(self); // closes the logs
+        // with the lock still held: no other run can claim the folder meanwhile
+        if lock.is_some() {
             crate::run_folder::remove_run_files(&dir)?;
         }
+        drop(lock); // releases and removes the lock file
+        let _ = std::fs::remove_dir(&dir); // only when empty
         Ok(dir)
     }
 

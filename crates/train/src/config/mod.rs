@@ -191,7 +191,7 @@ impl TrainSection {
         if ranks > 0 && ga.is_multiple_of(ranks) {
             return Ok(ga / ranks);
         }
-        let global = mb * ga;
+        let global = mb.saturating_mul(ga);
         let keep = match ranks > 0 && global.is_multiple_of(ranks) {
             true => format!("e.g. --set train.micro_batch={} --set train.grad_accum={ranks} (the same global batch)", global / ranks),
             false => format!("the global batch of {global} is not a multiple of {ranks}: change it or the rank count"),
