@@ -170,11 +170,10 @@ impl Session {
             None => None,
         };
         // every rank takes the same way (a rank that went on would wait in a collective)
-        let mut refusing = [u64::from(refused.is_some())];
-        launch.comm.sum_u64(&mut refusing)?;
+        let any_refused = any_rank(launch.comm.as_ref(), refused.is_some())?;
         match refused {
             Some(e) => return Err(e),
-            None if refusing[0] > 0 => bail!("another rank's device cannot hold this config (its error names the sizes)"),
+            None if any_refused => bail!("another rank's device cannot hold this config (its error names the sizes)"),
             None => {}
         }
         let dtype = match cfg.model.dtype {
@@ -500,9 +499,7 @@ impl Session {
     /// Whether `flag` is true on any rank (every rank must call it: e.g. an interrupt seen by
     /// one rank stops all of them after the same step).
     pub fn any_rank(&self, flag: bool) -> Result<bool> {
-        let mut n = [u64::from(flag)];
-        self.comm.sum_u64(&mut n)?;
-        Ok(n[0] > 0)
+        any_rank(self.comm.as_ref(), flag)
     }
 
     /// Writes every pending stall row (waits for the device's counters).
@@ -560,6 +557,13 @@ fn adopt_unrecorded_scale_kind(cfg: &mut RunConfig, dir: &std::path::Path, saved
 /// formats without one.
 fn scale_name(format: lowbit_optim::StateFormat, kind: lowbit_optim::ScaleKind) -> String {
     if format.minifloat().is_some() { kind.as_str().into() } else { String::new() }
+}
+
+/// Whether `flag` is true on any rank of `comm` (every rank must call it).
+fn any_rank(comm: &dyn Collective, flag: bool) -> Result<bool> {
+    let mut n = [u64::from(flag)];
+    comm.sum_u64(&mut n)?;
+    Ok(n[0] > 0)
 }
 
 /// Every rank must run rank 0's resolved config (a multi-node launch could give a node
