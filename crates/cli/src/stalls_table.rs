@@ -260,10 +260,9 @@ fn end_line(run: &Path, status: &str, steps: Option<u64>) -> String {
 }
 
 /// `train stalls`. With `--follow`: waits for a folder without `stalls.jsonl` yet (a run
-/// starting),
-/// redraws while it runs, and stops when it ends (saying how: finished, interrupted,
-/// non-finite), when no live process holds its folder any more (killed or crashed), or when
-/// the reader of the output has gone (`| head -1`).
+/// starting), redraws while it runs, and stops when it ends (saying how: finished,
+/// interrupted, non-finite), when no live process holds its folder any more (killed or
+/// crashed), or when the reader of the output has gone (`| head -1`).
 pub fn run(a: &StallsArgs) -> Result<()> {
     let path = a.run.join("stalls.jsonl");
     let terminal = std::io::stdout().is_terminal();

@@ -9,16 +9,13 @@ use std::io::Write;
 /// Write `text` to stdout; a closed pipe (or any other write error) is ignored after one
 /// debug line: the output was meant for a reader that is no longer there.
 pub fn print(text: &str) {
-    if let Err(e) = try_print(text) {
-        tracing::debug!("stdout not written: {e}");
-    }
+    write_or_ignore(std::io::stdout().lock(), text, "stdout");
 }
 
 /// Write `text` to stdout and return the error: for a loop that prints until its reader goes
 /// away (`train stalls --follow | head -1`) and should stop then.
 pub fn try_print(text: &str) -> std::io::Result<()> {
-    let mut w = std::io::stdout().lock();
-    w.write_all(text.as_bytes()).and_then(|_| w.flush())
+    write_flushed(std::io::stdout().lock(), text)
 }
 
 /// `x` with `digits` decimals, `-` when there is none (a fraction not measured yet, a loss
@@ -32,10 +29,14 @@ pub fn eprint(text: &str) {
     write_or_ignore(std::io::stderr().lock(), text, "stderr");
 }
 
-fn write_or_ignore(mut w: impl Write, text: &str, what: &str) {
-    if let Err(e) = w.write_all(text.as_bytes()).and_then(|_| w.flush()) {
+fn write_or_ignore(w: impl Write, text: &str, what: &str) {
+    if let Err(e) = write_flushed(w, text) {
         tracing::debug!("{what} not written: {e}");
     }
+}
+
+fn write_flushed(mut w: impl Write, text: &str) -> std::io::Result<()> {
+    w.write_all(text.as_bytes()).and_then(|_| w.flush())
 }
 
 /// `println!` through [`print`].
