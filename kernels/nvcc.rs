@@ -10,6 +10,8 @@ fn compile_fatbins(folder: &str, flags: &[&str]) {
         return;
     }
     let kernels = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
+    // The folder itself: a `.cu` file added later reruns the build (cargo scans a folder).
+    println!("cargo:rerun-if-changed={}", kernels.display());
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let arch = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Training-step benchmark on one GPU, in one run: lowbit (`train bench training`, fused and
-# composed kernels, BF16 and FP32 models) and transformers' LlamaForCausalLM (eager and
+# composed kernels, BF16 and FP32 models), a plain PyTorch LLaMA (scripts/bench_torch_llama.py,
+# eager and torch.compile: the comparator) and transformers' LlamaForCausalLM (eager and
 # torch.compile) on the same shape: LLaMA-100M, batch 128 x 256, FP8 states SR + resets for
 # lowbit (configs/llama100m_fp8_sr_reset.toml on the bundled text sample).
 # Usage (on the GPU machine): scripts/bench_training.sh [TRAIN_BINARY] [OUT_DIR] [WHAT]
-#   WHAT: any of lowbit, composed, f32, hf, compile (default: all); HF rows: eager BF16, FP32
-#   (full FP32 and TF32 matmuls), torch.compile BF16 and FP32
+#   WHAT: any of lowbit, composed, f32, torch, hf, compile, scales (default: all); torch: the
+#   plain PyTorch LLaMA eager and compiled, BF16 and FP32; HF rows: eager BF16, FP32 (full FP32
+#   and TF32 matmuls), torch.compile BF16 and FP32; scales: lowbit and the compiled plain
+#   PyTorch LLaMA at LLaMA-20M (batch 128) and LLaMA-350M (micro-batch 64)
 # Writes OUT_DIR/training_rows.jsonl (one JSON row per system and dtype) and prints the table.
 set -euo pipefail
 BIN=${1:-target/release/train}
 OUT=${2:-bench}
-WHAT=${3:-lowbit,composed,f32,hf,compile}
+WHAT=${3:-lowbit,composed,f32,torch,hf,compile,scales}
 mkdir -p "$OUT"
 ROWS=$OUT/training_rows.jsonl
 DATA=(--set 'data.train=["data/c4-sample/en-train.*.json.gz"]' --set 'data.validation=["data/c4-sample/en-validation.*.json.gz"]')
@@ -27,6 +30,19 @@ fi
 if has f32; then
   "$BIN" bench training --batch 128 --seq 256 --dtype f32 "${DATA[@]}" --json "$ROWS"
   "$BIN" bench training --batch 128 --seq 256 --dtype f32 "${DATA[@]}" --set model.matmul_precision=tf32 --json "$ROWS"
+fi
+TORCH="$(dirname "$0")/bench_torch_llama.py"
+if has torch; then
+  for c in "" --compile; do
+    python3 "$TORCH" --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 $c | tee -a "$ROWS"
+    python3 "$TORCH" --preset llama100m --batch 128 --seq 256 --dtype f32 --steps 6 $c | tee -a "$ROWS"
+  done
+fi
+if has scales; then
+  "$BIN" bench training --preset llama20m --batch 128 --seq 256 --dtype bf16 "${DATA[@]}" --json "$ROWS"
+  python3 "$TORCH" --preset llama20m --batch 128 --seq 256 --dtype bf16 --steps 30 --compile | tee -a "$ROWS"
+  "$BIN" bench training --preset llama350m --batch 128 --micro-batch 64 --seq 256 --dtype bf16 --warmup 3 --steps 6 "${DATA[@]}" --json "$ROWS"
+  python3 "$TORCH" --preset llama350m --batch 64 --seq 256 --dtype bf16 --steps 10 --compile | tee -a "$ROWS"
 fi
 HF="$(dirname "$0")/bench_hf_llama.py"
 if has hf; then

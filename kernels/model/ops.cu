@@ -19,6 +19,42 @@ template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __flo
 // x rounded to T's precision, as FP32.
 template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f(from_f<T>(x)); }
 
+// V consecutive elements as FP32 (16-byte loads where V elements fill whole 16-byte words:
+// the address must then be 16-byte aligned), and back, each rounded once to T.
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float* out) {
+    constexpr int PER = 16 / sizeof(T);
+    if constexpr (V % PER == 0) {
+#pragma unroll
+        for (int k = 0; k < V / PER; k++) {
+            uint4 u = reinterpret_cast<const uint4*>(p)[k];
+            const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+            for (int j = 0; j < PER; j++) out[k * PER + j] = to_f(e[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) out[j] = to_f(p[j]);
+    }
+}
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float* in) {
+    constexpr int PER = 16 / sizeof(T);
+    if constexpr (V % PER == 0) {
+#pragma unroll
+        for (int k = 0; k < V / PER; k++) {
+            uint4 u;
+            T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+            for (int j = 0; j < PER; j++) e[j] = from_f<T>(in[k * PER + j]);
+            reinterpret_cast<uint4*>(p)[k] = u;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) p[j] = from_f<T>(in[j]);
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -26,19 +62,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
-}
-
-// Block-wide sum or max for blockDim.x == 256 (8 warps); every thread gets the result.
-template <bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float* smem) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = MAX ? warp_max(v) : warp_sum(v);
-    __syncthreads();  // smem may still be read by a previous reduction
-    if (lane == 0) smem[warp] = v;
-    __syncthreads();
-    float r = smem[0];
-    for (int w = 1; w < 8; w++) r = MAX ? fmaxf(r, smem[w]) : r + smem[w];
-    return r;
 }
 
 #define WARPS 8  // warps per block of the row kernels (blockDim.x = 256)
@@ -124,41 +147,71 @@ __device__ void colsum(const float* partial, T* out, int rows, int h) {
 // cos/sin: FP32 tables [>= T, d] (row t = position t).
 // Backward: dy [B, n, T, d] -> dx [B, T, n, d],
 // dx_j = dy_j cos_j + (j < d/2 ? dy_{j+d/2} sin_{j+d/2} : -dy_{j-d/2} sin_{j-d/2}).
+// One thread per V elements of the first half of a row and their partners in the second
+// half (V = 8: 16-byte loads and stores; the host takes V = 1 where d/2 is not a multiple
+// of 8 or a buffer is not 16-byte aligned).
 
-template <typename T>
+template <typename T, int V>
 __device__ void rope_fwd(const T* x, const float* cos, const float* sin, T* y, int b, int t, int n, int d) {
+    int half = d / 2, chunks = half / V;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)b * t * n * d) return;
-    int i = idx % d;
-    size_t r = idx / d;
-    int p = r % t;
-    r /= t;
+    if (idx >= (size_t)b * t * n * chunks) return;
+    int c = (int)(idx % chunks) * V;
+    size_t r = idx / chunks;  // x's row: (bi * t + p) * n + head
     int head = r % n;
-    size_t bi = r / n;
-    const T* xr = x + ((bi * t + p) * n + head) * d;
-    int half = d / 2;
-    float rot = i < half ? -to_f(xr[i + half]) : to_f(xr[i - half]);
-    y[idx] = from_f<T>(to_f(xr[i]) * cos[(size_t)p * d + i] + rot * sin[(size_t)p * d + i]);
+    size_t bp = r / n;
+    int p = bp % t;
+    size_t bi = bp / t;
+    const T* xr = x + r * d;
+    T* yr = y + ((bi * n + head) * t + p) * d;
+    const float *cr = cos + (size_t)p * d, *sr = sin + (size_t)p * d;
+    float x1[V], x2[V], c1[V], c2[V], s1[V], s2[V], y1[V], y2[V];
+    load_vec<T, V>(xr + c, x1);
+    load_vec<T, V>(xr + half + c, x2);
+    load_vec<float, V>(cr + c, c1);
+    load_vec<float, V>(cr + half + c, c2);
+    load_vec<float, V>(sr + c, s1);
+    load_vec<float, V>(sr + half + c, s2);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        y1[j] = x1[j] * c1[j] - x2[j] * s1[j];
+        y2[j] = x2[j] * c2[j] + x1[j] * s2[j];
+    }
+    store_vec<T, V>(yr + c, y1);
+    store_vec<T, V>(yr + half + c, y2);
 }
 
-template <typename T>
+template <typename T, int V>
 __device__ void rope_bwd(const T* dy, const float* cos, const float* sin, T* dx, int b, int t, int n, int d) {
+    int half = d / 2, chunks = half / V;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)b * t * n * d) return;
-    int j = idx % d;
-    size_t r = idx / d;
-    int head = r % n;
-    r /= n;
+    if (idx >= (size_t)b * t * n * chunks) return;
+    int c = (int)(idx % chunks) * V;
+    size_t r = idx / chunks;  // dy's row: (bi * n + head) * t + p
     int p = r % t;
-    size_t bi = r / t;
-    const T* g = dy + ((bi * n + head) * t + p) * d;
-    const float* c = cos + (size_t)p * d;
-    const float* s = sin + (size_t)p * d;
-    int half = d / 2;
-    float other = j < half ? to_f(g[j + half]) * s[j + half] : -to_f(g[j - half]) * s[j - half];
-    dx[idx] = from_f<T>(to_f(g[j]) * c[j] + other);
+    size_t bh = r / t;
+    int head = bh % n;
+    size_t bi = bh / n;
+    const T* g = dy + r * d;
+    T* out = dx + ((bi * t + p) * n + head) * d;
+    const float *cr = cos + (size_t)p * d, *sr = sin + (size_t)p * d;
+    float g1[V], g2[V], c1[V], c2[V], s1[V], s2[V], d1[V], d2[V];
+    load_vec<T, V>(g + c, g1);
+    load_vec<T, V>(g + half + c, g2);
+    load_vec<float, V>(cr + c, c1);
+    load_vec<float, V>(cr + half + c, c2);
+    load_vec<float, V>(sr + c, s1);
+    load_vec<float, V>(sr + half + c, s2);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        d1[j] = g1[j] * c1[j] + g2[j] * s2[j];
+        d2[j] = g2[j] * c2[j] - g1[j] * s1[j];
+    }
+    store_vec<T, V>(out + c, d1);
+    store_vec<T, V>(out + half + c, d2);
 }
 
+// ---------------------------------------------------------------------------------------
 // Head layouts: split [B, T, n, d] -> [B, n, T, d]; merge is the inverse. One thread per
 // output element.
 template <typename T>
@@ -226,26 +279,39 @@ __device__ void causal_softmax_bwd(const T* p, const float* dp, T* ds, int rows,
 //
 // Packed gate/up: gu [rows, 2 * w] holds g in columns [0, w) and u in [w, 2w) (one matrix
 // product for both projections). h [rows, w] = silu(g) * u; the backward writes dg and du
-// into dgu [rows, 2 * w] in the same layout.
-template <typename T>
+// into dgu [rows, 2 * w] in the same layout. One thread per V consecutive columns of h
+// (V = 8: 16-byte accesses; w a multiple of V, buffers 16-byte aligned).
+template <typename T, int V>
 __device__ void swiglu_packed_fwd(const T* gu, T* h, size_t rows, int w) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= rows * w) return;
     size_t r = i / w, c = i % w;
-    float x = to_f(gu[r * 2 * w + c]);
-    h[i] = from_f<T>(x / (1.0f + expf(-x)) * to_f(gu[r * 2 * w + w + c]));
+    float g[V], u[V], out[V];
+    load_vec<T, V>(gu + r * 2 * w + c, g);
+    load_vec<T, V>(gu + r * 2 * w + w + c, u);
+#pragma unroll
+    for (int j = 0; j < V; j++) out[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    store_vec<T, V>(h + i, out);
 }
 
-template <typename T>
+template <typename T, int V>
 __device__ void swiglu_packed_bwd(const T* gu, const T* dh, T* dgu, size_t rows, int w) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= rows * w) return;
     size_t r = i / w, c = i % w;
     size_t gi = r * 2 * w + c;
-    float x = to_f(gu[gi]), u = to_f(gu[gi + w]), d = to_f(dh[i]);
-    float sg = 1.0f / (1.0f + expf(-x));
-    dgu[gi] = from_f<T>(d * u * sg * (1.0f + x * (1.0f - sg)));
-    dgu[gi + w] = from_f<T>(d * x * sg);
+    float x[V], u[V], d[V], dg[V], du[V];
+    load_vec<T, V>(gu + gi, x);
+    load_vec<T, V>(gu + gi + w, u);
+    load_vec<T, V>(dh + i, d);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        float sg = 1.0f / (1.0f + expf(-x[j]));
+        dg[j] = d[j] * u[j] * sg * (1.0f + x[j] * (1.0f - sg));
+        du[j] = d[j] * x[j] * sg;
+    }
+    store_vec<T, V>(dgu + gi, dg);
+    store_vec<T, V>(dgu + gi + w, du);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -254,21 +320,55 @@ __device__ void swiglu_packed_bwd(const T* gu, const T* dh, T* dgu, size_t rows,
 // nll[r] = w[r] * (logsumexp(x_r) - x_r[target_r]), 0 where w[r] == 0.
 // Backward: dx_r = coef[r] * (softmax(x_r) - onehot(target_r)), coef = w * upstream gradient;
 // the padding columns [V, ld) of dx are set to 0.
+// The row's max and sum of exponentials in one pass (the online softmax of Milakov &
+// Gimelshein 2018: each thread keeps (max, sum) and rescales its sum when the max grows),
+// VEC elements per access (VEC = 8: 16-byte loads; the host takes 1 where ld or the buffers
+// are not 16-byte aligned).
 
-template <typename T>
-__device__ void row_max_sum(const T* xr, int v, float* smem, float* m_out, float* s_out) {
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, to_f(xr[j]));
-    m = block_reduce<true>(m, smem);
-    float s = 0.f;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) s += expf(to_f(xr[j]) - m);
-    *s_out = block_reduce<false>(s, smem);
-    *m_out = m;
+// (m, s) combined with (m2, s2): the max and the sum rescaled to it (an empty side has
+// m = -inf, s = 0).
+__device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
+    float mx = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.f : s * __expf(m - mx)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mx));
+    m = mx;
 }
 
-template <typename T>
+template <typename T, int VEC>
+__device__ void row_max_sum(const T* xr, int v, float* smem, float* m_out, float* s_out) {
+    float m = -INFINITY, s = 0.f;
+    int full = v / VEC * VEC;
+    for (int j = threadIdx.x * VEC; j < full; j += blockDim.x * VEC) {
+        float x[VEC];
+        load_vec<T, VEC>(xr + j, x);
+        float cm = x[0];
+#pragma unroll
+        for (int k = 1; k < VEC; k++) cm = fmaxf(cm, x[k]);
+        if (cm > m) {
+            s = m == -INFINITY ? 0.f : s * __expf(m - cm);
+            m = cm;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) s += __expf(x[k] - m);
+    }
+    for (int j = full + threadIdx.x; j < v; j += blockDim.x) combine(m, s, to_f(xr[j]), 1.f);
+    for (int o = 16; o > 0; o >>= 1) combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // smem may still be read by a previous reduction
+    if (lane == 0) {
+        smem[warp] = m;
+        smem[WARPS + warp] = s;
+    }
+    __syncthreads();
+    m = smem[0];
+    s = smem[WARPS];
+    for (int w = 1; w < WARPS; w++) combine(m, s, smem[w], smem[WARPS + w]);
+    *m_out = m;
+    *s_out = s;
+}
+
+template <typename T, int VEC>
 __device__ void cross_entropy_fwd(const T* x, const uint32_t* target, const float* w, float* nll, int v, int ld) {
-    __shared__ float smem[WARPS];
+    __shared__ float smem[2 * WARPS];
     int row = blockIdx.x;
     if (w[row] == 0.f) {
         if (threadIdx.x == 0) nll[row] = 0.f;
@@ -276,16 +376,16 @@ __device__ void cross_entropy_fwd(const T* x, const uint32_t* target, const floa
     }
     const T* xr = x + (size_t)row * ld;
     float m, s;
-    row_max_sum(xr, v, smem, &m, &s);
+    row_max_sum<T, VEC>(xr, v, smem, &m, &s);
     if (threadIdx.x == 0) nll[row] = w[row] * (m + logf(s) - to_f(xr[target[row]]));
 }
 
 // dx = coef * (softmax(x) - onehot(target)) per row (dx may be x: in place); when `nll` is
 // not null also nll[row] = coef * (logsumexp(x) - x[target]), as cross_entropy_fwd with w = coef.
-template <typename T>
+template <typename T, int VEC>
 __device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const float* coef, T* dx, float* nll, int v,
                                   int ld) {
-    __shared__ float smem[WARPS];
+    __shared__ float smem[2 * WARPS];
     int row = blockIdx.x;
     const T* xr = x + (size_t)row * ld;
     T* dr = dx + (size_t)row * ld;
@@ -297,14 +397,22 @@ __device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const floa
         return;
     }
     float m, s;
-    row_max_sum(xr, v, smem, &m, &s);
+    row_max_sum<T, VEC>(xr, v, smem, &m, &s);
     float scale = c / s;
-    uint32_t tg = target[row];
+    int tg = (int)target[row];
     float xt = to_f(xr[tg]);
     __syncthreads();  // x[target] is read before any thread overwrites it
     if (nll && threadIdx.x == 0) nll[row] = c * (m + logf(s) - xt);
-    for (int j = threadIdx.x; j < v; j += blockDim.x)
-        dr[j] = from_f<T>(expf(to_f(xr[j]) - m) * scale - (j == (int)tg ? c : 0.f));
+    int full = v / VEC * VEC;
+    for (int j = threadIdx.x * VEC; j < full; j += blockDim.x * VEC) {
+        float e[VEC];
+        load_vec<T, VEC>(xr + j, e);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) e[k] = __expf(e[k] - m) * scale - (j + k == tg ? c : 0.f);
+        store_vec<T, VEC>(dr + j, e);
+    }
+    for (int j = full + threadIdx.x; j < v; j += blockDim.x)
+        dr[j] = from_f<T>(__expf(to_f(xr[j]) - m) * scale - (j == tg ? c : 0.f));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -347,6 +455,31 @@ __device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, 
 // ---------------------------------------------------------------------------------------
 // extern "C" entry points, one per dtype.
 
+// The kernels with V elements per thread: <name><V>_<dtype>.
+#define VECTOR_ENTRY(T, S, V)                                                                                    \
+    extern "C" __global__ void rope_fwd##V##_##S(const T* x, const float* cos, const float* sin, T* y, int b,   \
+                                                 int t, int n, int d) {                                          \
+        rope_fwd<T, V>(x, cos, sin, y, b, t, n, d);                                                              \
+    }                                                                                                            \
+    extern "C" __global__ void rope_bwd##V##_##S(const T* dy, const float* cos, const float* sin, T* dx, int b, \
+                                                 int t, int n, int d) {                                          \
+        rope_bwd<T, V>(dy, cos, sin, dx, b, t, n, d);                                                            \
+    }                                                                                                            \
+    extern "C" __global__ void swiglu_packed_fwd##V##_##S(const T* gu, T* h, size_t rows, int w) {              \
+        swiglu_packed_fwd<T, V>(gu, h, rows, w);                                                                 \
+    }                                                                                                            \
+    extern "C" __global__ void swiglu_packed_bwd##V##_##S(const T* gu, const T* dh, T* dgu, size_t rows, int w) { \
+        swiglu_packed_bwd<T, V>(gu, dh, dgu, rows, w);                                                           \
+    }                                                                                                            \
+    extern "C" __global__ void cross_entropy_fwd##V##_##S(const T* x, const uint32_t* target, const float* w,   \
+                                                          float* nll, int v, int ld) {                           \
+        cross_entropy_fwd<T, V>(x, target, w, nll, v, ld);                                                       \
+    }                                                                                                            \
+    extern "C" __global__ void cross_entropy_bwd##V##_##S(const T* x, const uint32_t* target, const float* coef, \
+                                                          T* dx, float* nll, int v, int ld) {                    \
+        cross_entropy_bwd<T, V>(x, target, coef, dx, nll, v, ld);                                                \
+    }
+
 #define ENTRY(T, S)                                                                                              \
     extern "C" __global__ void rmsnorm_fwd_##S(const T* x, const T* w, T* y, int rows, int h, float eps) {      \
         rmsnorm_fwd<T>(x, w, y, rows, h, eps);                                                                   \
@@ -362,14 +495,6 @@ __device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, 
     extern "C" __global__ void colsum_##S(const float* partial, T* out, int rows, int h) {                      \
         colsum<T>(partial, out, rows, h);                                                                        \
     }                                                                                                            \
-    extern "C" __global__ void rope_fwd_##S(const T* x, const float* cos, const float* sin, T* y, int b, int t, \
-                                            int n, int d) {                                                      \
-        rope_fwd<T>(x, cos, sin, y, b, t, n, d);                                                                 \
-    }                                                                                                            \
-    extern "C" __global__ void rope_bwd_##S(const T* dy, const float* cos, const float* sin, T* dx, int b,      \
-                                            int t, int n, int d) {                                               \
-        rope_bwd<T>(dy, cos, sin, dx, b, t, n, d);                                                               \
-    }                                                                                                            \
     extern "C" __global__ void split_heads_##S(const T* x, T* y, int b, int t, int n, int d) {                 \
         split_heads<T>(x, y, b, t, n, d);                                                                        \
     }                                                                                                            \
@@ -383,20 +508,8 @@ __device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, 
                                                       float scale) {                                             \
         causal_softmax_bwd<T>(p, dp, ds, rows, t, scale);                                                        \
     }                                                                                                            \
-    extern "C" __global__ void swiglu_packed_fwd_##S(const T* gu, T* h, size_t rows, int w) {                   \
-        swiglu_packed_fwd<T>(gu, h, rows, w);                                                                    \
-    }                                                                                                            \
-    extern "C" __global__ void swiglu_packed_bwd_##S(const T* gu, const T* dh, T* dgu, size_t rows, int w) {    \
-        swiglu_packed_bwd<T>(gu, dh, dgu, rows, w);                                                              \
-    }                                                                                                            \
-    extern "C" __global__ void cross_entropy_fwd_##S(const T* x, const uint32_t* target, const float* w,        \
-                                                     float* nll, int v, int ld) {                                \
-        cross_entropy_fwd<T>(x, target, w, nll, v, ld);                                                          \
-    }                                                                                                            \
-    extern "C" __global__ void cross_entropy_bwd_##S(const T* x, const uint32_t* target, const float* coef,      \
-                                                     T* dx, float* nll, int v, int ld) {                         \
-        cross_entropy_bwd<T>(x, target, coef, dx, nll, v, ld);                                                   \
-    }                                                                                                            \
+    VECTOR_ENTRY(T, S, 1)                                                                                        \
+    VECTOR_ENTRY(T, S, 8)                                                                                        \
     extern "C" __global__ void copy_rows_##S(const T* src, T* dst, int rows, int cols, int src_ld, int dst_ld) { \
         copy_rows<T>(src, dst, rows, cols, src_ld, dst_ld);                                                      \
     }                                                                                                            \

@@ -45,6 +45,8 @@ pub mod cuda;
 pub mod config;
 pub mod error;
 pub mod format;
+#[cfg(feature = "cuda")]
+pub mod grad_norm;
 pub mod optimizer;
 pub mod reset;
 pub mod rng;

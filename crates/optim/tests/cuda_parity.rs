@@ -26,3 +26,7 @@ fn needs_a_gpu_build() {}
 #[cfg(feature = "cuda")]
 #[path = "cuda_parity/kernels.rs"]
 mod kernels;
+
+#[cfg(feature = "cuda")]
+#[path = "cuda_parity/grad_norm.rs"]
+mod grad_norm;

@@ -127,7 +127,15 @@ impl Optimizer for HostAdamW {
 /// FP32 squares may have underflowed); F64 every step costs two more copies of every
 /// gradient. One host sync per pass. Matrices are summed by rows first: candle reduces a
 /// whole tensor in one thread block. A norm beyond `f32::MAX` is returned as `inf`.
+///
+/// On a CUDA device (the `cuda` feature) the sum is one fused pass in FP64
+/// ([`lowbit_optim::grad_norm::sum_of_squares`]: squares of F32 and BF16 gradients, a fixed
+/// summation order).
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
+    #[cfg(feature = "cuda")]
+    if grads.first().is_some_and(|g| g.device().is_cuda()) {
+        return Ok(lowbit_optim::grad_norm::sum_of_squares(grads)?.sqrt() as f32);
+    }
     let sq = sum_of_squares(grads, DType::F32)?;
     if sq.is_nan() || (sq.is_finite() && sq >= 1e-20) {
         return Ok(sq.sqrt() as f32);

@@ -1,8 +1,10 @@
-//! Causal self-attention: scores by cuBLAS, a fused causal softmax, and a backward that
+//! Causal self-attention. BF16 with head dim 64 or 128: the tensor-core FlashAttention-2
+//! kernels ([`super::flash`]: no `[T, T]` matrix in memory, no head relayout). Otherwise
+//! (FP32, other head dims): scores by cuBLAS, a fused causal softmax, and a backward that
 //! recomputes the scores instead of keeping them (the `[T, T]` matrices exist only inside
 //! one pass of one layer).
 
-use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, Gemm, THREADS};
+use super::{args, alloc, flash, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, Gemm, THREADS};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
@@ -14,8 +16,10 @@ use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout,
 /// the head layouts change inside the op, so autograd sees no transposes). Scores are
 /// accumulated and normalised in FP32; the probabilities are rounded to the input dtype
 /// before the product with `v` (as the composed path). Differentiable in `q`, `k`, `v`; the
-/// backward recomputes the scores (flash-attention's trade: `[T, T]` memory per pass instead
-/// of per layer).
+/// backward recomputes the scores (flash-attention's trade). BF16 with head dim 64 or 128
+/// runs FlashAttention-2 (Dao 2023) on tensor cores, whose softmax normaliser sums the
+/// unrounded probabilities (the composed path normalises, then rounds); the rest, cuBLAS
+/// products with `[T, T]` FP32 scores per pass.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     if q.dims() != k.dims() || v.dims() != [b, t, h * d] {
@@ -73,7 +77,12 @@ impl CustomOp3 for Attention {
         }
         let (bh, t, d) = dims(ql.shape())?;
         let (q, k) = (storage_ptr(qs, ql, "q")?, storage_ptr(ks, kl, "k")?);
-        let (_v, v) = relayout(&dev, "split_heads", dtype, storage_ptr(vs, vl, "v")?, ql.shape())?;
+        let v = storage_ptr(vs, vl, "v")?;
+        if flash::supports(dtype, d, &[q, k, v]) {
+            let (o, _lse) = flash::forward(&dev, (q, k, v), ql.shape().dims4()?, self.scale)?;
+            return Ok((o, vl.shape().clone()));
+        }
+        let (_v, v) = relayout(&dev, "split_heads", dtype, v, ql.shape())?;
         let ((_p, p), _s) = probabilities(&dev, dtype, q, k, (bh, t, d), self.scale)?;
         let (_o, o) = alloc(&dev, dtype, bh * t * d)?;
         Gemm { m: t, n: d, k: t, a_t: false, b_t: false, batch: bh, stride_a: t * t, stride_b: t * d, stride_c: t * d }
@@ -82,10 +91,55 @@ impl CustomOp3 for Attention {
         Ok((out, vl.shape().clone()))
     }
 
+    /// The gradients; the output argument is not read (the explicit backward passes the
+    /// output's gradient in its place): the tensor-core path recomputes the output and its
+    /// log-sum-exp ([`Attention::forward`] and [`Attention::backward`] keep them instead).
     fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, _res: &Tensor, d_out: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dq, dk, dv) = match self.flash_forward(q, k, v)? {
+            Some((o, lse)) => self.backward(q, k, v, &o, Some(&lse), d_out)?,
+            None => self.backward(q, k, v, d_out, None, d_out)?,
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+impl Attention {
+    /// The output `[B, T, heads · d]` of contiguous q, k `[B, heads, T, d]` and v
+    /// `[B, T, heads · d]`, with the log-sum-exp `[B · heads, T]` (F32) where the
+    /// tensor-core path ran (the backward's input).
+    pub(crate) fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        Ok(match self.flash_forward(q, k, v)? {
+            Some((o, lse)) => (o, Some(lse)),
+            None => (q.apply_op3_no_bwd(k, v, self)?, None),
+        })
+    }
+
+    /// The tensor-core forward (output and log-sum-exp) where [`flash::supports`] the inputs.
+    fn flash_forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        let (dev, dims4) = (cuda_device(q)?, q.dims4()?);
+        let ptrs = [tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?];
+        if !flash::supports(q.dtype(), dims4.3, &ptrs) {
+            return Ok(None);
+        }
+        let (o, lse) = flash::forward(&dev, (ptrs[0], ptrs[1], ptrs[2]), dims4, self.scale)?;
+        Ok(Some((wrap(o, v.shape().clone()), wrap(lse, (dims4.0 * dims4.1, dims4.2)))))
+    }
+
+    /// The gradients of q, k, v (shapes and layouts of the inputs) from the output `o`, the
+    /// log-sum-exp `lse` that [`Attention::forward`] gave and the output's gradient `d_out`
+    /// (`o` is read only with `lse`: the tensor-core path).
+    pub(crate) fn backward(&self, q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Tensor>, d_out: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let dev = cuda_device(q)?;
         let dtype = q.dtype();
         let d_out = d_out.contiguous()?;
+        if let Some(lse) = lse {
+            // the kernels read dO 16 bytes at a time
+            let d_out = if tensor_ptr(&d_out, "dO")? % 16 == 0 { d_out } else { d_out.copy()? };
+            let inputs = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?);
+            let saved = (tensor_ptr(o, "o")?, tensor_ptr(lse, "lse")?, tensor_ptr(&d_out, "dO")?);
+            let (dq, dk, dv) = flash::backward(&dev, inputs, saved, q.dims4()?, self.scale)?;
+            return Ok((wrap(dq, q.shape().clone()), wrap(dk, k.shape().clone()), wrap(dv, v.shape().clone())));
+        }
         let (bh, t, d) = dims(q.shape())?;
         let (qp, kp) = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?);
         let (_v, vp) = relayout(&dev, "split_heads", dtype, tensor_ptr(v, "v")?, q.shape())?;
@@ -109,6 +163,6 @@ impl CustomOp3 for Attention {
         let (dq, _) = grad(ds, false, kp)?; // dS k
         let (dk, _) = grad(ds, true, qp)?; // dSᵀ q
         let shape = q.shape().clone();
-        Ok((Some(wrap(dq, shape.clone())), Some(wrap(dk, shape)), Some(wrap(dv, v.shape().clone()))))
+        Ok((wrap(dq, shape.clone()), wrap(dk, shape), wrap(dv, v.shape().clone())))
     }
 }

@@ -6,9 +6,9 @@
 //! them: three matrix products per chunk in all instead of four (the backward of an op
 //! without them recomputes the logits).
 
-use super::{aligned, alloc, args, cpu_unsupported, cuda_device, launch, storage_ptr, tensor_ptr, wrap, zero_padded, Gemm, THREADS};
+use super::cross_entropy::launch_rows;
+use super::{aligned, alloc, args, cpu_unsupported, cuda_device, launch, storage_ptr, tensor_ptr, wrap, zero_padded, Gemm};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use std::sync::Mutex;
 
@@ -54,10 +54,6 @@ struct LmHeadLoss {
     grads: Mutex<Option<(Tensor, Tensor)>>,
 }
 
-fn per_row(rows: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
-}
-
 /// The padded head and the chunk loop of both passes.
 struct Chunks {
     dev: CudaDevice,
@@ -88,11 +84,11 @@ impl Chunks {
             Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(dev, dtype, dtype, hid, self.w_pad, logits, false)?;
             let (off, nll_r) = ((r0 * 4) as u64, nll.map_or(0, |p| p + (r0 * 4) as u64));
             let Some((dh, dh_dtype, dw)) = grads else {
-                launch(dev, "cross_entropy_fwd", dtype, per_row(rows), &args![logits, self.target + off, self.coef + off, nll_r, vi, ld])?;
+                launch_rows(dev, "cross_entropy_fwd", dtype, (rows, av), &[logits], &args![logits, self.target + off, self.coef + off, nll_r, vi, ld])?;
                 continue;
             };
             // the padding columns of dlogits become 0
-            launch(dev, "cross_entropy_bwd", dtype, per_row(rows), &args![logits, self.target + off, self.coef + off, logits, nll_r, vi, ld])?;
+            launch_rows(dev, "cross_entropy_bwd", dtype, (rows, av), &[logits], &args![logits, self.target + off, self.coef + off, logits, nll_r, vi, ld])?;
             Gemm { m: rows, n: h, k: av, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
                 .run(dev, dtype, dh_dtype, logits, self.w_pad, dh + (r0 * h * dh_dtype.size_in_bytes()) as u64, false)?;
             Gemm { m: av, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }

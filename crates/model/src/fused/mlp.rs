@@ -35,6 +35,14 @@ fn packed_weights(dev: &CudaDevice, dtype: DType, wg: u64, wu: u64, (i, h): (usi
     Ok(out)
 }
 
+/// Launches the gate's forward or backward `name` over `n` elements of h: 8 per thread
+/// (16-byte accesses) where every buffer in `ptrs` is 16-byte aligned (the width is a
+/// multiple of 8, [`aligned`]), else one.
+fn gate(dev: &CudaDevice, name: &str, dtype: DType, ptrs: &[u64], a: &[super::Arg], n: usize) -> Result<()> {
+    let per_thread = if ptrs.iter().all(|p| p % 16 == 0) { 8 } else { 1 };
+    launch(dev, &format!("{name}{per_thread}"), dtype, grid((n / per_thread).div_ceil(THREADS as usize), 0), a)
+}
+
 impl CustomOp3 for GateUp {
     fn name(&self) -> &'static str {
         "lowbit-fused-gate-up-swiglu"
@@ -55,8 +63,7 @@ impl CustomOp3 for GateUp {
         Gemm { m: rows, n: 2 * ip, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
             .run(&dev, dtype, dtype, x, w, gu, false)?;
         let (out, hp) = alloc(&dev, dtype, rows * ip)?;
-        let n = rows * ip;
-        launch(&dev, "swiglu_packed_fwd", dtype, grid(n.div_ceil(THREADS as usize), 0), &args![gu, hp, rows as u64, ip as i32])?;
+        gate(&dev, "swiglu_packed_fwd", dtype, &[gu, hp], &args![gu, hp, rows as u64, ip as i32], rows * ip)?;
         *self.saved.lock().expect("saved product") = Some(wrap(gu_s, (rows, 2 * ip)));
         let mut dims = xl.shape().dims().to_vec();
         *dims.last_mut().expect("rank >= 1") = ip;
@@ -72,8 +79,7 @@ impl CustomOp3 for GateUp {
         let gu = self.saved.lock().expect("saved product").take().ok_or_else(|| candle_core::Error::Msg("gate_up_swiglu: backward ran twice".into()))?;
         let (gup, dhp, xp) = (tensor_ptr(&gu, "gu")?, tensor_ptr(&dh, "dh")?, tensor_ptr(x, "x")?);
         let (_dgu, dgu) = alloc(&dev, dtype, rows * 2 * ip)?;
-        let n = rows * ip;
-        launch(&dev, "swiglu_packed_bwd", dtype, grid(n.div_ceil(THREADS as usize), 0), &args![gup, dhp, dgu, rows as u64, ip as i32])?;
+        gate(&dev, "swiglu_packed_bwd", dtype, &[gup, dhp, dgu], &args![gup, dhp, dgu, rows as u64, ip as i32], rows * ip)?;
         drop(gu);
         let (_w, w) = packed_weights(&dev, dtype, tensor_ptr(w_gate, "w_gate")?, tensor_ptr(w_up, "w_up")?, (i, h))?;
         // dx = dgu · [w_gate; w_up]

@@ -8,8 +8,9 @@
 //! them for training without candle's autograd graph (`Llama::training_pass`: an explicit
 //! backward through each op's own backward pass).
 //!
-//! The kernels are `kernels/model/ops.cu`, compiled to a fatbin at build time and launched
-//! on candle's stream; the attention's matrix products go through cuBLAS
+//! The kernels are `kernels/model/ops.cu` and `kernels/model/flash_attention.cu` (the BF16
+//! attention on tensor cores, [`flash`]), compiled to fatbins at build time and launched on
+//! candle's stream; the other matrix products go through cuBLAS
 //! (`cublasGemmStridedBatchedEx`, FP32 accumulation; TF32 for FP32 inputs when candle's
 //! `set_gemm_reduced_precision_f32` is on). BF16 and FP32 tensors; every reduction runs in a
 //! fixed order, so two runs give the same bits. Tested against the composed ops in
@@ -18,6 +19,7 @@
 mod attention;
 mod cross_entropy;
 mod embedding;
+mod flash;
 mod linear;
 mod lm_head;
 mod norm;
@@ -46,18 +48,31 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 const OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
+const FLASH_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_attention.fatbin"));
 
 /// Threads per block of every kernel (the row kernels run one row per warp, 8 per block).
 pub(crate) const THREADS: u32 = 256;
+
+/// Shared memory a block may use without opting in (bytes).
+const DEFAULT_SMEM: u32 = 48 * 1024;
 
 fn err(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Cuda(e.to_string().into())
 }
 
-/// Kernel `<name>_<bf16|f32>` of `kernels/model/ops.cu` on `dev` (the module is loaded
-/// once per device, each function looked up once).
-pub(crate) fn kernel(dev: &CudaDevice, name: &str, dtype: DType) -> Result<CudaFunction> {
-    type Cache = HashMap<DeviceId, (Arc<CudaModule>, HashMap<String, CudaFunction>)>;
+/// A compiled kernel file of `kernels/model/`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Module {
+    /// `ops.cu`: the row, elementwise and softmax kernels.
+    Ops,
+    /// `flash_attention.cu`: the tensor-core attention ([`flash`]).
+    Flash,
+}
+
+/// Kernel `<name>_<bf16|f32>` of `module` on `dev` (each module is loaded once per device,
+/// each function looked up once).
+pub(crate) fn kernel(dev: &CudaDevice, module: Module, name: &str, dtype: DType) -> Result<CudaFunction> {
+    type Cache = HashMap<(DeviceId, Module), (Arc<CudaModule>, HashMap<String, CudaFunction>)>;
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     let suffix = match dtype {
         DType::BF16 => "bf16",
@@ -66,17 +81,21 @@ pub(crate) fn kernel(dev: &CudaDevice, name: &str, dtype: DType) -> Result<CudaF
     };
     let full = format!("{name}_{suffix}");
     let mut cache = CACHE.get_or_init(Default::default).lock().expect("kernel cache");
-    let (module, functions) = match cache.entry(dev.id()) {
+    let (loaded, functions) = match cache.entry((dev.id(), module)) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
-            let module = dev.cuda_stream().context().load_module(Ptx::from_binary(OPS_BIN.to_vec())).map_err(err)?;
-            e.insert((module, HashMap::new()))
+            let bin = match module {
+                Module::Ops => OPS_BIN,
+                Module::Flash => FLASH_BIN,
+            };
+            let loaded = dev.cuda_stream().context().load_module(Ptx::from_binary(bin.to_vec())).map_err(err)?;
+            e.insert((loaded, HashMap::new()))
         }
     };
     if let Some(f) = functions.get(&full) {
         return Ok(f.clone());
     }
-    let f = module.load_function(&full).map_err(err)?;
+    let f = loaded.load_function(&full).map_err(err)?;
     functions.insert(full, f.clone());
     Ok(f)
 }
@@ -110,9 +129,19 @@ macro_rules! args {
 }
 pub(crate) use args;
 
-/// Launches `name` for `dtype` with `cfg` and the parameters `args` (see [`args!`]).
+/// Launches `name` of `ops.cu` for `dtype` with `cfg` and the parameters `args` (see [`args!`]).
 pub(crate) fn launch(dev: &CudaDevice, name: &str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-    let f = kernel(dev, name, dtype)?;
+    launch_in(dev, Module::Ops, name, dtype, cfg, args)
+}
+
+/// Launches `name` of `module` for `dtype` with `cfg` and `args`; a block that needs more
+/// than 48 KiB of shared memory gets it (the function's opt-in attribute is set first).
+pub(crate) fn launch_in(dev: &CudaDevice, module: Module, name: &str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+    let f = kernel(dev, module, name, dtype)?;
+    if cfg.shared_mem_bytes > DEFAULT_SMEM {
+        use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
+        f.set_attribute(MAX_SMEM, cfg.shared_mem_bytes as i32).map_err(err)?;
+    }
     let stream = dev.cuda_stream();
     let mut b = stream.launch_builder(&f);
     for a in args {

@@ -21,13 +21,18 @@ pub(crate) struct Rope {
     pub(crate) heads: usize,
 }
 
-/// Launches `rope_fwd` or `rope_bwd` (same signature) over `b * t * n * d` elements.
+/// Launches `rope_fwd` or `rope_bwd` (same signature): one thread per 8 elements of a row's
+/// first half and their partners (16-byte accesses) where half a head is a multiple of 8
+/// elements and every buffer is 16-byte aligned, else one per element pair.
 #[allow(clippy::too_many_arguments)]
 fn run(dev: &candle_core::CudaDevice, name: &str, dtype: DType, src: u64, cos: u64, sin: u64, dst: u64, dims: (usize, usize, usize, usize)) -> Result<()> {
     let (b, t, n, d) = dims;
-    let total = b * t * n * d;
+    let vector = (d / 2) % 8 == 0 && [src, cos, sin, dst].iter().all(|p| p % 16 == 0);
+    let per_thread = if vector { 8 } else { 1 };
+    let threads = b * t * n * (d / 2) / per_thread;
     let (bi, ti, ni, di) = (b as i32, t as i32, n as i32, d as i32);
-    launch(dev, name, dtype, grid(total.div_ceil(THREADS as usize), 0), &args![src, cos, sin, dst, bi, ti, ni, di])
+    let a = args![src, cos, sin, dst, bi, ti, ni, di];
+    launch(dev, &format!("{name}{per_thread}"), dtype, grid(threads.div_ceil(THREADS as usize), 0), &a)
 }
 
 impl CustomOp3 for Rope {

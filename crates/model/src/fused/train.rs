@@ -23,8 +23,9 @@ use std::sync::Mutex;
 /// What one layer's backward needs from its forward.
 struct Saved {
     /// The layer's input, the normed input, the q and k projections before RoPE, q and k
-    /// after it (`[B, heads, T, d]`), the v projection, the attention output, the residual
-    /// stream after attention, its norm, the gate/up op (it keeps its product) and its output.
+    /// after it (`[B, heads, T, d]`), the v projection, the attention output and its rows'
+    /// log-sum-exp (the tensor-core attention), the residual stream after attention, its
+    /// norm, the gate/up op (it keeps its product) and its output.
     x: Tensor,
     h1: Tensor,
     q_proj: Tensor,
@@ -33,6 +34,7 @@ struct Saved {
     k: Tensor,
     v: Tensor,
     attn: Tensor,
+    lse: Option<Tensor>,
     mid: Tensor,
     h2: Tensor,
     gate_up: GateUp,
@@ -74,13 +76,13 @@ impl<'a> Forward<'a> {
             let h1 = x.apply_op2_no_bwd(&layer.input_layernorm.weight, &norm(&layer.input_layernorm))?;
             let (q_proj, k_proj, v) = (h1.apply_op2_no_bwd(&a.q, &Linear)?, h1.apply_op2_no_bwd(&a.k, &Linear)?, h1.apply_op2_no_bwd(&a.v, &Linear)?);
             let (q, k) = (q_proj.apply_op3_no_bwd(cos, sin, &rope)?, k_proj.apply_op3_no_bwd(cos, sin, &rope)?);
-            let attn = q.apply_op3_no_bwd(&k, &v, &attention)?;
+            let (attn, lse) = attention.forward(&q, &k, &v)?;
             let mid = (&x + attn.apply_op2_no_bwd(&a.o, &Linear)?)?;
             let h2 = mid.apply_op2_no_bwd(&layer.post_attention_layernorm.weight, &norm(&layer.post_attention_layernorm))?;
             let gate_up = GateUp { saved: Mutex::new(None) };
             let act = h2.apply_op3_no_bwd(&m.gate, &m.up, &gate_up)?;
             let next = (&mid + act.apply_op2_no_bwd(&m.down, &Linear)?)?;
-            saved.push(Saved { x, h1, q_proj, k_proj, q, k, v, attn, mid, h2, gate_up, act });
+            saved.push(Saved { x, h1, q_proj, k_proj, q, k, v, attn, lse, mid, h2, gate_up, act });
             x = next;
         }
         let hidden = x.apply_op2_no_bwd(&model.norm.weight, &norm(&model.norm))?;
@@ -112,8 +114,7 @@ impl<'a> Forward<'a> {
             let d_mid = (&dx + some(d_mid, "the residual stream")?)?;
             let (d_attn, dw_o) = Linear.bwd(&s.attn, &a.o, &d_mid, &d_mid)?;
             let d_attn = some(d_attn, "the attention output")?;
-            let (dq, dk, dv) = attention.bwd(&s.q, &s.k, &s.v, &d_attn, &d_attn)?;
-            let (dq, dk, dv) = (some(dq, "q")?, some(dk, "k")?, some(dv, "v")?);
+            let (dq, dk, dv) = attention.backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn)?;
             let dq_proj = some(rope.bwd(&s.q_proj, cos, sin, &dq, &dq)?.0, "the q projection")?;
             let dk_proj = some(rope.bwd(&s.k_proj, cos, sin, &dk, &dk)?.0, "the k projection")?;
             let (dh_q, dw_q) = Linear.bwd(&s.h1, &a.q, &dq_proj, &dq_proj)?;

@@ -1,0 +1,103 @@
+//! The square of the global gradient norm on a CUDA device (`kernels/optim/grad_norm.cu`):
+//! Σ g² over every gradient tensor, in FP64, in two kernel passes per step instead of
+//! candle's five kernels and an FP32 copy per tensor; the same bits run to run.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::DeviceId;
+use candle_core::{CudaDevice, DType, Result, Storage, Tensor};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+const NORM_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/grad_norm.fatbin"));
+
+/// `NORM_TENSORS`, `NORM_CHUNK` and `NORM_THREADS` of the kernel file.
+const NORM_TENSORS: usize = 256;
+const NORM_CHUNK: usize = 65536;
+const NORM_THREADS: u32 = 256;
+
+/// `struct NormArgs` of `kernels/optim/grad_norm.cu`, passed by value (6.0 KiB).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NormArgs {
+    ptr: [u64; NORM_TENSORS],
+    len: [u64; NORM_TENSORS],
+    first_chunk: [u64; NORM_TENSORS + 1],
+    count: u64,
+}
+unsafe impl DeviceRepr for NormArgs {}
+
+fn err(e: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Cuda(e.to_string().into())
+}
+
+/// The kernels `sum_squares_f32`, `sum_squares_bf16`, `sum_partials` on `dev` (loaded once).
+fn kernels(dev: &CudaDevice) -> Result<[CudaFunction; 3]> {
+    static CACHE: OnceLock<Mutex<HashMap<DeviceId, [CudaFunction; 3]>>> = OnceLock::new();
+    let mut cache = CACHE.get_or_init(Default::default).lock().expect("norm kernel cache");
+    if let Some(k) = cache.get(&dev.id()) {
+        return Ok(k.clone());
+    }
+    let module = dev.cuda_stream().context().load_module(Ptx::from_binary(NORM_BIN.to_vec())).map_err(err)?;
+    let f = |name: &str| module.load_function(name).map_err(err);
+    let k = [f("sum_squares_f32")?, f("sum_squares_bf16")?, f("sum_partials")?];
+    cache.insert(dev.id(), k.clone());
+    Ok(k)
+}
+
+/// Σ g² over `grads` (contiguous F32 or BF16 tensors on one CUDA device, any shapes), each
+/// square and every sum in FP64, read to the host (the one wait of the call). The sum runs
+/// in a fixed order: per dtype (F32 first), the tensors in order in chunks of 65,536
+/// elements, one fixed-order tree per chunk and one over the chunks. Errors: a tensor on
+/// another device kind, not contiguous, or of another dtype.
+pub fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
+    let Some(first) = grads.first() else { candle_core::bail!("sum_of_squares: no gradients") };
+    let candle_core::Device::Cuda(dev) = first.device() else { candle_core::bail!("sum_of_squares: not on a CUDA device") };
+    let stream = dev.cuda_stream();
+    let [f32_squares, bf16_squares, partials] = kernels(dev)?;
+    // (address, length) per tensor, grouped by dtype
+    let mut groups: [(DType, Vec<(u64, u64)>); 2] = [(DType::F32, vec![]), (DType::BF16, vec![])];
+    for (i, g) in grads.iter().enumerate() {
+        let (storage, layout) = g.storage_and_layout();
+        let Storage::Cuda(cs) = &*storage else { candle_core::bail!("sum_of_squares: gradient {i} is not on a CUDA device") };
+        let Some((start, _)) = layout.contiguous_offsets() else { candle_core::bail!("sum_of_squares: gradient {i} is not contiguous") };
+        let (base, size) = match cs.dtype() {
+            DType::F32 => (cs.as_cuda_slice::<f32>()?.device_ptr(&stream).0, 4),
+            DType::BF16 => (cs.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0, 2),
+            d => candle_core::bail!("sum_of_squares: gradient {i} is {d:?} (F32 or BF16)"),
+        };
+        let group = groups.iter_mut().find(|(d, _)| *d == cs.dtype()).expect("F32 or BF16");
+        group.1.push((base + (start * size) as u64, g.elem_count() as u64));
+    }
+    let chunks: usize = grads.iter().map(|g| g.elem_count().div_ceil(NORM_CHUNK)).sum();
+    let partial = stream.alloc_zeros::<f64>(chunks.max(1)).map_err(err)?;
+    let partial_ptr = partial.device_ptr(&stream).0;
+    let mut written = 0u64;
+    for (dtype, tensors) in &groups {
+        let f = if *dtype == DType::F32 { &f32_squares } else { &bf16_squares };
+        for group in tensors.chunks(NORM_TENSORS) {
+            let mut args = NormArgs { ptr: [0; NORM_TENSORS], len: [0; NORM_TENSORS], first_chunk: [0; NORM_TENSORS + 1], count: group.len() as u64 };
+            let mut at = 0u64;
+            for (i, &(p, n)) in group.iter().enumerate() {
+                (args.ptr[i], args.len[i], args.first_chunk[i]) = (p, n, at);
+                at += n.div_ceil(NORM_CHUNK as u64);
+            }
+            args.first_chunk[group.len()] = at;
+            if at == 0 {
+                continue;
+            }
+            let cfg = LaunchConfig { grid_dim: (at as u32, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let mut b = stream.launch_builder(f);
+            b.arg(&args).arg(&partial_ptr).arg(&written);
+            unsafe { b.launch(cfg) }.map_err(err)?;
+            written += at;
+        }
+    }
+    let out = stream.alloc_zeros::<f64>(1).map_err(err)?;
+    let out_ptr = out.device_ptr(&stream).0;
+    let mut b = stream.launch_builder(&partials);
+    b.arg(&partial_ptr).arg(&written).arg(&out_ptr);
+    unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(err)?;
+    Ok(stream.clone_dtoh(&out).map_err(err)?[0])
+}

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Training throughput of a plain PyTorch LLaMA with a lowbit model shape: the comparator of
+`train bench training` (issue 28), eager and under torch.compile.
+
+The model is what a PyTorch user writes for speed (as nanoGPT / torchtitan do): a fused
+q/k/v `Linear` and a fused gate/up `Linear`, `F.rms_norm`, RoPE (HF rotate_half),
+`F.scaled_dot_product_attention(is_causal=True)` (cuDNN / flash on Hopper), an untied LM head
+and `F.cross_entropy`, no biases; weights in `--dtype`; AdamW(fused=True) with FP32 states,
+no gradient clipping; random token ids (throughput does not depend on the text). Same
+presets as lowbit (`crates/model/src/config.rs`, T5 vocabulary 32100).
+
+Prints one JSON row: {"system": "torch_eager" | "torch_llama_compile", "dtype", "batch",
+"seq", "tokens_per_s", "peak_memory_gib", "mfu", ...}. MFU uses the PaLM convention as
+`train bench training` does: 6 * N_matmul + 12 * L * T * d FLOPs per token (the LM head
+counts, the embedding lookup does not) against 989.4 TFLOP/s dense BF16 (H100/H200 SXM).
+Usage: python3 scripts/bench_torch_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32]
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# hidden, intermediate, heads, layers (crates/model/src/config.rs)
+PRESETS = {"llama20m": (256, 688, 4, 4), "llama60m": (512, 1376, 8, 8), "llama100m": (640, 1708, 10, 12),
+           "llama130m": (768, 2048, 12, 12), "llama350m": (1024, 2736, 16, 24)}
+PEAK_BF16 = 989.4e12
+
+
+class Block(nn.Module):
+    def __init__(self, h, inter, heads):
+        super().__init__()
+        self.heads, self.inter = heads, inter
+        self.norm1 = nn.Parameter(torch.ones(h))
+        self.qkv = nn.Linear(h, 3 * h, bias=False)
+        self.o = nn.Linear(h, h, bias=False)
+        self.norm2 = nn.Parameter(torch.ones(h))
+        self.gate_up = nn.Linear(h, 2 * inter, bias=False)
+        self.down = nn.Linear(inter, h, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, h = x.shape
+        d = h // self.heads
+        q, k, v = self.qkv(F.rms_norm(x, (h,), self.norm1, 1e-6)).view(b, t, 3, self.heads, d).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, h)
+        x = x + self.o(a)
+        g, u = self.gate_up(F.rms_norm(x, (h,), self.norm2, 1e-6)).split(self.inter, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
+def rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, h, inter, heads, layers, seq):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, h)
+        self.blocks = nn.ModuleList(Block(h, inter, heads) for _ in range(layers))
+        self.norm = nn.Parameter(torch.ones(h))
+        self.head = nn.Linear(h, vocab, bias=False)
+        d = h // heads
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+        ang = torch.outer(torch.arange(seq).float(), inv)
+        ang = torch.cat((ang, ang), dim=-1)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+
+    def forward(self, ids, targets):
+        x = self.embed(ids)
+        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        logits = self.head(F.rms_norm(x, (x.shape[-1],), self.norm, 1e-6))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def flops_per_token(vocab, h, inter, layers, seq):
+    """6 * N_matmul + 12 * L * T * d (PaLM, appendix B), N_matmul: the projections and the LM head."""
+    n_matmul = layers * (4 * h * h + 3 * h * inter) + vocab * h
+    return 6 * n_matmul + 12 * layers * seq * h
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="llama100m", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--vocab", type=int, default=32100)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--tf32", action="store_true", help="FP32 matmuls with TF32 inputs (allow_tf32)")
+    a = ap.parse_args()
+    h, inter, heads, layers = PRESETS[a.preset]
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
+    torch.manual_seed(0)
+    model = Llama(a.vocab, h, inter, heads, layers, a.seq).to("cuda", dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    fwd = torch.compile(model) if a.compile else model
+    x = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device="cuda")
+
+    def step():
+        fwd(x[:, :-1], x[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t
+    tps = a.steps * a.batch * a.seq / secs
+    print(json.dumps({"system": "torch_llama_compile" if a.compile else "torch_llama_eager",
+                      "impl": "plain PyTorch LLaMA (scripts/bench_torch_llama.py)", "preset": a.preset,
+                      "params": sum(p.numel() for p in model.parameters()), "dtype": a.dtype,
+                      "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "micro_batch": a.batch,
+                      "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+                      "mfu": tps * flops_per_token(a.vocab, h, inter, layers, a.seq) / PEAK_BF16}))
+
+
+if __name__ == "__main__":
+    main()
