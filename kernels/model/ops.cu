@@ -93,8 +93,24 @@ __device__ void rmsnorm_fwd(const T* x, const T* w, T* y, int rows, int h, float
     for (int c = threadIdx.x & 31; c < h; c += 32) yr[c] = from_f<T>(round_to<T>(to_f(xr[c]) * inv) * to_f(w[c]));
 }
 
+// The residual stream's add fused with the norm that follows it: s = round_T(x + delta)
+// (what the separate add gives), y = rmsnorm(s); writes s and y.
 template <typename T>
-__device__ void rmsnorm_bwd_x(const T* x, const T* w, const T* dy, T* dx, int rows, int h, float eps) {
+__device__ void add_rmsnorm_fwd(const T* x, const T* delta, const T* w, T* sum, T* y, int rows, int h, float eps) {
+    int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    size_t o = (size_t)row * h;
+    for (int c = threadIdx.x & 31; c < h; c += 32) sum[o + c] = from_f<T>(to_f(x[o + c]) + to_f(delta[o + c]));
+    __syncwarp();  // the row's sums are read by other lanes below
+    rmsnorm_fwd<T>(sum, w, y, rows, h, eps);
+}
+
+// dx = inv * (dn - n * sum(dn * n) / H), each element rounded to T; with `d_residual` (the
+// gradient the residual stream brings past the norm) also added and rounded again, as the
+// separate add does.
+template <typename T>
+__device__ void rmsnorm_bwd_x(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, int rows, int h,
+                              float eps) {
     int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (row >= rows) return;
     size_t o = (size_t)row * h;
@@ -104,7 +120,8 @@ __device__ void rmsnorm_bwd_x(const T* x, const T* w, const T* dy, T* dx, int ro
     dot = warp_sum(dot) / (float)h;
     for (int c = threadIdx.x & 31; c < h; c += 32) {
         float n = to_f(x[o + c]) * inv;
-        dx[o + c] = from_f<T>(inv * (to_f(dy[o + c]) * to_f(w[c]) - n * dot));
+        float g = round_to<T>(inv * (to_f(dy[o + c]) * to_f(w[c]) - n * dot));
+        dx[o + c] = from_f<T>(d_residual ? g + to_f(d_residual[o + c]) : g);
     }
 }
 
@@ -453,6 +470,22 @@ __device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, 
 }
 
 // ---------------------------------------------------------------------------------------
+// The sum of n FP32 values in a fixed order, by one block of 256 threads: thread i adds
+// x[i], x[i + 256], ... in order, then a fixed tree over the threads.
+extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
+    __shared__ float s[256];
+    float v = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = s[0];
+}
+
+// ---------------------------------------------------------------------------------------
 // extern "C" entry points, one per dtype.
 
 // The kernels with V elements per thread: <name><V>_<dtype>.
@@ -484,9 +517,13 @@ __device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, 
     extern "C" __global__ void rmsnorm_fwd_##S(const T* x, const T* w, T* y, int rows, int h, float eps) {      \
         rmsnorm_fwd<T>(x, w, y, rows, h, eps);                                                                   \
     }                                                                                                            \
-    extern "C" __global__ void rmsnorm_bwd_x_##S(const T* x, const T* w, const T* dy, T* dx, int rows, int h,   \
-                                                 float eps) {                                                    \
-        rmsnorm_bwd_x<T>(x, w, dy, dx, rows, h, eps);                                                            \
+    extern "C" __global__ void add_rmsnorm_fwd_##S(const T* x, const T* delta, const T* w, T* sum, T* y,       \
+                                                   int rows, int h, float eps) {                                 \
+        add_rmsnorm_fwd<T>(x, delta, w, sum, y, rows, h, eps);                                                   \
+    }                                                                                                            \
+    extern "C" __global__ void rmsnorm_bwd_x_##S(const T* x, const T* w, const T* dy, const T* d_residual,      \
+                                                 T* dx, int rows, int h, float eps) {                            \
+        rmsnorm_bwd_x<T>(x, w, dy, d_residual, dx, rows, h, eps);                                                \
     }                                                                                                            \
     extern "C" __global__ void rmsnorm_bwd_w_##S(const T* x, const T* dy, float* partial, int rows, int h,      \
                                                  float eps, int rows_per_block) {                                \

@@ -123,10 +123,7 @@ impl CustomOp2 for LmHeadLoss {
         } else {
             chunks.run(Some(nll), None)?;
         }
-        // the rows' sum in a fixed order (one thread: N adds)
-        let (out, sum) = alloc(&dev, DType::F32, 1)?;
-        launch(&dev, "colsum", DType::F32, super::grid(1, 0), &args![nll, sum, n as i32, 1i32])?;
-        Ok((out, Shape::from(())))
+        Ok((ordered_sum(&dev, nll, n)?, Shape::from(())))
     }
 
     fn bwd(&self, hidden: &Tensor, w: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -152,13 +149,29 @@ impl CustomOp2 for LmHeadLoss {
     }
 }
 
+/// The sum of `n` F32 values at `x` in a fixed order (one block), as a new F32 scalar buffer.
+fn ordered_sum(dev: &CudaDevice, x: u64, n: usize) -> Result<CudaStorage> {
+    let (out, sum) = alloc(dev, DType::F32, 1)?;
+    launch(dev, "ordered_sum", DType::F32, super::grid(1, 0), &args![x, sum, n as i32])?;
+    Ok(out)
+}
+
 /// [`lm_head_cross_entropy`] in training mode and its backward at once, for an explicit
 /// backward ([`super::train`]): `scale` times the loss (F32 scalar), and the gradients of
-/// that with respect to `hidden` and `w`, in their dtype.
+/// that with respect to `hidden` and `w`, in their dtype. `scale` enters the rows' loss
+/// coefficients, so the gradients come out of the chunks' products scaled (`hidden`'s in
+/// its dtype; `w`'s summed over the chunks in F32, then rounded once).
 pub(crate) fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
-    let op = LmHeadLoss { target: target.clone(), weight: weight.clone(), train: true, grads: Mutex::new(None) };
-    let loss = hidden.apply_op2_no_bwd(w, &op)?;
-    let g = Tensor::new(scale as f32, hidden.device())?;
-    let (Some(dh), Some(dw)) = op.bwd(hidden, w, &loss, &g)? else { candle_core::bail!("lm head: no gradients") };
-    Ok((loss.affine(scale, 0.0)?, dh, dw))
+    let (dev, dtype) = (cuda_device(hidden)?, hidden.dtype());
+    let ((n, h), (v, _)) = (hidden.dims2()?, w.dims2()?);
+    let av = aligned(v);
+    let coef = weight.affine(scale, 0.0)?.contiguous()?;
+    let (_w, w_pad) = zero_padded(&dev, dtype, tensor_ptr(w, "lm_head")?, (v, h), (av, h))?;
+    let (target, coef_p) = (tensor_ptr(target, "target")?, tensor_ptr(&coef, "coef")?);
+    let chunks = Chunks { dev: dev.clone(), dtype, hidden: tensor_ptr(hidden, "hidden")?, w_pad, target, coef: coef_p, n, h, v, av };
+    let (_nll, nll) = alloc(&dev, DType::F32, n)?;
+    let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, av * h)?);
+    chunks.run(Some(nll), Some((dh, dtype, dw)))?;
+    let loss = wrap(ordered_sum(&dev, nll, n)?, ());
+    Ok((loss, wrap(dh_s, (n, h)), wrap(dw_s, (av, h)).narrow(0, 0, v)?.to_dtype(dtype)?))
 }

@@ -51,6 +51,33 @@ impl CustomOp2 for RmsNorm {
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw) = self.backward(x, w, dy, None)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+impl RmsNorm {
+    /// The residual stream's add and the norm after it in one kernel: `s = x + delta` (one
+    /// rounding to the dtype, as the separate add) and `rms_norm(s, w)`; returns (s, normed).
+    /// `x`, `delta`: contiguous `[..., H]`, one dtype.
+    pub(crate) fn add_forward(&self, x: &Tensor, delta: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
+        let dev = cuda_device(x)?;
+        let dtype = x.dtype();
+        let (rows, h) = rows_and_width(x.shape())?;
+        if delta.dims() != x.dims() || delta.dtype() != dtype || w.elem_count() != h || w.dtype() != dtype {
+            candle_core::bail!("add_rms_norm: x {:?}, delta {:?}, gain {:?}", x.shape(), delta.shape(), w.shape());
+        }
+        let (xp, dp, wp) = (tensor_ptr(x, "x")?, tensor_ptr(delta, "delta")?, tensor_ptr(w, "w")?);
+        let ((sum_s, sum), (y_s, y)) = (alloc(&dev, dtype, rows * h)?, alloc(&dev, dtype, rows * h)?);
+        let (r, hh) = (rows as i32, h as i32);
+        launch(&dev, "add_rmsnorm_fwd", dtype, grid(rows.div_ceil(8), 0), &args![xp, dp, wp, sum, y, r, hh, self.eps])?;
+        Ok((wrap(sum_s, x.shape().clone()), wrap(y_s, x.shape().clone())))
+    }
+
+    /// The gradients of x and of the gain from the output's gradient `dy`; with
+    /// `d_residual` (the gradient the residual stream carries past the norm, x's shape) the
+    /// input gradient is the sum of both (one more rounding, as the separate add).
+    pub(crate) fn backward(&self, x: &Tensor, w: &Tensor, dy: &Tensor, d_residual: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
         let dev = cuda_device(x)?;
         let dtype = x.dtype();
         let dy = dy.contiguous()?;
@@ -59,9 +86,14 @@ impl CustomOp2 for RmsNorm {
             candle_core::bail!("fused rms_norm backward: hidden size {h} > {} does not fit shared memory", crate::kernels::FUSED_MAX_HIDDEN);
         }
         let (xp, wp, dyp) = (tensor_ptr(x, "x")?, tensor_ptr(w, "w")?, tensor_ptr(&dy, "dy")?);
+        let residual = match d_residual {
+            Some(r) if r.dims() == x.dims() && r.dtype() == dtype => tensor_ptr(r, "d_residual")?,
+            Some(r) => candle_core::bail!("rms_norm backward: residual gradient {:?} {:?} for input {:?}", r.shape(), r.dtype(), x.shape()),
+            None => 0,
+        };
         let (r, hh) = (rows as i32, h as i32);
         let (dx_s, dx) = alloc(&dev, dtype, rows * h)?;
-        launch(&dev, "rmsnorm_bwd_x", dtype, grid(rows.div_ceil(8), 0), &args![xp, wp, dyp, dx, r, hh, self.eps])?;
+        launch(&dev, "rmsnorm_bwd_x", dtype, grid(rows.div_ceil(8), 0), &args![xp, wp, dyp, residual, dx, r, hh, self.eps])?;
         let blocks = rows.div_ceil(ROWS_PER_BLOCK).max(1);
         let (partial_s, partial) = alloc(&dev, DType::F32, blocks * h)?;
         let rpb = ROWS_PER_BLOCK as i32;
@@ -70,6 +102,6 @@ impl CustomOp2 for RmsNorm {
         let nb = blocks as i32;
         launch(&dev, "colsum", dtype, grid(h.div_ceil(THREADS as usize), 0), &args![partial, dw, nb, hh])?;
         drop(partial_s);
-        Ok((Some(wrap(dx_s, x.shape().clone())), Some(wrap(dw_s, w.shape().clone()))))
+        Ok((wrap(dx_s, x.shape().clone()), wrap(dw_s, w.shape().clone())))
     }
 }

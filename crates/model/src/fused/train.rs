@@ -4,10 +4,13 @@
 //!
 //! Why: candle's `Tensor::backward` zero-fills a gradient buffer and adds into it for every
 //! edge of the graph (about 17 per layer here: `badd` kernels were 23% of the kernel time of
-//! a BF16 step, 30 ms of an FP32 one). Here each gradient is written once; only the residual
-//! stream and the normed input of the three attention projections add two gradients each.
-//! Same ops, same kernels, same order of every reduction as the autograd path; the sums of
-//! gradient contributions differ in order only (tested against it in `fused_parity`).
+//! a BF16 step, 30 ms of an FP32 one). Here each gradient is written once, and no separate
+//! add runs: the residual stream's adds run inside the norms that follow them (forward:
+//! `x + delta` with the norm; backward: the residual gradient with the norm's input
+//! gradient), and the normed input's three gradients from the q, k and v projections are
+//! summed by cuBLAS into one output. Same ops, same kernels, same order of every reduction as
+//! the autograd path; the sums of gradient contributions differ in order only (tested
+//! against it in `fused_parity`).
 
 use super::attention::Attention;
 use super::embedding::Embedding;
@@ -69,23 +72,25 @@ impl<'a> Forward<'a> {
         let (cos, sin) = (model.rope.cos(), model.rope.sin());
         let (rope, attention) = ops(model);
         let ids = input.flatten_all()?.contiguous()?;
+        // The residual stream: `x` plus `delta`, the last block's output not yet added: each
+        // add runs inside the norm that follows it ([`RmsNorm::add_forward`]).
         let mut x = model.embed_tokens.apply_op2_no_bwd(&ids, &Embedding)?.reshape((b, t, h))?;
+        let mut delta: Option<Tensor> = None;
         let mut saved = Vec::with_capacity(model.layers.len());
         for layer in &model.layers {
             let (a, m) = (&layer.self_attn, &layer.mlp);
-            let h1 = x.apply_op2_no_bwd(&layer.input_layernorm.weight, &norm(&layer.input_layernorm))?;
+            let (x_in, h1) = add_norm(&layer.input_layernorm, &x, delta.as_ref())?;
             let (q_proj, k_proj, v) = (h1.apply_op2_no_bwd(&a.q, &Linear)?, h1.apply_op2_no_bwd(&a.k, &Linear)?, h1.apply_op2_no_bwd(&a.v, &Linear)?);
             let (q, k) = (q_proj.apply_op3_no_bwd(cos, sin, &rope)?, k_proj.apply_op3_no_bwd(cos, sin, &rope)?);
             let (attn, lse) = attention.forward(&q, &k, &v)?;
-            let mid = (&x + attn.apply_op2_no_bwd(&a.o, &Linear)?)?;
-            let h2 = mid.apply_op2_no_bwd(&layer.post_attention_layernorm.weight, &norm(&layer.post_attention_layernorm))?;
+            let (mid, h2) = add_norm(&layer.post_attention_layernorm, &x_in, Some(&attn.apply_op2_no_bwd(&a.o, &Linear)?))?;
             let gate_up = GateUp { saved: Mutex::new(None) };
             let act = h2.apply_op3_no_bwd(&m.gate, &m.up, &gate_up)?;
-            let next = (&mid + act.apply_op2_no_bwd(&m.down, &Linear)?)?;
-            saved.push(Saved { x, h1, q_proj, k_proj, q, k, v, attn, lse, mid, h2, gate_up, act });
-            x = next;
+            delta = Some(act.apply_op2_no_bwd(&m.down, &Linear)?);
+            x = mid.clone();
+            saved.push(Saved { x: x_in, h1, q_proj, k_proj, q, k, v, attn, lse, mid, h2, gate_up, act });
         }
-        let hidden = x.apply_op2_no_bwd(&model.norm.weight, &norm(&model.norm))?;
+        let (x, hidden) = add_norm(&model.norm, &x, delta.as_ref())?;
         let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
         let (loss, d_hidden, d_head) = super::lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;
         Ok(Forward { model, loss, ids, saved, x, d_hidden: d_hidden.reshape((b, t, h))?, d_head })
@@ -100,9 +105,8 @@ impl<'a> Forward<'a> {
         let (rope, attention) = ops(model);
         let mut grads = GradStore::default();
         grads.insert(&model.lm_head, self.d_head);
-        let (dx, dw) = norm(&model.norm).bwd(&self.x, &model.norm.weight, &self.d_hidden, &self.d_hidden)?;
-        grads.insert(&model.norm.weight, some(dw, "model.norm")?);
-        let mut dx = some(dx, "the last layer's output")?;
+        let (mut dx, dw) = norm(&model.norm).backward(&self.x, &model.norm.weight, &self.d_hidden, None)?;
+        grads.insert(&model.norm.weight, dw);
         for (layer, s) in model.layers.iter().zip(self.saved).rev() {
             let (a, m) = (&layer.self_attn, &layer.mlp);
             // x_out = mid + down(act); mid = x + o(attn)
@@ -110,29 +114,26 @@ impl<'a> Forward<'a> {
             let d_act = some(d_act, "the MLP activation")?;
             let (d_h2, dw_gate, dw_up) = s.gate_up.bwd(&s.h2, &m.gate, &m.up, &d_act, &d_act)?;
             let d_h2 = some(d_h2, "the MLP input")?;
-            let (d_mid, dw_norm2) = norm(&layer.post_attention_layernorm).bwd(&s.mid, &layer.post_attention_layernorm.weight, &d_h2, &d_h2)?;
-            let d_mid = (&dx + some(d_mid, "the residual stream")?)?;
+            let (d_mid, dw_norm2) = norm(&layer.post_attention_layernorm).backward(&s.mid, &layer.post_attention_layernorm.weight, &d_h2, Some(&dx))?;
             let (d_attn, dw_o) = Linear.bwd(&s.attn, &a.o, &d_mid, &d_mid)?;
             let d_attn = some(d_attn, "the attention output")?;
             let (dq, dk, dv) = attention.backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn)?;
             let dq_proj = some(rope.bwd(&s.q_proj, cos, sin, &dq, &dq)?.0, "the q projection")?;
             let dk_proj = some(rope.bwd(&s.k_proj, cos, sin, &dk, &dk)?.0, "the k projection")?;
-            let (dh_q, dw_q) = Linear.bwd(&s.h1, &a.q, &dq_proj, &dq_proj)?;
-            let (dh_k, dw_k) = Linear.bwd(&s.h1, &a.k, &dk_proj, &dk_proj)?;
-            let (dh_v, dw_v) = Linear.bwd(&s.h1, &a.v, &dv, &dv)?;
-            let d_h1 = ((some(dh_q, "h1")? + some(dh_k, "h1")?)? + some(dh_v, "h1")?)?;
-            let (d_x, dw_norm1) = norm(&layer.input_layernorm).bwd(&s.x, &layer.input_layernorm.weight, &d_h1, &d_h1)?;
-            dx = (d_mid + some(d_x, "the layer input")?)?;
+            let (d_h1, dw_qkv) = Linear::backward_shared_input(&s.h1, &[&a.q, &a.k, &a.v], &[&dq_proj, &dk_proj, &dv])?;
+            let [dw_q, dw_k, dw_v]: [Tensor; 3] = dw_qkv.try_into().map_err(|_| candle_core::Error::Msg("three projections".into()))?;
+            let (d_x, dw_norm1) = norm(&layer.input_layernorm).backward(&s.x, &layer.input_layernorm.weight, &d_h1, Some(&d_mid))?;
+            dx = d_x;
             for (w, g) in [
                 (&m.down, dw_down),
                 (&m.gate, dw_gate),
                 (&m.up, dw_up),
-                (&layer.post_attention_layernorm.weight, dw_norm2),
+                (&layer.post_attention_layernorm.weight, Some(dw_norm2)),
                 (&a.o, dw_o),
-                (&a.q, dw_q),
-                (&a.k, dw_k),
-                (&a.v, dw_v),
-                (&layer.input_layernorm.weight, dw_norm1),
+                (&a.q, Some(dw_q)),
+                (&a.k, Some(dw_k)),
+                (&a.v, Some(dw_v)),
+                (&layer.input_layernorm.weight, Some(dw_norm1)),
             ] {
                 grads.insert(w, some(g, "a weight")?);
             }
@@ -148,6 +149,14 @@ impl<'a> Forward<'a> {
 fn ops(model: &Llama) -> (Rope, Attention) {
     let cfg = &model.cfg;
     (Rope { heads: cfg.num_heads }, Attention { scale: (1.0 / (cfg.head_dim() as f64).sqrt()) as f32 })
+}
+
+/// `norm(x + delta)` (the add fused into the norm) and the sum, or `norm(x)` and `x`.
+fn add_norm(n: &crate::norm::RmsNorm, x: &Tensor, delta: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    match delta {
+        Some(d) => norm(n).add_forward(x, d, &n.weight),
+        None => Ok((x.clone(), x.apply_op2_no_bwd(&n.weight, &norm(n))?)),
+    }
 }
 
 /// The fused op of a model norm.
