@@ -12,7 +12,8 @@ presets as lowbit (`crates/model/src/config.rs`, T5 vocabulary 32100).
 Prints one JSON row: {"system": "torch_eager" | "torch_llama_compile", "dtype", "batch",
 "seq", "tokens_per_s", "peak_memory_gib", "mfu", ...}. MFU uses the PaLM convention as
 `train bench training` does: 6 * N_matmul + 12 * L * T * d FLOPs per token (the LM head
-counts, the embedding lookup does not) against 989.4 TFLOP/s dense BF16 (H100/H200 SXM).
+counts, the embedding lookup does not) against the H200 SXM's dense peak of the products' type,
+as `train bench training` (crates/cli/src/bench_training.rs): 989 TFLOP/s BF16, 494 TF32, 67 FP32.
 Usage: python3 scripts/bench_torch_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32]
 """
 import argparse
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 # hidden, intermediate, heads, layers (crates/model/src/config.rs)
 PRESETS = {"llama20m": (256, 688, 4, 4), "llama60m": (512, 1376, 8, 8), "llama100m": (640, 1708, 10, 12),
            "llama130m": (768, 2048, 12, 12), "llama350m": (1024, 2736, 16, 24)}
-PEAK_BF16 = 989.4e12
+PEAK = {"bf16": 989e12, "tf32": 494e12, "fp32": 67e12}
 
 
 class Block(nn.Module):
@@ -122,12 +123,13 @@ def main():
     torch.cuda.synchronize()
     secs = time.perf_counter() - t
     tps = a.steps * a.batch * a.seq / secs
+    peak = PEAK["bf16" if a.dtype == "bf16" else "tf32" if a.tf32 else "fp32"]
     print(json.dumps({"system": "torch_llama_compile" if a.compile else "torch_llama_eager",
                       "impl": "plain PyTorch LLaMA (scripts/bench_torch_llama.py)", "preset": a.preset,
                       "params": sum(p.numel() for p in model.parameters()), "dtype": a.dtype,
                       "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "micro_batch": a.batch,
                       "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-                      "mfu": tps * flops_per_token(a.vocab, h, inter, layers, a.seq) / PEAK_BF16}))
+                      "mfu": tps * flops_per_token(a.vocab, h, inter, layers, a.seq) / peak}))
 
 
 if __name__ == "__main__":

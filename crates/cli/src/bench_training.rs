@@ -25,6 +25,8 @@ use std::time::Instant;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainingRow {
     pub system: String,
+    /// `model.preset` (`custom` for explicit dimensions).
+    pub preset: String,
     pub dtype: String,
     pub batch: usize,
     pub seq: usize,
@@ -98,6 +100,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
     let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;
     Ok(TrainingRow {
         system: "lowbit".into(),
+        preset: cfg.model.preset.clone().unwrap_or_else(|| "custom".into()),
         dtype: if dtype == DType::BF16 { "bf16" } else { "f32" }.into(),
         batch: cfg.train.micro_batch * cfg.train.grad_accum,
         seq: t_len,
