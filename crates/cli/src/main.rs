@@ -6,6 +6,7 @@
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--estimator updated|paper] [--window N] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
 //! train reproduce --table bf16-model|fp32-model|reset-policies --scale smoke|h200|full [--states paper|blockwise|theory|all] [--cells LIST] [--seeds N | --seed-list LIST] [--jobs N] [--merge DIR]
+//! train data fetch c4 [--train-shards N] [--val-shards M] [--config FILE] [--out DIR] [--dry-run]
 //! train bench optimizer | training | data   (optimizer and training: CUDA builds)
 //! ```
 
@@ -18,7 +19,7 @@ use lowbit_train::distributed::{self, world::World};
 use lowbit_train::session::Launch;
 use lowbit_train::{checkpoint, run};
 
-use lowbit_cli::{bench_data, config_path, launcher, plot, predict, progress, signals, stalls_table};
+use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, signals, stalls_table};
 #[cfg(feature = "cuda")]
 use lowbit_cli::{bench, bench_training};
 use std::io::IsTerminal;
@@ -98,10 +99,31 @@ enum Cmd {
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
     /// reproduce/<table>-<scale>-results.json and render reproduce/<table>-<scale>.md from it.
     Reproduce(lowbit_reproduce::ReproduceArgs),
+    /// Corpora: `train data fetch c4` (C4 `en` and the T5 tokenizer from the Hugging Face hub).
+    #[command(subcommand)]
+    Data(DataCmd),
     /// Speed benchmarks: `train bench data`; with a CUDA build also `train bench optimizer`,
     /// `train bench training`.
     #[command(subcommand)]
     Bench(BenchCmd),
+}
+
+/// What `train data` does.
+#[derive(Subcommand)]
+enum DataCmd {
+    /// Download a corpus from the Hugging Face hub into data/local/.
+    #[command(subcommand)]
+    Fetch(FetchCmd),
+}
+
+/// What `train data fetch` downloads.
+#[derive(Subcommand)]
+enum FetchCmd {
+    /// C4 `en` shards (`allenai/c4`) and the T5 tokenizer into data/local/c4/, where the paper
+    /// configs look: as many train shards as `--config`'s tokens need (printed), files already
+    /// there skipped, sizes printed first, interrupted downloads resumed by the same command.
+    /// Honours HF_ENDPOINT, HF_TOKEN / HF_HOME's token and HF_HUB_OFFLINE.
+    C4(fetch::C4Args),
 }
 
 /// What `train bench` times.
@@ -224,6 +246,7 @@ fn real_main() -> Result<i32> {
         Some(Cmd::Stalls(args)) => stalls_table::run(&args)?,
         Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref())?,
         Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args)?,
+        Some(Cmd::Data(DataCmd::Fetch(FetchCmd::C4(args)))) => fetch::fetch_c4(&args)?,
         Some(Cmd::Bench(b)) => bench(b)?,
         None => return train(cli.train),
     }

@@ -65,6 +65,11 @@ pub enum DataError {
     #[error("{origin}:{line}: tokenizing the document failed: {msg}")]
     Encode { origin: String, line: u64, msg: String },
 
+    /// A file could not be fetched from the Hugging Face hub (`file` is its path in the repo;
+    /// the message says why and what to do: resume, a token, offline).
+    #[error("cannot fetch {file}: {msg}")]
+    Fetch { file: String, msg: String },
+
     /// The background tokenizer thread stopped (after an earlier error or a panic).
     #[error("the training data stream has stopped (an earlier error ended it)")]
     StreamClosed,

@@ -13,6 +13,8 @@
 //! - [`validation_batches`]: the first `val_tokens` targets of the validation shards;
 //!   [`shared_documents`]: how many sampled training documents are also validation documents.
 //! - [`ShardReader`] / [`expand_shards`]: the streaming shard reader on its own.
+//! - [`c4`] and [`hub`]: C4 `en` shards and the T5 tokenizer fetched from the Hugging Face
+//!   hub into a local folder (`train data fetch c4`), resumable, complete files only.
 //!
 //! Packing ([`SeqMode`]): `concat` joins documents (each + EOS) into one stream cut into rows
 //! (no padding, nothing lost); `truncate_pad` makes one row per document, cut and padded,
@@ -47,8 +49,10 @@
 //! ```
 
 mod batch;
+pub mod c4;
 mod config;
 mod error;
+pub mod hub;
 mod overlap;
 mod pipeline;
 mod reader;

@@ -195,7 +195,7 @@ pub fn scale_description(scale: Scale) -> String {
         ),
         Scale::Full => format!(
             "**full** — the paper's setting as configured (`configs/paper/base_llama100m.toml`): \
-             LLaMA-100M, C4 `en` (`data/local/c4`, `scripts/fetch_c4.py`), T5 tokenizer, seq 256, \
+             LLaMA-100M, C4 `en` (`data/local/c4`, `train data fetch c4`), T5 tokenizer, seq 256, \
              batch 512 sequences (64 x 8), 20000 steps (2.6B tokens), warmup 2000, cosine to 10% \
              of lr 1e-3, AdamW (0.9, 0.999, eps 1e-6), validation on 10M C4 validation tokens. Reset \
              periods: the paper's, {}. Time on one H200 at the measured LLaMA-100M speed \

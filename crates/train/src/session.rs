@@ -706,8 +706,8 @@ fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
     use lowbit_data::DataError::{MissingFile, NoMatch};
     let hint = match &e {
         MissingFile { pattern, .. } | NoMatch { pattern, .. } if pattern.contains("data/local/c4") => {
-            "; get C4 with `python3 scripts/fetch_c4.py --train-shards 18 --val-shards 1` (README \"Data\"), or point \
-             data.train / data.validation at your shards"
+            "; get C4 with `train data fetch c4 --config <this config>` (as many shards as the config's tokens need; \
+             README \"Data\"), or point data.train / data.validation at your shards"
         }
         MissingFile { pattern, .. } | NoMatch { pattern, .. } if pattern.contains("data/local/corpus") => {
             "; link the shared corpus with `scripts/link_shared_corpus.sh` (README \"Data\")"
