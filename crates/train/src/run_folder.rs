@@ -3,7 +3,8 @@
 //! touches the folder:
 //!
 //! * a **new** run refuses a folder that already holds a run (any of the files `train`
-//!   writes: `config.toml`, `metrics.jsonl`, `stalls.jsonl`, `summary.json`, `checkpoints/`);
+//!   writes: `config.toml`, `metrics.jsonl`, `stalls.jsonl`, `summary.json`, `checkpoints/`,
+//!   `tensorboard/`);
 //!   other files (a `train.log` the caller redirected into it, notes) do not count and are
 //!   left alone;
 //! * **overwrite** moves such a folder aside to `<name>.old-<N>` (the first free N) and starts
@@ -25,7 +26,7 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "train.lock";
 
 /// Files and folders whose presence means a folder holds a run.
-const RUN_FILES: [&str; 5] = ["config.toml", "metrics.jsonl", "stalls.jsonl", "summary.json", "checkpoints"];
+const RUN_FILES: [&str; 6] = ["config.toml", "metrics.jsonl", "stalls.jsonl", "summary.json", "checkpoints", crate::logs::tensorboard::DIR];
 
 /// How a run uses its folder.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use crate::components::ModelWeights;
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use crate::distributed::collective::{Collective, Solo};
 use crate::distributed;
-use crate::logs::metrics::{JsonlWriter, MetricsRow};
+use crate::logs::metrics::MetricsRow;
+use crate::logs::RunLogs;
 use crate::logs::stalls::{StallWriter, Theory};
 use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
 use crate::run_folder::{self, FolderUse, RunLock};
@@ -89,8 +90,7 @@ pub struct Session {
     /// Micro-batches this rank accumulates per step (`train.grad_accum / ranks`).
     accum_per_rank: usize,
     /// The run folder's writers: rank 0 only (`None` on the other ranks, which write nothing).
-    metrics: Option<JsonlWriter>,
-    stalls: Option<JsonlWriter>,
+    logs: Option<RunLogs>,
     stall_log: StallWriter,
     /// Steps whose stall rows are not written yet, with their optimizer update number (`None`:
     /// skipped); counts are read `count_lag` steps late.
@@ -273,17 +273,16 @@ impl Session {
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder: a start that fails leaves the folder as it was.
         // Rank 0 alone writes the run folder.
-        let (lock, metrics, stalls) = if rank == 0 && launch.folder != FolderUse::None {
+        let (lock, logs) = if rank == 0 && launch.folder != FolderUse::None {
             let lock = run_folder::claim(&run_dir, launch.folder)?;
             // a summary marks an ended run (`train stalls --follow` stops on it)
             let _ = std::fs::remove_file(run_dir.join("summary.json"));
             checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
             let keep = launch.resume_from.is_some().then_some(state.step);
-            let metrics = JsonlWriter::open(&run_dir.join("metrics.jsonl"), keep)?;
-            let stalls = JsonlWriter::open(&run_dir.join("stalls.jsonl"), keep)?;
-            (Some(lock), Some(metrics), Some(stalls))
+            let logs = RunLogs::open(&run_dir, keep, cfg.run.tensorboard)?;
+            (Some(lock), Some(logs))
         } else {
-            (None, None, None)
+            (None, None)
         };
         // What runs, said by the caller once the folder is ours (a refused start says only its
         // error): the model, the states, the theory.
@@ -335,8 +334,7 @@ impl Session {
             stream,
             comm,
             accum_per_rank,
-            metrics,
-            stalls,
+            logs,
             stall_log,
             pending: VecDeque::new(),
             n_params,
@@ -389,8 +387,8 @@ impl Session {
         self.state.tokens += out.tokens;
         self.state.data = out.position.clone();
         let seconds = t0.elapsed().as_secs_f64();
-        if let Some(metrics) = &mut self.metrics {
-            metrics.write(&MetricsRow::Train {
+        if let Some(logs) = &mut self.logs {
+            logs.metric(&MetricsRow::Train {
                 step,
                 tokens: self.state.tokens,
                 lr,
@@ -403,7 +401,7 @@ impl Session {
         }
         self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
-        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.stalls.as_mut())?;
+        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
         Ok(StepReport { step, out, seconds, stalls, new_epoch })
     }
 
@@ -415,8 +413,8 @@ impl Session {
     /// [`Session::validate`] that gives up (`None`, nothing written) once `stop` is set.
     pub fn validate_until(&mut self, step: u64, stop: &AtomicBool) -> Result<Option<f64>> {
         let Some(vl) = evaluate_until(&self.model, &self.val, &self.dev, stop)? else { return Ok(None) };
-        if let Some(metrics) = &mut self.metrics {
-            metrics.write(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
+        if let Some(logs) = &mut self.logs {
+            logs.metric(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
         }
         Ok(Some(vl))
     }
@@ -448,7 +446,7 @@ impl Session {
     pub fn checkpoint(&mut self) -> Result<Option<PathBuf>> {
         self.flush_stalls()?;
         // rank 0 of a run with a folder (its writers are open) writes it
-        let writes = self.is_leader() && self.metrics.is_some();
+        let writes = self.is_leader() && self.logs.is_some();
         let states = self.opt.states()?;
         if !writes {
             return Ok(None);
@@ -504,7 +502,7 @@ impl Session {
 
     /// Writes every pending stall row (waits for the device's counters).
     pub fn flush_stalls(&mut self) -> Result<()> {
-        self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.stalls.as_mut())?;
+        self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.logs.as_mut())?;
         Ok(())
     }
 }

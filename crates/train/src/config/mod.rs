@@ -238,11 +238,20 @@ pub struct RunSection {
     pub stall_detail_every: u64,
     /// Write plots at the end of the run.
     pub plots: bool,
+    /// Write the curves as TensorBoard scalars too, in `<run>/tensorboard/` (on by default;
+    /// [`crate::logs::tensorboard`]). Left out of the resolved TOML when on, so that configs
+    /// (and reproduction fingerprints) read as before the key existed.
+    #[serde(skip_serializing_if = "is_true")]
+    pub tensorboard: bool,
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl Default for RunSection {
     fn default() -> Self {
-        RunSection { name: "run".into(), dir: "runs".into(), stall_detail_every: 100, plots: true }
+        RunSection { name: "run".into(), dir: "runs".into(), stall_detail_every: 100, plots: true, tensorboard: true }
     }
 }
 

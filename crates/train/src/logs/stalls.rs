@@ -3,7 +3,7 @@
 //! / all entries), per tensor group, the theory prediction for v, the zero gradients, and
 //! (every `stall_detail_every` steps) per tensor.
 
-use super::metrics::JsonlWriter;
+use super::RunLogs;
 use crate::optimizer::Optimizer;
 use anyhow::Result;
 use lowbit_optim::{theory, Counter, StallCounts, StatesSpec};
@@ -129,7 +129,7 @@ impl StallWriter {
         pending: &mut VecDeque<(u64, Option<u64>)>,
         lag: usize,
         opt: &mut dyn Optimizer,
-        mut out: Option<&mut JsonlWriter>,
+        mut out: Option<&mut RunLogs>,
     ) -> Result<Option<(Option<f64>, Option<f64>)>> {
         let mut last = None;
         while pending.len() > lag {
@@ -156,7 +156,7 @@ impl StallWriter {
                 }
             }
             if let Some(out) = out.as_deref_mut() {
-                out.write(&row)?;
+                out.stall(&row)?;
             }
             last = Some((row.frac.m, row.frac.v));
         }
