@@ -19,3 +19,4 @@ pub mod predict;
 pub mod progress;
 pub mod signals;
 pub mod stalls_table;
+pub mod text_backend;

@@ -5,6 +5,10 @@
 //! * `theory.{svg,png}`: the predicted v stalled fraction vs b2 for each format, nearest and
 //!   stochastic rounding (the paper's stalling-probability figure);
 //! * `compare.{svg,png}` (several runs): validation loss and global v stalled fraction.
+//!
+//! Each panel's legend is drawn in a strip under its chart, never over the curves (stalled
+//! fractions crowd the top of their panels near 1.0); PNG text goes through
+//! [`crate::text_backend`] so its letters are evenly set.
 
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_train::logs::stalls::StallRow;
@@ -16,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
-const SIZE: (u32, u32) = (1200, 480);
+const SIZE: (u32, u32) = (1200, 520);
+/// Height of one row of the legend strip under a chart (px).
+const LEGEND_ROW: i32 = 20;
 const PALETTE: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -73,7 +79,14 @@ where
     DB::ErrorType: 'static,
 {
     let (xr, yr) = bounds(p);
-    let mut chart = ChartBuilder::on(area)
+    let (w, h) = area.dim_in_pixel();
+    // the legend's columns: as many as its longest label allows across the panel
+    let longest = p.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as i32;
+    let entry_w = 40 + 7 * longest;
+    let columns = ((w as i32 - 70) / entry_w).clamp(1, p.series.len().max(1) as i32);
+    let rows = (p.series.len() as i32 + columns - 1) / columns;
+    let (chart_area, legend_area) = area.split_vertically(h as i32 - rows * LEGEND_ROW - 8);
+    let mut chart = ChartBuilder::on(&chart_area)
         .caption(&p.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
@@ -92,24 +105,26 @@ where
         let color = PALETTE[i % PALETTE.len()];
         let style = ShapeStyle::from(&color).stroke_width(2);
         let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| p.1.is_finite()).collect();
-        let anno = if s.dashed {
-            chart
-                .draw_series(DashedLineSeries::new(pts, 8, 5, style))
-                .map_err(|e| anyhow::anyhow!("{e}"))?
+        if s.dashed {
+            chart.draw_series(DashedLineSeries::new(pts, 8, 5, style)).map_err(|e| anyhow::anyhow!("{e}"))?;
         } else {
-            chart.draw_series(LineSeries::new(pts, style)).map_err(|e| anyhow::anyhow!("{e}"))?
+            chart.draw_series(LineSeries::new(pts, style)).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let (col, row) = (i as i32 % columns, i as i32 / columns);
+        let (x, y) = (70 + col * entry_w, row * LEGEND_ROW + 10);
+        let mark: Vec<Vec<(i32, i32)>> = match s.dashed {
+            true => vec![vec![(x, y), (x + 9, y)], vec![(x + 15, y), (x + 24, y)]],
+            false => vec![vec![(x, y), (x + 24, y)]],
         };
-        anno.label(&s.name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ShapeStyle::from(&color).stroke_width(2)));
+        for seg in mark {
+            legend_area.draw(&PathElement::new(seg, style)).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let label = ("sans-serif", 13).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Left,
+            plotters::style::text_anchor::VPos::Center,
+        ));
+        legend_area.draw(&Text::new(s.name.clone(), (x + 30, y), label)).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
 
@@ -142,7 +157,8 @@ fn render(base: &Path, panels: &[Panel]) -> Result<Vec<PathBuf>> {
         root.present().map_err(|e| anyhow::anyhow!("{}: {e}", svg.display()))?;
     }
     {
-        let root = BitMapBackend::new(&png, size).into_drawing_area();
+        let font = ab_glyph::FontRef::try_from_slice(FONT).map_err(|e| anyhow::anyhow!("the embedded font: {e}"))?;
+        let root = crate::text_backend::Glyphs { inner: BitMapBackend::new(&png, size), font }.into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
         for (area, p) in root.split_evenly((1, panels.len())).iter().zip(panels) {
             draw_panel(area, p)?;

@@ -48,6 +48,15 @@ impl Progress for Bar {
     fn message(&mut self, text: &str) {
         self.bar.suspend(|| tracing::info!("{text}"));
     }
+    fn validating(&mut self, step: u64, done: usize, total: usize) {
+        if self.bar.is_hidden() {
+            Logs.validating(step, done, total);
+        } else if done < total {
+            self.bar.set_message(format!("validation {done}/{total} batches"));
+        } else {
+            self.bar.set_message("");
+        }
+    }
     fn end(&mut self, stopped: bool) {
         if stopped {
             self.bar.abandon();

@@ -203,7 +203,15 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
     }
     let (todo, held): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| a.force || file.find(&j.planned).is_none());
     if !held.is_empty() {
-        lowbit_train::errln!("reproduce: {} run(s) already in {} with the same config", held.len(), path.display());
+        lowbit_train::errln!(
+            "reproduce: {} of the {} selected run(s) are already in {} with the same config and are not run again{} \
+             (to run them afresh: --out DIR, a folder for a new results file and reports, or --force to rerun and \
+             replace them here)",
+            held.len(),
+            jobs.len(),
+            path.display(),
+            if todo.is_empty() { ": nothing to run, the reports are rendered from the file" } else { "" }
+        );
     }
     let mut failed: Vec<String> = Vec::new();
     if !a.report_only && !todo.is_empty() {

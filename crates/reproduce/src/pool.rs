@@ -180,13 +180,31 @@ fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
     cmd.spawn().context("cannot start a training run")
 }
 
+/// Seconds between two progress lines of the runs in flight.
+const STATUS_EVERY: Duration = Duration::from_secs(30);
+
+/// The step a run has reached: its newest `metrics.jsonl` train row (0 before the first).
+fn step_reached(job: &Job) -> u64 {
+    lowbit_train::logs::metrics::read_rows::<lowbit_train::logs::metrics::MetricsRow>(&job.run_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .iter()
+        .rev()
+        .find_map(|r| match r {
+            lowbit_train::logs::metrics::MetricsRow::Train { step, .. } => Some(*step),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
 /// Run `todo` as child processes, `spec.jobs` at a time, each CUDA run on the least-loaded
-/// GPU. `done` gets every run as it ends, with its record (`None`: it failed or did not
-/// finish), the GPU it ran on and its seconds; an error from `done` stops the pool.
+/// GPU, saying when each starts and, every 30 s, the step each running one has reached.
+/// `done` gets every run as it ends, with its record (`None`: it failed or did not finish),
+/// the GPU it ran on and its seconds; an error from `done` stops the pool.
 pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option<Record>, Option<&str>, f64) -> Result<()>) -> Result<()> {
     let mut queue = todo.iter();
     let mut load = vec![0usize; spec.gpus.len()];
     let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
+    let mut said = Instant::now();
     loop {
         while running.len() < spec.jobs.max(1) {
             let Some(&j) = queue.next() else { break };
@@ -196,6 +214,7 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
                     if let Some(g) = gpu {
                         load[g] += 1;
                     }
+                    lowbit_train::errln!("reproduce: started {} (log {})", j.run_dir.display(), j.run_dir.join("train.log").display());
                     running.push((j, c, Instant::now(), gpu));
                 }
                 Err(e) => {
@@ -208,6 +227,14 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
+        if said.elapsed() >= STATUS_EVERY {
+            said = Instant::now();
+            let steps: Vec<String> = running
+                .iter()
+                .map(|(j, _, t0, _)| format!("{} step {}/{} ({:.0}s)", j.run_dir.file_name().unwrap_or_default().to_string_lossy(), step_reached(j), j.max_steps, t0.elapsed().as_secs_f64()))
+                .collect();
+            lowbit_train::errln!("reproduce: running {}", steps.join(", "));
+        }
         let mut i = 0;
         while i < running.len() {
             if let Some(status) = running[i].1.try_wait()? {

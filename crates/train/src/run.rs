@@ -33,6 +33,8 @@ pub trait Progress {
     fn step(&mut self, report: &StepReport, max_steps: u64);
     /// A line for the user beside the progress (validation loss, a new epoch).
     fn message(&mut self, text: &str);
+    /// The validation at `step` has done `done` of its `total` batches.
+    fn validating(&mut self, step: u64, done: usize, total: usize);
     /// The loop ended (`stopped`: before `max_steps`).
     fn end(&mut self, stopped: bool);
 }
@@ -52,6 +54,14 @@ impl Progress for Logs {
     }
     fn message(&mut self, text: &str) {
         tracing::info!("{text}");
+    }
+    /// A line at each quarter of the batches (the step-0 validation of a large validation set
+    /// takes a while).
+    fn validating(&mut self, step: u64, done: usize, total: usize) {
+        let quarter = total.div_ceil(4).max(1);
+        if done < total && done.is_multiple_of(quarter) {
+            tracing::info!("step {step}: validation {done}/{total} batches");
+        }
     }
     fn end(&mut self, _stopped: bool) {}
 }
@@ -74,17 +84,18 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
     let progress: &mut dyn Progress = if leader { progress } else { &mut quiet };
     progress.started(&s);
     let max_steps = s.cfg.train.max_steps;
+    progress.begin(s.state.step, max_steps);
     if s.state.step == 0 {
         progress.message(&format!("step 0: validation loss of the initial model ({} batches of the validation set)", s.val_batches()));
-        if let Some(vl) = s.validate_until(0, &launch.interrupt)? {
+        if let Some(vl) = s.validate_until(0, &launch.interrupt, &mut |done, total| progress.validating(0, done, total))? {
             progress.message(&format!("step 0: validation loss {vl:.4}"));
         }
     }
     // an interrupt during start-up or the first validation acts now, not after a step
     if s.any_rank(launch.interrupt.load(Ordering::SeqCst))? {
+        progress.end(true);
         return stop_before_the_first_step(s, &launch);
     }
-    progress.begin(s.state.step, max_steps);
     let (started, tokens_at_start) = (Instant::now(), s.state.tokens);
     let mut last_val = None;
     let mut stop = None;
@@ -97,7 +108,7 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
         progress.step(&r, max_steps);
         let last = step == max_steps;
         if s.cfg.train.validates_at(step) || last {
-            let vl = s.validate(step)?;
+            let vl = s.validate(step, &mut |done, total| progress.validating(step, done, total))?;
             last_val = Some(vl);
             progress.message(&format!("step {step}: validation loss {vl:.4} (ppl {:.1})", vl.exp()));
         }
@@ -174,6 +185,7 @@ impl Progress for Quiet {
     fn begin(&mut self, _: u64, _: u64) {}
     fn step(&mut self, _: &StepReport, _: u64) {}
     fn message(&mut self, _: &str) {}
+    fn validating(&mut self, _: u64, _: usize, _: usize) {}
     fn end(&mut self, _: bool) {}
 }
 

@@ -405,14 +405,15 @@ impl Session {
         Ok(StepReport { step, out, seconds, stalls, new_epoch })
     }
 
-    /// Validation loss of the model now, written to `metrics.jsonl` as step `step`.
-    pub fn validate(&mut self, step: u64) -> Result<f64> {
-        Ok(self.validate_until(step, &AtomicBool::new(false))?.expect("never stopped"))
+    /// Validation loss of the model now, written to `metrics.jsonl` as step `step`;
+    /// `batch_done(done, total)` after each validation batch.
+    pub fn validate(&mut self, step: u64, batch_done: &mut dyn FnMut(usize, usize)) -> Result<f64> {
+        Ok(self.validate_until(step, &AtomicBool::new(false), batch_done)?.expect("never stopped"))
     }
 
     /// [`Session::validate`] that gives up (`None`, nothing written) once `stop` is set.
-    pub fn validate_until(&mut self, step: u64, stop: &AtomicBool) -> Result<Option<f64>> {
-        let Some(vl) = evaluate_until(&self.model, &self.val, &self.dev, stop)? else { return Ok(None) };
+    pub fn validate_until(&mut self, step: u64, stop: &AtomicBool, batch_done: &mut dyn FnMut(usize, usize)) -> Result<Option<f64>> {
+        let Some(vl) = evaluate_until(&self.model, &self.val, &self.dev, stop, batch_done)? else { return Ok(None) };
         if let Some(logs) = &mut self.logs {
             logs.metric(&MetricsRow::Eval { step, tokens: self.state.tokens, val_loss: vl, val_ppl: vl.exp() })?;
         }
@@ -517,6 +518,18 @@ fn warn_about_settings(cfg: &RunConfig, spec: &lowbit_optim::StatesSpec) {
              steps so that the learning rate still decays",
             cfg.optim.warmup_steps,
             max_steps.saturating_sub(1)
+        );
+    }
+    if spec.v_format == lowbit_optim::StateFormat::Fp4E2M1 {
+        tracing::warn!(
+            "optim.states.v_format = \"fp4e2m1\" is signed: v is never negative, so its sign bit is wasted; \
+             `fp4` for v (= fp4ue2m2, unsigned) spends it on one more mantissa bit"
+        );
+    }
+    if spec.weight_rounding == lowbit_optim::Rounding::Stochastic && cfg.model.dtype == crate::config::WeightDtype::F32 {
+        tracing::warn!(
+            "optim.states.weight_rounding = \"stochastic\" does nothing with model.dtype = \"f32\": FP32 weights are \
+             updated exactly, nothing is rounded (it applies to BF16 weights)"
         );
     }
     if spec.resets_v_without_m() {
@@ -674,14 +687,20 @@ pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarM
 
 /// Mean validation loss (nats per target token) over the fixed validation batches.
 pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
-    Ok(evaluate_until(model, batches, dev, &AtomicBool::new(false))?.expect("never stopped"))
+    Ok(evaluate_until(model, batches, dev, &AtomicBool::new(false), &mut |_, _| {})?.expect("never stopped"))
 }
 
 /// [`evaluate`], checking `stop` before each batch: `None` once it is set (an interrupt
 /// during a long validation acts within one batch).
-pub fn evaluate_until(model: &Llama, batches: &[Batch], dev: &Device, stop: &AtomicBool) -> Result<Option<f64>> {
+pub fn evaluate_until(
+    model: &Llama,
+    batches: &[Batch],
+    dev: &Device,
+    stop: &AtomicBool,
+    batch_done: &mut dyn FnMut(usize, usize),
+) -> Result<Option<f64>> {
     let (mut nll, mut count) = (0f64, 0f64);
-    for b in batches {
+    for (i, b) in batches.iter().enumerate() {
         if stop.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(None);
         }
@@ -690,6 +709,7 @@ pub fn evaluate_until(model: &Llama, batches: &[Batch], dev: &Device, stop: &Ato
         let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
         nll += loss * n;
         count += n;
+        batch_done(i + 1, batches.len());
     }
     if count == 0.0 {
         bail!("validation set is empty: check data.validation and data.val_tokens");

@@ -10,13 +10,17 @@
 use crate::error::OptimError;
 use serde::{Deserialize, Serialize};
 
-/// How a FP32 value is rounded onto a coarser grid.
+/// How a FP32 value is rounded onto a coarser grid. One vocabulary for configs
+/// (`optim.states.*_rounding`) and the command line (`train predict --rounding`): `nearest`
+/// (or `rne`) and `stochastic` (or `sr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Rounding {
     /// Round to nearest, ties to even.
+    #[serde(alias = "rne")]
     Nearest,
     /// Unbiased stochastic rounding driven by the counter RNG (`crate::rng`).
+    #[serde(alias = "sr")]
     Stochastic,
 }
 
@@ -36,7 +40,7 @@ impl std::str::FromStr for Rounding {
         match s {
             "nearest" | "rne" => Ok(Rounding::Nearest),
             "stochastic" | "sr" => Ok(Rounding::Stochastic),
-            _ => Err(OptimError::Config(format!("unknown rounding `{s}` (expected `nearest` or `stochastic`)"))),
+            _ => Err(OptimError::Config(format!("unknown rounding `{s}` (expected `nearest` (or `rne`) or `stochastic` (or `sr`))"))),
         }
     }
 }
