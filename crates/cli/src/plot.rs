@@ -34,7 +34,7 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn register_font() {
+pub(crate) fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)

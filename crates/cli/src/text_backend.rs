@@ -109,3 +109,39 @@ impl<B: DrawingBackend> DrawingBackend for Glyphs<B> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plotters::prelude::*;
+
+    /// The leftmost inked column of `text` drawn at x = 0 on a white 60 x 40 bitmap.
+    fn first_ink(text: &str, ours: bool) -> u32 {
+        let font = FontRef::try_from_slice(include_bytes!("../assets/DejaVuSans.ttf")).unwrap();
+        crate::plot::register_font();
+        let mut buf = vec![255u8; 60 * 40 * 3];
+        {
+            let bitmap = BitMapBackend::with_buffer(&mut buf, (60, 40));
+            let style = ("sans-serif", 24).into_font().color(&BLACK);
+            if ours {
+                let area = Glyphs { inner: bitmap, font }.into_drawing_area();
+                area.draw(&Text::new(text, (0, 5), style)).unwrap();
+            } else {
+                let area = bitmap.into_drawing_area();
+                area.draw(&Text::new(text, (0, 5), style)).unwrap();
+            }
+        }
+        (0..60).find(|&x| (0..40).any(|y| buf[(y * 60 + x) * 3] < 128)).unwrap() as u32
+    }
+
+    #[test]
+    fn glyphs_keep_their_left_bearing() {
+        let font = FontRef::try_from_slice(include_bytes!("../assets/DejaVuSans.ttf")).unwrap();
+        let glyph = font.glyph_id('1').with_scale(24.0);
+        let bearing = font.outline_glyph(glyph).unwrap().px_bounds().min.x;
+        assert!(bearing >= 2.0, "{bearing}");
+        // ours starts the ink at the glyph's bearing; plotters' own drawing at 0
+        assert_eq!(first_ink("1", true), bearing as u32);
+        assert_eq!(first_ink("1", false), 0);
+    }
+}

@@ -288,3 +288,36 @@ fn stalls_follow_stops_on_a_dead_or_interrupted_run_and_a_closed_pipe() {
     let r = train(d, &["stalls", "live", "--follow"]);
     assert!(r.stdout.ends_with("run interrupted at step 5; resume with: train --resume live\n"), "{}", r.stdout);
 }
+
+/// Issue 30: `sr` / `rne` are rounding names in configs as in `train predict --rounding`;
+/// settings that do nothing or waste a bit are said; the step-0 validation shows progress;
+/// a config reading C4 that is not there says how to fetch it.
+#[test]
+fn one_rounding_vocabulary_warnings_and_validation_progress() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let r = train(
+        d,
+        &[
+            "--config", "c.toml", "--set", "train.max_steps=1",
+            "--set", "optim.states.m_rounding=\"sr\"", "--set", "optim.states.v_rounding=\"rne\"",
+            "--set", "optim.states.v_format=\"fp4e2m1\"", "--set", "optim.states.weight_rounding=\"stochastic\"",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let saved = std::fs::read_to_string(d.join("runs/x/config.toml")).unwrap();
+    assert!(saved.contains("m_rounding = \"stochastic\"") && saved.contains("v_rounding = \"nearest\""), "{saved}");
+    assert!(r.stderr.contains("v_format = \"fp4e2m1\" is signed"), "{}", r.stderr);
+    assert!(r.stderr.contains("weight_rounding = \"stochastic\" does nothing with model.dtype = \"f32\""), "{}", r.stderr);
+    // 8 validation batches: a line at each quarter before the loss
+    for done in [2, 4, 6] {
+        assert!(r.stderr.contains(&format!("step 0: validation {done}/8 batches")), "{}", r.stderr);
+    }
+    let bad = train(d, &["predict", "--format", "bf16", "--rounding", "round"]);
+    assert!(bad.stderr.contains("`nearest` (or `rne`) or `stochastic` (or `sr`)"), "{}", bad.stderr);
+
+    let c4 = r#"data.train=["data/local/c4/en/c4-train.*-of-01024.json.gz"]"#;
+    let r = train(d, &["--config", "c.toml", "--set", c4, "--set", "run.name=\"c4\""]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("matched no file") && r.stderr.contains("get C4 with `train data fetch c4"), "{}", r.stderr);
+}

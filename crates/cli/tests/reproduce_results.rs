@@ -385,13 +385,19 @@ fn commands_fill_the_file_and_never_rerun_a_finished_run() {
         assert!(ok, "{err}");
         (ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap(), err)
     };
-    let (first, _) = cmd("0");
+    let (first, err) = cmd("0");
+    assert!(err.contains("reproduce: started ") && err.contains("fp32_plain-s0 (log "), "{err}");
     assert_eq!(first.runs.len(), 1);
     assert_eq!((first.runs[0].states.as_str(), first.runs[0].cell.as_str(), first.runs[0].steps), (SHARED, "fp32_plain", 2));
     assert_eq!(first.commands.len(), 1);
     assert!(first.commands[0].command.starts_with("train reproduce --table fp32-model"), "{:?}", first.commands);
     let (again, err) = cmd("0");
-    assert!(err.contains("1 run(s) already in"), "{err}");
+    assert!(
+        err.contains("1 of the 1 selected run(s) are already in")
+            && err.contains("nothing to run")
+            && err.contains("to run them afresh: --out DIR"),
+        "{err}"
+    );
     assert_eq!(again, first, "nothing ran, nothing changed");
     let (second, _) = cmd("0-1");
     assert_eq!(second.runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0, 1]);
