@@ -122,12 +122,18 @@ fn files_arrive_byte_identical_and_a_second_call_fetches_nothing() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
 }
 
-#[test]
-fn a_connection_dropped_mid_file_is_resumed_within_the_call() {
+/// A hub serving train shard 0, whose first download of it drops the connection half way,
+/// and a folder to fetch into.
+fn dropping_hub() -> (HashMap<String, Vec<u8>>, HubServer, tempfile::TempDir) {
     let files = hub_files(1);
     let hub = HubServer::start(files.clone());
     hub.drop_once(&format!("{C4}{TRAIN0}"));
-    let tmp = tempfile::tempdir().unwrap();
+    (files, hub, tempfile::tempdir().unwrap())
+}
+
+#[test]
+fn a_connection_dropped_mid_file_is_resumed_within_the_call() {
+    let (files, hub, tmp) = dropping_hub();
     let r = fetch(tmp.path(), &hub.url, &["--train-shards", "1", "--val-shards", "0", "--no-tokenizer", "--out", "c4"], &[]);
     assert_eq!(r.code, Some(0));
     assert_same(&tmp.path().join("c4"), TRAIN0, &files, &format!("{C4}{TRAIN0}"));
@@ -140,10 +146,7 @@ fn a_connection_dropped_mid_file_is_resumed_within_the_call() {
 
 #[test]
 fn an_interrupted_download_leaves_no_final_file_and_the_next_call_resumes_it() {
-    let files = hub_files(1);
-    let hub = HubServer::start(files.clone());
-    hub.drop_once(&format!("{C4}{TRAIN0}"));
-    let tmp = tempfile::tempdir().unwrap();
+    let (files, hub, tmp) = dropping_hub();
     let args = ["--train-shards", "1", "--val-shards", "0", "--no-tokenizer", "--out", "c4", "--retries", "0"];
     let r = fetch(tmp.path(), &hub.url, &args, &[]);
     assert_eq!(r.code, Some(1));
