@@ -124,7 +124,12 @@ impl Hub {
             .with_user_agent("lowbit", env!("CARGO_PKG_VERSION"))
             .build()
             .map_err(|e| fetch_err("files from the hub", format!("cannot start the hub client: {e}")))?;
-        let agent = ureq::AgentBuilder::new().try_proxy_from_env(true).build();
+        // a size request that gets no answer fails instead of waiting for ever
+        let agent = ureq::AgentBuilder::new()
+            .try_proxy_from_env(true)
+            .timeout_connect(std::time::Duration::from_secs(30))
+            .timeout_read(std::time::Duration::from_secs(60))
+            .build();
         Ok(Hub { api, agent, env, staging })
     }
 
