@@ -15,13 +15,11 @@ Usage: python3 scripts/bench_hf_llama.py --preset llama100m --batch 128 --seq 25
 import argparse
 import json
 import sys
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-PRESETS = {"llama20m": (256, 688, 4, 4), "llama60m": (512, 1376, 8, 8), "llama100m": (640, 1708, 10, 12),
-           "llama130m": (768, 2048, 12, 12), "llama350m": (1024, 2736, 16, 24)}
+from torch_timing import PRESETS, timed
 
 
 def main():
@@ -53,21 +51,13 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    torch.cuda.synchronize()
-    secs = time.perf_counter() - t
-    print(json.dumps({"system": "torch_compile" if a.compile else "transformers_eager",
+    secs, peak_gib = timed(step, a.steps)
+    print(json.dumps({"system": "transformers_compile" if a.compile else "transformers_eager",
                       "impl": "transformers LlamaForCausalLM", "attn": model.config._attn_implementation,
                       "preset": a.preset, "params": sum(p.numel() for p in model.parameters()),
                       "dtype": a.dtype, "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "seq": a.seq,
                       "tokens_per_s": a.steps * a.batch * a.seq / secs,
-                      "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}))
+                      "peak_memory_gib": peak_gib}))
     if a.profile:
         profile(step, a.profile)
 

@@ -18,15 +18,13 @@ Usage: python3 scripts/bench_torch_llama.py --preset llama100m --batch 128 --seq
 """
 import argparse
 import json
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# hidden, intermediate, heads, layers (crates/model/src/config.rs)
-PRESETS = {"llama20m": (256, 688, 4, 4), "llama60m": (512, 1376, 8, 8), "llama100m": (640, 1708, 10, 12),
-           "llama130m": (768, 2048, 12, 12), "llama350m": (1024, 2736, 16, 24)}
+from torch_timing import PRESETS, timed
+
 PEAK = {"bf16": 989e12, "tf32": 494e12, "fp32": 67e12}
 
 
@@ -113,22 +111,14 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    torch.cuda.synchronize()
-    secs = time.perf_counter() - t
+    secs, peak_gib = timed(step, a.steps)
     tps = a.steps * a.batch * a.seq / secs
     peak = PEAK["bf16" if a.dtype == "bf16" else "tf32" if a.tf32 else "fp32"]
     print(json.dumps({"system": "torch_llama_compile" if a.compile else "torch_llama_eager",
                       "impl": "plain PyTorch LLaMA (scripts/bench_torch_llama.py)", "preset": a.preset,
                       "params": sum(p.numel() for p in model.parameters()), "dtype": a.dtype,
                       "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "micro_batch": a.batch,
-                      "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+                      "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": peak_gib,
                       "mfu": tps * flops_per_token(a.vocab, h, inter, layers, a.seq) / peak}))
 
 

@@ -168,64 +168,33 @@ __device__ void colsum(const float* partial, T* out, int rows, int h) {
 // half (V = 8: 16-byte loads and stores; the host takes V = 1 where d/2 is not a multiple
 // of 8 or a buffer is not 16-byte aligned).
 
-template <typename T, int V>
-__device__ void rope_fwd(const T* x, const float* cos, const float* sin, T* y, int b, int t, int n, int d) {
+template <typename T, int V, bool BWD>
+__device__ void rope(const T* src, const float* cos, const float* sin, T* dst, int b, int t, int n, int d) {
     int half = d / 2, chunks = half / V;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)b * t * n * chunks) return;
     int c = (int)(idx % chunks) * V;
-    size_t r = idx / chunks;  // x's row: (bi * t + p) * n + head
-    int head = r % n;
-    size_t bp = r / n;
-    int p = bp % t;
-    size_t bi = bp / t;
-    const T* xr = x + r * d;
-    T* yr = y + ((bi * n + head) * t + p) * d;
+    size_t r = idx / chunks;  // src's row: (bi * t + p) * n + head forward, (bi * n + head) * t + p backward
+    int p = BWD ? r % t : (r / n) % t;
+    int head = BWD ? (r / t) % n : r % n;
+    size_t bi = r / ((size_t)t * n);
+    T* out = dst + (BWD ? (bi * t + p) * n + head : (bi * n + head) * t + p) * d;
+    const T* in = src + r * d;
     const float *cr = cos + (size_t)p * d, *sr = sin + (size_t)p * d;
-    float x1[V], x2[V], c1[V], c2[V], s1[V], s2[V], y1[V], y2[V];
-    load_vec<T, V>(xr + c, x1);
-    load_vec<T, V>(xr + half + c, x2);
+    float a1[V], a2[V], c1[V], c2[V], s1[V], s2[V], o1[V], o2[V];
+    load_vec<T, V>(in + c, a1);
+    load_vec<T, V>(in + half + c, a2);
     load_vec<float, V>(cr + c, c1);
     load_vec<float, V>(cr + half + c, c2);
     load_vec<float, V>(sr + c, s1);
     load_vec<float, V>(sr + half + c, s2);
 #pragma unroll
     for (int j = 0; j < V; j++) {
-        y1[j] = x1[j] * c1[j] - x2[j] * s1[j];
-        y2[j] = x2[j] * c2[j] + x1[j] * s2[j];
+        o1[j] = BWD ? a1[j] * c1[j] + a2[j] * s2[j] : a1[j] * c1[j] - a2[j] * s1[j];
+        o2[j] = BWD ? a2[j] * c2[j] - a1[j] * s1[j] : a2[j] * c2[j] + a1[j] * s2[j];
     }
-    store_vec<T, V>(yr + c, y1);
-    store_vec<T, V>(yr + half + c, y2);
-}
-
-template <typename T, int V>
-__device__ void rope_bwd(const T* dy, const float* cos, const float* sin, T* dx, int b, int t, int n, int d) {
-    int half = d / 2, chunks = half / V;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)b * t * n * chunks) return;
-    int c = (int)(idx % chunks) * V;
-    size_t r = idx / chunks;  // dy's row: (bi * n + head) * t + p
-    int p = r % t;
-    size_t bh = r / t;
-    int head = bh % n;
-    size_t bi = bh / n;
-    const T* g = dy + r * d;
-    T* out = dx + ((bi * t + p) * n + head) * d;
-    const float *cr = cos + (size_t)p * d, *sr = sin + (size_t)p * d;
-    float g1[V], g2[V], c1[V], c2[V], s1[V], s2[V], d1[V], d2[V];
-    load_vec<T, V>(g + c, g1);
-    load_vec<T, V>(g + half + c, g2);
-    load_vec<float, V>(cr + c, c1);
-    load_vec<float, V>(cr + half + c, c2);
-    load_vec<float, V>(sr + c, s1);
-    load_vec<float, V>(sr + half + c, s2);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        d1[j] = g1[j] * c1[j] + g2[j] * s2[j];
-        d2[j] = g2[j] * c2[j] - g1[j] * s1[j];
-    }
-    store_vec<T, V>(out + c, d1);
-    store_vec<T, V>(out + half + c, d2);
+    store_vec<T, V>(out + c, o1);
+    store_vec<T, V>(out + half + c, o2);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,11 +461,11 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 #define VECTOR_ENTRY(T, S, V)                                                                                    \
     extern "C" __global__ void rope_fwd##V##_##S(const T* x, const float* cos, const float* sin, T* y, int b,   \
                                                  int t, int n, int d) {                                          \
-        rope_fwd<T, V>(x, cos, sin, y, b, t, n, d);                                                              \
+        rope<T, V, false>(x, cos, sin, y, b, t, n, d);                                                              \
     }                                                                                                            \
     extern "C" __global__ void rope_bwd##V##_##S(const T* dy, const float* cos, const float* sin, T* dx, int b, \
                                                  int t, int n, int d) {                                          \
-        rope_bwd<T, V>(dy, cos, sin, dx, b, t, n, d);                                                            \
+        rope<T, V, true>(dy, cos, sin, dx, b, t, n, d);                                                            \
     }                                                                                                            \
     extern "C" __global__ void swiglu_packed_fwd##V##_##S(const T* gu, T* h, size_t rows, int w) {              \
         swiglu_packed_fwd<T, V>(gu, h, rows, w);                                                                 \
