@@ -46,6 +46,17 @@ struct View {
     int b, h, t;
 };
 
+// Successive regions of the block's dynamic shared memory, in the order the kernels' *_smem
+// formulas count them (every region a multiple of 32 bytes: WMMA's alignment).
+struct Carver {
+    unsigned char* at;
+    template <typename T> __device__ T* take(int n) {
+        T* r = reinterpret_cast<T*>(at);
+        at += n * sizeof(T);
+        return r;
+    }
+};
+
 // Row stride of a BF16 [BR, D] tile in shared memory (padded against bank conflicts).
 template <int D> __host__ __device__ constexpr int ldh() { return D + 8; }
 // Row stride of an FP32 [16, D] accumulator tile.
@@ -139,13 +150,12 @@ template <int D>
 __device__ void flash_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int heads, int t,
                           View qk, View vo, float scale) {
     extern __shared__ __align__(32) unsigned char smem[];
-    bf16* sq = reinterpret_cast<bf16*>(smem);
-    bf16* sk = sq + BR * ldh<D>();
-    bf16* sv = sk + BR * ldh<D>();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
-    float* ss = reinterpret_cast<float*>(sv + BR * ldh<D>()) + warp * 16 * LDS;
-    bf16* sp = reinterpret_cast<bf16*>(reinterpret_cast<float*>(sv + BR * ldh<D>()) + NW * 16 * LDS) + warp * 16 * LDP;
-    float* so = reinterpret_cast<float*>(reinterpret_cast<bf16*>(reinterpret_cast<float*>(sv + BR * ldh<D>()) + NW * 16 * LDS) + NW * 16 * LDP) + warp * 16 * ldo<D>();
+    Carver c{smem};
+    bf16 *sq = c.take<bf16>(BR * ldh<D>()), *sk = c.take<bf16>(BR * ldh<D>()), *sv = c.take<bf16>(BR * ldh<D>());
+    float* ss = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
+    bf16* sp = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
+    float* so = c.take<float>(NW * 16 * ldo<D>()) + warp * 16 * ldo<D>();
 
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
@@ -259,16 +269,14 @@ template <int D>
 __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,
                              const float* delta, bf16* dk, bf16* dv, int heads, int t, View qk, View vo, float scale) {
     extern __shared__ __align__(32) unsigned char smem[];
-    bf16* sk = reinterpret_cast<bf16*>(smem);
-    bf16* sv = sk + BR * ldh<D>();
-    bf16* sq = sv + BR * ldh<D>();
-    bf16* sdo = sq + BR * ldh<D>();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1;
-    float* ss = reinterpret_cast<float*>(sdo + BR * ldh<D>()) + warp * 16 * LDS;
-    bf16* sp = reinterpret_cast<bf16*>(reinterpret_cast<float*>(sdo + BR * ldh<D>()) + NW * 16 * LDS) + warp * 16 * LDP;
-    bf16* sds = sp + NW * 16 * LDP;
-    float* slse = reinterpret_cast<float*>(sp - warp * 16 * LDP + 2 * NW * 16 * LDP);
-    float* sdelta = slse + BR;
+    Carver c{smem};
+    bf16 *sk = c.take<bf16>(BR * ldh<D>()), *sv = c.take<bf16>(BR * ldh<D>());
+    bf16 *sq = c.take<bf16>(BR * ldh<D>()), *sdo = c.take<bf16>(BR * ldh<D>());
+    float* ss = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
+    bf16* sp = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
+    bf16* sds = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
+    float *slse = c.take<float>(BR), *sdelta = c.take<float>(BR);
 
     int ntiles = gridDim.x, tile = blockIdx.x;
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
@@ -329,15 +337,14 @@ template <int D>
 __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,
                             const float* delta, bf16* dq, int heads, int t, View qk, View vo, float scale) {
     extern __shared__ __align__(32) unsigned char smem[];
-    bf16* sq = reinterpret_cast<bf16*>(smem);
-    bf16* sdo = sq + BR * ldh<D>();
-    bf16* sk = sdo + BR * ldh<D>();
-    bf16* sv = sk + BR * ldh<D>();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1;
-    float* ss = reinterpret_cast<float*>(sv + BR * ldh<D>()) + warp * 16 * LDS;
-    float* sdp = ss + NW * 16 * LDS;
-    bf16* sp = reinterpret_cast<bf16*>(sdp - warp * 16 * LDS + NW * 16 * LDS) + warp * 16 * LDP;
-    bf16* sds = sp + NW * 16 * LDP;
+    Carver c{smem};
+    bf16 *sq = c.take<bf16>(BR * ldh<D>()), *sdo = c.take<bf16>(BR * ldh<D>());
+    bf16 *sk = c.take<bf16>(BR * ldh<D>()), *sv = c.take<bf16>(BR * ldh<D>());
+    float* ss = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
+    float* sdp = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
+    bf16* sp = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
+    bf16* sds = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
 
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
