@@ -218,3 +218,25 @@ fn the_shard_count_comes_from_the_config_tokens() {
     let r = fetch(tmp.path(), &hub.url, &["--config", config.to_str().unwrap(), "--train-shards", "2", "--dry-run"], &[]);
     assert!(r.stdout.contains("(the flag given wins)") && r.stdout.contains("4 file(s) to fetch"), "{}", r.stdout);
 }
+
+#[test]
+fn a_plain_file_server_is_named_as_no_hub_mirror() {
+    // serves every path with 200 and the bytes, without ETag / X-Repo-Commit / ranges
+    let server = std::sync::Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+    let url = format!("http://{}", server.server_addr().to_ip().unwrap());
+    let s = server.clone();
+    let thread = std::thread::spawn(move || {
+        for rq in s.incoming_requests() {
+            let _ = rq.respond(tiny_http::Response::from_data(vec![b'x'; 1000]));
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let r = fetch(tmp.path(), &url, &["--train-shards", "1", "--val-shards", "0", "--no-tokenizer", "--out", "c4"], &[]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains(&format!("cannot fetch {TRAIN0}")), "{}", r.stderr);
+    assert!(r.stderr.contains("a hub mirror (HF_ENDPOINT) must answer as huggingface.co does"), "{}", r.stderr);
+    assert!(!r.stderr.contains("run the same command again"), "{}", r.stderr);
+    assert!(!tmp.path().join("c4").join(TRAIN0).exists());
+    server.unblock();
+    thread.join().unwrap();
+}

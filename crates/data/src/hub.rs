@@ -174,6 +174,15 @@ impl Hub {
         let _ = std::fs::remove_dir_all(repo_cache.join("snapshots"));
         let pointer = self.api.repo(f.repo()).download_with_progress(&f.path, progress).map_err(|e| match e {
             ApiError::RequestError(e) => self.request_err(f, &self.api.repo(f.repo()).url(&f.path), *e),
+            // nothing was downloaded: a mirror that does not answer as the hub does
+            e @ (ApiError::MissingHeader(_) | ApiError::InvalidHeader(_)) => fetch_err(
+                &f.path,
+                format!(
+                    "{e} in the answer of {}: a hub mirror (HF_ENDPOINT) must answer as huggingface.co does: \
+                     an ETag and an X-Repo-Commit header, and range requests (206 with Content-Range)",
+                    self.env.endpoint
+                ),
+            ),
             e => fetch_err(
                 &f.path,
                 format!("{e}; run the same command again to resume (the partial file is in {})", self.staging.display()),

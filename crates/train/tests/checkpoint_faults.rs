@@ -423,6 +423,11 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
         RunConfig::load(&d.join("ok.toml"), &sets(&["train.micro_batch=two"])),
         &["--set train.micro_batch=two", "invalid type"],
     );
+    // a list given as a bare string: the error shows the TOML list syntax
+    one_line_error(
+        RunConfig::load(&d.join("ok.toml"), &sets(&["data.train=a/*.json.gz"])),
+        &["--set data.train=a/*.json.gz", "expected a sequence", "--set 'data.train=[\"...\", \"...\"]'"],
+    );
 
     // bad values: the key and where it was set
     let text = base.replace("lr = 3e-3", "lr = -1.0");

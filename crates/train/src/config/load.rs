@@ -89,7 +89,12 @@ pub(super) fn locate_merged<T: DeserializeOwned>(files: &[(PathBuf, String)], ov
         for o in overrides.iter().rev() {
             let k = o.split_once('=').map_or(o.as_str(), |(k, _)| k).trim();
             if k == key || key.starts_with(&format!("{k}.")) || k.starts_with(&format!("{key}.")) {
-                return anyhow::anyhow!("--set {o}: {msg} (key `{key}`)");
+                let hint = if msg.contains("expected a sequence") {
+                    format!("; --set values are TOML, a list is written --set '{key}=[\"...\", \"...\"]'")
+                } else {
+                    String::new()
+                };
+                return anyhow::anyhow!("--set {o}: {msg} (key `{key}`){hint}");
             }
         }
     }
