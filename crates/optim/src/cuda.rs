@@ -210,10 +210,19 @@ fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static
 /// Device address of the first element of `t` (contiguous, on a CUDA device, start offset
 /// a multiple of 4 elements: the kernel moves 4 elements per vector access, 8 or 16 bytes).
 fn address(t: &Tensor, stream: &CudaStream, what: &str) -> Result<u64> {
+    if !t.is_contiguous() || t.layout().start_offset() % 4 != 0 {
+        candle_core::bail!("{what}: must be contiguous, starting at a multiple of 4 elements");
+    }
+    element_address(t, stream, what)
+}
+
+/// Device address of the first element of `t`: a contiguous F32 or BF16 tensor on a CUDA
+/// device, any start offset. Errors name `what`.
+pub(crate) fn element_address(t: &Tensor, stream: &CudaStream, what: &str) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("{what}: not on a CUDA device") };
-    if !layout.is_contiguous() || layout.start_offset() % 4 != 0 {
-        candle_core::bail!("{what}: must be contiguous, starting at a multiple of 4 elements");
+    if !layout.is_contiguous() {
+        candle_core::bail!("{what}: must be contiguous");
     }
     let (base, size) = match t.dtype() {
         DType::F32 => (cs.as_cuda_slice::<f32>()?.device_ptr(stream).0, 4),

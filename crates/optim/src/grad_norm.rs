@@ -2,11 +2,10 @@
 //! Σ g² over every gradient tensor, in FP64, in two kernel passes per step instead of
 //! candle's five kernels and an FP32 copy per tensor; the same bits run to run.
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::DeviceId;
-use candle_core::{CudaDevice, DType, Result, Storage, Tensor};
+use candle_core::{CudaDevice, DType, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -59,16 +58,10 @@ pub fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
     // (address, length) per tensor, grouped by dtype
     let mut groups: [(DType, Vec<(u64, u64)>); 2] = [(DType::F32, vec![]), (DType::BF16, vec![])];
     for (i, g) in grads.iter().enumerate() {
-        let (storage, layout) = g.storage_and_layout();
-        let Storage::Cuda(cs) = &*storage else { candle_core::bail!("sum_of_squares: gradient {i} is not on a CUDA device") };
-        let Some((start, _)) = layout.contiguous_offsets() else { candle_core::bail!("sum_of_squares: gradient {i} is not contiguous") };
-        let (base, size) = match cs.dtype() {
-            DType::F32 => (cs.as_cuda_slice::<f32>()?.device_ptr(&stream).0, 4),
-            DType::BF16 => (cs.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0, 2),
-            d => candle_core::bail!("sum_of_squares: gradient {i} is {d:?} (F32 or BF16)"),
-        };
-        let group = groups.iter_mut().find(|(d, _)| *d == cs.dtype()).expect("F32 or BF16");
-        group.1.push((base + (start * size) as u64, g.elem_count() as u64));
+        let what = format!("sum_of_squares: gradient {i}");
+        let addr = crate::cuda::element_address(g, &stream, &what)?;
+        let group = groups.iter_mut().find(|(d, _)| *d == g.dtype()).expect("element_address takes F32 or BF16 only");
+        group.1.push((addr, g.elem_count() as u64));
     }
     let chunks: usize = grads.iter().map(|g| g.elem_count().div_ceil(NORM_CHUNK)).sum();
     let partial = stream.alloc_zeros::<f64>(chunks.max(1)).map_err(err)?;

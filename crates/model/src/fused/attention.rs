@@ -134,7 +134,7 @@ impl Attention {
         let d_out = d_out.contiguous()?;
         if let Some(lse) = lse {
             // the kernels read dO 16 bytes at a time
-            let d_out = if tensor_ptr(&d_out, "dO")? % 16 == 0 { d_out } else { d_out.copy()? };
+            let d_out = if super::aligned16(&[tensor_ptr(&d_out, "dO")?]) { d_out } else { d_out.copy()? };
             let inputs = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?);
             let saved = (tensor_ptr(o, "o")?, tensor_ptr(lse, "lse")?, tensor_ptr(&d_out, "dO")?);
             let (dq, dk, dv) = flash::backward(&dev, inputs, saved, q.dims4()?, self.scale)?;

@@ -18,7 +18,7 @@ const WARPS: usize = 4;
 /// buffers start at `ptrs`: BF16, `d` 64 or 128, 16-byte aligned starts (the kernels move
 /// 8 elements per load). Everything else runs the cuBLAS composition.
 pub(crate) fn supports(dtype: DType, d: usize, ptrs: &[u64]) -> bool {
-    dtype == DType::BF16 && (d == 64 || d == 128) && ptrs.iter().all(|p| p % 16 == 0)
+    dtype == DType::BF16 && (d == 64 || d == 128) && super::aligned16(ptrs)
 }
 
 /// The kernels' passes, for their shared-memory sizes.

@@ -59,53 +59,42 @@ impl CustomOp2 for Linear {
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dev = cuda_device(x)?;
-        let dtype = x.dtype();
-        let dy = dy.contiguous()?;
-        let (out, inp) = w.dims2()?;
-        let xin = x.dim(candle_core::D::Minus1)?;
-        let rows = x.elem_count() / xin;
-        let (xp, dyp) = (tensor_ptr(x, "linear x")?, tensor_ptr(&dy, "linear dy")?);
-        let (_w, wp) = weight(&dev, dtype, tensor_ptr(w, "linear w")?, (out, inp), xin)?;
-        // dx = dy · w
-        let (dxs, dx) = alloc(&dev, dtype, rows * xin)?;
-        Gemm { m: rows, n: xin, k: out, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-            .run(&dev, dtype, dtype, dyp, wp, dx, false)?;
-        // dw = dyᵀ · x
-        let (dws, dw) = alloc(&dev, dtype, out * xin)?;
-        Gemm { m: out, n: xin, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-            .run(&dev, dtype, dtype, dyp, xp, dw, false)?;
-        let dw = if xin == inp { wrap(dws, (out, inp)) } else { unpadded(&dev, dtype, dw, xin, (out, inp))? };
-        Ok((Some(wrap(dxs, x.shape().clone())), Some(dw)))
+        let (dx, mut dw) = Linear::backward_shared_input(x, &[w], &[dy])?;
+        Ok((Some(dx), dw.pop()))
     }
 }
 
 impl Linear {
-    /// The backward of several linear layers that read one input `x` `[..., in]` (the q, k
-    /// and v projections): `dx = Σ dy_i · w_i`, each product added into one output by cuBLAS
-    /// (C += A·B, FP32 accumulation, one rounding per product as separate adds would give),
-    /// and each `dw_i = dy_iᵀ · x`. `ws[i]` `[out_i, in]`, `dys[i]` `[..., out_i]`, one dtype.
+    /// The backward of one or several linear layers that read one input `x` `[..., in]` or
+    /// `[..., aligned(in)]` (as [`linear`]; several: the q, k and v projections):
+    /// `dx = Σ dy_i · w_i`, each product added into one output by cuBLAS (C += A·B, FP32
+    /// accumulation, one rounding per product as separate adds would give), and each
+    /// `dw_i = dy_iᵀ · x` `[out_i, in]`. `ws[i]` `[out_i, in]`, `dys[i]` `[..., out_i]`, one
+    /// dtype.
     pub(crate) fn backward_shared_input(x: &Tensor, ws: &[&Tensor], dys: &[&Tensor]) -> Result<(Tensor, Vec<Tensor>)> {
         let dev = cuda_device(x)?;
         let dtype = x.dtype();
-        let inp = x.dim(candle_core::D::Minus1)?;
-        let rows = x.elem_count() / inp;
+        let xin = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / xin;
         let xp = tensor_ptr(x, "linear x")?;
-        let (dxs, dx) = alloc(&dev, dtype, rows * inp)?;
+        let (dxs, dx) = alloc(&dev, dtype, rows * xin)?;
         let mut dws = Vec::with_capacity(ws.len());
         for (i, (w, dy)) in ws.iter().zip(dys).enumerate() {
-            let (out, win) = w.dims2()?;
-            if win != inp || dy.elem_count() != rows * out {
+            let (out, inp) = w.dims2()?;
+            if (xin != inp && xin != aligned(inp)) || dy.elem_count() != rows * out {
                 candle_core::bail!("linear backward: weight {:?} and gradient {:?} for input {:?}", w.shape(), dy.shape(), x.shape());
             }
             let dy = dy.contiguous()?;
-            let (wp, dyp) = (tensor_ptr(w, "linear w")?, tensor_ptr(&dy, "linear dy")?);
-            Gemm { m: rows, n: inp, k: out, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+            let dyp = tensor_ptr(&dy, "linear dy")?;
+            let (_w, wp) = weight(&dev, dtype, tensor_ptr(w, "linear w")?, (out, inp), xin)?;
+            // dx (+)= dy · w
+            Gemm { m: rows, n: xin, k: out, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
                 .run(&dev, dtype, dtype, dyp, wp, dx, i > 0)?;
-            let (dws_s, dw) = alloc(&dev, dtype, out * inp)?;
-            Gemm { m: out, n: inp, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+            // dw = dyᵀ · x
+            let (dws_s, dw) = alloc(&dev, dtype, out * xin)?;
+            Gemm { m: out, n: xin, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
                 .run(&dev, dtype, dtype, dyp, xp, dw, false)?;
-            dws.push(wrap(dws_s, (out, inp)));
+            dws.push(if xin == inp { wrap(dws_s, (out, inp)) } else { unpadded(&dev, dtype, dw, xin, (out, inp))? });
         }
         Ok((wrap(dxs, x.shape().clone()), dws))
     }

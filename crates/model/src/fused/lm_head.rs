@@ -58,6 +58,8 @@ struct LmHeadLoss {
 struct Chunks {
     dev: CudaDevice,
     dtype: DType,
+    /// The zero-padded head's buffer (kept alive while the chunks run).
+    _w_buf: CudaStorage,
     /// `hidden`, the zero-padded head `[av, h]`, targets, per-row coefficients (device addresses).
     hidden: u64,
     w_pad: u64,
@@ -70,6 +72,16 @@ struct Chunks {
 }
 
 impl Chunks {
+    /// The chunks of `hidden` `[n, h]` against the head `w` `[v, h]` (device addresses,
+    /// `dtype`), zero-padded here to `aligned(v)` rows, with the rows' targets and loss
+    /// coefficients (F32) at `target` and `coef`.
+    #[allow(clippy::too_many_arguments)]
+    fn new(dev: &CudaDevice, dtype: DType, hidden: u64, w: u64, target: u64, coef: u64, (n, h, v): (usize, usize, usize)) -> Result<Chunks> {
+        let av = aligned(v);
+        let (_w_buf, w_pad) = zero_padded(dev, dtype, w, (v, h), (av, h))?;
+        Ok(Chunks { dev: dev.clone(), dtype, _w_buf, hidden, w_pad, target, coef, n, h, v, av })
+    }
+
     /// For each chunk of rows: the logits, then either `nll` (per-row weighted NLL, F32 `[N]`)
     /// alone, or the logits' gradient (`coef_r · (softmax − onehot)`, in place, with `nll`
     /// when given) and from it `dh[rows] = dlogits · w_pad` and `dw += dlogitsᵀ · hidden[rows]`
@@ -111,10 +123,10 @@ impl CustomOp2 for LmHeadLoss {
         let dev = hs.device().clone();
         let dtype = hs.dtype();
         let ((n, h), (v, _)) = (hl.shape().dims2()?, wl.shape().dims2()?);
-        let av = aligned(v);
-        let (_w, w_pad) = zero_padded(&dev, dtype, storage_ptr(ws, wl, "lm_head")?, (v, h), (av, h))?;
         let (target, coef) = (tensor_ptr(&self.target, "target")?, tensor_ptr(&self.weight, "weight")?);
-        let chunks = Chunks { dev: dev.clone(), dtype, hidden: storage_ptr(hs, hl, "hidden")?, w_pad, target, coef, n, h, v, av };
+        let (hidden, w) = (storage_ptr(hs, hl, "hidden")?, storage_ptr(ws, wl, "lm_head")?);
+        let chunks = Chunks::new(&dev, dtype, hidden, w, target, coef, (n, h, v))?;
+        let av = chunks.av;
         let (_nll, nll) = alloc(&dev, DType::F32, n)?;
         if self.train {
             let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, DType::F32, n * h)?, alloc(&dev, DType::F32, av * h)?);
@@ -128,7 +140,7 @@ impl CustomOp2 for LmHeadLoss {
 
     fn bwd(&self, hidden: &Tensor, w: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dtype = hidden.dtype();
-        let ((n, h), (v, _)) = (hidden.dims2()?, w.dims2()?);
+        let v = w.dim(0)?;
         let g = g.to_dtype(DType::F32)?;
         // the first V rows of dw: the padding rows' gradients are 0 and dropped
         if let Some((dh, dw)) = self.grads.lock().expect("lm head gradients").take() {
@@ -137,15 +149,9 @@ impl CustomOp2 for LmHeadLoss {
             return Ok((Some(dh), Some(dw)));
         }
         // no gradients from the forward: recompute the logits, with coef_r = weight_r · g
-        let dev = cuda_device(hidden)?;
-        let av = aligned(v);
         let coef = self.weight.broadcast_mul(&g)?;
-        let (_w, w_pad) = zero_padded(&dev, dtype, tensor_ptr(w, "lm_head")?, (v, h), (av, h))?;
-        let (target, coef_p) = (tensor_ptr(&self.target, "target")?, tensor_ptr(&coef, "coef")?);
-        let chunks = Chunks { dev: dev.clone(), dtype, hidden: tensor_ptr(hidden, "hidden")?, w_pad, target, coef: coef_p, n, h, v, av };
-        let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, av * h)?);
-        chunks.run(None, Some((dh, dtype, dw)))?;
-        Ok((Some(wrap(dh_s, (n, h))), Some(wrap(dw_s, (av, h)).narrow(0, 0, v)?.to_dtype(dtype)?)))
+        let (dh, dw) = input_and_head_grads(hidden, w, &self.target, &coef, None)?;
+        Ok((Some(dh), Some(dw)))
     }
 }
 
@@ -162,16 +168,22 @@ fn ordered_sum(dev: &CudaDevice, x: u64, n: usize) -> Result<CudaStorage> {
 /// coefficients, so the gradients come out of the chunks' products scaled (`hidden`'s in
 /// its dtype; `w`'s summed over the chunks in F32, then rounded once).
 pub(crate) fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    let (dev, n) = (cuda_device(hidden)?, hidden.dim(0)?);
+    let coef = weight.affine(scale, 0.0)?.contiguous()?;
+    let (_nll, nll) = alloc(&dev, DType::F32, n)?;
+    let (dh, dw) = input_and_head_grads(hidden, w, target, &coef, Some(nll))?;
+    Ok((wrap(ordered_sum(&dev, nll, n)?, ()), dh, dw))
+}
+
+/// The gradients of `Σ_r coef_r · nll_r` with respect to `hidden` `[n, h]` and the head `w`
+/// `[v, h]`, in their dtype (the head's summed over the chunks in F32, then rounded once);
+/// with `nll`, also each row's `coef_r · nll_r` (F32 `[n]`) there.
+fn input_and_head_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, coef: &Tensor, nll: Option<u64>) -> Result<(Tensor, Tensor)> {
     let (dev, dtype) = (cuda_device(hidden)?, hidden.dtype());
     let ((n, h), (v, _)) = (hidden.dims2()?, w.dims2()?);
-    let av = aligned(v);
-    let coef = weight.affine(scale, 0.0)?.contiguous()?;
-    let (_w, w_pad) = zero_padded(&dev, dtype, tensor_ptr(w, "lm_head")?, (v, h), (av, h))?;
-    let (target, coef_p) = (tensor_ptr(target, "target")?, tensor_ptr(&coef, "coef")?);
-    let chunks = Chunks { dev: dev.clone(), dtype, hidden: tensor_ptr(hidden, "hidden")?, w_pad, target, coef: coef_p, n, h, v, av };
-    let (_nll, nll) = alloc(&dev, DType::F32, n)?;
-    let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, av * h)?);
-    chunks.run(Some(nll), Some((dh, dtype, dw)))?;
-    let loss = wrap(ordered_sum(&dev, nll, n)?, ());
-    Ok((loss, wrap(dh_s, (n, h)), wrap(dw_s, (av, h)).narrow(0, 0, v)?.to_dtype(dtype)?))
+    let (hp, wp) = (tensor_ptr(hidden, "hidden")?, tensor_ptr(w, "lm_head")?);
+    let chunks = Chunks::new(&dev, dtype, hp, wp, tensor_ptr(target, "target")?, tensor_ptr(coef, "coef")?, (n, h, v))?;
+    let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, chunks.av * h)?);
+    chunks.run(nll, Some((dh, dtype, dw)))?;
+    Ok((wrap(dh_s, (n, h)), wrap(dw_s, (chunks.av, h)).narrow(0, 0, v)?.to_dtype(dtype)?))
 }

@@ -39,7 +39,7 @@ fn packed_weights(dev: &CudaDevice, dtype: DType, wg: u64, wu: u64, (i, h): (usi
 /// (16-byte accesses) where every buffer in `ptrs` is 16-byte aligned (the width is a
 /// multiple of 8, [`aligned`]), else one.
 fn gate(dev: &CudaDevice, name: &str, dtype: DType, ptrs: &[u64], a: &[super::Arg], n: usize) -> Result<()> {
-    let per_thread = if ptrs.iter().all(|p| p % 16 == 0) { 8 } else { 1 };
+    let per_thread = if super::aligned16(ptrs) { 8 } else { 1 };
     launch(dev, &format!("{name}{per_thread}"), dtype, grid((n / per_thread).div_ceil(THREADS as usize), 0), a)
 }
 

@@ -160,6 +160,12 @@ pub(crate) fn grid(blocks: usize, smem: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem as u32 }
 }
 
+/// Whether every address in `ptrs` is 16-byte aligned: the kernels' vector accesses (8 BF16 or
+/// 4 FP32 elements at a time) need it.
+pub(crate) fn aligned16(ptrs: &[u64]) -> bool {
+    ptrs.iter().all(|p| p % 16 == 0)
+}
+
 /// Device address of a contiguous buffer (its layout's start offset applied).
 pub(crate) fn storage_ptr(s: &CudaStorage, l: &Layout, what: &str) -> Result<u64> {
     let Some((start, _)) = l.contiguous_offsets() else {

@@ -27,7 +27,7 @@ pub(crate) struct Rope {
 #[allow(clippy::too_many_arguments)]
 fn run(dev: &candle_core::CudaDevice, name: &str, dtype: DType, src: u64, cos: u64, sin: u64, dst: u64, dims: (usize, usize, usize, usize)) -> Result<()> {
     let (b, t, n, d) = dims;
-    let vector = (d / 2) % 8 == 0 && [src, cos, sin, dst].iter().all(|p| p % 16 == 0);
+    let vector = (d / 2) % 8 == 0 && super::aligned16(&[src, cos, sin, dst]);
     let per_thread = if vector { 8 } else { 1 };
     let threads = b * t * n * (d / 2) / per_thread;
     let (bi, ti, ni, di) = (b as i32, t as i32, n as i32, d as i32);
