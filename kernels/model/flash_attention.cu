@@ -1,8 +1,9 @@
 // Causal self-attention as FlashAttention-2 computes it (Dao 2023, "FlashAttention-2: Faster
 // Attention with Better Parallelism and Work Partitioning", Algorithms 1 and 2): no [T, T]
-// matrix in global memory in either pass, the backward recomputes the probabilities from
-// the forward's log-sum-exp. BF16 q, k, v, head dim D in {64, 128}; the products on tensor
-// cores (WMMA 16x16x16, BF16 inputs, FP32 accumulation), softmax statistics in FP32.
+// matrix in memory in either pass, the backward recomputes the probabilities from the
+// forward's log-sum-exp. BF16 q, k, v, head dim D in {64, 128}; the products on tensor cores
+// (PTX `mma.sync.m16n8k16`, BF16 inputs, FP32 accumulation) with the score tiles, their
+// softmax and their gradients held in registers, as FA2 does; softmax statistics in FP32.
 //
 // Layouts: any [B, heads, T, D] view with D contiguous, given as element strides per batch
 // entry, head and position (q, k and dq, dk share one set; v, o, do and dv another): q and
@@ -13,33 +14,26 @@
 // in FP32, the probabilities rounded to BF16 before the product with v; dP in FP32,
 // dS = scale * P * (dP - rowsum(dO * O)) rounded to BF16 before its products. The
 // normaliser l sums the unrounded probabilities (the composed path normalises before
-// rounding: the two differ by BF16 rounding only).
+// rounding: the two differ by BF16 rounding only). Exponentials are base 2 of scores times
+// scale * log2(e) (`ex2.approx`, as FA2); the log-sum-exp is stored in natural units.
 //
 // Determinism: no atomics. dK and dV are summed by the block that owns a key tile over the
 // query tiles in order; dQ by the block that owns a query tile over the key tiles in order
-// (a second kernel: FA2's atomic dQ accumulation traded for one more product per tile).
+// (a second kernel: FA2's atomic dQ accumulation traded for two more products per tile).
 //
 // Work: a block of 4 warps owns a tile of 64 rows (queries in the forward and in dQ, keys in
-// dK/dV) of one (batch entry, head); warp w owns rows [16w, 16w + 16) of it. Two lanes
-// share one row for the elementwise work (lane / 2 = row, lane % 2 = which half of the
-// columns).
+// dK/dV) of one (batch entry, head); warp w owns rows [16w, 16w + 16) of it, and the other
+// operand comes in tiles of 64 rows through shared memory.
 
 #include <cuda_bf16.h>
-#include <mma.h>
 #include <stdint.h>
 
-using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
 
-#define BR 64        // rows per tile
-#define NW 4         // warps per block
-#define LDS (BR + 4)  // row stride of the FP32 [16, BR] score tiles (padded against bank conflicts)
-#define LDP (BR + 8)  // row stride of the BF16 [16, BR] probability tiles
-
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> FragB;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBt;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+#define BR 64  // rows per tile
+#define NW 4   // warps per block
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 // Element strides of a [B, heads, T, D] view (D contiguous).
 struct View {
@@ -47,7 +41,7 @@ struct View {
 };
 
 // Successive regions of the block's dynamic shared memory, in the order the kernels' *_smem
-// formulas count them (every region a multiple of 32 bytes: WMMA's alignment).
+// formulas count them (every region a multiple of 16 bytes: the 16-byte accesses).
 struct Carver {
     unsigned char* at;
     template <typename T> __device__ T* take(int n) {
@@ -57,10 +51,115 @@ struct Carver {
     }
 };
 
-// Row stride of a BF16 [BR, D] tile in shared memory (padded against bank conflicts).
+// Row stride of a BF16 [BR, D] tile in shared memory: 16 bytes of padding put the 8 rows
+// an `ldmatrix` reads in different banks.
 template <int D> __host__ __device__ constexpr int ldh() { return D + 8; }
-// Row stride of an FP32 [16, D] accumulator tile.
-template <int D> __host__ __device__ constexpr int ldo() { return D + 4; }
+
+// ---------------------------------------------------------------------------------------
+// Warp-level products. Fragments of mma.m16n8k16 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"), with g = lane / 4 and c = 2 (lane % 4):
+//   A [16, 16] (4 registers of 2 BF16): (g, c..c+1), (g+8, c..c+1), (g, c+8..), (g+8, c+8..)
+//   B [16, 8]  (2 registers):           rows c..c+1 and c+8..c+9 of column g
+//   C [16, 8]  (4 FP32):                (g, c), (g, c+1), (g+8, c), (g+8, c+1)
+// so the C tiles of columns [16j, 16j + 16), rounded to BF16 pairs, are the A fragment of
+// k-slice j: a score tile becomes the left operand of the next product without leaving the
+// registers.
+
+template <int N> using Acc = float[N / 8][4];          // C tiles of a [16, N] FP32 block
+template <int K> using FragA = uint32_t[K / 16][4];   // A fragments of a [16, K] BF16 block
+
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const bf16* p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm4_trans(uint32_t (&r)[4], const bf16* p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int N> __device__ __forceinline__ void zero(Acc<N>& acc) {
+#pragma unroll
+    for (int j = 0; j < N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+}
+
+// The A fragments of rows [0, 16) of a row-major BF16 tile (row stride ld).
+template <int K> __device__ __forceinline__ void load_a(FragA<K>& a, const bf16* tile, int ld) {
+    int lane = threadIdx.x & 31;
+    const bf16* p = tile + (lane & 15) * ld + (lane >> 4) * 8;
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) ldsm4(a[j], p + j * 16);
+}
+
+// acc[16, N] += A[16, K] · Bᵀ, B a row-major [N, K] BF16 tile (row stride ld).
+template <int K, int N>
+__device__ __forceinline__ void mma_abt(Acc<N>& acc, const FragA<K>& a, const bf16* b, int ld) {
+    int lane = threadIdx.x & 31;
+    const bf16* p = b + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            uint32_t r[4];
+            ldsm4(r, p + n * 16 * ld + kk * 16);
+            mma(acc[2 * n], a[kk], r[0], r[1]);
+            mma(acc[2 * n + 1], a[kk], r[2], r[3]);
+        }
+}
+
+// acc[16, N] += A[16, K] · B, B a row-major [K, N] BF16 tile (row stride ld).
+template <int K, int N>
+__device__ __forceinline__ void mma_ab(Acc<N>& acc, const FragA<K>& a, const bf16* b, int ld) {
+    int lane = threadIdx.x & 31;
+    const bf16* p = b + (lane & 15) * ld + (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            uint32_t r[4];
+            ldsm4_trans(r, p + kk * 16 * ld + n * 16);
+            mma(acc[2 * n], a[kk], r[0], r[1]);
+            mma(acc[2 * n + 1], a[kk], r[2], r[3]);
+        }
+}
+
+// The C tiles of a [16, N] block rounded to BF16 as the A fragments of the next product.
+template <int N> __device__ __forceinline__ void to_a(FragA<N>& a, const Acc<N>& c) {
+#pragma unroll
+    for (int j = 0; j < N / 16; j++) {
+        a[j][0] = pack(c[2 * j][0], c[2 * j][1]);
+        a[j][1] = pack(c[2 * j][2], c[2 * j][3]);
+        a[j][2] = pack(c[2 * j + 1][0], c[2 * j + 1][1]);
+        a[j][3] = pack(c[2 * j + 1][2], c[2 * j + 1][3]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Moving tiles.
 
 // Copies rows [r0, r0 + BR) of one head (base: its row 0) into a [BR, D] shared tile with
 // 16-byte loads; rows at or past t are zero.
@@ -75,221 +174,177 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* base, int strid
     }
 }
 
-// C[16, BR] (FP32, row stride LDS) = A[16, D] · B[BR, D]ᵀ: A one warp's 16 rows of a tile,
-// B a whole tile (both BF16, row stride ldh).
+// Writes one warp's [16, D] accumulator, row g times row_scale[0] and row g + 8 times
+// row_scale[1], as BF16 rows row0 .. row0 + 15 (those below t) of one head: staged in the
+// warp's own rows `stage` of a shared tile, then stored with 16-byte writes.
 template <int D>
-__device__ __forceinline__ void rows_times_tile_t(const bf16* a, const bf16* b, float* c) {
+__device__ __forceinline__ void store_rows(bf16* base, int stride_t, int row0, int t, const Acc<D>& acc,
+                                           const float (&row_scale)[2], bf16* stage) {
+    int lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
 #pragma unroll
-    for (int n = 0; n < BR / 16; n++) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-        for (int k = 0; k < D / 16; k++) {
-            FragA fa;
-            FragBt fb;
-            wmma::load_matrix_sync(fa, a + k * 16, ldh<D>());
-            wmma::load_matrix_sync(fb, b + n * 16 * ldh<D>() + k * 16, ldh<D>());
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(c + n * 16, acc, LDS, wmma::mem_row_major);
+    for (int j = 0; j < D / 8; j++) {
+        *reinterpret_cast<uint32_t*>(stage + g * ldh<D>() + 8 * j + c) = pack(acc[j][0] * row_scale[0], acc[j][1] * row_scale[0]);
+        *reinterpret_cast<uint32_t*>(stage + (g + 8) * ldh<D>() + 8 * j + c) =
+            pack(acc[j][2] * row_scale[1], acc[j][3] * row_scale[1]);
     }
-}
-
-// acc[n] += P[16, BR] · B[BR, D] columns [16n, 16n + 16): P BF16 (row stride LDP), B a tile.
-template <int D>
-__device__ __forceinline__ void accumulate_p_times_tile(FragC* acc, const bf16* p, const bf16* b) {
-#pragma unroll
-    for (int k = 0; k < BR / 16; k++) {
-        FragA fa;
-        wmma::load_matrix_sync(fa, p + k * 16, LDP);
-#pragma unroll
-        for (int n = 0; n < D / 16; n++) {
-            FragB fb;
-            wmma::load_matrix_sync(fb, b + k * 16 * ldh<D>() + n * 16, ldh<D>());
-            wmma::mma_sync(acc[n], fa, fb, acc[n]);
-        }
+    __syncwarp();
+    constexpr int CHUNKS = D / 8;
+    for (int i = lane; i < 16 * CHUNKS; i += 32) {
+        int r = i / CHUNKS, col = (i % CHUNKS) * 8;
+        if (row0 + r < t)
+            *reinterpret_cast<uint4*>(base + (size_t)(row0 + r) * stride_t + col) =
+                *reinterpret_cast<const uint4*>(stage + r * ldh<D>() + col);
     }
-}
-
-// Writes one warp's [16, D] FP32 accumulator tile (row stride ldo), each row times
-// row_scale[row] (the lane's own row), as BF16 rows r0 + 16w + row < t of one head.
-template <int D>
-__device__ __forceinline__ void store_rows(bf16* base, int stride_t, int row0, int t, const float* acc, float row_scale) {
-    int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * (D / 2);
-    if (row0 + r >= t) return;
-    bf16* dst = base + (size_t)(row0 + r) * stride_t + c0;
-    const float* src = acc + r * ldo<D>() + c0;
-#pragma unroll
-    for (int c = 0; c < D / 2; c += 8) {
-        __align__(16) bf16 out[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = __float2bfloat16_rn(src[c + i] * row_scale);
-        *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(out);
-    }
-}
-
-// Stores accumulator fragments acc[0 .. D/16) as one warp's [16, D] FP32 tile.
-template <int D>
-__device__ __forceinline__ void store_acc(float* dst, const FragC* acc) {
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) wmma::store_matrix_sync(dst + n * 16, acc[n], ldo<D>(), wmma::mem_row_major);
 }
 
 // ---------------------------------------------------------------------------------------
 // Forward: per query tile, over key tiles 0..tile (causal), the online softmax
 // m' = max(m, rowmax(S)), l' = l e^(m - m') + rowsum(e^(S - m')), O' = O e^(m - m') + P V,
-// and at the end O / l and lse = m + log(l) (S already times scale).
-// Shared memory: q, k, v tiles, per warp S [16, LDS] FP32, P [16, LDP] BF16, O [16, ldo] FP32.
+// and at the end O / l and lse = m + log(l) (S already times scale). Each lane holds rows
+// g and g + 8 of its warp's 16; l is summed per lane and across the lane's quad at the end.
+// Shared memory: q, k, v tiles; the q tile (read into registers first) stages the output.
 
-template <int D>
-__host__ __device__ constexpr int fwd_smem() {
-    return 3 * BR * ldh<D>() * 2 + NW * 16 * (LDS * 4 + LDP * 2 + ldo<D>() * 4);
-}
+template <int D> __host__ __device__ constexpr int fwd_smem() { return 3 * BR * ldh<D>() * 2; }
 
 template <int D>
 __device__ void flash_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int heads, int t,
                           View qk, View vo, float scale) {
-    extern __shared__ __align__(32) unsigned char smem[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
-    Carver c{smem};
-    bf16 *sq = c.take<bf16>(BR * ldh<D>()), *sk = c.take<bf16>(BR * ldh<D>()), *sv = c.take<bf16>(BR * ldh<D>());
-    float* ss = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
-    bf16* sp = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
-    float* so = c.take<float>(NW * 16 * ldo<D>()) + warp * 16 * ldo<D>();
+    extern __shared__ __align__(16) unsigned char smem[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+    Carver cv{smem};
+    bf16 *sq = cv.take<bf16>(BR * ldh<D>()), *sk = cv.take<bf16>(BR * ldh<D>()), *sv = cv.take<bf16>(BR * ldh<D>());
 
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
     const bf16* qb = q + (size_t)bi * qk.b + (size_t)hi * qk.h;
     const bf16* kb = k + (size_t)bi * qk.b + (size_t)hi * qk.h;
     const bf16* vb = v + (size_t)bi * vo.b + (size_t)hi * vo.h;
-    int q0 = tile * BR, row = q0 + warp * 16 + r;  // this lane's query
+    int q0 = tile * BR, row0 = q0 + warp * 16;  // the warp's first query
+    float sl2 = scale * LOG2E;
 
     load_tile<D>(sq, qb, qk.t, q0, t);
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) so[r * ldo<D>() + c] = 0.f;
-    float m = -INFINITY, l = 0.f;
+    __syncthreads();
+    FragA<D> qf;
+    load_a<D>(qf, sq + warp * 16 * ldh<D>(), ldh<D>());
+    Acc<D> acc;
+    zero<D>(acc);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     for (int kt = 0; kt <= tile; kt++) {
         int k0 = kt * BR;
         __syncthreads();  // the previous key tile is no longer read
         load_tile<D>(sk, kb, qk.t, k0, t);
         load_tile<D>(sv, vb, vo.t, k0, t);
         __syncthreads();
-        rows_times_tile_t<D>(sq + warp * 16 * ldh<D>(), sk, ss);
-        __syncwarp();
-        float s[BR / 2], mx = -INFINITY;
+        Acc<BR> s;
+        zero<BR>(s);
+        mma_abt<D, BR>(s, qf, sk, ldh<D>());
+        bool edge = kt == tile || k0 + BR > t;
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int i = 0; i < BR / 2; i++) {
-            int col = half * (BR / 2) + i, key = k0 + col;
-            s[i] = (key <= row && key < t) ? ss[r * LDS + col] * scale : -INFINITY;
-            mx = fmaxf(mx, s[i]);
+        for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * j + c + (e & 1), row = row0 + g + 8 * (e >> 1);
+                float x = s[j][e] * sl2;
+                if (edge && (key > row || key >= t)) x = -INFINITY;
+                s[j][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float m_new[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            m_new[i] = fmaxf(m[i], mx[i]);  // finite: key 0 <= row is valid in the first tile
+            float alpha = exp2_approx(m[i] - m_new[i]);
+            l[i] *= alpha;
+            m[i] = m_new[i];
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) {
+                acc[j][2 * i] *= alpha;
+                acc[j][2 * i + 1] *= alpha;
+            }
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        float m_new = fmaxf(m, mx);  // finite: key k0 <= row is always in the tile
-        float alpha = __expf(m - m_new), sum = 0.f;
 #pragma unroll
-        for (int i = 0; i < BR / 2; i++) {
-            float p = __expf(s[i] - m_new);
-            sum += p;
-            sp[r * LDP + half * (BR / 2) + i] = __float2bfloat16_rn(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * alpha + sum;
-        m = m_new;
-        for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) so[r * ldo<D>() + c] *= alpha;
-        __syncwarp();
-        FragC acc[D / 16];
+        for (int j = 0; j < BR / 8; j++)
 #pragma unroll
-        for (int n = 0; n < D / 16; n++) wmma::load_matrix_sync(acc[n], so + n * 16, ldo<D>(), wmma::mem_row_major);
-        accumulate_p_times_tile<D>(acc, sp, sv);
-        store_acc<D>(so, acc);
-        __syncwarp();
+            for (int e = 0; e < 4; e++) {
+                float p = exp2_approx(s[j][e] - m_new[e >> 1]);
+                l[e >> 1] += p;
+                s[j][e] = p;
+            }
+        FragA<BR> pf;
+        to_a<BR>(pf, s);
+        mma_ab<BR, D>(acc, pf, sv, ldh<D>());
+    }
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        inv[i] = 1.0f / l[i];
+        int row = row0 + g + 8 * i;
+        if ((lane & 3) == 0 && row < t) lse[(size_t)bh * t + row] = (m[i] + __log2f(l[i])) * LN2;
     }
     bf16* ob = o + (size_t)bi * vo.b + (size_t)hi * vo.h;
-    store_rows<D>(ob, vo.t, q0 + warp * 16, t, so, 1.0f / l);
-    if (half == 0 && row < t) lse[(size_t)bh * t + row] = m + __logf(l);
+    store_rows<D>(ob, vo.t, row0, t, acc, inv, sq + warp * 16 * ldh<D>());
 }
 
 // ---------------------------------------------------------------------------------------
 // Backward, step 1: delta[row] = rowsum(dO * O) (= rowsum(P * dP)), FP32 [B * heads, T];
-// one warp per row.
+// D / 8 lanes per row, 8 elements (16 bytes) per lane.
+
+template <int D> __host__ __device__ constexpr int delta_rows_per_block() { return NW * 32 / (D / 8); }
 
 template <int D>
 __device__ void flash_bwd_delta(const bf16* o, const bf16* d_o, float* delta, int heads, int t, int rows, View vo) {
-    int row = blockIdx.x * NW + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int bh = row / t, p = row % t, bi = bh / heads, hi = bh % heads;
-    size_t off = (size_t)bi * vo.b + (size_t)hi * vo.h + (size_t)p * vo.t;
+    constexpr int LANES = D / 8;
+    int row = blockIdx.x * delta_rows_per_block<D>() + threadIdx.x / LANES, part = threadIdx.x % LANES;
     float s = 0.f;
-    for (int c = lane; c < D; c += 32) s += __bfloat162float(o[off + c]) * __bfloat162float(d_o[off + c]);
-    for (int x = 16; x > 0; x >>= 1) s += __shfl_xor_sync(0xffffffffu, s, x);
-    if (lane == 0) delta[row] = s;
-}
-
-// The probabilities of one warp's 16 rows against a tile, from S in ss (FP32, unscaled):
-// P = exp(scale * S - lse), 0 where masked; rounded to BF16 into sp. `transposed`: rows are
-// keys and columns queries (the dK/dV kernel) instead of the reverse.
-__device__ __forceinline__ void probabilities(const float* ss, bf16* sp, int row, int col0, int t, float scale,
-                                              const float* lse_cols, float lse_row, bool transposed) {
-    int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
-#pragma unroll 8
-    for (int i = 0; i < BR / 2; i++) {
-        int col = half * (BR / 2) + i, other = col0 + col;
-        int qi = transposed ? other : row, kj = transposed ? row : other;
-        bool valid = kj <= qi && qi < t && kj < t;
-        float lse = transposed ? lse_cols[col] : lse_row;
-        float p = valid ? __expf(ss[r * LDS + col] * scale - lse) : 0.f;
-        sp[r * LDP + col] = __float2bfloat16_rn(p);
+    if (row < rows) {
+        int bh = row / t, p = row % t, bi = bh / heads, hi = bh % heads;
+        size_t off = (size_t)bi * vo.b + (size_t)hi * vo.h + (size_t)p * vo.t + part * 8;
+        uint4 a = *reinterpret_cast<const uint4*>(o + off), b = *reinterpret_cast<const uint4*>(d_o + off);
+        const __nv_bfloat162 *x = reinterpret_cast<const __nv_bfloat162*>(&a), *y = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 fx = __bfloat1622float2(x[i]), fy = __bfloat1622float2(y[i]);
+            s += fx.x * fy.x + fx.y * fy.y;
+        }
     }
-}
-
-// dS = scale * P * (dP - delta), rounded to BF16 into sds (P as rounded in sp, dP in sdp).
-__device__ __forceinline__ void score_grads(const bf16* sp, const float* sdp, bf16* sds, float scale,
-                                            const float* delta_cols, float delta_row, bool transposed) {
-    int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
-#pragma unroll 8
-    for (int i = 0; i < BR / 2; i++) {
-        int col = half * (BR / 2) + i;
-        float dlt = transposed ? delta_cols[col] : delta_row;
-        float ds = scale * __bfloat162float(sp[r * LDP + col]) * (sdp[r * LDS + col] - dlt);
-        sds[r * LDP + col] = __float2bfloat16_rn(ds);
-    }
+#pragma unroll
+    for (int w = LANES / 2; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
+    if (row < rows && part == 0) delta[row] = s;
 }
 
 // ---------------------------------------------------------------------------------------
 // Backward, step 2: per key tile, over query tiles tile..last (causal), with the warp's 16
 // keys as rows: Sᵀ = K Qᵀ, Pᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ, dSᵀ, dK += dSᵀ Q.
-// Shared memory: k, v, q, dO tiles; per warp Sᵀ/dPᵀ [16, LDS] FP32, Pᵀ and dSᵀ [16, LDP]
-// BF16; lse and delta of the query tile. The output staging reuses the q and dO tiles.
+// Shared memory: k, v, q, dO tiles; lse (times log2 e; +inf past t, so P = 0 there) and
+// delta of the query tile. The q and dO tiles stage dK and dV.
 
-template <int D>
-__host__ __device__ constexpr int bwd_kv_smem() {
-    return 4 * BR * ldh<D>() * 2 + NW * 16 * (LDS * 4 + 2 * LDP * 2) + 2 * BR * 4;
-}
+template <int D> __host__ __device__ constexpr int bwd_kv_smem() { return 4 * BR * ldh<D>() * 2 + 2 * BR * 4; }
 
 template <int D>
 __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,
                              const float* delta, bf16* dk, bf16* dv, int heads, int t, View qk, View vo, float scale) {
-    extern __shared__ __align__(32) unsigned char smem[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1;
-    Carver c{smem};
-    bf16 *sk = c.take<bf16>(BR * ldh<D>()), *sv = c.take<bf16>(BR * ldh<D>());
-    bf16 *sq = c.take<bf16>(BR * ldh<D>()), *sdo = c.take<bf16>(BR * ldh<D>());
-    float* ss = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
-    bf16* sp = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
-    bf16* sds = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
-    float *slse = c.take<float>(BR), *sdelta = c.take<float>(BR);
+    extern __shared__ __align__(16) unsigned char smem[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+    Carver cv{smem};
+    bf16 *sk = cv.take<bf16>(BR * ldh<D>()), *sv = cv.take<bf16>(BR * ldh<D>());
+    bf16 *sq = cv.take<bf16>(BR * ldh<D>()), *sdo = cv.take<bf16>(BR * ldh<D>());
+    float *slse = cv.take<float>(BR), *sdelta = cv.take<float>(BR);
 
     int ntiles = gridDim.x, tile = blockIdx.x;
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
     size_t qk_off = (size_t)bi * qk.b + (size_t)hi * qk.h, vo_off = (size_t)bi * vo.b + (size_t)hi * vo.h;
-    int k0 = tile * BR, key = k0 + warp * 16 + r;  // this lane's key
+    int k0 = tile * BR, key0 = k0 + warp * 16;  // the warp's first key
+    float sl2 = scale * LOG2E;
     load_tile<D>(sk, k + qk_off, qk.t, k0, t);
     load_tile<D>(sv, v + vo_off, vo.t, k0, t);
-    FragC dk_acc[D / 16], dv_acc[D / 16];
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-        wmma::fill_fragment(dk_acc[n], 0.f);
-        wmma::fill_fragment(dv_acc[n], 0.f);
-    }
+    Acc<D> dk_acc, dv_acc;
+    zero<D>(dk_acc);
+    zero<D>(dv_acc);
     for (int qt = tile; qt < ntiles; qt++) {
         int q0 = qt * BR;
         __syncthreads();  // the previous query tile is no longer read
@@ -297,91 +352,111 @@ __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const 
         load_tile<D>(sdo, d_o + vo_off, vo.t, q0, t);
         for (int i = threadIdx.x; i < BR; i += NW * 32) {
             bool in = q0 + i < t;
-            slse[i] = in ? lse[(size_t)bh * t + q0 + i] : 0.f;
+            slse[i] = in ? lse[(size_t)bh * t + q0 + i] * LOG2E : INFINITY;
             sdelta[i] = in ? delta[(size_t)bh * t + q0 + i] : 0.f;
         }
         __syncthreads();
-        rows_times_tile_t<D>(sk + warp * 16 * ldh<D>(), sq, ss);  // Sᵀ
-        __syncwarp();
-        probabilities(ss, sp, key, q0, t, scale, slse, 0.f, true);
-        __syncwarp();
-        accumulate_p_times_tile<D>(dv_acc, sp, sdo);               // dV += Pᵀ dO
-        rows_times_tile_t<D>(sv + warp * 16 * ldh<D>(), sdo, ss);  // dPᵀ = V dOᵀ
-        __syncwarp();
-        score_grads(sp, ss, sds, scale, sdelta, 0.f, true);
-        __syncwarp();
-        accumulate_p_times_tile<D>(dk_acc, sds, sq);                // dK += dSᵀ Q
+        FragA<D> af;
+        load_a<D>(af, sk + warp * 16 * ldh<D>(), ldh<D>());
+        Acc<BR> s;
+        zero<BR>(s);
+        mma_abt<D, BR>(s, af, sq, ldh<D>());  // Sᵀ
+        bool diagonal = qt == tile;
+#pragma unroll
+        for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = 8 * j + c + (e & 1), key = key0 + g + 8 * (e >> 1);
+                float p = exp2_approx(s[j][e] * sl2 - slse[col]);
+                s[j][e] = (diagonal && q0 + col < key) ? 0.f : round_bf16(p);
+            }
+        FragA<BR> pf;
+        to_a<BR>(pf, s);
+        mma_ab<BR, D>(dv_acc, pf, sdo, ldh<D>());  // dV += Pᵀ dO
+        load_a<D>(af, sv + warp * 16 * ldh<D>(), ldh<D>());
+        Acc<BR> dp;
+        zero<BR>(dp);
+        mma_abt<D, BR>(dp, af, sdo, ldh<D>());  // dPᵀ = V dOᵀ
+#pragma unroll
+        for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[j][e] = scale * s[j][e] * (dp[j][e] - sdelta[8 * j + c + (e & 1)]);
+        to_a<BR>(pf, dp);
+        mma_ab<BR, D>(dk_acc, pf, sq, ldh<D>());  // dK += dSᵀ Q
     }
     __syncthreads();  // the q and dO tiles become the output staging
-    float* stage = reinterpret_cast<float*>(sq) + warp * 16 * ldo<D>();
-    store_acc<D>(stage, dk_acc);
-    __syncwarp();
-    store_rows<D>(dk + qk_off, qk.t, k0 + warp * 16, t, stage, 1.0f);
-    __syncwarp();
-    store_acc<D>(stage, dv_acc);
-    __syncwarp();
-    store_rows<D>(dv + vo_off, vo.t, k0 + warp * 16, t, stage, 1.0f);
+    const float one[2] = {1.f, 1.f};
+    store_rows<D>(dk + qk_off, qk.t, key0, t, dk_acc, one, sq + warp * 16 * ldh<D>());
+    store_rows<D>(dv + vo_off, vo.t, key0, t, dv_acc, one, sdo + warp * 16 * ldh<D>());
 }
 
 // ---------------------------------------------------------------------------------------
 // Backward, step 3: per query tile, over key tiles 0..tile: S = Q Kᵀ, P, dP = dO Vᵀ, dS,
-// dQ += dS K. Shared memory: q, dO, k, v tiles; per warp S and dP [16, LDS] FP32, P and dS
-// [16, LDP] BF16. The output staging reuses the k and v tiles.
+// dQ += dS K. Shared memory: q, dO, k, v tiles; the q tile (read into registers first)
+// stages dQ.
 
-template <int D>
-__host__ __device__ constexpr int bwd_q_smem() {
-    return 4 * BR * ldh<D>() * 2 + NW * 16 * (2 * LDS * 4 + 2 * LDP * 2);
-}
+template <int D> __host__ __device__ constexpr int bwd_q_smem() { return 4 * BR * ldh<D>() * 2; }
 
 template <int D>
 __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,
                             const float* delta, bf16* dq, int heads, int t, View qk, View vo, float scale) {
-    extern __shared__ __align__(32) unsigned char smem[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1;
-    Carver c{smem};
-    bf16 *sq = c.take<bf16>(BR * ldh<D>()), *sdo = c.take<bf16>(BR * ldh<D>());
-    bf16 *sk = c.take<bf16>(BR * ldh<D>()), *sv = c.take<bf16>(BR * ldh<D>());
-    float* ss = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
-    float* sdp = c.take<float>(NW * 16 * LDS) + warp * 16 * LDS;
-    bf16* sp = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
-    bf16* sds = c.take<bf16>(NW * 16 * LDP) + warp * 16 * LDP;
+    extern __shared__ __align__(16) unsigned char smem[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+    Carver cv{smem};
+    bf16 *sq = cv.take<bf16>(BR * ldh<D>()), *sdo = cv.take<bf16>(BR * ldh<D>());
+    bf16 *sk = cv.take<bf16>(BR * ldh<D>()), *sv = cv.take<bf16>(BR * ldh<D>());
 
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
     size_t qk_off = (size_t)bi * qk.b + (size_t)hi * qk.h, vo_off = (size_t)bi * vo.b + (size_t)hi * vo.h;
-    int q0 = tile * BR, row = q0 + warp * 16 + r;  // this lane's query
+    int q0 = tile * BR, row0 = q0 + warp * 16;  // the warp's first query
+    float sl2 = scale * LOG2E, lse_row[2], delta_row[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int row = row0 + g + 8 * i;
+        lse_row[i] = row < t ? lse[(size_t)bh * t + row] * LOG2E : INFINITY;
+        delta_row[i] = row < t ? delta[(size_t)bh * t + row] : 0.f;
+    }
     load_tile<D>(sq, q + qk_off, qk.t, q0, t);
     load_tile<D>(sdo, d_o + vo_off, vo.t, q0, t);
-    float lse_row = row < t ? lse[(size_t)bh * t + row] : 0.f;
-    float delta_row = row < t ? delta[(size_t)bh * t + row] : 0.f;
-    FragC dq_acc[D / 16];
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) wmma::fill_fragment(dq_acc[n], 0.f);
+    __syncthreads();
+    FragA<D> qf, df;
+    load_a<D>(qf, sq + warp * 16 * ldh<D>(), ldh<D>());
+    load_a<D>(df, sdo + warp * 16 * ldh<D>(), ldh<D>());
+    Acc<D> dq_acc;
+    zero<D>(dq_acc);
     for (int kt = 0; kt <= tile; kt++) {
         int k0 = kt * BR;
         __syncthreads();  // the previous key tile is no longer read
         load_tile<D>(sk, k + qk_off, qk.t, k0, t);
         load_tile<D>(sv, v + vo_off, vo.t, k0, t);
         __syncthreads();
-        rows_times_tile_t<D>(sq + warp * 16 * ldh<D>(), sk, ss);   // S
-        rows_times_tile_t<D>(sdo + warp * 16 * ldh<D>(), sv, sdp); // dP = dO Vᵀ
-        __syncwarp();
-        probabilities(ss, sp, row, k0, t, scale, nullptr, lse_row, false);
-        __syncwarp();
-        score_grads(sp, sdp, sds, scale, nullptr, delta_row, false);
-        __syncwarp();
-        accumulate_p_times_tile<D>(dq_acc, sds, sk);                // dQ += dS K
+        Acc<BR> s, dp;
+        zero<BR>(s);
+        zero<BR>(dp);
+        mma_abt<D, BR>(s, qf, sk, ldh<D>());   // S
+        mma_abt<D, BR>(dp, df, sv, ldh<D>());  // dP = dO Vᵀ
+        bool edge = kt == tile || k0 + BR > t;
+#pragma unroll
+        for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * j + c + (e & 1), row = row0 + g + 8 * (e >> 1);
+                float p = round_bf16(exp2_approx(s[j][e] * sl2 - lse_row[e >> 1]));
+                if (edge && (key > row || key >= t)) p = 0.f;
+                dp[j][e] = scale * p * (dp[j][e] - delta_row[e >> 1]);
+            }
+        FragA<BR> dsf;
+        to_a<BR>(dsf, dp);
+        mma_ab<BR, D>(dq_acc, dsf, sk, ldh<D>());  // dQ += dS K
     }
-    __syncthreads();  // the k and v tiles become the output staging
-    float* stage = reinterpret_cast<float*>(sk) + warp * 16 * ldo<D>();
-    store_acc<D>(stage, dq_acc);
-    __syncwarp();
-    store_rows<D>(dq + qk_off, qk.t, q0 + warp * 16, t, stage, 1.0f);
+    const float one[2] = {1.f, 1.f};
+    store_rows<D>(dq + qk_off, qk.t, row0, t, dq_acc, one, sq + warp * 16 * ldh<D>());
 }
 
 // ---------------------------------------------------------------------------------------
-// Entry points: flash_<pass>_d<D>_bf16. Shared memory sizes (bytes) must match the host's
-// (crates/model/src/fused/flash.rs).
+// Entry points: flash_<pass>_d<D>_bf16. Shared memory sizes (bytes) and the delta pass's
+// rows per block must match the host's (crates/model/src/fused/flash.rs).
 
 #define FLASH_ENTRY(D)                                                                                              \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                         \

@@ -66,78 +66,99 @@ __device__ __forceinline__ float warp_max(float v) {
 
 #define WARPS 8  // warps per block of the row kernels (blockDim.x = 256)
 
-// 1 / sqrt(mean(x^2) + eps) of one row, computed by one warp.
-template <typename T>
-__device__ __forceinline__ float row_inv_rms(const T* x, int h, float eps) {
-    float ss = 0.f;
-    for (int c = threadIdx.x & 31; c < h; c += 32) {
-        float v = to_f(x[c]);
-        ss += v * v;
-    }
-    ss = warp_sum(ss);
-    return 1.0f / sqrtf(ss / (float)h + eps);
-}
-
 // ---------------------------------------------------------------------------------------
-// RMSNorm (HF LlamaRMSNorm): n = round_T(x * inv_rms(x)), y = round_T(n * w).
-// Backward treats the rounding of n as the identity: with dn = dy * w,
-// dx = inv * (dn - n * sum(dn * n) / H), dw = sum over rows of dy * n.
+// RMSNorm (HF LlamaRMSNorm): n = round_T(x * inv), inv = 1 / sqrt(mean(x^2) + eps),
+// y = round_T(n * w). Backward treats the rounding of n as the identity: with dn = dy * w,
+// dx = inv * (dn - n * sum(dn * n) / H) = inv * dn - n * inv^2 * sum(dn * x) / H,
+// dw = sum over rows of dy * n.
+// One warp per row; lane l takes the row's chunks of V elements starting at V (l + 32 i)
+// (V = 8: 16-byte accesses, H a multiple of 8 and every buffer 16-byte aligned; else V = 1).
+// Each pass reads the row once for its sums and once more (from cache) for its outputs.
 
-template <typename T>
-__device__ void rmsnorm_fwd(const T* x, const T* w, T* y, int rows, int h, float eps) {
-    int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const T* xr = x + (size_t)row * h;
-    T* yr = y + (size_t)row * h;
-    float inv = row_inv_rms(xr, h, eps);
-    for (int c = threadIdx.x & 31; c < h; c += 32) yr[c] = from_f<T>(round_to<T>(to_f(xr[c]) * inv) * to_f(w[c]));
-}
-
-// The residual stream's add fused with the norm that follows it: s = round_T(x + delta)
-// (what the separate add gives), y = rmsnorm(s); writes s and y.
-template <typename T>
-__device__ void add_rmsnorm_fwd(const T* x, const T* delta, const T* w, T* sum, T* y, int rows, int h, float eps) {
-    int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
+// The residual stream's add fused in front of the norm: with `delta`, s = round_T(x + delta)
+// (what the separate add gives) is written to `sum` and normalised; without, x is.
+template <typename T, int V>
+__device__ void rmsnorm_fwd(const T* x, const T* delta, const T* w, T* sum, T* y, int rows, int h, float eps) {
+    int row = blockIdx.x * WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     size_t o = (size_t)row * h;
-    for (int c = threadIdx.x & 31; c < h; c += 32) sum[o + c] = from_f<T>(to_f(x[o + c]) + to_f(delta[o + c]));
-    __syncwarp();  // the row's sums are read by other lanes below
-    rmsnorm_fwd<T>(sum, w, y, rows, h, eps);
-}
-
-// dx = inv * (dn - n * sum(dn * n) / H), each element rounded to T; with `d_residual` (the
-// gradient the residual stream brings past the norm) also added and rounded again, as the
-// separate add does.
-template <typename T>
-__device__ void rmsnorm_bwd_x(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, int rows, int h,
-                              float eps) {
-    int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    size_t o = (size_t)row * h;
-    float inv = row_inv_rms(x + o, h, eps);
-    float dot = 0.f;
-    for (int c = threadIdx.x & 31; c < h; c += 32) dot += to_f(dy[o + c]) * to_f(w[c]) * to_f(x[o + c]) * inv;
-    dot = warp_sum(dot) / (float)h;
-    for (int c = threadIdx.x & 31; c < h; c += 32) {
-        float n = to_f(x[o + c]) * inv;
-        float g = round_to<T>(inv * (to_f(dy[o + c]) * to_f(w[c]) - n * dot));
-        dx[o + c] = from_f<T>(d_residual ? g + to_f(d_residual[o + c]) : g);
+    float ss = 0.f;
+    for (int c = lane * V; c < h; c += 32 * V) {
+        float a[V];
+        load_vec<T, V>(x + o + c, a);
+        if (delta) {
+            float d[V];
+            load_vec<T, V>(delta + o + c, d);
+#pragma unroll
+            for (int j = 0; j < V; j++) a[j] = round_to<T>(a[j] + d[j]);
+            store_vec<T, V>(sum + o + c, a);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += a[j] * a[j];
+    }
+    const T* src = delta ? sum + o : x + o;  // the sums: this lane's own writes
+    float inv = 1.0f / sqrtf(warp_sum(ss) / (float)h + eps);
+    for (int c = lane * V; c < h; c += 32 * V) {
+        float a[V], g[V];
+        load_vec<T, V>(src + c, a);
+        load_vec<T, V>(w + c, g);
+#pragma unroll
+        for (int j = 0; j < V; j++) a[j] = round_to<T>(a[j] * inv) * g[j];
+        store_vec<T, V>(y + o + c, a);
     }
 }
 
-// Partial gain gradients: block b sums rows [b * rows_per_block, ...) into partial[b, :] (FP32);
-// `colsum` adds the partials. Shared memory: WARPS * h floats.
-template <typename T>
-__device__ void rmsnorm_bwd_w(const T* x, const T* dy, float* partial, int rows, int h, float eps, int rows_per_block) {
+// Both gradients in one pass over x and dy. dx rounded to T; with `d_residual` (the gradient
+// the residual stream brings past the norm) also added and rounded again, as the separate
+// add does. The gain gradient as partial sums: block b takes rows [b * rows_per_block, ...),
+// warp w of it every WARPS-th row, each warp summing into its own row of shared memory
+// (WARPS * h floats, in row order); partial[b, :] = the warps' rows summed in warp order,
+// and `colsum` adds the partials.
+template <typename T, int V>
+__device__ void rmsnorm_bwd(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, float* partial, int rows,
+                            int h, float eps, int rows_per_block) {
     extern __shared__ float acc[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int c = threadIdx.x; c < WARPS * h; c += blockDim.x) acc[c] = 0.f;
-    __syncthreads();
+    float* mine = acc + warp * h;
+    for (int c = lane * V; c < h; c += 32 * V)
+#pragma unroll
+        for (int j = 0; j < V; j++) mine[c + j] = 0.f;
     int r0 = blockIdx.x * rows_per_block, r1 = min(rows, r0 + rows_per_block);
     for (int row = r0 + warp; row < r1; row += WARPS) {
         size_t o = (size_t)row * h;
-        float inv = row_inv_rms(x + o, h, eps);
-        for (int c = lane; c < h; c += 32) acc[warp * h + c] += to_f(dy[o + c]) * round_to<T>(to_f(x[o + c]) * inv);
+        float ss = 0.f, dot = 0.f;
+        for (int c = lane * V; c < h; c += 32 * V) {
+            float a[V], g[V], wv[V];
+            load_vec<T, V>(x + o + c, a);
+            load_vec<T, V>(dy + o + c, g);
+            load_vec<T, V>(w + c, wv);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                ss += a[j] * a[j];
+                dot += g[j] * wv[j] * a[j];
+            }
+        }
+        float inv = 1.0f / sqrtf(warp_sum(ss) / (float)h + eps);
+        dot = warp_sum(dot) * inv / (float)h;  // sum(dn * n) / H
+        for (int c = lane * V; c < h; c += 32 * V) {
+            float a[V], g[V], wv[V], out[V];
+            load_vec<T, V>(x + o + c, a);
+            load_vec<T, V>(dy + o + c, g);
+            load_vec<T, V>(w + c, wv);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float n = a[j] * inv;
+                out[j] = round_to<T>(inv * (g[j] * wv[j] - n * dot));
+                mine[c + j] += g[j] * round_to<T>(n);
+            }
+            if (d_residual) {
+                float r[V];
+                load_vec<T, V>(d_residual + o + c, r);
+#pragma unroll
+                for (int j = 0; j < V; j++) out[j] += r[j];
+            }
+            store_vec<T, V>(dx + o + c, out);
+        }
     }
     __syncthreads();
     for (int c = threadIdx.x; c < h; c += blockDim.x) {
@@ -480,24 +501,18 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
     extern "C" __global__ void cross_entropy_bwd##V##_##S(const T* x, const uint32_t* target, const float* coef, \
                                                           T* dx, float* nll, int v, int ld) {                    \
         cross_entropy_bwd<T, V>(x, target, coef, dx, nll, v, ld);                                                \
+    }                                                                                                            \
+    extern "C" __global__ void rmsnorm_fwd##V##_##S(const T* x, const T* delta, const T* w, T* sum, T* y,       \
+                                                    int rows, int h, float eps) {                                \
+        rmsnorm_fwd<T, V>(x, delta, w, sum, y, rows, h, eps);                                                    \
+    }                                                                                                            \
+    extern "C" __global__ void rmsnorm_bwd##V##_##S(const T* x, const T* w, const T* dy, const T* d_residual,   \
+                                                    T* dx, float* partial, int rows, int h, float eps,           \
+                                                    int rows_per_block) {                                        \
+        rmsnorm_bwd<T, V>(x, w, dy, d_residual, dx, partial, rows, h, eps, rows_per_block);                      \
     }
 
 #define ENTRY(T, S)                                                                                              \
-    extern "C" __global__ void rmsnorm_fwd_##S(const T* x, const T* w, T* y, int rows, int h, float eps) {      \
-        rmsnorm_fwd<T>(x, w, y, rows, h, eps);                                                                   \
-    }                                                                                                            \
-    extern "C" __global__ void add_rmsnorm_fwd_##S(const T* x, const T* delta, const T* w, T* sum, T* y,       \
-                                                   int rows, int h, float eps) {                                 \
-        add_rmsnorm_fwd<T>(x, delta, w, sum, y, rows, h, eps);                                                   \
-    }                                                                                                            \
-    extern "C" __global__ void rmsnorm_bwd_x_##S(const T* x, const T* w, const T* dy, const T* d_residual,      \
-                                                 T* dx, int rows, int h, float eps) {                            \
-        rmsnorm_bwd_x<T>(x, w, dy, d_residual, dx, rows, h, eps);                                                \
-    }                                                                                                            \
-    extern "C" __global__ void rmsnorm_bwd_w_##S(const T* x, const T* dy, float* partial, int rows, int h,      \
-                                                 float eps, int rows_per_block) {                                \
-        rmsnorm_bwd_w<T>(x, dy, partial, rows, h, eps, rows_per_block);                                          \
-    }                                                                                                            \
     extern "C" __global__ void colsum_##S(const float* partial, T* out, int rows, int h) {                      \
         colsum<T>(partial, out, rows, h);                                                                        \
     }                                                                                                            \

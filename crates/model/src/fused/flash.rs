@@ -31,15 +31,14 @@ enum Pass {
 
 /// Dynamic shared memory of `pass` at head dim `d`, in bytes: the formulas `fwd_smem`,
 /// `bwd_kv_smem`, `bwd_q_smem` of the kernel file (BF16 tiles of `TILE` rows with row stride
-/// `d + 8`; per warp FP32 `[16, TILE + 4]` score tiles, BF16 `[16, TILE + 8]` probability
-/// tiles, FP32 `[16, d + 4]` accumulators).
+/// `d + 8`: three in the forward, four in each backward pass, which for dK/dV also keeps
+/// the query tile's FP32 log-sum-exp and delta). The score tiles live in registers.
 fn smem(pass: Pass, d: usize) -> usize {
-    let (tile, lds, ldp, ldo) = (TILE * (d + 8) * 2, (TILE + 4) * 4, (TILE + 8) * 2, (d + 4) * 4);
-    let per_warp = WARPS * 16;
+    let tile = TILE * (d + 8) * 2;
     match pass {
-        Pass::Forward => 3 * tile + per_warp * (lds + ldp + ldo),
-        Pass::KeyValueGrads => 4 * tile + per_warp * (lds + 2 * ldp) + 2 * TILE * 4,
-        Pass::QueryGrads => 4 * tile + per_warp * (2 * lds + 2 * ldp),
+        Pass::Forward => 3 * tile,
+        Pass::KeyValueGrads => 4 * tile + 2 * TILE * 4,
+        Pass::QueryGrads => 4 * tile,
     }
 }
 
@@ -89,7 +88,9 @@ pub(crate) fn backward(
     let [qb, qh, qt, vb, vh, vt] = strides(dims);
     let (_delta_s, delta) = alloc(dev, DType::F32, b * h * t)?;
     let rows = b * h * t;
-    let delta_cfg = LaunchConfig { grid_dim: (rows.div_ceil(WARPS) as u32, 1, 1), block_dim: ((WARPS * 32) as u32, 1, 1), shared_mem_bytes: 0 };
+    // `delta_rows_per_block` in the kernel file: d / 8 lanes per row.
+    let rows_per_block = WARPS * 32 / (d / 8);
+    let delta_cfg = LaunchConfig { grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1), block_dim: ((WARPS * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let a = args![o, d_o, delta, h as i32, t as i32, rows as i32, vb, vh, vt];
     launch_in(dev, Module::Flash, &format!("flash_bwd_delta_d{d}"), DType::BF16, delta_cfg, &a)?;
     let ((dq_s, dq), (dk_s, dk), (dv_s, dv)) = (alloc(dev, DType::BF16, n)?, alloc(dev, DType::BF16, n)?, alloc(dev, DType::BF16, n)?);

@@ -1,12 +1,21 @@
-//! RMSNorm (HF `LlamaRMSNorm` semantics) as one kernel forward and two backward (the input
-//! gradient; the gain gradient as per-block partial sums, then a column sum: no atomics).
+//! RMSNorm (HF `LlamaRMSNorm` semantics) as one kernel forward and two backward (both
+//! gradients in one pass, the gain's as per-block partial sums; then a column sum of the
+//! partials: no atomics).
 
 use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, THREADS};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-/// Rows each block of the gain-gradient kernel sums (one partial row per block).
+/// Rows each block of the backward kernel takes (one partial row of the gain gradient per
+/// block).
 const ROWS_PER_BLOCK: usize = 64;
+
+/// `name` with its elements per access: `{name}8` (16-byte accesses) where the width is a
+/// multiple of 8 and every buffer 16-byte aligned, else `{name}1`.
+fn variant(name: &str, h: usize, ptrs: &[u64]) -> String {
+    let v = if h % 8 == 0 && super::aligned16(ptrs) { 8 } else { 1 };
+    format!("{name}{v}")
+}
 
 /// `y = w * round(x / sqrt(mean(x², last dim) + eps))`, normalisation in FP32 and rounded to
 /// x's dtype before the gain, as HF `LlamaRMSNorm` and [`crate::norm::RmsNorm`].
@@ -46,7 +55,8 @@ impl CustomOp2 for RmsNorm {
         let (x, w) = (storage_ptr(xs, xl, "rms_norm x")?, storage_ptr(ws, wl, "rms_norm w")?);
         let (out, y) = alloc(&dev, dtype, rows * h)?;
         let (r, hh) = (rows as i32, h as i32);
-        launch(&dev, "rmsnorm_fwd", dtype, grid(rows.div_ceil(8), 0), &args![x, w, y, r, hh, self.eps])?;
+        let name = variant("rmsnorm_fwd", h, &[x, w, y]);
+        launch(&dev, &name, dtype, grid(rows.div_ceil(8), 0), &args![x, 0u64, w, 0u64, y, r, hh, self.eps])?;
         Ok((out, xl.shape().clone()))
     }
 
@@ -70,7 +80,8 @@ impl RmsNorm {
         let (xp, dp, wp) = (tensor_ptr(x, "x")?, tensor_ptr(delta, "delta")?, tensor_ptr(w, "w")?);
         let ((sum_s, sum), (y_s, y)) = (alloc(&dev, dtype, rows * h)?, alloc(&dev, dtype, rows * h)?);
         let (r, hh) = (rows as i32, h as i32);
-        launch(&dev, "add_rmsnorm_fwd", dtype, grid(rows.div_ceil(8), 0), &args![xp, dp, wp, sum, y, r, hh, self.eps])?;
+        let name = variant("rmsnorm_fwd", h, &[xp, dp, wp, sum, y]);
+        launch(&dev, &name, dtype, grid(rows.div_ceil(8), 0), &args![xp, dp, wp, sum, y, r, hh, self.eps])?;
         Ok((wrap(sum_s, x.shape().clone()), wrap(y_s, x.shape().clone())))
     }
 
@@ -93,11 +104,12 @@ impl RmsNorm {
         };
         let (r, hh) = (rows as i32, h as i32);
         let (dx_s, dx) = alloc(&dev, dtype, rows * h)?;
-        launch(&dev, "rmsnorm_bwd_x", dtype, grid(rows.div_ceil(8), 0), &args![xp, wp, dyp, residual, dx, r, hh, self.eps])?;
         let blocks = rows.div_ceil(ROWS_PER_BLOCK).max(1);
         let (partial_s, partial) = alloc(&dev, DType::F32, blocks * h)?;
         let rpb = ROWS_PER_BLOCK as i32;
-        launch(&dev, "rmsnorm_bwd_w", dtype, grid(blocks, 8 * h * 4), &args![xp, dyp, partial, r, hh, self.eps, rpb])?;
+        let name = variant("rmsnorm_bwd", h, &[xp, wp, dyp, residual, dx]);
+        let a = args![xp, wp, dyp, residual, dx, partial, r, hh, self.eps, rpb];
+        launch(&dev, &name, dtype, grid(blocks, 8 * h * 4), &a)?;
         let (dw_s, dw) = alloc(&dev, dtype, h)?;
         let nb = blocks as i32;
         launch(&dev, "colsum", dtype, grid(h.div_ceil(THREADS as usize), 0), &args![partial, dw, nb, hh])?;
