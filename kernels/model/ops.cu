@@ -168,14 +168,23 @@ __device__ void rmsnorm_bwd(const T* x, const T* w, const T* dy, const T* d_resi
     }
 }
 
-// out[c] = sum_r partial[r, c] for r in 0..rows, in order.
+// out[c] = sum_r partial[r, c] over r in 0..rows, in a fixed order: a block takes 32
+// columns (lane = column, coalesced rows); warp w sums the rows r = w (mod WARPS) in order,
+// then the warps' sums are added in warp order.
 template <typename T>
 __device__ void colsum(const float* partial, T* out, int rows, int h) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= h) return;
+    __shared__ float part[WARPS][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c = blockIdx.x * 32 + lane;
     float s = 0.f;
-    for (int r = 0; r < rows; r++) s += partial[(size_t)r * h + c];
-    out[c] = from_f<T>(s);
+    if (c < h)
+        for (int r = warp; r < rows; r += WARPS) s += partial[(size_t)r * h + c];
+    part[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && c < h) {
+        float total = part[0][lane];
+        for (int w = 1; w < WARPS; w++) total += part[w][lane];
+        out[c] = from_f<T>(total);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 //! gradients in one pass, the gain's as per-block partial sums; then a column sum of the
 //! partials: no atomics).
 
-use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, THREADS};
+use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
@@ -112,7 +112,7 @@ impl RmsNorm {
         launch(&dev, &name, dtype, grid(blocks, 8 * h * 4), &a)?;
         let (dw_s, dw) = alloc(&dev, dtype, h)?;
         let nb = blocks as i32;
-        launch(&dev, "colsum", dtype, grid(h.div_ceil(THREADS as usize), 0), &args![partial, dw, nb, hh])?;
+        launch(&dev, "colsum", dtype, grid(h.div_ceil(32), 0), &args![partial, dw, nb, hh])?;  // 32 columns per block
         drop(partial_s);
         Ok((wrap(dx_s, x.shape().clone()), wrap(dw_s, w.shape().clone())))
     }
