@@ -22,6 +22,7 @@
 //! | [`loss`]    | [`masked_cross_entropy`] |
 //! | [`kernels`] | [`Kernels`]: composed or fused ops |
 //! | `fused`     | the CUDA ops (`cuda` feature) |
+//! | `gemm`      | their matrix products as cuBLAS's column-major calls (host logic, tested on the CPU) |
 //! | [`groups`]  | [`ParamGroup`], [`try_param_group`] |
 //!
 //! ```
@@ -56,6 +57,9 @@ pub mod config;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod fused;
+// Used by the CUDA ops; compiled and tested in every build.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod gemm;
 pub mod groups;
 pub mod init;
 pub mod kernels;

@@ -228,20 +228,7 @@ pub(crate) fn wrap(storage: CudaStorage, shape: impl Into<Shape>) -> Tensor {
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
-/// One row-major strided-batched matrix product `C[m, n] = op(A)[m, k] · op(B)[k, n]` per
-/// batch entry, with `op(A) = Aᵀ` when `a_t` (A stored `[k, m]`) and likewise for B
-/// (stored `[n, k]` when `b_t`); dense rows; strides between batch entries in elements.
-pub(crate) struct Gemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub a_t: bool,
-    pub b_t: bool,
-    pub batch: usize,
-    pub stride_a: usize,
-    pub stride_b: usize,
-    pub stride_c: usize,
-}
+pub(crate) use crate::gemm::Gemm;
 
 fn cuda_type(d: DType) -> Result<blas::cudaDataType> {
     Ok(match d {
@@ -264,34 +251,32 @@ impl Gemm {
             blas::cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
         let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
-        // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ.
-        let ldb = if self.b_t { self.k } else { self.n };
-        let lda = if self.a_t { self.m } else { self.k };
-        let ldc = self.n;
+        let call = self.column_major(); // slot X: B, slot Y: A
+        let op = |t: bool| if t { T } else { N };
         let blas = dev.cublas_handle();
         unsafe {
             cublas::gemm_strided_batched_ex(
                 *blas.handle(),
-                if self.b_t { T } else { N },
-                if self.a_t { T } else { N },
-                self.n as i32,
-                self.m as i32,
-                self.k as i32,
+                op(call.trans_x),
+                op(call.trans_y),
+                call.m as i32,
+                call.n as i32,
+                call.k as i32,
                 &alpha as *const f32 as *const _,
                 b as *const _,
                 cuda_type(ab)?,
-                ldb as i32,
-                self.stride_b as i64,
+                call.ld_x as i32,
+                call.stride_x as i64,
                 a as *const _,
                 cuda_type(ab)?,
-                lda as i32,
-                self.stride_a as i64,
+                call.ld_y as i32,
+                call.stride_y as i64,
                 &beta as *const f32 as *const _,
                 c as *mut _,
                 cuda_type(c_dtype)?,
-                ldc as i32,
-                self.stride_c as i64,
-                self.batch as i32,
+                call.ldc as i32,
+                call.stride_c as i64,
+                call.batch as i32,
                 compute,
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
             )
