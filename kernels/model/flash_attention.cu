@@ -115,33 +115,23 @@ template <int K> __device__ __forceinline__ void load_a(FragA<K>& a, const bf16*
     for (int j = 0; j < K / 16; j++) ldsm4(a[j], p + j * 16);
 }
 
-// acc[16, N] += A[16, K] · Bᵀ, B a row-major [N, K] BF16 tile (row stride ld).
-template <int K, int N>
-__device__ __forceinline__ void mma_abt(Acc<N>& acc, const FragA<K>& a, const bf16* b, int ld) {
+// acc[16, N] += A[16, K] · op(B), B a row-major BF16 tile (row stride ld): with B_T, B is
+// stored [N, K] and op(B) = Bᵀ (S = Q Kᵀ: `ldmatrix` gives B's fragments as they are);
+// without, B is stored [K, N] and op(B) = B (O = P V: `ldmatrix.trans`).
+template <int K, int N, bool B_T>
+__device__ __forceinline__ void mma_tile(Acc<N>& acc, const FragA<K>& a, const bf16* b, int ld) {
     int lane = threadIdx.x & 31;
-    const bf16* p = b + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
+    const bf16* p = B_T ? b + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8
+                        : b + (lane & 15) * ld + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++)
 #pragma unroll
         for (int n = 0; n < N / 16; n++) {
             uint32_t r[4];
-            ldsm4(r, p + n * 16 * ld + kk * 16);
-            mma(acc[2 * n], a[kk], r[0], r[1]);
-            mma(acc[2 * n + 1], a[kk], r[2], r[3]);
-        }
-}
-
-// acc[16, N] += A[16, K] · B, B a row-major [K, N] BF16 tile (row stride ld).
-template <int K, int N>
-__device__ __forceinline__ void mma_ab(Acc<N>& acc, const FragA<K>& a, const bf16* b, int ld) {
-    int lane = threadIdx.x & 31;
-    const bf16* p = b + (lane & 15) * ld + (lane >> 4) * 8;
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++)
-#pragma unroll
-        for (int n = 0; n < N / 16; n++) {
-            uint32_t r[4];
-            ldsm4_trans(r, p + kk * 16 * ld + n * 16);
+            if constexpr (B_T)
+                ldsm4(r, p + n * 16 * ld + kk * 16);
+            else
+                ldsm4_trans(r, p + kk * 16 * ld + n * 16);
             mma(acc[2 * n], a[kk], r[0], r[1]);
             mma(acc[2 * n + 1], a[kk], r[2], r[3]);
         }
@@ -237,7 +227,7 @@ __device__ void flash_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, 
         __syncthreads();
         Acc<BR> s;
         zero<BR>(s);
-        mma_abt<D, BR>(s, qf, sk, ldh<D>());
+        mma_tile<D, BR, true>(s, qf, sk, ldh<D>());
         bool edge = kt == tile || k0 + BR > t;
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -275,7 +265,7 @@ __device__ void flash_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, 
             }
         FragA<BR> pf;
         to_a<BR>(pf, s);
-        mma_ab<BR, D>(acc, pf, sv, ldh<D>());
+        mma_tile<BR, D, false>(acc, pf, sv, ldh<D>());
     }
     float inv[2];
 #pragma unroll
@@ -360,7 +350,7 @@ __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const 
         load_a<D>(af, sk + warp * 16 * ldh<D>(), ldh<D>());
         Acc<BR> s;
         zero<BR>(s);
-        mma_abt<D, BR>(s, af, sq, ldh<D>());  // Sᵀ
+        mma_tile<D, BR, true>(s, af, sq, ldh<D>());  // Sᵀ
         bool diagonal = qt == tile;
 #pragma unroll
         for (int j = 0; j < BR / 8; j++)
@@ -372,17 +362,17 @@ __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const 
             }
         FragA<BR> pf;
         to_a<BR>(pf, s);
-        mma_ab<BR, D>(dv_acc, pf, sdo, ldh<D>());  // dV += Pᵀ dO
+        mma_tile<BR, D, false>(dv_acc, pf, sdo, ldh<D>());  // dV += Pᵀ dO
         load_a<D>(af, sv + warp * 16 * ldh<D>(), ldh<D>());
         Acc<BR> dp;
         zero<BR>(dp);
-        mma_abt<D, BR>(dp, af, sdo, ldh<D>());  // dPᵀ = V dOᵀ
+        mma_tile<D, BR, true>(dp, af, sdo, ldh<D>());  // dPᵀ = V dOᵀ
 #pragma unroll
         for (int j = 0; j < BR / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[j][e] = scale * s[j][e] * (dp[j][e] - sdelta[8 * j + c + (e & 1)]);
         to_a<BR>(pf, dp);
-        mma_ab<BR, D>(dk_acc, pf, sq, ldh<D>());  // dK += dSᵀ Q
+        mma_tile<BR, D, false>(dk_acc, pf, sq, ldh<D>());  // dK += dSᵀ Q
     }
     __syncthreads();  // the q and dO tiles become the output staging
     const float one[2] = {1.f, 1.f};
@@ -434,8 +424,8 @@ __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const b
         Acc<BR> s, dp;
         zero<BR>(s);
         zero<BR>(dp);
-        mma_abt<D, BR>(s, qf, sk, ldh<D>());   // S
-        mma_abt<D, BR>(dp, df, sv, ldh<D>());  // dP = dO Vᵀ
+        mma_tile<D, BR, true>(s, qf, sk, ldh<D>());   // S
+        mma_tile<D, BR, true>(dp, df, sv, ldh<D>());  // dP = dO Vᵀ
         bool edge = kt == tile || k0 + BR > t;
 #pragma unroll
         for (int j = 0; j < BR / 8; j++)
@@ -448,7 +438,7 @@ __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const b
             }
         FragA<BR> dsf;
         to_a<BR>(dsf, dp);
-        mma_ab<BR, D>(dq_acc, dsf, sk, ldh<D>());  // dQ += dS K
+        mma_tile<BR, D, false>(dq_acc, dsf, sk, ldh<D>());  // dQ += dS K
     }
     const float one[2] = {1.f, 1.f};
     store_rows<D>(dq + qk_off, qk.t, row0, t, dq_acc, one, sq + warp * 16 * ldh<D>());
