@@ -10,15 +10,14 @@ use crate::distributed;
 use crate::logs::metrics::MetricsRow;
 use crate::logs::RunLogs;
 use crate::logs::stalls::{StallWriter, Theory};
-use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
 use crate::run_folder::{self, FolderUse, RunLock};
 use crate::schedule::learning_rate;
-use crate::step::{batch_tensors, train_step, Phases, StepContext, StepOutput};
+use crate::step::{batch_tensors, train_step, ParamSet, Phases, StepContext, StepOutput};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
 use lowbit_model::{init_params, try_param_group, Kernels, Llama, LlamaConfig};
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo};
+use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -242,12 +241,12 @@ impl Session {
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
         let (mut opt, rank_state_bytes): (Box<dyn Optimizer>, Option<usize>) = match cfg.train.zero {
-            0 => (make_optimizer(host, &dev)?, None),
+            0 => (lowbit_optim::for_device(host, &dev)?, None),
             _ => {
-                let lens: Vec<usize> = infos.iter().map(|i| i.len).collect();
-                let (opt, bytes) = distributed::sharded_optimizer(&host, &lens, &spec, comm.clone(), &dev)?;
+                let opt = distributed::zero::Zero1::new(&host, comm.clone(), &dev)?;
+                let bytes = opt.local_state_bytes();
                 tracing::info!("train.zero = 1: rank {rank} of {world} holds {bytes} bytes of optimizer states");
-                (opt, Some(bytes))
+                (Box::new(opt), Some(bytes))
             }
         };
 
@@ -823,13 +822,4 @@ pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) ->
         loss,
         dtype: if dtype == DType::BF16 { "bfloat16" } else { "float32" }.into(),
     })
-}
-
-/// The optimizer for a device: CPU reference on the CPU, fused kernels on CUDA.
-fn make_optimizer(host: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>> {
-    match dev {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => Ok(Box::new(crate::cuda_optimizer::DeviceAdamW::new(host, dev)?)),
-        _ => Ok(Box::new(HostAdamW::new(host))),
-    }
 }
