@@ -208,7 +208,8 @@ impl Session {
             v_zero: spec.v_zero.as_str().into(),
             m_scale: scale_name(spec.m_format, spec.m_scale),
             v_scale: scale_name(spec.v_format, spec.v_scale),
-            adaptive_reset: host.adaptive.clone(),
+            reset: spec.reset.as_str().into(),
+            adaptive_reset: None,
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: world as u64,
@@ -216,8 +217,11 @@ impl Session {
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
+            if saved.adaptive_reset.is_some() {
+                // written before the optimizer saved the rule's state itself: state.json has it
+                host.adaptive = saved.adaptive_reset.clone();
+            }
             checkpoint::load(dir, &mut [&mut ModelWeights(&varmap), &mut host])?;
-            host.adaptive = saved.adaptive_reset.clone();
             if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
                 tracing::warn!(
                     "--resume {}: the global batch changes from {} sequences per step to {} (train.micro_batch {} x \
@@ -232,6 +236,8 @@ impl Session {
             state = TrainState {
                 rng: lowbit_optim::rng::SCHEME.into(),
                 v_zero: spec.v_zero.as_str().into(),
+                reset: state.reset,
+                adaptive_reset: None,
                 m_scale: state.m_scale,
                 v_scale: state.v_scale,
                 ranks: state.ranks,
@@ -452,7 +458,7 @@ impl Session {
             return Ok(None);
         }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
-        let state = TrainState { adaptive_reset: states.adaptive.clone(), ..self.state.clone() };
+        let state = &self.state;
         let files = [
             ("config.json", serde_json::to_vec_pretty(&self.hf_config)?),
             ("state.json", state.to_json()?),
@@ -778,14 +784,13 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
             );
         }
     }
-    if saved.adaptive_reset.is_some() != now.adaptive_reset.is_some() {
-        let rule = |adaptive: bool| if adaptive { "adaptive" } else { "periodic" };
+    if saved.reset_rule() != now.reset_rule() {
         bail!(
             "{}: the checkpoint's states reset by the {} rule, the config asks for the {} one (optim.states.reset \
              must match to resume: the bias correction counts from the last reset)",
             dir.join("state.json").display(),
-            rule(saved.adaptive_reset.is_some()),
-            rule(now.adaptive_reset.is_some())
+            saved.reset_rule(),
+            now.reset_rule()
         );
     }
     if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size, saved_v_zero)
