@@ -12,7 +12,7 @@ use crate::logs::RunLogs;
 use crate::logs::stalls::{StallWriter, Theory};
 use crate::run_folder::{self, FolderUse, RunLock};
 use crate::schedule::learning_rate;
-use crate::step::{batch_tensors, train_step, ParamSet, Phases, StepContext, StepOutput};
+use crate::step::{batch_tensors, train_step, ParamSet, Phases, StepContext, StepReport};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
@@ -22,7 +22,6 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// How a run starts.
 pub struct Launch {
@@ -103,34 +102,6 @@ pub struct Session {
     pub last_checkpoint: Option<PathBuf>,
     /// Held until the run ends (rank 0): no second run writes into this folder meanwhile.
     _lock: Option<RunLock>,
-}
-
-/// What one step did, for the progress line and the stop conditions.
-pub struct StepReport {
-    /// The trainer's step number.
-    pub step: u64,
-    pub out: StepOutput,
-    /// Seconds the step took.
-    pub seconds: f64,
-    /// Stalled fractions (m, v) of the newest stall row written, if one was.
-    pub stalls: Option<(Option<f64>, Option<f64>)>,
-    /// The epoch the step's data reached, when it began a new one.
-    pub new_epoch: Option<u64>,
-}
-
-impl StepReport {
-    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
-    pub fn line(&self) -> String {
-        let frac = |f: Option<f64>| crate::output::fixed(f, 3);
-        let (m, v) = self.stalls.unwrap_or((None, None));
-        format!(
-            "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
-            self.out.loss,
-            frac(m),
-            frac(v),
-            self.out.tokens as f64 / self.seconds
-        )
-    }
 }
 
 impl Session {
@@ -360,7 +331,6 @@ impl Session {
     /// [`Session::step`], adding the seconds of each phase to `phases` (with a device
     /// synchronisation at each phase boundary: for benchmarks, not for training).
     pub fn step_timed(&mut self, step: u64, phases: Option<&mut Phases>) -> Result<StepReport> {
-        let t0 = Instant::now();
         let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
         let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
         let mut ctx = StepContext {
@@ -375,7 +345,7 @@ impl Session {
             comm: self.comm.as_ref(),
         };
         let update = self.state.updates + 1;
-        let out = train_step(&mut ctx, update, lr, phases)?;
+        let mut out = train_step(&mut ctx, step, update, lr, phases)?;
         if out.updated {
             self.state.nonfinite_in_row = 0;
             self.state.updates = update;
@@ -387,11 +357,10 @@ impl Session {
             self.device_peak = Some(peak);
             tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
         }
-        let new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
+        out.new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
         self.state.step = step;
         self.state.tokens += out.tokens;
         self.state.data = out.position.clone();
-        let seconds = t0.elapsed().as_secs_f64();
         if let Some(logs) = &mut self.logs {
             logs.metric(&MetricsRow::Train {
                 step,
@@ -399,15 +368,15 @@ impl Session {
                 lr,
                 loss: out.loss,
                 grad_norm: out.grad_norm as f64,
-                step_time: seconds,
-                tokens_per_s: out.tokens as f64 / seconds,
+                step_time: out.seconds,
+                tokens_per_s: out.tokens as f64 / out.seconds,
                 skipped: !out.updated,
             })?;
         }
         self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
-        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
-        Ok(StepReport { step, out, seconds, stalls, new_epoch })
+        out.stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
+        Ok(out)
     }
 
     /// Validation loss of the model now, written to `metrics.jsonl` as step `step`;

@@ -64,9 +64,12 @@ pub struct StepContext<'a> {
     pub comm: &'a dyn Collective,
 }
 
-/// What a step did.
+/// What a step did: [`train_step`]'s result, to which [`crate::session::Session::step`] adds
+/// the stall fractions and the epoch; the progress line and the stop conditions read it.
 #[derive(Debug, Clone)]
-pub struct StepOutput {
+pub struct StepReport {
+    /// The trainer's step number.
+    pub step: u64,
     /// Mean loss over all of the step's target tokens (nats per target token).
     pub loss: f64,
     /// Global L2 norm of the token-weighted mean gradient, before clipping.
@@ -77,6 +80,27 @@ pub struct StepOutput {
     pub position: DataPosition,
     /// False when the loss or norm was non-finite and the update was skipped.
     pub updated: bool,
+    /// Seconds the step took.
+    pub seconds: f64,
+    /// Stalled fractions (m, v) of the newest stall row written, if one was.
+    pub stalls: Option<(Option<f64>, Option<f64>)>,
+    /// The epoch the step's data reached, when it began a new one.
+    pub new_epoch: Option<u64>,
+}
+
+impl StepReport {
+    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
+    pub fn line(&self) -> String {
+        let frac = |f: Option<f64>| crate::output::fixed(f, 3);
+        let (m, v) = self.stalls.unwrap_or((None, None));
+        format!(
+            "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
+            self.loss,
+            frac(m),
+            frac(v),
+            self.tokens as f64 / self.seconds
+        )
+    }
 }
 
 /// Seconds spent per phase, summed over steps; measured only when asked
@@ -110,8 +134,9 @@ impl Clock<'_> {
     }
 }
 
-/// Runs one training step at learning rate `lr`; `update` is the optimizer's step number for
-/// its update. `phases`: add this step's phase times to it.
+/// Runs training step `step` at learning rate `lr`; `update` is the optimizer's step number
+/// for its update. `phases`: add this step's phase times to it. The report's `stalls` and
+/// `new_epoch` are left empty (the session knows them).
 ///
 /// A skipped step (non-finite loss or gradient norm) does not exist for the optimizer, as
 /// when PyTorch's `GradScaler` skips `optimizer.step()`: `update` counts applied updates only
@@ -131,7 +156,8 @@ impl Clock<'_> {
 /// world_size` rows, one global data order) and counts `N` over all of them, then runs its own
 /// rows ([`rank_rows`]); the gradients and the loss are summed over ranks (one all-reduce),
 /// so the norm, the clip and the update see the global token-weighted mean on every rank.
-pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
+pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepReport> {
+    let t0 = Instant::now();
     let dev = ctx.device;
     if phases.is_some() {
         dev.synchronize()?;
@@ -197,7 +223,8 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
     // already waited for the backward.
     dev.synchronize()?;
     clock.lap(|p| &mut p.optimizer)?;
-    Ok(StepOutput { loss, grad_norm: norm, tokens, position, updated })
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(StepReport { step, loss, grad_norm: norm, tokens, position, updated, seconds, stalls: None, new_epoch: None })
 }
 
 /// Sums `grads` (replaced by FP32 sums) and the scalar `loss` over all ranks in one

@@ -10,7 +10,7 @@
 use lowbit_train::checkpoint::{self, ExportCheck, TrainState};
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::RunStatus;
-use lowbit_train::run::{self, Logs, Outcome};
+use lowbit_train::run::{self, Logs, RunReport};
 use lowbit_train::session::Launch;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ fn config(dir: &Path, name: &str, sets: &[&str]) -> RunConfig {
     load_with(dir, &format!("{name}.toml"), &base_toml(&dir.join("runs"), name), sets).unwrap()
 }
 
-fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u64>) -> anyhow::Result<Outcome> {
+fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u64>) -> anyhow::Result<RunReport> {
     let start = match resume_from {
         Some(ck) => Launch::resume(config, ck),
         None => Launch::new(config),

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{load_tokenizer, DataConfig, DataPosition, SeqMode, TrainStream};
 use lowbit_model::{init_params, Llama, LlamaConfig};
 use lowbit_optim::{LowbitAdamW, OptimError, Optimizer, StallCounts};
-use lowbit_train::step::{train_step, ParamSet, StepContext, StepOutput};
+use lowbit_train::step::{train_step, ParamSet, StepContext, StepReport};
 
 mod common;
 
@@ -52,7 +52,7 @@ fn shard(dir: &std::path::Path) -> std::path::PathBuf {
 
 /// One step over the shard's 16 documents as `micro_batch` x `grad_accum`, no clipping:
 /// the step's output and the gradient handed to the optimizer.
-fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(StepOutput, Vec<Vec<f32>>)> {
+fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(StepReport, Vec<Vec<f32>>)> {
     let dir = tempfile::tempdir()?;
     let path = shard(dir.path());
     let tok_path = common::root().join("data/tokenizers/t5-tokenizer.json");
@@ -93,7 +93,7 @@ fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(Ste
         grad_clip: 0.0,
         comm: &lowbit_train::distributed::collective::Solo,
     };
-    let out = train_step(&mut ctx, 1, 1e-3, None)?;
+    let out = train_step(&mut ctx, 1, 1, 1e-3, None)?;
     assert!(out.updated);
     Ok((out, opt.grads))
 }
