@@ -65,9 +65,9 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         step += 1;
         let r = s.step_timed(step, phases)?;
         if step == 1 || step % 10 == 0 {
-            tracing::info!("step {step}: loss {:.4}", r.out.loss);
+            tracing::info!("step {step}: loss {:.4}", r.loss);
         }
-        Ok(r.out.tokens)
+        Ok(r.tokens)
     };
     for _ in 0..warmup {
         run(&mut session, None)?;

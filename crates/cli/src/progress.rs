@@ -5,7 +5,8 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use lowbit_train::run::{Logs, Progress};
-use lowbit_train::session::{Session, StepReport};
+use lowbit_train::session::Session;
+use lowbit_train::step::StepReport;
 
 /// A progress bar on stderr, or log lines when stderr is not a terminal.
 pub struct Bar {

@@ -8,17 +8,27 @@ use crate::error::{DataError, Result};
 use crate::reader::{Doc, DocSource};
 use crate::tokenize::Tokens;
 
-/// A chunk closes once it holds this much text (bytes)...
+/// A chunk closes once it holds [`chunk_bytes`] of text...
 const CHUNK_BYTES: usize = 1 << 20;
 /// ...or this many documents. ~1 MB of English is ~250k T5 tokens: enough documents for
 /// `encode_batch` to keep every core busy, small enough for a quick first batch.
 const CHUNK_DOCS: usize = 4096;
 
-/// The next chunk of documents, `None` when the source is exhausted.
-pub(crate) fn next_chunk(src: &mut DocSource) -> Result<Option<Vec<Doc>>> {
+/// Text per chunk for rows of `seq_len` tokens: about a thousand rows' worth (~4 bytes per
+/// token), from 64 KiB up to [`CHUNK_BYTES`] (reached at `seq_len` 256, the paper's). The
+/// stream reads ahead a few chunks: a run of short rows (the tests', `seq_len` 32) then
+/// tokenizes ~1 MB ahead instead of ~7 MB, and a validation set of a few hundred tokens
+/// reads 128 KiB. Rows do not depend on it (documents are packed one by one, in order).
+pub(crate) fn chunk_bytes(seq_len: usize) -> usize {
+    seq_len.saturating_mul(4096).clamp(1 << 16, CHUNK_BYTES)
+}
+
+/// The next chunk of documents (up to `max_bytes` of text), `None` when the source is
+/// exhausted.
+pub(crate) fn next_chunk(src: &mut DocSource, max_bytes: usize) -> Result<Option<Vec<Doc>>> {
     let mut docs = Vec::new();
     let mut bytes = 0;
-    while bytes < CHUNK_BYTES && docs.len() < CHUNK_DOCS {
+    while bytes < max_bytes && docs.len() < CHUNK_DOCS {
         match src.next_doc()? {
             Some(d) => {
                 bytes += d.text.len();

@@ -4,7 +4,7 @@
 //! Two threads, joined by bounded channels:
 //!
 //! ```text
-//! reader thread:    DocSource (gunzip, JSON) --chunks of ~1 MB of text--> [2]
+//! reader thread:    DocSource (gunzip, JSON) --chunks of <= 1 MB of text--> [2]
 //! tokenizer thread: encode_batch (rayon) + Packer --rows of one chunk--> [4]
 //! caller:           next_batch(rows) takes rows in order and builds a Batch
 //! ```
@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use crate::batch::{Batch, DataPosition, Packer, Row};
 use crate::config::DataConfig;
 use crate::error::{DataError, Result};
-use crate::pipeline::{next_chunk, pack_chunk};
+use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
 use crate::reader::{check_train_shards, expand_shards, DocSource};
 use crate::tokenize::Tokens;
 
@@ -67,10 +67,11 @@ impl TrainStream {
         let mut src = DocSource::new(shards.clone(), cfg.on_bad_line, true, start.epoch, start.shard, start.line)?;
 
         let (doc_tx, doc_rx) = mpsc::sync_channel(2);
+        let chunk = chunk_bytes(cfg.seq_len);
         let reader = std::thread::Builder::new()
             .name("lowbit-data-read".into())
             .spawn(move || loop {
-                match next_chunk(&mut src) {
+                match next_chunk(&mut src, chunk) {
                     Ok(Some(docs)) => {
                         if doc_tx.send(Ok(docs)).is_err() {
                             return; // the stream was dropped

@@ -4,7 +4,7 @@
 use crate::batch::{Batch, Packer};
 use crate::config::DataConfig;
 use crate::error::{DataError, Result};
-use crate::pipeline::{next_chunk, pack_chunk};
+use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
 use crate::reader::{expand_shards, DocSource};
 use crate::tokenize::Tokens;
 
@@ -32,7 +32,7 @@ pub fn validation_batches(cfg: &DataConfig, tok: &Tokens, rows: usize) -> Result
     let mut packer = Packer::new(cfg.mode, cfg.seq_len, tok.pad_id, Vec::new());
     let mut kept = Vec::new();
     let mut targets = 0usize;
-    'read: while let Some(docs) = next_chunk(&mut src)? {
+    'read: while let Some(docs) = next_chunk(&mut src, chunk_bytes(cfg.seq_len))? {
         for row in pack_chunk(tok, &shards, &docs, &mut packer)? {
             targets += row.target_tokens();
             kept.push(row);

@@ -9,17 +9,19 @@
 //! amax, step, scales);
 //! step counters (stalls and zero gradients, [`DeviceCounters`]) added on the device into a
 //! ring of [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation
-//! in the step itself).
+//! in the step itself), [`COUNT_LAG`] steps late. [`CudaAdamW`] is the [`Optimizer`] on a CUDA
+//! device.
 
 use crate::adamw::{Roundings, StepKeys, StepScalars};
 use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
-use crate::optimizer::LowbitAdamW;
+use crate::error::OptimError;
+use crate::optimizer::{LowbitAdamW, Optimizer};
 use crate::stalls::{Counter, StallCounts};
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use std::sync::Arc;
-use candle_core::{CudaDevice, DType, Result, Tensor};
+use candle_core::{CudaDevice, DType, Result, Tensor, Var};
 
 const ADAMW_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"));
 
@@ -53,6 +55,15 @@ impl Kernels {
 
 /// Steps of stall counters kept on the device before a slot is reused.
 pub const COUNTER_RING: usize = 64;
+
+/// Steps by which the stall counts are read late (half the ring of counters, at most the
+/// adaptive reset rule's lag, which its decisions then never wait for): the counters of step
+/// s are read at step s + lag, long written, so reading them adds no wait to the step (whose
+/// one synchronisation is at its end, in the trainer's step).
+pub const COUNT_LAG: usize = {
+    let lag = crate::reset::ADAPTIVE_LAG as usize;
+    if COUNTER_RING / 2 < lag { COUNTER_RING / 2 } else { lag }
+};
 
 /// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
 /// 26.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
@@ -524,5 +535,44 @@ impl CudaAdamW {
             }
         }
         Ok(&self.host)
+    }
+}
+
+/// The fused kernels behind the trait: the parameters' own device buffers updated in place
+/// (a ZeRO-1 shard's elements through views of them), stall counters read [`COUNT_LAG`] steps
+/// late so that reading them never waits for the device.
+impl Optimizer for CudaAdamW {
+    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> std::result::Result<(), OptimError> {
+        let count = self.host.tensors.len();
+        if params.len() != count || grads.len() != count {
+            return Err(OptimError::State(format!("{} parameters and {} gradients for {count} tensors", params.len(), grads.len())));
+        }
+        // the elements the states cover: whole tensors, or views of a shard's range
+        let held = |i: usize, t: &Tensor| -> Result<Tensor> {
+            let s = &self.host.tensors[i];
+            match s.first == 0 && s.m.len == t.elem_count() {
+                true => Ok(t.clone()),
+                false => t.flatten_all()?.narrow(0, s.first, s.m.len),
+            }
+        };
+        let weights = params.iter().enumerate().map(|(i, p)| held(i, p.as_tensor())).collect::<Result<Vec<_>>>()?;
+        let grads = grads.iter().enumerate().map(|(i, g)| held(i, g)).collect::<Result<Vec<_>>>()?;
+        Ok(CudaAdamW::step(self, step, lr, grad_scale, &weights, &grads)?)
+    }
+
+    fn stall_counts(&mut self, step: u64) -> std::result::Result<Vec<StallCounts>, OptimError> {
+        Ok(self.read_counts(step)?)
+    }
+
+    fn count_lag(&self) -> usize {
+        COUNT_LAG
+    }
+
+    fn observe(&mut self, step: u64, total: &StallCounts) {
+        self.host.observe(step, total);
+    }
+
+    fn states(&mut self) -> std::result::Result<&LowbitAdamW, OptimError> {
+        Ok(self.download()?)
     }
 }

@@ -14,4 +14,13 @@ pub enum OptimError {
     /// The adaptive reset rule asked out of order or before its stalled fraction was observed.
     #[error("{0}")]
     Reset(String),
+    /// A tensor, device or collective operation failed (candle's or the backend's message).
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl From<candle_core::Error> for OptimError {
+    fn from(e: candle_core::Error) -> Self {
+        OptimError::Runtime(e.to_string())
+    }
 }

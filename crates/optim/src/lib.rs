@@ -4,7 +4,9 @@
 //! state formats ([`format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
 //! the step ([`adamw`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
 //! stall prediction ([`theory`]), the states as named arrays for checkpoints ([`state_dict`])
-//! and the crate's error ([`error`]).
+//! and the crate's error ([`error`]); the [`Optimizer`] trait over candle parameters with one
+//! adapter per device ([`optimizer`]: [`LowbitAdamW`] on the CPU, `cuda::CudaAdamW` with the
+//! `cuda` feature).
 //!
 //! ## The update (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
 //! Kingma & Ba, "Adam", ICLR 2015), per element, in FP32, in this order:
@@ -58,7 +60,7 @@ pub mod theory;
 pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
-pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
+pub use optimizer::{for_device, Hyper, LowbitAdamW, Optimizer, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;
 pub use reset::BiasCorrection;

@@ -1,6 +1,8 @@
 //! The optimizer over a whole model: one [`QuantState`] pair per parameter tensor, the
 //! host-side per-step constants (learning rate, bias corrections, resets, RNG keys) and the
-//! CPU reference step. The CUDA path (`cuda` feature) uses the same constants and keys.
+//! CPU reference step; the [`Optimizer`] trait over candle parameters, with its two adapters,
+//! one per device: [`LowbitAdamW`] itself on the CPU and `cuda::CudaAdamW` (`cuda` feature),
+//! which uses the same constants and keys; [`for_device`] picks one.
 
 use crate::error::OptimError;
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
@@ -9,6 +11,8 @@ use crate::reset::{reset_at, AdaptiveReset};
 use crate::rng::{stream_key, StateKind};
 use crate::stalls::StallCounts;
 use crate::state::QuantState;
+use candle_core::{DType, Device, Tensor, Var};
+use half::bf16;
 
 /// AdamW hyper-parameters that do not change during a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,7 +55,8 @@ pub struct TensorState {
     pub v: QuantState,
 }
 
-/// AdamW with low-precision moment states (CPU reference implementation).
+/// AdamW with low-precision moment states: the CPU reference implementation, and the
+/// [`Optimizer`] on the CPU.
 pub struct LowbitAdamW {
     pub hyper: Hyper,
     pub spec: StatesSpec,
@@ -62,6 +67,8 @@ pub struct LowbitAdamW {
     /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else `None`.
     pub adaptive: Option<AdaptiveReset>,
     scratch: Scratch,
+    /// Stall counts of the last [`Optimizer::step`], until [`Optimizer::stall_counts`] reads them.
+    last: Option<(u64, Vec<StallCounts>)>,
 }
 
 impl LowbitAdamW {
@@ -80,7 +87,7 @@ impl LowbitAdamW {
             })
             .collect();
         let adaptive = (spec.reset == ResetRule::Adaptive).then(AdaptiveReset::default);
-        LowbitAdamW { hyper, spec, seed, tensors, adaptive, scratch: Scratch::default() }
+        LowbitAdamW { hyper, spec, seed, tensors, adaptive, scratch: Scratch::default(), last: None }
     }
 
     /// Decide the resets of update `step` (1-based, updates in increasing order) before its
@@ -238,6 +245,126 @@ impl LowbitAdamW {
             tensors: self.tensors.clone(),
             adaptive: self.adaptive.clone(),
             scratch: Scratch::default(),
+            last: None,
         }
+    }
+}
+
+/// An optimizer over candle parameters, one adapter per device: the CPU reference
+/// ([`LowbitAdamW`]) and the fused CUDA kernels (`cuda::CudaAdamW`, `cuda` feature), chosen by
+/// [`for_device`]. Each holds its states, whole or a ZeRO-1 shard ([`LowbitAdamW::shard`]), and
+/// updates the elements they cover (`first .. first + len` of each tensor) of the whole
+/// parameters it is given.
+pub trait Optimizer {
+    /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the gradient of
+    /// `params[i]` (F32, or BF16 from a BF16 model: widened exactly to FP32), multiplied by
+    /// `grad_scale` inside the step.
+    ///
+    /// # Errors
+    /// Tensors that do not fit the states (count, sizes, dtypes, device), a tensor operation
+    /// failing, or the adaptive reset rule missing a measurement.
+    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError>;
+
+    /// Stall counts of each tensor at a completed `step` (reading them may wait for the
+    /// device; call it [`Optimizer::count_lag`] steps later to keep the device busy).
+    ///
+    /// # Errors
+    /// Counts no longer kept, or the copy from the device failing.
+    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError>;
+
+    /// How many steps late the trainer reads stall counts (0 on the CPU; at most
+    /// [`crate::reset::ADAPTIVE_LAG`]).
+    fn count_lag(&self) -> usize {
+        0
+    }
+
+    /// The counts of update `step` summed over all tensors, for the adaptive reset rule
+    /// ([`LowbitAdamW::observe`]); every update's, in order, once the trainer has read them.
+    fn observe(&mut self, step: u64, total: &StallCounts);
+
+    /// The states, on the host (for checkpoints and inspection).
+    ///
+    /// # Errors
+    /// The copy from the device failing.
+    fn states(&mut self) -> Result<&LowbitAdamW, OptimError>;
+}
+
+/// The optimizer of `states` on `dev`: the CPU reference itself on the CPU, the fused kernels
+/// (states uploaded) on a CUDA device.
+///
+/// # Errors
+/// The CUDA optimizer refusing the states or failing to upload them.
+pub fn for_device(states: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
+    match dev {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => Ok(Box::new(crate::cuda::CudaAdamW::new(states, d)?)),
+        _ => Ok(Box::new(states)),
+    }
+}
+
+/// The CPU reference behind the trait: each tensor copied to the host, stepped over the
+/// elements the states cover ([`LowbitAdamW::step_cpu`]), written back.
+impl Optimizer for LowbitAdamW {
+    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+        if params.len() != self.tensors.len() || grads.len() != self.tensors.len() {
+            return Err(OptimError::State(format!(
+                "{} parameters and {} gradients for {} tensors",
+                params.len(),
+                grads.len(),
+                self.tensors.len()
+            )));
+        }
+        self.begin_update(step)?;
+        let mut out = Vec::with_capacity(params.len());
+        for (i, (var, grad)) in params.iter().zip(grads).enumerate() {
+            let (name, first, len) = (&self.tensors[i].info.name, self.tensors[i].first, self.tensors[i].m.len);
+            let t = var.as_tensor();
+            if t.elem_count() != grad.elem_count() || first + len > t.elem_count() {
+                return Err(OptimError::State(format!(
+                    "{name}: a parameter of {} and a gradient of {} elements, the states hold elements {first}..{}",
+                    t.elem_count(),
+                    grad.elem_count(),
+                    first + len
+                )));
+            }
+            let r = first..first + len;
+            let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let counts = match t.dtype() {
+                DType::F32 => {
+                    let mut p = t.flatten_all()?.to_vec1::<f32>()?;
+                    let c = self.step_cpu(step, lr, grad_scale, i, Weights::F32(&mut p[r.clone()]), &g[r]);
+                    var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
+                    c
+                }
+                DType::BF16 => {
+                    let mut p: Vec<u16> = t.flatten_all()?.to_vec1::<bf16>()?.into_iter().map(|x| x.to_bits()).collect();
+                    let c = self.step_cpu(step, lr, grad_scale, i, Weights::Bf16(&mut p[r.clone()]), &g[r]);
+                    let p: Vec<bf16> = p.into_iter().map(bf16::from_bits).collect();
+                    var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
+                    c
+                }
+                d => return Err(OptimError::State(format!("parameter {name} has unsupported dtype {d:?} (F32 or BF16)"))),
+            };
+            out.push(counts);
+        }
+        self.last = Some((step, out));
+        Ok(())
+    }
+
+    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError> {
+        match self.last.take() {
+            Some((s, c)) if s == step => Ok(c),
+            _ => Err(OptimError::State(format!(
+                "stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"
+            ))),
+        }
+    }
+
+    fn observe(&mut self, step: u64, total: &StallCounts) {
+        LowbitAdamW::observe(self, step, total);
+    }
+
+    fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
+        Ok(self)
     }
 }

@@ -1,9 +1,11 @@
 //! The optimizer's states as named arrays (PyTorch's `state_dict`): what a checkpoint stores,
-//! each state's stored codes and block scales as they are, never dequantized. The trainer's
-//! checkpoint writes them to a file without knowing what they hold.
+//! each state's stored codes and block scales as they are, never dequantized, and the adaptive
+//! reset rule's state. The trainer's checkpoint writes them to a file without knowing what
+//! they hold.
 
 use crate::error::OptimError;
 use crate::optimizer::LowbitAdamW;
+use crate::reset::AdaptiveReset;
 
 /// One stored array of [`LowbitAdamW::state_dict`].
 #[derive(Debug, Clone, PartialEq)]
@@ -13,11 +15,74 @@ pub enum Array {
     U8(Vec<u8>),
     /// Block scales, `[blocks]` (one per tensor with `block_size = 0`).
     F32(Vec<f32>),
+    /// Update numbers of the adaptive reset rule.
+    I64(Vec<i64>),
+    /// Accumulated excess and measured fractions of the adaptive reset rule.
+    F64(Vec<f64>),
+}
+
+impl Array {
+    /// The element type's name (`U8`, `F32`, `I64`, `F64`), for errors.
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            Array::U8(_) => "U8",
+            Array::F32(_) => "F32",
+            Array::I64(_) => "I64",
+            Array::F64(_) => "F64",
+        }
+    }
+}
+
+/// Prefix of the adaptive reset rule's arrays (`adaptive_reset.counters`,
+/// `adaptive_reset.acc`, `adaptive_reset.pending_updates`, `adaptive_reset.pending_fractions`).
+const ADAPTIVE: &str = "adaptive_reset";
+
+/// The adaptive rule's state as arrays: `counters` = [cycle_start, next, decided], `acc` =
+/// [A], and the pending measurements' updates and fractions.
+fn adaptive_arrays(a: &AdaptiveReset) -> Vec<(String, Array)> {
+    let int = |u: u64| i64::try_from(u).unwrap_or(i64::MAX);
+    vec![
+        (format!("{ADAPTIVE}.counters"), Array::I64(vec![int(a.cycle_start), int(a.next), int(a.decided)])),
+        (format!("{ADAPTIVE}.acc"), Array::F64(vec![a.acc])),
+        (format!("{ADAPTIVE}.pending_updates"), Array::I64(a.pending.iter().map(|&(u, _)| int(u)).collect())),
+        (format!("{ADAPTIVE}.pending_fractions"), Array::F64(a.pending.iter().map(|&(_, p)| p).collect())),
+    ]
+}
+
+/// The adaptive rule's state from its arrays, `None` when the arrays are absent.
+fn adaptive_from(get: &mut dyn FnMut(&str) -> Option<Array>) -> Result<Option<AdaptiveReset>, OptimError> {
+    let key = |k: &str| format!("{ADAPTIVE}.{k}");
+    let Some(counters) = get(&key("counters")) else { return Ok(None) };
+    let bad = |k: &str, want: &str| OptimError::State(format!("{}: missing or not {want}", key(k)));
+    let uint = |k: &str, v: i64| u64::try_from(v).map_err(|_| OptimError::State(format!("{}: negative update {v}", key(k))));
+    let Array::I64(c) = counters else { return Err(bad("counters", "3 I64 values")) };
+    let [cycle_start, next, decided] = c[..] else { return Err(bad("counters", "3 I64 values")) };
+    let Some(Array::F64(acc)) = get(&key("acc")) else { return Err(bad("acc", "one F64 value")) };
+    let [acc] = acc[..] else { return Err(bad("acc", "one F64 value")) };
+    let Some(Array::I64(updates)) = get(&key("pending_updates")) else { return Err(bad("pending_updates", "I64 values")) };
+    let Some(Array::F64(fractions)) = get(&key("pending_fractions")) else { return Err(bad("pending_fractions", "F64 values")) };
+    if updates.len() != fractions.len() {
+        return Err(OptimError::State(format!(
+            "{}: {} updates for {} fractions",
+            key("pending_updates"),
+            updates.len(),
+            fractions.len()
+        )));
+    }
+    let pending = updates.iter().zip(&fractions).map(|(&u, &p)| Ok((uint("pending_updates", u)?, p))).collect::<Result<_, OptimError>>()?;
+    Ok(Some(AdaptiveReset {
+        cycle_start: uint("counters", cycle_start)?,
+        acc,
+        next: uint("counters", next)?,
+        decided: uint("counters", decided)?,
+        pending,
+    }))
 }
 
 impl LowbitAdamW {
     /// Every state's arrays by name, in tensor order: `<param>.m.codes`, `<param>.v.codes` (U8)
-    /// and, for scaled formats, `<param>.m.scales`, `<param>.v.scales` (F32).
+    /// and, for scaled formats, `<param>.m.scales`, `<param>.v.scales` (F32); then, with the
+    /// adaptive reset rule, its state (`adaptive_reset.*`).
     pub fn state_dict(&self) -> Vec<(String, Array)> {
         let mut out = Vec::new();
         for t in &self.tensors {
@@ -28,14 +93,19 @@ impl LowbitAdamW {
                 }
             }
         }
+        out.extend(self.adaptive.iter().flat_map(adaptive_arrays));
         out
     }
 
-    /// Restore every state from `get` (an array of [`Self::state_dict`] by name).
+    /// Restore every state from `get` (an array of [`Self::state_dict`] by name). Without the
+    /// adaptive rule's arrays the rule keeps the state it has (checkpoints written before the
+    /// rule's state moved here kept it in the trainer's `state.json`, which the trainer gives
+    /// the rule first).
     ///
     /// # Errors
     /// A missing array, one of the other kind, or one whose length does not fit the state
-    /// (another model, format or block size), naming it.
+    /// (another model, format or block size), naming it; the adaptive rule's state for an
+    /// optimizer with periodic resets.
     pub fn load_state_dict(&mut self, get: &mut dyn FnMut(&str) -> Option<Array>) -> Result<(), OptimError> {
         let missing = |key: &str| OptimError::State(format!("missing {key}"));
         for t in &mut self.tensors {
@@ -43,12 +113,13 @@ impl LowbitAdamW {
                 let key = format!("{}.{kind}.codes", t.info.name);
                 match get(&key).ok_or_else(|| missing(&key))? {
                     Array::U8(codes) => s.set_code_bytes(&codes).map_err(|e| OptimError::State(format!("{key}: {e}")))?,
-                    Array::F32(_) => return Err(OptimError::State(format!("{key}: F32, expected U8 codes"))),
+                    other => return Err(OptimError::State(format!("{key}: {}, expected U8 codes", other.dtype()))),
                 }
                 if !s.scales.is_empty() {
                     let key = format!("{}.{kind}.scales", t.info.name);
-                    let Array::F32(scales) = get(&key).ok_or_else(|| missing(&key))? else {
-                        return Err(OptimError::State(format!("{key}: U8, expected F32 scales")));
+                    let scales = match get(&key).ok_or_else(|| missing(&key))? {
+                        Array::F32(scales) => scales,
+                        other => return Err(OptimError::State(format!("{key}: {}, expected F32 scales", other.dtype()))),
                     };
                     if scales.len() != s.scales.len() {
                         return Err(OptimError::State(format!("{key} has {} scales, expected {}", scales.len(), s.scales.len())));
@@ -57,6 +128,55 @@ impl LowbitAdamW {
                 }
             }
         }
+        match (adaptive_from(get)?, &mut self.adaptive) {
+            (Some(saved), Some(rule)) => *rule = saved,
+            (Some(_), None) => {
+                return Err(OptimError::State(format!(
+                    "{ADAPTIVE}.*: states reset by the adaptive rule, the config asks for periodic resets \
+                     (optim.states.reset must match to resume: the bias correction counts from the last reset)"
+                )))
+            }
+            (None, _) => {}
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Hyper, ParamInfo, ResetRule, StatesConfig};
+    use std::collections::HashMap;
+
+    fn optimizer(reset: ResetRule) -> LowbitAdamW {
+        let states = StatesConfig { reset, ..Default::default() };
+        let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
+        let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 4, weight_decay: true };
+        LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 0, vec![info])
+    }
+
+    /// The adaptive rule's state goes through the state dict exactly; a periodic optimizer
+    /// refuses it; without its arrays the rule keeps the state it was given.
+    #[test]
+    fn adaptive_rule_state_round_trips() {
+        let mut a = optimizer(ResetRule::Adaptive);
+        let rule = AdaptiveReset { cycle_start: 12, acc: 0.1 + 0.2, next: 15, decided: 24, pending: vec![(16, 0.75), (15, 1.0 / 3.0)] };
+        a.adaptive = Some(rule.clone());
+        let saved: HashMap<String, Array> = a.state_dict().into_iter().collect();
+        assert_eq!(saved.keys().filter(|k| k.starts_with("adaptive_reset.")).count(), 4);
+        let mut get = |k: &str| saved.get(k).cloned();
+        let mut b = optimizer(ResetRule::Adaptive);
+        b.load_state_dict(&mut get).unwrap();
+        assert_eq!(b.adaptive, Some(rule.clone()));
+
+        let e = optimizer(ResetRule::Periodic).load_state_dict(&mut get).unwrap_err().to_string();
+        assert!(e.contains("adaptive rule") && e.contains("optim.states.reset"), "{e}");
+
+        let mut without = |k: &str| if k.starts_with("adaptive_reset.") { None } else { saved.get(k).cloned() };
+        let mut c = optimizer(ResetRule::Adaptive);
+        c.adaptive = Some(rule.clone());
+        c.load_state_dict(&mut without).unwrap();
+        assert_eq!(c.adaptive, Some(rule));
+        assert!(optimizer(ResetRule::Periodic).state_dict().iter().all(|(k, _)| !k.starts_with("adaptive_reset.")));
     }
 }

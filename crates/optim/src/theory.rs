@@ -81,6 +81,17 @@ pub fn reset_period(fraction_bits: u32, beta2: f64, s0: f64) -> Option<u64> {
     None
 }
 
+/// The reset period the paper ran for a v grid of `fraction_bits`: K* ([`reset_period`]) at
+/// its b2 = 0.999 and s0 = 0.6, rounded down to one significant digit: BF16 1116 -> 1000, FP8
+/// E4M3 320 -> 300, FP4 (v's E2M2) 224 -> 200 (arXiv:2603.16731v1 runs 1000 / 300 / 200),
+/// FP32 1454 -> 1000. The one source of the paper cells' periods: `train reproduce` derives
+/// them from it and a test checks the configs against it.
+pub fn paper_run_period(fraction_bits: u32) -> u64 {
+    let k = reset_period(fraction_bits, 0.999, crate::config::DEFAULT_RESET_S0).expect("K* exists at b2 = 0.999");
+    let unit = 10u64.pow(k.ilog10());
+    k / unit * unit
+}
+
 /// Prediction for a rounding mode.
 pub fn p_stall(fraction_bits: u32, beta2: f64, rounding: Rounding) -> f64 {
     match rounding {
@@ -114,6 +125,8 @@ mod tests {
         assert_eq!([k(7, 0.7), k(3, 0.7), k(2, 0.7)], [1262, 351, 246]);
         // the formula's S(j) tends to F(1 - b2^j) / F(1) as the grid gets finer: FP32 still has one
         assert_eq!(reset_period(23, 0.999, 0.6), Some(1454));
+        // what the paper ran: one significant digit
+        assert_eq!([7, 3, 2, 23].map(paper_run_period), [1000, 300, 200, 1000]);
         assert!((reset_threshold(0.999, 0) - 1.0).abs() < 1e-15);
         assert!((reset_threshold(0.999, 1000) - 2.0 * 0.999f64.powi(1000) / (1.0 + 0.999f64.powi(1000))).abs() < 1e-15);
     }

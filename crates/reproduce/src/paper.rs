@@ -5,6 +5,7 @@
 //! the main table (BF16 model) publishes plain and SR + resets per format; Table 2 (FP32
 //! model) publishes every cell; Table 6 (FP8 reset policies, BF16 model) the three policies.
 
+use lowbit_optim::{theory, StateFormat};
 use std::path::{Path, PathBuf};
 
 /// One of the paper's loss tables.
@@ -85,14 +86,16 @@ impl Fmt {
             Fmt::Fp4 => "fp4",
         }
     }
-    /// The paper's reset period for this format (DESIGN.md: 1000 bf16 / 300 fp8 / 200 fp4;
-    /// FP32 states use the longest, 1000).
+    /// The paper's reset period for this format ([`theory::paper_run_period`] of its v grid:
+    /// bf16 1000, fp8 300, fp4 200 (v's E2M2; m takes v's period), fp32 1000).
     pub fn paper_reset_period(self) -> u64 {
-        match self {
-            Fmt::Fp32 | Fmt::Bf16 => 1000,
-            Fmt::Fp8 => 300,
-            Fmt::Fp4 => 200,
-        }
+        let v = match self {
+            Fmt::Fp32 => StateFormat::Fp32,
+            Fmt::Bf16 => StateFormat::Bf16,
+            Fmt::Fp8 => StateFormat::Fp8E4M3,
+            Fmt::Fp4 => StateFormat::Fp4UE2M2,
+        };
+        theory::paper_run_period(v.fraction_bits().expect("a grid with fraction bits"))
     }
 }
 

@@ -56,8 +56,13 @@ pub struct TrainState {
     pub m_scale: String,
     #[serde(default)]
     pub v_scale: String,
-    /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `optim.states.reset` the states were written with (`periodic` / `adaptive`; empty in
+    /// checkpoints written before it was recorded: see [`TrainState::reset_rule`]).
+    #[serde(default)]
+    pub reset: String,
+    /// The adaptive reset rule's state in checkpoints written before the optimizer saved it
+    /// itself (`optimizer.safetensors`, `adaptive_reset.*`); read, never written.
+    #[serde(default, skip_serializing)]
     pub adaptive_reset: Option<lowbit_optim::reset::AdaptiveReset>,
     /// Model parameter names and element counts, to refuse a checkpoint of another model.
     pub params: Vec<(String, usize)>,
@@ -81,6 +86,16 @@ fn one_rank() -> u64 {
 }
 
 impl TrainState {
+    /// The reset rule of the states (`periodic` / `adaptive`), also for checkpoints written
+    /// before it was recorded (adaptive when their `state.json` holds the rule's state).
+    pub fn reset_rule(&self) -> &str {
+        match (self.reset.as_str(), &self.adaptive_reset) {
+            ("", Some(_)) => "adaptive",
+            ("", None) => "periodic",
+            (rule, _) => rule,
+        }
+    }
+
     /// `state.json`: everything but the data position's carry, which the data position saves
     /// in its own file (`crate::components`).
     pub fn to_json(&self) -> Result<Vec<u8>> {
@@ -314,6 +329,7 @@ mod tests {
             v_zero: "exclude".into(),
             m_scale: "amax".into(),
             v_scale: "amax".into(),
+            reset: "periodic".into(),
             adaptive_reset: None,
             params: vec![("w".into(), 3)],
             rng: lowbit_optim::rng::SCHEME.into(),
@@ -334,8 +350,8 @@ mod tests {
             "params": [["w", 3]], "rng": "x"}"#;
         std::fs::write(tmp.path().join("state.json"), text).unwrap();
         let st = load_state(tmp.path()).unwrap();
-        assert_eq!((st.step, st.updates, st.data.carry, st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
-        assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.adaptive_reset), ("", "", None), "pow2 and periodic");
+        assert_eq!((st.step, st.updates, st.data.carry.clone(), st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
+        assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.reset_rule()), ("", "", "periodic"), "pow2 and periodic");
     }
 
     /// `run/checkpoints/step_0000003` and `step_0000006`, each with its manifest; returns the

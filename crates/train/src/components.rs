@@ -1,7 +1,8 @@
 //! The [`Stateful`] components of a checkpoint, each saving and restoring its own tensors: the
 //! model's weights (`model.safetensors`, HF LLaMA names, loads in `transformers`), the
 //! optimizer's states (`optimizer.safetensors`: [`LowbitAdamW::state_dict`], stored codes and
-//! block scales as they are) and the data position's pending tokens (`data.safetensors`).
+//! block scales as they are, and the adaptive reset rule's state) and the data position's
+//! pending tokens (`data.safetensors`).
 
 use crate::checkpoint::Stateful;
 use anyhow::{bail, Context, Result};
@@ -50,6 +51,8 @@ impl Stateful for LowbitAdamW {
                 let t = match a {
                     Array::U8(v) => Tensor::new(v, &Device::Cpu)?,
                     Array::F32(v) => Tensor::new(v, &Device::Cpu)?,
+                    Array::I64(v) => Tensor::new(v, &Device::Cpu)?,
+                    Array::F64(v) => Tensor::new(v, &Device::Cpu)?,
                 };
                 Ok((k, t))
             })
@@ -57,8 +60,8 @@ impl Stateful for LowbitAdamW {
     }
     fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
         for (k, t) in &tensors {
-            if !matches!(t.dtype(), DType::U8 | DType::F32) || t.rank() != 1 {
-                bail!("{k}: {:?} of shape {:?}, expected 1-D U8 codes or F32 scales", t.dtype(), t.dims());
+            if !matches!(t.dtype(), DType::U8 | DType::F32 | DType::I64 | DType::F64) || t.rank() != 1 {
+                bail!("{k}: {:?} of shape {:?}, expected 1-D U8 codes, F32 scales or the reset rule's I64/F64", t.dtype(), t.dims());
             }
         }
         let mut get = |k: &str| {
@@ -66,6 +69,8 @@ impl Stateful for LowbitAdamW {
             match t.dtype() {
                 DType::U8 => t.to_vec1::<u8>().ok().map(Array::U8),
                 DType::F32 => t.to_vec1::<f32>().ok().map(Array::F32),
+                DType::I64 => t.to_vec1::<i64>().ok().map(Array::I64),
+                DType::F64 => t.to_vec1::<f64>().ok().map(Array::F64),
                 _ => None,
             }
         };

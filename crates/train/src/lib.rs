@@ -17,14 +17,11 @@
 pub mod checkpoint;
 pub mod components;
 pub mod config;
-#[cfg(feature = "cuda")]
-pub mod cuda_optimizer;
 pub mod device;
 pub mod distributed;
 pub mod logs;
 pub mod manifest;
 pub mod memory;
-pub mod optimizer;
 pub mod output;
 pub mod run;
 pub mod run_folder;

@@ -5,14 +5,15 @@
 //! through [`Progress`] (the `train` binary draws a progress bar; [`Logs`] writes log lines).
 
 use crate::logs::summary::{self, RunStatus, Summary};
-use crate::session::{Launch, Session, StepReport};
+use crate::session::{Launch, Session};
+use crate::step::StepReport;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// What a finished (or stopped) run reports.
-pub struct Outcome {
+pub struct RunReport {
     pub run_dir: PathBuf,
     /// The summary written to `summary.json` (rank 0); `None` on other ranks and when nothing
     /// was run.
@@ -73,10 +74,10 @@ struct Stop {
 }
 
 /// Run (or resume) training as configured, reporting to `progress` on rank 0.
-pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
+pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<RunReport> {
     if let Some(step) = already_finished(&launch)? {
         let run_dir = launch.config.run_dir();
-        return Ok(Outcome { run_dir, summary: None, stopped_early: false, already_finished: Some(step) });
+        return Ok(RunReport { run_dir, summary: None, stopped_early: false, already_finished: Some(step) });
     }
     let mut s = Session::open(&launch)?;
     let leader = s.is_leader();
@@ -134,13 +135,13 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<Outcome> {
         bail!(e);
     }
     let stopped_early = status == RunStatus::Interrupted;
-    Ok(Outcome { run_dir: s.run_dir.clone(), summary, stopped_early, already_finished: None })
+    Ok(RunReport { run_dir: s.run_dir.clone(), summary, stopped_early, already_finished: None })
 }
 
 /// An interrupt before the loop's first step: a new run removes what it wrote (nothing to
 /// resume; the same command starts afresh), a resumed one stays at its checkpoint with a
 /// summary saying "interrupted".
-fn stop_before_the_first_step(s: Session, launch: &Launch) -> Result<Outcome> {
+fn stop_before_the_first_step(s: Session, launch: &Launch) -> Result<RunReport> {
     let run_dir = s.run_dir.clone();
     let leader = s.is_leader();
     let summary = if launch.folder != crate::run_folder::FolderUse::Resume {
@@ -165,7 +166,7 @@ fn stop_before_the_first_step(s: Session, launch: &Launch) -> Result<Outcome> {
             false => None,
         }
     };
-    Ok(Outcome { run_dir, summary, stopped_early: true, already_finished: None })
+    Ok(RunReport { run_dir, summary, stopped_early: true, already_finished: None })
 }
 
 /// The step a resumed run had already finished at, when it is `train.max_steps` or beyond
@@ -201,8 +202,8 @@ impl Session {
                  lower optim.lr or optim.grad_clip",
                 r.step,
                 self.cfg.train.max_nonfinite_steps,
-                r.out.loss,
-                r.out.grad_norm,
+                r.loss,
+                r.grad_norm,
                 self.checkpoint_dir_of(r.step).display()
             )),
         })

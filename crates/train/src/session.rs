@@ -10,20 +10,18 @@ use crate::distributed;
 use crate::logs::metrics::MetricsRow;
 use crate::logs::RunLogs;
 use crate::logs::stalls::{StallWriter, Theory};
-use crate::optimizer::{HostAdamW, Optimizer, ParamSet};
 use crate::run_folder::{self, FolderUse, RunLock};
 use crate::schedule::learning_rate;
-use crate::step::{batch_tensors, train_step, Phases, StepContext, StepOutput};
+use crate::step::{batch_tensors, train_step, ParamSet, Phases, StepContext, StepReport};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
 use lowbit_model::{init_params, try_param_group, Kernels, Llama, LlamaConfig};
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo};
+use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// How a run starts.
 pub struct Launch {
@@ -106,34 +104,6 @@ pub struct Session {
     _lock: Option<RunLock>,
 }
 
-/// What one step did, for the progress line and the stop conditions.
-pub struct StepReport {
-    /// The trainer's step number.
-    pub step: u64,
-    pub out: StepOutput,
-    /// Seconds the step took.
-    pub seconds: f64,
-    /// Stalled fractions (m, v) of the newest stall row written, if one was.
-    pub stalls: Option<(Option<f64>, Option<f64>)>,
-    /// The epoch the step's data reached, when it began a new one.
-    pub new_epoch: Option<u64>,
-}
-
-impl StepReport {
-    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
-    pub fn line(&self) -> String {
-        let frac = |f: Option<f64>| crate::output::fixed(f, 3);
-        let (m, v) = self.stalls.unwrap_or((None, None));
-        format!(
-            "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
-            self.out.loss,
-            frac(m),
-            frac(v),
-            self.out.tokens as f64 / self.seconds
-        )
-    }
-}
-
 impl Session {
     /// Sets up a run (or resumes one): tokenizer, model, optimizer states, the checkpoint's
     /// state, validation batches, the training stream and the run folder's writers. The run
@@ -209,7 +179,8 @@ impl Session {
             v_zero: spec.v_zero.as_str().into(),
             m_scale: scale_name(spec.m_format, spec.m_scale),
             v_scale: scale_name(spec.v_format, spec.v_scale),
-            adaptive_reset: host.adaptive.clone(),
+            reset: spec.reset.as_str().into(),
+            adaptive_reset: None,
             params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: world as u64,
@@ -217,8 +188,11 @@ impl Session {
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
+            if saved.adaptive_reset.is_some() {
+                // written before the optimizer saved the rule's state itself: state.json has it
+                host.adaptive = saved.adaptive_reset.clone();
+            }
             checkpoint::load(dir, &mut [&mut ModelWeights(&varmap), &mut host])?;
-            host.adaptive = saved.adaptive_reset.clone();
             if saved.global_batch != 0 && saved.global_batch != state.global_batch && rank == 0 {
                 tracing::warn!(
                     "--resume {}: the global batch changes from {} sequences per step to {} (train.micro_batch {} x \
@@ -233,6 +207,8 @@ impl Session {
             state = TrainState {
                 rng: lowbit_optim::rng::SCHEME.into(),
                 v_zero: spec.v_zero.as_str().into(),
+                reset: state.reset,
+                adaptive_reset: None,
                 m_scale: state.m_scale,
                 v_scale: state.v_scale,
                 ranks: state.ranks,
@@ -242,12 +218,12 @@ impl Session {
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
         let (mut opt, rank_state_bytes): (Box<dyn Optimizer>, Option<usize>) = match cfg.train.zero {
-            0 => (make_optimizer(host, &dev)?, None),
+            0 => (lowbit_optim::for_device(host, &dev)?, None),
             _ => {
-                let lens: Vec<usize> = infos.iter().map(|i| i.len).collect();
-                let (opt, bytes) = distributed::sharded_optimizer(&host, &lens, &spec, comm.clone(), &dev)?;
+                let opt = distributed::zero::Zero1::new(&host, comm.clone(), &dev)?;
+                let bytes = opt.local_state_bytes();
                 tracing::info!("train.zero = 1: rank {rank} of {world} holds {bytes} bytes of optimizer states");
-                (opt, Some(bytes))
+                (Box::new(opt), Some(bytes))
             }
         };
 
@@ -355,7 +331,6 @@ impl Session {
     /// [`Session::step`], adding the seconds of each phase to `phases` (with a device
     /// synchronisation at each phase boundary: for benchmarks, not for training).
     pub fn step_timed(&mut self, step: u64, phases: Option<&mut Phases>) -> Result<StepReport> {
-        let t0 = Instant::now();
         let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
         let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
         let mut ctx = StepContext {
@@ -370,7 +345,7 @@ impl Session {
             comm: self.comm.as_ref(),
         };
         let update = self.state.updates + 1;
-        let out = train_step(&mut ctx, update, lr, phases)?;
+        let mut out = train_step(&mut ctx, step, update, lr, phases)?;
         if out.updated {
             self.state.nonfinite_in_row = 0;
             self.state.updates = update;
@@ -382,11 +357,10 @@ impl Session {
             self.device_peak = Some(peak);
             tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
         }
-        let new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
+        out.new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
         self.state.step = step;
         self.state.tokens += out.tokens;
         self.state.data = out.position.clone();
-        let seconds = t0.elapsed().as_secs_f64();
         if let Some(logs) = &mut self.logs {
             logs.metric(&MetricsRow::Train {
                 step,
@@ -394,15 +368,15 @@ impl Session {
                 lr,
                 loss: out.loss,
                 grad_norm: out.grad_norm as f64,
-                step_time: seconds,
-                tokens_per_s: out.tokens as f64 / seconds,
+                step_time: out.seconds,
+                tokens_per_s: out.tokens as f64 / out.seconds,
                 skipped: !out.updated,
             })?;
         }
         self.pending.push_back((step, out.updated.then_some(update)));
         let lag = self.opt.count_lag();
-        let stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
-        Ok(StepReport { step, out, seconds, stalls, new_epoch })
+        out.stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
+        Ok(out)
     }
 
     /// Validation loss of the model now, written to `metrics.jsonl` as step `step`;
@@ -453,7 +427,7 @@ impl Session {
             return Ok(None);
         }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
-        let state = TrainState { adaptive_reset: states.adaptive.clone(), ..self.state.clone() };
+        let state = &self.state;
         let files = [
             ("config.json", serde_json::to_vec_pretty(&self.hf_config)?),
             ("state.json", state.to_json()?),
@@ -779,14 +753,13 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
             );
         }
     }
-    if saved.adaptive_reset.is_some() != now.adaptive_reset.is_some() {
-        let rule = |adaptive: bool| if adaptive { "adaptive" } else { "periodic" };
+    if saved.reset_rule() != now.reset_rule() {
         bail!(
             "{}: the checkpoint's states reset by the {} rule, the config asks for the {} one (optim.states.reset \
              must match to resume: the bias correction counts from the last reset)",
             dir.join("state.json").display(),
-            rule(saved.adaptive_reset.is_some()),
-            rule(now.adaptive_reset.is_some())
+            saved.reset_rule(),
+            now.reset_rule()
         );
     }
     if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size, saved_v_zero)
@@ -823,13 +796,4 @@ pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) ->
         loss,
         dtype: if dtype == DType::BF16 { "bfloat16" } else { "float32" }.into(),
     })
-}
-
-/// The optimizer for a device: CPU reference on the CPU, fused kernels on CUDA.
-fn make_optimizer(host: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>> {
-    match dev {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => Ok(Box::new(crate::cuda_optimizer::DeviceAdamW::new(host, dev)?)),
-        _ => Ok(Box::new(HostAdamW::new(host))),
-    }
 }

@@ -3,15 +3,16 @@
 //!
 //! The only host waits are the global norm (the clip factor and the skip decision need it
 //! on the host; the losses, summed on the device, are read with it) and the stream
-//! synchronisation after the optimizer.
+//! synchronisation after the optimizer. Also here: the parameters in the optimizer's order
+//! ([`ParamSet`]) and the global gradient norm ([`global_norm`]).
 
 use crate::distributed::collective::Collective;
 use crate::distributed::shard::{rank_rows, take_rows};
-use crate::optimizer::{global_norm, Optimizer, ParamSet};
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{Batch, DataPosition, TrainStream};
 use lowbit_model::Llama;
+use lowbit_optim::Optimizer;
 use std::time::Instant;
 
 /// Token ids, targets and loss mask of a batch as `[rows, seq_len]` tensors on `dev`.
@@ -22,6 +23,29 @@ pub fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)
         Tensor::from_slice(&b.target, shape, dev)?,
         Tensor::from_slice(&b.mask, shape, dev)?,
     ))
+}
+
+/// Model parameters in the optimizer's order (sorted by name; the index is the tensor id of
+/// the RNG streams).
+pub struct ParamSet {
+    pub names: Vec<String>,
+    pub vars: Vec<Var>,
+}
+
+impl ParamSet {
+    /// All variables of a VarMap, sorted by name.
+    pub fn from_varmap(vm: &candle_nn::VarMap) -> Self {
+        let data = vm.data().lock().unwrap();
+        let mut pairs: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let (names, vars) = pairs.into_iter().unzip();
+        ParamSet { names, vars }
+    }
+
+    /// Total number of scalar parameters.
+    pub fn num_params(&self) -> usize {
+        self.vars.iter().map(|v| v.elem_count()).sum()
+    }
 }
 
 /// What a step needs besides its number and learning rate.
@@ -40,9 +64,12 @@ pub struct StepContext<'a> {
     pub comm: &'a dyn Collective,
 }
 
-/// What a step did.
+/// What a step did: [`train_step`]'s result, to which [`crate::session::Session::step`] adds
+/// the stall fractions and the epoch; the progress line and the stop conditions read it.
 #[derive(Debug, Clone)]
-pub struct StepOutput {
+pub struct StepReport {
+    /// The trainer's step number.
+    pub step: u64,
     /// Mean loss over all of the step's target tokens (nats per target token).
     pub loss: f64,
     /// Global L2 norm of the token-weighted mean gradient, before clipping.
@@ -53,6 +80,27 @@ pub struct StepOutput {
     pub position: DataPosition,
     /// False when the loss or norm was non-finite and the update was skipped.
     pub updated: bool,
+    /// Seconds the step took.
+    pub seconds: f64,
+    /// Stalled fractions (m, v) of the newest stall row written, if one was.
+    pub stalls: Option<(Option<f64>, Option<f64>)>,
+    /// The epoch the step's data reached, when it began a new one.
+    pub new_epoch: Option<u64>,
+}
+
+impl StepReport {
+    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
+    pub fn line(&self) -> String {
+        let frac = |f: Option<f64>| crate::output::fixed(f, 3);
+        let (m, v) = self.stalls.unwrap_or((None, None));
+        format!(
+            "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
+            self.loss,
+            frac(m),
+            frac(v),
+            self.tokens as f64 / self.seconds
+        )
+    }
 }
 
 /// Seconds spent per phase, summed over steps; measured only when asked
@@ -86,8 +134,9 @@ impl Clock<'_> {
     }
 }
 
-/// Runs one training step at learning rate `lr`; `update` is the optimizer's step number for
-/// its update. `phases`: add this step's phase times to it.
+/// Runs training step `step` at learning rate `lr`; `update` is the optimizer's step number
+/// for its update. `phases`: add this step's phase times to it. The report's `stalls` and
+/// `new_epoch` are left empty (the session knows them).
 ///
 /// A skipped step (non-finite loss or gradient norm) does not exist for the optimizer, as
 /// when PyTorch's `GradScaler` skips `optimizer.step()`: `update` counts applied updates only
@@ -107,7 +156,8 @@ impl Clock<'_> {
 /// world_size` rows, one global data order) and counts `N` over all of them, then runs its own
 /// rows ([`rank_rows`]); the gradients and the loss are summed over ranks (one all-reduce),
 /// so the norm, the clip and the update see the global token-weighted mean on every rank.
-pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepOutput> {
+pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases: Option<&mut Phases>) -> Result<StepReport> {
+    let t0 = Instant::now();
     let dev = ctx.device;
     if phases.is_some() {
         dev.synchronize()?;
@@ -165,7 +215,7 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
     if updated {
         let clip = ctx.grad_clip as f32;
         let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
-        ctx.opt.step(update, lr, factor, ctx.params, &grads)?;
+        ctx.opt.step(update, lr, factor, &ctx.params.vars, &grads)?;
     }
     drop(grads);
     // One synchronisation per step bounds how far the host runs ahead of the device (and
@@ -173,7 +223,8 @@ pub fn train_step(ctx: &mut StepContext, update: u64, lr: f64, phases: Option<&m
     // already waited for the backward.
     dev.synchronize()?;
     clock.lap(|p| &mut p.optimizer)?;
-    Ok(StepOutput { loss, grad_norm: norm, tokens, position, updated })
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(StepReport { step, loss, grad_norm: norm, tokens, position, updated, seconds, stalls: None, new_epoch: None })
 }
 
 /// Sums `grads` (replaced by FP32 sums) and the scalar `loss` over all ranks in one
@@ -197,4 +248,62 @@ fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Res
     }
     // (to_vec1 of a view copies its whole storage to the host: copy out the one element first)
     Ok(flat.narrow(0, at, 1)?.force_contiguous()?.to_vec1::<f32>()?[0])
+}
+
+/// Global L2 norm of all gradients (any float dtype), so that finite gradients give a
+/// finite norm (four elements of 1e19: 2e19) and tiny ones keep their precision: squares
+/// summed in FP32, and again in F64 only when that sum overflowed or is below 1e-20 (where
+/// FP32 squares may have underflowed); F64 every step costs two more copies of every
+/// gradient. One host sync per pass. Matrices are summed by rows first: candle reduces a
+/// whole tensor in one thread block. A norm beyond `f32::MAX` is returned as `inf`.
+///
+/// On a CUDA device (the `cuda` feature) the sum is one fused pass in FP64
+/// ([`lowbit_optim::grad_norm::sum_of_squares`]: squares of F32 and BF16 gradients, a fixed
+/// summation order).
+pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
+    #[cfg(feature = "cuda")]
+    if grads.first().is_some_and(|g| g.device().is_cuda()) {
+        return Ok(lowbit_optim::grad_norm::sum_of_squares(grads)?.sqrt() as f32);
+    }
+    let sq = sum_of_squares(grads, DType::F32)?;
+    if sq.is_nan() || (sq.is_finite() && sq >= 1e-20) {
+        return Ok(sq.sqrt() as f32);
+    }
+    Ok(sum_of_squares(grads, DType::F64)?.sqrt() as f32)
+}
+
+/// Σ g² over all gradients, each squared and summed in `dtype`, read to the host.
+fn sum_of_squares(grads: &[Tensor], dtype: DType) -> Result<f64> {
+    let mut total: Option<Tensor> = None;
+    for g in grads {
+        let sq = g.to_dtype(dtype)?.sqr()?;
+        let s = if g.rank() >= 2 { sq.sum(candle_core::D::Minus1)?.sum_all()? } else { sq.sum_all()? };
+        total = Some(match total {
+            None => s,
+            Some(t) => (t + s)?,
+        });
+    }
+    Ok(total.context("no gradients")?.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Squares of 1e19 overflow FP32 (1e38 each, 4e38 in all); the norm does not: 2e19.
+    #[test]
+    fn global_norm_of_huge_finite_gradients_is_finite() -> Result<()> {
+        let dev = Device::Cpu;
+        let matrix = Tensor::new(&[[1e19f32, 1e19], [0.0, 0.0]], &dev)?;
+        let vector = Tensor::new(&[1e19f32, -1e19], &dev)?;
+        let norm = global_norm(&[matrix, vector.to_dtype(DType::BF16)?])?;
+        assert!((norm - 2e19).abs() < 2e19 * 1e-2, "{norm}"); // BF16 holds 1e19 to 3 digits
+        let norm = global_norm(&[Tensor::new(&[[1e19f32, 1e19, 1e19, 1e19]], &dev)?])?;
+        assert_eq!(norm, 2e19);
+        // Tiny gradients keep their precision too (squares below FP32's smallest normal).
+        let norm = global_norm(&[Tensor::new(&[3e-23f32, 4e-23], &dev)?])?;
+        assert!((norm - 5e-23).abs() < 5e-23 * 1e-6, "{norm}");
+        Ok(())
+    }
 }

@@ -10,7 +10,7 @@
 use lowbit_train::checkpoint::{self, ExportCheck, TrainState};
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::RunStatus;
-use lowbit_train::run::{self, Logs, Outcome};
+use lowbit_train::run::{self, Logs, RunReport};
 use lowbit_train::session::Launch;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ fn config(dir: &Path, name: &str, sets: &[&str]) -> RunConfig {
     load_with(dir, &format!("{name}.toml"), &base_toml(&dir.join("runs"), name), sets).unwrap()
 }
 
-fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u64>) -> anyhow::Result<Outcome> {
+fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u64>) -> anyhow::Result<RunReport> {
     let start = match resume_from {
         Some(ck) => Launch::resume(config, ck),
         None => Launch::new(config),
@@ -83,8 +83,9 @@ fn one_line_error<T>(r: anyhow::Result<T>, needles: &[&str]) -> String {
 
 /// Uninterrupted run vs. the same run stopped at `stop` and resumed from its checkpoint of
 /// step `resume_at` (an older one: as after a crash, the rows logged past it are replayed):
-/// identical metrics, stall rows, final weights and optimizer bytes.
-fn check_exact_resume(tag: &str, sets: &[&str], stop: u64, resume_at: u64, torch_dtype: &str) {
+/// identical metrics, stall rows, final weights and optimizer bytes. Returns the folder that
+/// holds the runs and the uninterrupted run's folder.
+fn check_exact_resume(tag: &str, sets: &[&str], stop: u64, resume_at: u64, torch_dtype: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let full = launch(config(tmp.path(), &format!("{tag}_full"), sets), None, None).unwrap();
     assert!(!full.stopped_early);
@@ -119,6 +120,7 @@ fn check_exact_resume(tag: &str, sets: &[&str], stop: u64, resume_at: u64, torch
     assert_eq!(hf["torch_dtype"], torch_dtype);
     let check: ExportCheck = serde_json::from_slice(&read(&cb.join("export_check.json"))).unwrap();
     assert_eq!(check.dtype, torch_dtype);
+    (tmp, a.clone())
 }
 
 #[test]
@@ -136,7 +138,8 @@ fn resume_is_bit_identical_bf16_weights() {
 /// The adaptive reset rule (Alg. 2) carries its state in the checkpoint: a run resumed in the
 /// middle of a cycle resets at the same updates, bit for bit. With b2 = 0.9 the threshold E(j)
 /// falls fast and s0 = 0.05 counts the ~half of v's entries that stay unchanged here, so the rule
-/// resets within the run (checked).
+/// resets within the run (checked). The optimizer saves the rule's state in its own file; a
+/// checkpoint written before it did (the state in `state.json`) resumes the same.
 #[test]
 fn resume_is_bit_identical_with_adaptive_resets() {
     let sets = [
@@ -148,13 +151,46 @@ fn resume_is_bit_identical_with_adaptive_resets() {
         "optim.beta2=0.9",
         "train.max_steps=24",
     ];
-    check_exact_resume("adaptive", &sets, 20, 18, "float32");
-    // (the run folders are gone with check_exact_resume's tempdir: run once more to read the state)
-    let tmp = tempfile::tempdir().unwrap();
-    let out = launch(config(tmp.path(), "a", &sets), None, None).unwrap();
-    let state = checkpoint::load_state(&checkpoint::latest(&out.run_dir).unwrap()).unwrap();
-    let rule = state.adaptive_reset.expect("the adaptive rule's state is in the checkpoint");
-    assert!(rule.cycle_start > 1, "no adaptive reset in 24 updates: {rule:?}");
+    let (tmp, full) = check_exact_resume("adaptive", &sets, 20, 18, "float32");
+    let last = checkpoint::latest(&full).unwrap();
+    let opt = candle_core::safetensors::load(last.join("optimizer.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let counters = opt["adaptive_reset.counters"].to_vec1::<i64>().unwrap();
+    assert!(counters[0] > 1, "no adaptive reset in 24 updates: cycle_start, next, decided = {counters:?}");
+    let state: Value = serde_json::from_slice(&read(&last.join("state.json"))).unwrap();
+    assert_eq!((state.get("adaptive_reset"), state["reset"].as_str()), (None, Some("adaptive")));
+
+    // the checkpoint of step 21 as an older lowbit wrote it, resumed: the same last checkpoint
+    let want = read(&last.join("optimizer.safetensors"));
+    let ck = checkpoint::list(&full).unwrap().into_iter().find(|c| c.0 == 21).unwrap().1;
+    move_rule_state_to_state_json(&ck);
+    launch(config(tmp.path(), "adaptive_full", &sets), Some(ck), None).unwrap();
+    assert!(read(&checkpoint::latest(&full).unwrap().join("optimizer.safetensors")) == want);
+}
+
+/// Rewrites checkpoint `ck` as lowbit wrote it before the optimizer saved the adaptive rule's
+/// state: the state in `state.json` (`adaptive_reset`, no `reset`), not in
+/// `optimizer.safetensors`; the manifest rewritten.
+fn move_rule_state_to_state_json(ck: &Path) {
+    let file = ck.join("optimizer.safetensors");
+    let mut opt = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+    let mut take = |k: &str| opt.remove(&format!("adaptive_reset.{k}")).unwrap();
+    let (counters, acc) = (take("counters").to_vec1::<i64>().unwrap(), take("acc").to_vec1::<f64>().unwrap());
+    let (updates, fractions) = (take("pending_updates").to_vec1::<i64>().unwrap(), take("pending_fractions").to_vec1::<f64>().unwrap());
+    let rule = lowbit_optim::reset::AdaptiveReset {
+        cycle_start: counters[0] as u64,
+        acc: acc[0],
+        next: counters[1] as u64,
+        decided: counters[2] as u64,
+        pending: updates.iter().zip(&fractions).map(|(&u, &p)| (u as u64, p)).collect(),
+    };
+    candle_core::safetensors::save(&opt, &file).unwrap();
+    let mut state: Value = serde_json::from_slice(&read(&ck.join("state.json"))).unwrap();
+    let o = state.as_object_mut().unwrap();
+    assert_eq!(o.remove("reset"), Some("adaptive".into()));
+    o.insert("adaptive_reset".into(), serde_json::to_value(&rule).unwrap());
+    std::fs::write(ck.join("state.json"), serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+    std::fs::remove_file(ck.join("manifest.json")).unwrap();
+    lowbit_train::manifest::write(ck).unwrap();
 }
 
 /// A checkpoint written before scale kinds were recorded (its `state.json` without `m_scale` /

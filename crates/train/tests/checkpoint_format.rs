@@ -82,6 +82,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         v_zero: spec.v_zero.as_str().into(),
         m_scale: "pow2".into(),
         v_scale: "amax".into(),
+        reset: String::new(), // (not recorded by 3ef565f: periodic)
         adaptive_reset: None,
         params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
         rng: lowbit_optim::rng::SCHEME.into(),

@@ -2,12 +2,11 @@
 //! are the mean over all of its targets, whatever the split into micro-batches.
 
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{load_tokenizer, DataConfig, DataPosition, SeqMode, TrainStream};
 use lowbit_model::{init_params, Llama, LlamaConfig};
-use lowbit_optim::{LowbitAdamW, StallCounts};
-use lowbit_train::optimizer::{Optimizer, ParamSet};
-use lowbit_train::step::{train_step, StepContext, StepOutput};
+use lowbit_optim::{LowbitAdamW, OptimError, Optimizer, StallCounts};
+use lowbit_train::step::{train_step, ParamSet, StepContext, StepReport};
 
 mod common;
 
@@ -17,22 +16,22 @@ struct Recorder {
 }
 
 impl Optimizer for Recorder {
-    fn step(&mut self, _step: u64, _lr: f64, grad_scale: f32, _params: &ParamSet, grads: &[Tensor]) -> Result<()> {
+    fn step(&mut self, _step: u64, _lr: f64, grad_scale: f32, _params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
         self.grads = grads
             .iter()
             .map(|g| Ok(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().map(|x| x * grad_scale).collect()))
-            .collect::<Result<_>>()?;
+            .collect::<Result<_, OptimError>>()?;
         Ok(())
     }
 
-    fn stall_counts(&mut self, _step: u64) -> Result<Vec<StallCounts>> {
-        anyhow::bail!("the recorder keeps no stall counts")
+    fn stall_counts(&mut self, _step: u64) -> Result<Vec<StallCounts>, OptimError> {
+        Err(OptimError::State("the recorder keeps no stall counts".into()))
     }
 
     fn observe(&mut self, _step: u64, _total: &StallCounts) {}
 
-    fn states(&mut self) -> Result<&LowbitAdamW> {
-        anyhow::bail!("the recorder keeps no states")
+    fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
+        Err(OptimError::State("the recorder keeps no states".into()))
     }
 }
 
@@ -53,7 +52,7 @@ fn shard(dir: &std::path::Path) -> std::path::PathBuf {
 
 /// One step over the shard's 16 documents as `micro_batch` x `grad_accum`, no clipping:
 /// the step's output and the gradient handed to the optimizer.
-fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(StepOutput, Vec<Vec<f32>>)> {
+fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(StepReport, Vec<Vec<f32>>)> {
     let dir = tempfile::tempdir()?;
     let path = shard(dir.path());
     let tok_path = common::root().join("data/tokenizers/t5-tokenizer.json");
@@ -94,7 +93,7 @@ fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(Ste
         grad_clip: 0.0,
         comm: &lowbit_train::distributed::collective::Solo,
     };
-    let out = train_step(&mut ctx, 1, 1e-3, None)?;
+    let out = train_step(&mut ctx, 1, 1, 1e-3, None)?;
     assert!(out.updated);
     Ok((out, opt.grads))
 }

@@ -5,7 +5,7 @@
 //! of the optimizer states over ranks ([`shard`], [`zero`]).
 //!
 //! Several ranks on GPUs sum their gradients through NCCL ([`nccl`], `nccl` feature) and,
-//! with `train.zero = 1`, step their shards of the states on the GPU ([`zero_gpu`]).
+//! with `train.zero = 1`, step their shards of the states on the GPU ([`zero`]).
 
 pub mod collective;
 #[cfg(feature = "nccl")]
@@ -14,13 +14,9 @@ pub mod rendezvous;
 pub mod shard;
 pub mod world;
 pub mod zero;
-#[cfg(feature = "cuda")]
-pub mod zero_gpu;
 
-use crate::optimizer::Optimizer;
 use anyhow::Result;
 use candle_core::Device;
-use lowbit_optim::{LowbitAdamW, StatesSpec};
 use collective::{Collective, Solo, TcpCollective};
 use std::sync::Arc;
 use world::World;
@@ -68,34 +64,3 @@ fn no_nccl_message(world_size: usize) -> String {
     )
 }
 
-/// The ZeRO-1 optimizer of this rank (`train.zero = 1`) for tensors of `lens` elements, and
-/// the bytes of the states it holds: on the CPU [`zero::ShardedAdamW`] (ranges cut on scale
-/// blocks, [`shard::granule`]); on a GPU [`zero_gpu::DeviceShardedAdamW`] (ranges also
-/// starting at multiples of 4 elements, the fused kernel's vector width).
-///
-/// # Errors
-/// Those of the optimizers' constructors.
-pub fn sharded_optimizer(
-    whole: &LowbitAdamW,
-    lens: &[usize],
-    spec: &StatesSpec,
-    comm: Arc<dyn Collective>,
-    dev: &Device,
-) -> Result<(Box<dyn Optimizer>, usize)> {
-    let world = comm.world_size();
-    match dev {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => {
-            // block sizes are multiples of 4 (StatesConfig::resolve); unscaled states cut anywhere
-            let granule = shard::granule(spec).map(|g| g.max(4));
-            let opt = zero_gpu::DeviceShardedAdamW::new(whole, shard::zero_ranges(lens, granule, world), comm, dev)?;
-            let bytes = opt.local_state_bytes();
-            Ok((Box::new(opt), bytes))
-        }
-        _ => {
-            let opt = zero::ShardedAdamW::new(whole, shard::zero_ranges(lens, shard::granule(spec), world), comm)?;
-            let bytes = opt.local_state_bytes();
-            Ok((Box::new(opt), bytes))
-        }
-    }
-}

@@ -1,80 +1,86 @@
-//! ZeRO stage 1 on the CPU reference optimizer: each rank keeps and updates the states of its
-//! element range of every tensor ([`super::shard::zero_ranges`]), then the updated weight
-//! ranges are all-gathered so every rank holds the whole model again. Stall counts are
-//! summed over ranks as integers; the whole states are gathered for a checkpoint (same
-//! single-process layout, so a run resumes with any number of ranks or `zero` setting).
+//! ZeRO stage 1, on the CPU and on GPUs: each rank keeps the states of its element range of
+//! every tensor ([`shard::zero_ranges`]) in the device's own optimizer
+//! ([`lowbit_optim::for_device`]: the CPU reference or the fused kernels), which steps only
+//! those elements of the whole weights; then every range goes from its owner to every rank,
+//! so all ranks hold the whole updated model: on the CPU one all-gather of the ranges' bytes
+//! ([`Collective::all_gather`]), on GPUs an in-place broadcast of each range from its owner
+//! ([`Collective::broadcast_views`], the NCCL backend). The random bits are those of the whole
+//! tensor's elements, so the update is bit-identical to `train.zero = 0` (`cuda_parity`'s
+//! `sharded_step_matches_whole_tensor_step` on the GPU, `data_parallel` on the CPU). Stall
+//! counts are summed over ranks as integers; the whole states are gathered for a checkpoint
+//! (same single-process layout, so a run resumes with any number of ranks or `zero` setting).
+//!
+//! One wrapper over either device's optimizer, not a sharded type per device: the shard is a
+//! property of the states ([`LowbitAdamW::shard`]), which both adapters already step, and what
+//! ZeRO-1 adds (the weight exchange, the summed counts, the gathered states) is the same on
+//! both devices but for the one exchange call.
 
 use super::collective::Collective;
-use crate::optimizer::{Optimizer, ParamSet};
+use super::shard;
 use anyhow::{Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use half::bf16;
-use lowbit_optim::adamw::Weights;
-use lowbit_optim::{LowbitAdamW, QuantState, StallCounts, TensorState};
+use lowbit_optim::{LowbitAdamW, OptimError, Optimizer, QuantState, StallCounts, TensorState};
 use std::ops::Range;
 use std::sync::Arc;
 
 /// AdamW over this rank's shard of every tensor ([`Optimizer`] for `train.zero = 1`).
-pub struct ShardedAdamW {
-    /// The states of this rank's ranges (`TensorState::first` = the range's start).
-    local: LowbitAdamW,
+pub struct Zero1 {
+    /// The device's optimizer over this rank's ranges (`TensorState::first` = the range's start).
+    local: Box<dyn Optimizer>,
     /// `ranges[r][t]`: rank `r`'s elements of tensor `t`.
     ranges: Vec<Vec<Range<usize>>>,
     comm: Arc<dyn Collective>,
-    /// Counts of the last step, summed over ranks when read.
-    last: Option<(u64, Vec<StallCounts>)>,
     /// The whole states, gathered for [`Optimizer::states`].
     gathered: Option<LowbitAdamW>,
+    /// Bytes of the states this rank holds (codes + scales).
+    local_bytes: usize,
 }
 
-impl ShardedAdamW {
-    /// Shards `whole` (fresh or loaded from a checkpoint) by `ranges` and keeps this rank's.
+impl Zero1 {
+    /// Shards `whole` (fresh or loaded from a checkpoint) over the ranks of `comm` and keeps
+    /// this rank's on `dev`. Ranges are cut on scale blocks ([`shard::granule`]); on a GPU they
+    /// also start at multiples of 4 elements (the fused kernel's vector width).
     ///
     /// # Errors
-    /// Ranges that cut a scale block or do not match the tensors.
-    pub fn new(whole: &LowbitAdamW, ranges: Vec<Vec<Range<usize>>>, comm: Arc<dyn Collective>) -> Result<ShardedAdamW> {
-        anyhow::ensure!(ranges.len() == comm.world_size(), "{} shard lists for {} ranks", ranges.len(), comm.world_size());
-        let local = whole.shard(&ranges[comm.rank()]).map_err(anyhow::Error::msg).context("train.zero = 1")?;
-        Ok(ShardedAdamW { local, ranges, comm, last: None, gathered: None })
+    /// Ranges that cut a scale block; the device's optimizer refusing the states.
+    pub fn new(whole: &LowbitAdamW, comm: Arc<dyn Collective>, dev: &Device) -> Result<Zero1> {
+        let lens: Vec<usize> = whole.tensors.iter().map(|t| t.info.len).collect();
+        let granule = match dev {
+            // block sizes are multiples of 4 (StatesConfig::resolve); unscaled states cut anywhere
+            Device::Cuda(_) => shard::granule(&whole.spec).map(|g| g.max(4)),
+            _ => shard::granule(&whole.spec),
+        };
+        let ranges = shard::zero_ranges(&lens, granule, comm.world_size());
+        let local = whole.shard(&ranges[comm.rank()]).context("train.zero = 1")?;
+        let local_bytes = local.state_bytes();
+        let local = lowbit_optim::for_device(local, dev)?;
+        Ok(Zero1 { local, ranges, comm, gathered: None, local_bytes })
     }
 
     /// Bytes of the states this rank holds (codes + scales).
     pub fn local_state_bytes(&self) -> usize {
-        self.local.state_bytes()
+        self.local_bytes
     }
-}
 
-impl Optimizer for ShardedAdamW {
-    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &ParamSet, grads: &[Tensor]) -> Result<()> {
-        self.gathered = None;
-        self.local.begin_update(step).map_err(anyhow::Error::msg)?;
-        let rank = self.comm.rank();
-        let mut counts = Vec::with_capacity(params.vars.len());
-        let mut full: Vec<Vec<u8>> = Vec::with_capacity(params.vars.len());
-        let mut mine = Vec::new();
-        for (i, (var, grad)) in params.vars.iter().zip(grads).enumerate() {
-            let r = self.ranges[rank][i].clone();
-            let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            let t = var.as_tensor();
-            let (c, bytes, width) = match t.dtype() {
-                DType::F32 => {
-                    let mut p = t.flatten_all()?.to_vec1::<f32>()?;
-                    let c = self.local.step_cpu(step, lr, grad_scale, i, Weights::F32(&mut p[r.clone()]), &g[r.clone()]);
-                    (c, p.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(), 4)
-                }
-                DType::BF16 => {
-                    let mut p: Vec<u16> = t.flatten_all()?.to_vec1::<bf16>()?.into_iter().map(|x| x.to_bits()).collect();
-                    let c = self.local.step_cpu(step, lr, grad_scale, i, Weights::Bf16(&mut p[r.clone()]), &g[r.clone()]);
-                    (c, p.iter().flat_map(|x| x.to_le_bytes()).collect(), 2)
-                }
-                d => anyhow::bail!("parameter {} has unsupported dtype {d:?}", params.names[i]),
+    /// Every rank's updated ranges into every rank's weights.
+    fn exchange(&self, params: &[Var]) -> Result<()> {
+        if self.comm.world_size() == 1 {
+            return Ok(()); // `--set train.zero=1` alone: the one shard is everything
+        }
+        if params.first().is_some_and(|p| p.device().is_cuda()) {
+            let views = |rs: &[Range<usize>]| -> Result<Vec<Tensor>> {
+                params.iter().zip(rs).map(|(p, r)| Ok(p.as_tensor().flatten_all()?.narrow(0, r.start, r.len())?)).collect()
             };
-            mine.extend_from_slice(&bytes[r.start * width..r.end * width]);
-            full.push(bytes);
-            counts.push(c);
+            let owned = self.ranges.iter().map(|rs| views(rs)).collect::<Result<Vec<_>>>()?;
+            return self.comm.broadcast_views(&owned);
         }
         // One all-gather for the updated ranges of all tensors, then each tensor reassembled.
-        let width = |i: usize| params.vars[i].dtype().size_in_bytes();
+        let rank = self.comm.rank();
+        let width = |i: usize| params[i].dtype().size_in_bytes();
+        let mut full = params.iter().map(|p| host_bytes(p.as_tensor())).collect::<Result<Vec<_>>>()?;
+        let mine: Vec<u8> =
+            self.ranges[rank].iter().enumerate().flat_map(|(i, r)| full[i][r.start * width(i)..r.end * width(i)].to_vec()).collect();
         let per_rank: Vec<usize> =
             self.ranges.iter().map(|rs| rs.iter().enumerate().map(|(i, r)| r.len() * width(i)).sum()).collect();
         let all = self.comm.all_gather(&mine, &per_rank)?;
@@ -86,7 +92,7 @@ impl Optimizer for ShardedAdamW {
                 at += n;
             }
         }
-        for (var, bytes) in params.vars.iter().zip(full) {
+        for (var, bytes) in params.iter().zip(full) {
             let t = var.as_tensor();
             let new = match t.dtype() {
                 DType::F32 => Tensor::from_vec(
@@ -102,31 +108,55 @@ impl Optimizer for ShardedAdamW {
             };
             var.set(&new)?;
         }
-        self.last = Some((step, counts));
         Ok(())
     }
+}
 
-    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>> {
-        match self.last.take() {
-            Some((s, c)) if s == step => sum_counts(&c, self.comm.as_ref()),
-            _ => anyhow::bail!("stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"),
-        }
+/// The little-endian bytes of an F32 or BF16 tensor, on the host.
+fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(match t.dtype() {
+        DType::F32 => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => t.flatten_all()?.to_vec1::<bf16>()?.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        d => anyhow::bail!("ZeRO-1 weights are F32 or BF16, not {d:?}"),
+    })
+}
+
+/// A failure of the exchange between ranks, as the optimizer's error.
+fn collective(e: anyhow::Error) -> OptimError {
+    OptimError::Runtime(format!("train.zero = 1: {e:#}"))
+}
+
+impl Optimizer for Zero1 {
+    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+        self.gathered = None;
+        self.local.step(step, lr, grad_scale, params, grads)?;
+        self.exchange(params).map_err(collective)
+    }
+
+    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError> {
+        let counts = self.local.stall_counts(step)?;
+        sum_counts(&counts, self.comm.as_ref()).map_err(collective)
+    }
+
+    fn count_lag(&self) -> usize {
+        self.local.count_lag()
     }
 
     fn observe(&mut self, step: u64, total: &StallCounts) {
         self.local.observe(step, total);
     }
 
-    fn states(&mut self) -> Result<&LowbitAdamW> {
+    fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
         if self.gathered.is_none() {
-            self.gathered = Some(gather_states(&self.local, &self.ranges, self.comm.as_ref())?);
+            let local = self.local.states()?;
+            self.gathered = Some(gather_states(local, &self.ranges, self.comm.as_ref()).map_err(collective)?);
         }
         Ok(self.gathered.as_ref().expect("gathered"))
     }
 }
 
 /// Every rank's stall counts of a step summed exactly (integers) over the ranks.
-pub(crate) fn sum_counts(counts: &[StallCounts], comm: &dyn Collective) -> Result<Vec<StallCounts>> {
+fn sum_counts(counts: &[StallCounts], comm: &dyn Collective) -> Result<Vec<StallCounts>> {
     let mut flat: Vec<u64> = counts.iter().flat_map(|c| c.to_words()).collect();
     comm.sum_u64(&mut flat)?;
     Ok(flat.chunks_exact(StallCounts::WORDS).map(|c| StallCounts::from_words(c.try_into().expect("one tensor"))).collect())
@@ -134,7 +164,7 @@ pub(crate) fn sum_counts(counts: &[StallCounts], comm: &dyn Collective) -> Resul
 
 /// The whole optimizer states on every rank, from each rank's shard `local` (cut by
 /// `ranges[rank]`): one all-gather of codes and scales, then [`LowbitAdamW::unshard`].
-pub(crate) fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn Collective) -> Result<LowbitAdamW> {
+fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn Collective) -> Result<LowbitAdamW> {
     let mine: Vec<u8> = local.tensors.iter().flat_map(|t| [state_bytes(&t.m), state_bytes(&t.v)]).flatten().collect();
     let shapes: Vec<Vec<(QuantState, QuantState)>> = ranges
         .iter()
@@ -153,7 +183,7 @@ pub(crate) fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], c
         }
         shards.push(shard);
     }
-    LowbitAdamW::unshard(&shards).map_err(anyhow::Error::msg)
+    Ok(LowbitAdamW::unshard(&shards)?)
 }
 
 /// Codes then scales, as stored.
@@ -168,7 +198,7 @@ fn fill(s: &mut QuantState, all: &[u8], at: usize) -> Result<usize> {
     let codes = s.code_bytes().len();
     let end = at + codes + 4 * s.scales.len();
     anyhow::ensure!(end <= all.len(), "gathered optimizer states are {} bytes, expected at least {end}", all.len());
-    s.set_code_bytes(&all[at..at + codes]).map_err(anyhow::Error::msg)?;
+    s.set_code_bytes(&all[at..at + codes])?;
     for (x, b) in s.scales.iter_mut().zip(all[at + codes..end].chunks_exact(4)) {
         *x = f32::from_le_bytes(b.try_into().unwrap());
     }

@@ -4,7 +4,7 @@
 //! (every `stall_detail_every` steps) per tensor.
 
 use super::RunLogs;
-use crate::optimizer::Optimizer;
+use lowbit_optim::Optimizer;
 use anyhow::Result;
 use lowbit_optim::{theory, Counter, StallCounts, StatesSpec};
 use std::collections::VecDeque;
