@@ -57,7 +57,7 @@ template <int D> __host__ __device__ constexpr int ldh() { return D + 8; }
 
 // ---------------------------------------------------------------------------------------
 // Warp-level products. Fragments of mma.m16n8k16 (PTX ISA, "Matrix Fragments for
-// mma.m16n8k16 with floating point type"), with g = lane / 4 and c = 2 (lane % 4):
+// mma.m16n8k16 with floating point type"), with g = lane / 4 and c = 2 * (lane % 4):
 //   A [16, 16] (4 registers of 2 BF16): (g, c..c+1), (g+8, c..c+1), (g, c+8..), (g+8, c+8..)
 //   B [16, 8]  (2 registers):           rows c..c+1 and c+8..c+9 of column g
 //   C [16, 8]  (4 FP32):                (g, c), (g, c+1), (g+8, c), (g+8, c+1)

@@ -3,9 +3,10 @@
 use crate::LlamaConfig;
 use candle_core::{Device, Result};
 
-/// Largest `hidden_size` the fused kernels take: the RMSNorm backward's gain-gradient kernel
-/// (`rmsnorm_bwd_w` in `kernels/model/ops.cu`) keeps 8 warps' FP32 partial sums of a whole row
-/// in shared memory, 8 x 1536 x 4 bytes = the 48 KiB a kernel gets without opting in.
+/// Largest `hidden_size` the fused kernels take: the RMSNorm backward (`rmsnorm_bwd` in
+/// `kernels/model/ops.cu`) keeps 8 warps' FP32 gain-gradient sums of a whole row in shared
+/// memory, 8 x 1536 x 4 bytes = the 48 KiB a kernel gets without opting in (the launcher could
+/// opt in to more; widths above 1536 have not been tested on the GPU).
 pub const FUSED_MAX_HIDDEN: usize = 1536;
 
 /// The ops behind [`crate::Llama`]'s forward and backward passes.

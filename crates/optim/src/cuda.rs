@@ -543,10 +543,7 @@ impl CudaAdamW {
 /// late so that reading them never waits for the device.
 impl Optimizer for CudaAdamW {
     fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> std::result::Result<(), OptimError> {
-        let count = self.host.tensors.len();
-        if params.len() != count || grads.len() != count {
-            return Err(OptimError::State(format!("{} parameters and {} gradients for {count} tensors", params.len(), grads.len())));
-        }
+        crate::optimizer::check_sizes(&self.host.tensors, params, grads)?;
         // the elements the states cover: whole tensors, or views of a shard's range
         let held = |i: usize, t: &Tensor| -> Result<Tensor> {
             let s = &self.host.tensors[i];

@@ -302,31 +302,41 @@ pub fn for_device(states: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer
     }
 }
 
+/// Checks, before anything is stepped, that `params` and `grads` match `tensors` one for
+/// one: as many of each as tensors, each gradient the size of its parameter, and the
+/// elements the states hold (`first .. first + m.len`) inside it.
+///
+/// # Errors
+/// [`OptimError::State`] naming the first tensor that does not match.
+pub(crate) fn check_sizes(tensors: &[TensorState], params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+    if params.len() != tensors.len() || grads.len() != tensors.len() {
+        return Err(OptimError::State(format!("{} parameters and {} gradients for {} tensors", params.len(), grads.len(), tensors.len())));
+    }
+    for (s, (p, g)) in tensors.iter().zip(params.iter().zip(grads)) {
+        let n = p.elem_count();
+        if g.elem_count() != n || s.first + s.m.len > n {
+            return Err(OptimError::State(format!(
+                "{}: a parameter of {n} and a gradient of {} elements, the states hold elements {}..{}",
+                s.info.name,
+                g.elem_count(),
+                s.first,
+                s.first + s.m.len
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The CPU reference behind the trait: each tensor copied to the host, stepped over the
 /// elements the states cover ([`LowbitAdamW::step_cpu`]), written back.
 impl Optimizer for LowbitAdamW {
     fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
-        if params.len() != self.tensors.len() || grads.len() != self.tensors.len() {
-            return Err(OptimError::State(format!(
-                "{} parameters and {} gradients for {} tensors",
-                params.len(),
-                grads.len(),
-                self.tensors.len()
-            )));
-        }
+        check_sizes(&self.tensors, params, grads)?;
         self.begin_update(step)?;
         let mut out = Vec::with_capacity(params.len());
         for (i, (var, grad)) in params.iter().zip(grads).enumerate() {
-            let (name, first, len) = (&self.tensors[i].info.name, self.tensors[i].first, self.tensors[i].m.len);
+            let (first, len) = (self.tensors[i].first, self.tensors[i].m.len);
             let t = var.as_tensor();
-            if t.elem_count() != grad.elem_count() || first + len > t.elem_count() {
-                return Err(OptimError::State(format!(
-                    "{name}: a parameter of {} and a gradient of {} elements, the states hold elements {first}..{}",
-                    t.elem_count(),
-                    grad.elem_count(),
-                    first + len
-                )));
-            }
             let r = first..first + len;
             let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
             let counts = match t.dtype() {
@@ -343,7 +353,7 @@ impl Optimizer for LowbitAdamW {
                     var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
                     c
                 }
-                d => return Err(OptimError::State(format!("parameter {name} has unsupported dtype {d:?} (F32 or BF16)"))),
+                d => return Err(OptimError::State(format!("parameter {} has unsupported dtype {d:?} (F32 or BF16)", self.tensors[i].info.name))),
             };
             out.push(counts);
         }

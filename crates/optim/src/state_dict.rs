@@ -49,10 +49,16 @@ fn adaptive_arrays(a: &AdaptiveReset) -> Vec<(String, Array)> {
     ]
 }
 
-/// The adaptive rule's state from its arrays, `None` when the arrays are absent.
+/// The adaptive rule's state from its arrays, `None` when all four are absent; some but not
+/// all of them is an error.
 fn adaptive_from(get: &mut dyn FnMut(&str) -> Option<Array>) -> Result<Option<AdaptiveReset>, OptimError> {
     let key = |k: &str| format!("{ADAPTIVE}.{k}");
-    let Some(counters) = get(&key("counters")) else { return Ok(None) };
+    let Some(counters) = get(&key("counters")) else {
+        if let Some(k) = ["acc", "pending_updates", "pending_fractions"].into_iter().find(|k| get(&key(k)).is_some()) {
+            return Err(OptimError::State(format!("{} without {}: the adaptive rule's state is incomplete", key(k), key("counters"))));
+        }
+        return Ok(None);
+    };
     let bad = |k: &str, want: &str| OptimError::State(format!("{}: missing or not {want}", key(k)));
     let uint = |k: &str, v: i64| u64::try_from(v).map_err(|_| OptimError::State(format!("{}: negative update {v}", key(k))));
     let Array::I64(c) = counters else { return Err(bad("counters", "3 I64 values")) };
@@ -178,5 +184,9 @@ mod tests {
         c.load_state_dict(&mut without).unwrap();
         assert_eq!(c.adaptive, Some(rule));
         assert!(optimizer(ResetRule::Periodic).state_dict().iter().all(|(k, _)| !k.starts_with("adaptive_reset.")));
+        // Some of the rule's arrays but not its counters: refused, not read as "no state".
+        let mut partial = |k: &str| if k == "adaptive_reset.counters" { None } else { saved.get(k).cloned() };
+        let err = optimizer(ResetRule::Adaptive).load_state_dict(&mut partial).unwrap_err();
+        assert!(err.to_string().contains("adaptive_reset.acc without adaptive_reset.counters"), "{err}");
     }
 }

@@ -9,6 +9,11 @@ use std::ops::Range;
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
 
 fn opt(m: &str, v: &str, block: usize, len: usize) -> LowbitAdamW {
+    opt_for(m, v, block, &[("w", len)])
+}
+
+/// The optimizer of `tensors` (name, length).
+fn opt_for(m: &str, v: &str, block: usize, tensors: &[(&str, usize)]) -> LowbitAdamW {
     let s = StatesConfig {
         m_format: m.into(),
         v_format: v.into(),
@@ -19,8 +24,8 @@ fn opt(m: &str, v: &str, block: usize, len: usize) -> LowbitAdamW {
         m_reset_every: 3.into(),
         ..Default::default()
     };
-    let info = ParamInfo { name: "w".into(), group: "mlp".into(), len, weight_decay: true };
-    LowbitAdamW::new(HYPER, s.resolve(0.999).unwrap(), 7, vec![info])
+    let infos = tensors.iter().map(|&(name, len)| ParamInfo { name: name.into(), group: "mlp".into(), len, weight_decay: true });
+    LowbitAdamW::new(HYPER, s.resolve(0.999).unwrap(), 7, infos.collect())
 }
 
 fn grads(step: u64, n: usize) -> Vec<f32> {
@@ -90,4 +95,29 @@ fn shards_cut_inside_a_scale_block_are_refused() {
     let a = opt("bf16", "bf16", 128, 1000);
     let parts = [a.shard(&[0..400]).unwrap(), a.shard(&[500..1000]).unwrap()];
     assert!(LowbitAdamW::unshard(&parts).err().unwrap().to_string().contains("does not continue at 400"));
+}
+
+/// Through the `Optimizer` trait (the path `Zero1` takes on the CPU): a shard steps its range
+/// of the whole tensor in place and leaves the rest; a gradient of another size (of the
+/// second tensor) is refused before anything is stepped (the first tensor unchanged too).
+#[test]
+fn trait_step_of_a_shard_and_refused_sizes() {
+    use candle_core::{Device, Tensor, Var};
+    use lowbit_optim::Optimizer;
+    let len = 300;
+    let mut whole = opt_for("fp8e4m3", "fp8e4m3", 128, &[("a", len), ("b", len)]);
+    let mut shard = whole.shard(&[128..len, 128..len]).unwrap();
+    let w0: Vec<f32> = (0..len).map(|i| 0.01 * (i % 97) as f32 - 0.4).collect();
+    let g = grads(1, len);
+    let mut expected = w0.clone();
+    whole.step_cpu(1, 1e-2, 1.0, 0, Weights::F32(&mut expected), &g);
+    let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu).unwrap();
+    let vars = [Var::from_tensor(&tensor(&w0)).unwrap(), Var::from_tensor(&tensor(&w0)).unwrap()];
+    let err = Optimizer::step(&mut shard, 1, 1e-2, 1.0, &vars, &[tensor(&g), tensor(&g[..len - 1])]).unwrap_err();
+    assert!(err.to_string().contains("b: a parameter of 300 and a gradient of 299 elements"), "{err}");
+    assert_eq!(vars[0].as_tensor().to_vec1::<f32>().unwrap(), w0, "nothing stepped");
+    Optimizer::step(&mut shard, 1, 1e-2, 1.0, &vars, &[tensor(&g), tensor(&g)]).unwrap();
+    let w = vars[0].as_tensor().to_vec1::<f32>().unwrap();
+    assert_eq!(&w[..128], &w0[..128], "outside the shard: unchanged");
+    assert_eq!(&w[128..], &expected[128..], "the shard's range: the whole tensor's step, bit for bit");
 }

@@ -1,12 +1,12 @@
 //! The tests of `cuda_parity.rs` (built with the `cuda` feature).
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use half::bf16;
 use lowbit_optim::adamw::Weights;
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::format::bf16 as bf;
 use lowbit_optim::rng::{random_bits, stream_key, StateKind};
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig, VResetIdle, VZero};
+use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo, Rounding, ScaleKind, StatesConfig, VResetIdle, VZero};
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
 fn gpu() -> Device {
@@ -197,10 +197,11 @@ fn same_weights(step: u64, i: usize, p: &Tensor, bf16_weights: bool, w16: &[u16]
 /// ZeRO-1 on the GPU: two optimizers made from the two shards of every tensor
 /// (`LowbitAdamW::shard`, cut inside the tensor at a multiple of the scale block, or of 4
 /// elements for unscaled states, as training cuts them; the 5-element tensor leaves rank 0 an
-/// empty shard), each stepping views of its range of the whole weights and gradients, together
-/// give the CPU reference's whole-tensor step bit for bit: weights, codes, scales (gathered
+/// empty shard), each stepping its range of the whole weights and gradients through the
+/// `Optimizer` trait (the path `Zero1` takes), together give the CPU reference's whole-tensor step bit for bit: weights, codes, scales (gathered
 /// with `unshard`) and stall counts (summed), with stochastic rounding (the random bits are
-/// the whole tensor's). Blocks of 128 (moments in registers) and 256 (two passes).
+/// the whole tensor's). Blocks of 128 (moments in registers) and 256 (two passes). A gradient
+/// of another size is refused.
 #[test]
 fn sharded_step_matches_whole_tensor_step() {
     let dev = gpu();
@@ -270,15 +271,19 @@ fn sharded_step_matches_whole_tensor_step() {
                 (0..sizes.len()).map(|i| step_cpu(&mut cpu, step, i, &mut w16[i], &mut w32[i], &g[i])).collect();
             let grads: Vec<Tensor> = g.iter().map(|g| Tensor::from_vec(g.clone(), g.len(), &dev).unwrap()).collect();
             let mut summed = vec![lowbit_optim::StallCounts::default(); sizes.len()];
-            for (r, shard) in shards.iter_mut().enumerate() {
-                let view = |t: &Tensor, i: usize| t.narrow(0, ranges(r)[i].start, ranges(r)[i].len()).unwrap();
-                let p: Vec<Tensor> = params.iter().enumerate().map(|(i, t)| view(t, i)).collect();
-                let gr: Vec<Tensor> = grads.iter().enumerate().map(|(i, t)| view(t, i)).collect();
-                shard.step(step, 1e-3, 1.0, &p, &gr).unwrap();
+            // Through the Optimizer trait with whole tensors: each shard's adapter steps its
+            // own range of every tensor, in place.
+            let vars: Vec<Var> = params.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+            for shard in shards.iter_mut() {
+                Optimizer::step(shard, step, 1e-3, 1.0, &vars, &grads).unwrap();
                 for (s, c) in summed.iter_mut().zip(shard.read_counts(step).unwrap()) {
                     *s += c;
                 }
             }
+            // A gradient of another size is refused before anything is stepped.
+            let short: Vec<Tensor> = grads.iter().map(|g| g.narrow(0, 0, g.elem_count() - 1).unwrap()).collect();
+            let err = Optimizer::step(&mut shards[0], step + 1, 1e-3, 1.0, &vars, &short).unwrap_err();
+            assert!(err.to_string().contains("and a gradient of"), "{err}");
             let host: Vec<LowbitAdamW> = shards.iter_mut().map(|s| s.download().unwrap().clone_states()).collect();
             let whole = LowbitAdamW::unshard(&host).unwrap();
             let check = || -> Result<(), String> {
@@ -286,8 +291,8 @@ fn sharded_step_matches_whole_tensor_step() {
                     return Err(format!("stall counts differ: shards {summed:?} cpu {cpu_counts:?}"));
                 }
                 same_states(step, &whole, &cpu)?;
-                for (i, p) in params.iter().enumerate() {
-                    same_weights(step, i, p, bf16_weights, &w16[i], &w32[i])?;
+                for (i, p) in vars.iter().enumerate() {
+                    same_weights(step, i, p.as_tensor(), bf16_weights, &w16[i], &w32[i])?;
                 }
                 Ok(())
             };
