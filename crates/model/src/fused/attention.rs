@@ -78,8 +78,9 @@ impl CustomOp3 for Attention {
         let (bh, t, d) = dims(ql.shape())?;
         let (q, k) = (storage_ptr(qs, ql, "q")?, storage_ptr(ks, kl, "k")?);
         let v = storage_ptr(vs, vl, "v")?;
-        if flash::supports(dtype, d, &[q, k, v]) {
-            let (o, _lse) = flash::forward(&dev, (q, k, v), ql.shape().dims4()?, self.scale)?;
+        let dims4 = ql.shape().dims4()?;
+        if flash::supports(dtype, dims4, &[q, k, v]) {
+            let (o, _lse) = flash::forward(&dev, (q, k, v), dims4, self.scale)?;
             return Ok((o, vl.shape().clone()));
         }
         let (_v, v) = relayout(&dev, "split_heads", dtype, v, ql.shape())?;
@@ -118,7 +119,7 @@ impl Attention {
     fn flash_forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
         let (dev, dims4) = (cuda_device(q)?, q.dims4()?);
         let ptrs = [tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?];
-        if !flash::supports(q.dtype(), dims4.3, &ptrs) {
+        if !flash::supports(q.dtype(), dims4, &ptrs) {
             return Ok(None);
         }
         let (o, lse) = flash::forward(&dev, (ptrs[0], ptrs[1], ptrs[2]), dims4, self.scale)?;

@@ -14,11 +14,17 @@ use candle_core::{CudaDevice, CudaStorage, DType, Result};
 const TILE: usize = 64;
 const WARPS: usize = 4;
 
-/// Whether the tensor-core kernels take a `dtype` attention with head dim `d` whose
-/// buffers start at `ptrs`: BF16, `d` 64 or 128, 16-byte aligned starts (the kernels move
-/// 8 elements per load). Everything else runs the cuBLAS composition.
-pub(crate) fn supports(dtype: DType, d: usize, ptrs: &[u64]) -> bool {
-    dtype == DType::BF16 && (d == 64 || d == 128) && super::aligned16(ptrs)
+/// Whether the tensor-core kernels take a `dtype` attention of `dims` = (B, heads, T, d)
+/// whose buffers start at `ptrs`: BF16, `d` 64 or 128, 16-byte aligned starts (the kernels
+/// move 8 elements per load), B · heads within a grid's y extent (65535) and the largest
+/// stride, heads · T · d elements per batch entry, within `i32` (the kernels' stride
+/// arguments; offsets are computed in 64 bits). Everything else runs the cuBLAS composition.
+pub(crate) fn supports(dtype: DType, (b, h, t, d): (usize, usize, usize, usize), ptrs: &[u64]) -> bool {
+    dtype == DType::BF16
+        && (d == 64 || d == 128)
+        && super::aligned16(ptrs)
+        && b * h <= 65535
+        && h * t * d <= i32::MAX as usize
 }
 
 /// The kernels' passes, for their shared-memory sizes.
