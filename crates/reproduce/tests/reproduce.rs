@@ -385,7 +385,7 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     // the states kinds side by side: loss (paired delta vs fp32 states of the kind), a kind
     // without runs shows dashes
     assert!(md.contains("## The states kinds, cell by cell") && md.contains("| states | fix | paper | theory |"), "kinds without runs left out");
-    let row = md.lines().filter(|l| l.starts_with("| fp8 | SR + resets |")).last().unwrap();
+    let row = md.lines().rfind(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert_eq!(row, "| fp8 | SR + resets | 3.6595 ± 0.0064 (+0.0045 ± 0.0064) | — |");
     let alone = RunInfo { kinds: vec![("paper", r.clone()), ("theory", BTreeMap::new())], ..info.clone() };
     assert!(!render(t, Scale::Smoke, &r, &alone).contains("## The states kinds"), "one kind: nothing to compare");

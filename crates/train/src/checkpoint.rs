@@ -131,8 +131,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// File of the data position's pending tokens in a checkpoint folder, and its tensor name.
-
 /// The folder of the checkpoint of `step` in a run folder.
 pub fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step_{step:07}"))

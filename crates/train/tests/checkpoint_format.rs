@@ -54,7 +54,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         .map(|(n, d)| ParamInfo { name: n.to_string(), group: if n.contains("mlp") { "mlp" } else { "norm" }.into(), len: d.iter().product(), weight_decay: d.len() >= 2 })
         .collect();
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
-    let mut opt = LowbitAdamW::new(hyper, spec.clone(), 11, infos.clone());
+    let mut opt = LowbitAdamW::new(hyper, spec, 11, infos.clone());
     let mut weights: Vec<Vec<f32>> = infos.iter().map(|i| (0..i.len).map(|k| ((k * 37 % 101) as f32 - 50.0) * 1e-3).collect()).collect();
     for step in 1..=steps {
         opt.begin_update(step).unwrap();
