@@ -15,6 +15,7 @@ Prints one JSON row: {"system": "torch_eager" | "torch_llama_compile", "dtype", 
 counts, the embedding lookup does not) against the H200 SXM's dense peak of the products' type,
 as `train bench training` (crates/cli/src/bench_training.rs): 989 TFLOP/s BF16, 494 TF32, 67 FP32.
 Usage: python3 scripts/bench_torch_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32]
+       [--profile 3]  (the top CUDA kernels of 3 more steps on stderr)
 """
 import argparse
 import json
@@ -95,6 +96,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=32100)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--tf32", action="store_true", help="FP32 matmuls with TF32 inputs (allow_tf32)")
+    ap.add_argument("--profile", metavar="STEPS", type=int, default=0,
+                    help="after timing, profile STEPS more steps and print the top CUDA kernels to stderr (ms per step)")
     a = ap.parse_args()
     h, inter, heads, layers = PRESETS[a.preset]
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
@@ -120,6 +123,27 @@ def main():
                       "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "micro_batch": a.batch,
                       "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": peak_gib,
                       "mfu": tps * flops_per_token(a.vocab, h, inter, layers, a.seq) / peak}))
+    if a.profile:
+        profile(step, a.profile)
+
+
+def profile(step, steps):
+    """The top 25 CUDA kernels of `steps` steps by total time, per step, as a markdown table on
+    stderr (the JSON row on stdout stays alone there)."""
+    import sys
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows)
+    print(f"| kernel | launches/step | ms/step | share |  (total {total / steps / 1e3:.1f} ms/step)", file=sys.stderr)
+    print("|---|---:|---:|---:|", file=sys.stderr)
+    for e in rows[:25]:
+        print(f"| {e.key[:90]} | {e.count / steps:.0f} | {e.device_time_total / steps / 1e3:.2f} | "
+              f"{100 * e.device_time_total / total:.1f}% |", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ use candle_nn::VarBuilder;
 use crate::config::LlamaConfig;
 use crate::mlp::linear;
 use crate::rope::Rope;
-use crate::Kernels;
 
 /// Additive causal mask `[t, t]` (f32): 0 on and below the diagonal, `-inf` above.
 pub fn causal_mask(t: usize, device: &Device) -> Result<Tensor> {
@@ -62,25 +61,10 @@ impl Attention {
     }
 
     /// `x`: `[B, T, H]` → `[B, T, H]` (weights' dtype). `mask`: additive `[T, T]` f32
-    /// (see [`causal_mask`]; unused by the fused ops). Scores and softmax are computed in f32.
-    pub fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor, kernels: Kernels) -> Result<Tensor> {
+    /// (see [`causal_mask`]). Scores and softmax are computed in f32.
+    pub fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        #[cfg(feature = "cuda")]
-        if kernels == Kernels::Fused {
-            use crate::fused;
-            let (cos, sin) = (rope.cos(), rope.sin());
-            let q = fused::rope(&fused::linear(x, &self.q)?, cos, sin, self.num_heads)?;
-            let k = self.repeat_kv(fused::rope(&fused::linear(x, &self.k)?, cos, sin, self.num_kv_heads)?)?;
-            let mut v = fused::linear(x, &self.v)?;
-            let rep = self.num_heads / self.num_kv_heads;
-            if rep > 1 {
-                let (kv, d) = (self.num_kv_heads, self.head_dim);
-                v = v.reshape((b, t, kv, 1, d))?.broadcast_as((b, t, kv, rep, d))?.reshape((b, t, kv * rep * d))?;
-            }
-            return fused::linear(&fused::causal_attention(&q, &k, &v, scale)?, &self.o);
-        }
-        let _ = kernels;
         let dtype = x.dtype();
         let heads = |w: &Tensor, n: usize| -> Result<Tensor> {
             linear(x, w)?.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous()

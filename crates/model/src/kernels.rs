@@ -13,9 +13,10 @@ pub const FUSED_MAX_HIDDEN: usize = 1536;
 ///
 /// * `Composed`: candle tensor ops under candle's autograd, on every device (the CPU path
 ///   and the reference the fused ops are tested against).
-/// * `Fused`: the CUDA kernels of [`crate::fused`] (`cuda` feature, CUDA tensors only):
-///   RMSNorm, RoPE, causal attention, SwiGLU, embedding and cross-entropy each one custom op
-///   with its own backward.
+/// * `Fused`: the CUDA kernels of [`crate::fused`] (`cuda` feature, CUDA tensors only), each
+///   op a forward and a backward function, run without an autograd graph: training through
+///   [`crate::Llama::training_pass`]'s explicit backward. As many key/value heads as query
+///   heads, hidden sizes up to [`FUSED_MAX_HIDDEN`] ([`Kernels::fits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernels {
     Composed,
@@ -45,8 +46,17 @@ impl Kernels {
     /// anything, not at its first backward pass).
     ///
     /// # Errors
-    /// `hidden_size` above [`FUSED_MAX_HIDDEN`], naming the setting and the way out.
+    /// `hidden_size` above [`FUSED_MAX_HIDDEN`], or fewer key/value heads than query heads
+    /// (grouped-query attention: the fused path has no head repeat), naming the setting and
+    /// the way out.
     pub fn fits(cfg: &LlamaConfig) -> std::result::Result<(), String> {
+        if cfg.num_kv_heads != cfg.num_heads {
+            return Err(format!(
+                "fused kernels need as many key/value heads as query heads, this model has {} and {}: set \
+                 model.kernels = \"composed\" (or \"auto\", which picks it for this model)",
+                cfg.num_kv_heads, cfg.num_heads
+            ));
+        }
         if cfg.hidden_size > FUSED_MAX_HIDDEN {
             return Err(format!(
                 "fused kernels take hidden sizes up to {FUSED_MAX_HIDDEN} (the RMSNorm backward keeps a row of FP32 \
@@ -83,5 +93,8 @@ mod tests {
         assert!(e.starts_with("fused kernels take hidden sizes up to 1536"), "{e}");
         assert!(e.contains("this model has 2048: set model.kernels = \"composed\""), "{e}");
         assert_eq!(Kernels::for_model(&cfg, &Device::Cpu), Kernels::Composed);
+        let gqa = LlamaConfig { num_kv_heads: 2, ..LlamaConfig::preset("tiny", 256).unwrap() };
+        let e = Kernels::fits(&gqa).unwrap_err();
+        assert!(e.starts_with("fused kernels need as many key/value heads as query heads, this model has 2 and 4"), "{e}");
     }
 }

@@ -8,20 +8,21 @@
 //! `lm_head.weight`), so `VarMap::save` plus [`LlamaConfig::hf_config_json`] is a checkpoint
 //! transformers loads.
 //!
-//! Two implementations of the ops ([`Kernels`]): composed from candle tensor ops with a
-//! backward on every device (candle-nn 0.11's fused `rms_norm`, `rope` and
-//! `softmax_last_dim` have none), and, in `cuda` builds on CUDA tensors, this crate's fused
-//! kernels ([`fused`]), each op one custom op with its own backward (the default there).
+//! Two implementations of the model ([`Kernels`]): composed from candle tensor ops with a
+//! backward under candle's autograd on every device (candle-nn 0.11's fused `rms_norm`,
+//! `rope` and `softmax_last_dim` have none), the CPU path and the reference; and, in `cuda`
+//! builds on CUDA tensors, this crate's fused kernels ([`fused`]): each op a forward and a
+//! backward function, run by one fused path with an explicit backward (the default there).
 //!
 //! | module      | holds |
 //! |-------------|-------|
 //! | [`config`]  | [`LlamaConfig`], presets, parameter count, HF `config.json` |
 //! | [`init`]    | [`init_params`]: seeded, device-independent Normal(0, 0.02) / ones init |
-//! | [`llama`]   | [`Llama`]: the model |
+//! | [`llama`]   | [`Llama`]: the model, its passes, [`TrainingPass`] |
 //! | [`attention`], [`mlp`], [`norm`], [`rope`] | its parts |
 //! | [`loss`]    | [`masked_cross_entropy`] |
 //! | [`kernels`] | [`Kernels`]: composed or fused ops |
-//! | `fused`     | the CUDA ops (`cuda` feature) |
+//! | `fused`     | the CUDA ops and the fused path (`cuda` feature) |
 //! | `gemm`      | their matrix products as cuBLAS's column-major calls (host logic, tested on the CPU) |
 //! | [`groups`]  | [`ParamGroup`], [`try_param_group`] |
 //!
@@ -68,13 +69,11 @@ pub mod loss;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
-pub mod training_pass;
 
 pub use config::{LlamaConfig, INIT_STD};
 pub use error::ModelError;
 pub use groups::{try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec};
 pub use kernels::{Kernels, FUSED_MAX_HIDDEN};
-pub use llama::Llama;
-pub use training_pass::TrainingPass;
-pub use loss::{masked_cross_entropy, masked_cross_entropy_with};
+pub use llama::{Llama, TrainingPass};
+pub use loss::masked_cross_entropy;

@@ -1,6 +1,9 @@
-//! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head.
+//! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head,
+//! and its passes: the composed one under candle's autograd (every device) and the fused one
+//! (`crate::fused::model`, CUDA), each for logits, for a loss and for training.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::attention::{causal_mask, Attention};
@@ -30,16 +33,18 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor, k: Kernels) -> Result<Tensor> {
-        let attn = self.self_attn.forward(&self.input_layernorm.forward_with(x, k)?, rope, mask, k)?;
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
+        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?;
         let h = (x + attn)?;
-        &h + self.mlp.forward_with(&self.post_attention_layernorm.forward_with(&h, k)?, k)?
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
     }
 }
 
 /// LLaMA causal language model with HF `LlamaForCausalLM` tensor names and semantics
 /// (pre-norm RMSNorm, RoPE rotate-half, causal GQA attention, SwiGLU, untied `lm_head`,
-/// no biases). Every op is differentiable through candle autograd on CPU and CUDA.
+/// no biases). With [`Kernels::Composed`] every op is differentiable through candle's
+/// autograd on CPU and CUDA; with [`Kernels::Fused`] no autograd graph is built and the
+/// gradients come from [`Llama::training_pass`].
 #[derive(Debug, Clone)]
 pub struct Llama {
     pub(crate) cfg: LlamaConfig,
@@ -111,65 +116,93 @@ impl Llama {
     pub fn forward_hidden(&self, input: &Tensor) -> Result<Tensor> {
         let (b, t) = input.dims2()?;
         self.check_seq_len(t)?;
-        let k = self.kernels;
-        let mask = match k {
-            Kernels::Composed => self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?,
-            Kernels::Fused => self.mask.clone(), // the fused attention masks by position
-        };
-        let mut x = self.embed(input)?.reshape((b, t, self.cfg.hidden_size))?;
-        for layer in &self.layers {
-            x = layer.forward(&x, &self.rope, &mask, k)?;
+        #[cfg(feature = "cuda")]
+        if self.kernels == Kernels::Fused {
+            return crate::fused::model::hidden(self, input);
         }
-        self.norm.forward_with(&x, k)
+        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let mut x = self.embed_tokens.index_select(&input.flatten_all()?, 0)?.reshape((b, t, self.cfg.hidden_size))?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &self.rope, &mask)?;
+        }
+        self.norm.forward(&x)
     }
 
-    pub(crate) fn check_seq_len(&self, t: usize) -> Result<()> {
+    fn check_seq_len(&self, t: usize) -> Result<()> {
         if t > self.cfg.max_seq_len {
             candle_core::bail!("sequence length {t} exceeds max_seq_len {}", self.cfg.max_seq_len);
         }
         Ok(())
     }
 
-    /// Embedding rows of `input`'s ids, `[B·T, H]`.
-    fn embed(&self, input: &Tensor) -> Result<Tensor> {
-        let ids = input.flatten_all()?;
+    /// Next-token logits: `input` `[B, T]` u32 token ids → `[B, T, V]` in the weights' dtype.
+    /// Position `t` only sees tokens `0..=t`.
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        let hidden = self.forward_hidden(input)?;
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
-            return crate::fused::embedding(&self.embed_tokens, &ids);
+            return crate::fused::linear::forward(&hidden, &self.lm_head);
         }
-        self.embed_tokens.index_select(&ids, 0)
+        linear(&hidden, &self.lm_head)
     }
 
     /// Mean next-token loss over the positions where `mask` is nonzero, as
     /// [`crate::masked_cross_entropy`] of [`Llama::forward`]: `input`, `target` `[B, T]` u32,
-    /// `mask` `[B, T]` (1 = counts) → F32 scalar, for training: with [`Kernels::Fused`] the
-    /// LM head and the loss run in chunks of rows ([`crate::fused::lm_head_cross_entropy`]):
-    /// the `[B, T, V]` logits are never held, and the head's gradients are computed in this
-    /// pass (held until the backward). Where no backward follows, [`Llama::eval_loss`].
+    /// `mask` `[B, T]` (1 = counts) → F32 scalar. With [`Kernels::Composed`] differentiable
+    /// under candle's autograd; with [`Kernels::Fused`] the LM head and the loss run in chunks
+    /// of rows ([`crate::fused::lm_head::loss`]: the `[B, T, V]` logits are never held) and
+    /// no graph is kept (validation; train with [`Llama::training_pass`]).
     pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        self.loss_with(input, target, mask, true)
-    }
-
-    /// [`Llama::loss`] without the gradient work of the fused head (validation, checks).
-    pub fn eval_loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        self.loss_with(input, target, mask, false)
-    }
-
-    fn loss_with(&self, input: &Tensor, target: &Tensor, mask: &Tensor, train: bool) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
-            let hidden = self.forward_hidden(input)?;
-            let (b, t, h) = hidden.dims3()?;
-            let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
-            return crate::fused::lm_head_cross_entropy(&hidden.reshape((b * t, h))?, &self.lm_head, &target, &weight, train);
+            self.check_seq_len(input.dim(1)?)?;
+            return crate::fused::model::loss(self, input, target, mask);
         }
-        let _ = train; // the composed head keeps its logits for the backward
-        crate::masked_cross_entropy_with(&self.forward(input)?, target, mask, self.kernels)
+        crate::masked_cross_entropy(&self.forward(input)?, target, mask)
     }
 
-    /// Next-token logits: `input` `[B, T]` u32 token ids → `[B, T, V]` in the weights' dtype.
-    /// Position `t` only sees tokens `0..=t`.
-    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
-        linear(&self.forward_hidden(input)?, &self.lm_head)
+    /// The forward pass for training on `scale` times [`Llama::loss`]; its
+    /// [`TrainingPass::backward`] gives the gradient of every weight. With [`Kernels::Fused`]
+    /// the backward is explicit (`crate::fused::model`: each op's backward function in reverse
+    /// order, each gradient written once); with [`Kernels::Composed`] it is candle's
+    /// `loss.backward()`.
+    pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, scale: f64) -> Result<TrainingPass<'_>> {
+        #[cfg(feature = "cuda")]
+        if self.kernels == Kernels::Fused {
+            self.check_seq_len(input.dim(1)?)?;
+            return Ok(TrainingPass(Pass::Explicit(crate::fused::model::Forward::run(self, input, target, mask, scale)?)));
+        }
+        let loss = self.loss(input, target, mask)?.affine(scale, 0.0)?;
+        Ok(TrainingPass(Pass::Autograd(loss, std::marker::PhantomData)))
+    }
+}
+
+/// A forward pass for training ([`Llama::training_pass`]).
+pub struct TrainingPass<'a>(Pass<'a>);
+
+enum Pass<'a> {
+    Autograd(Tensor, std::marker::PhantomData<&'a Llama>),
+    #[cfg(feature = "cuda")]
+    Explicit(crate::fused::model::Forward<'a>),
+}
+
+impl TrainingPass<'_> {
+    /// `scale` times the mean loss: F32 scalar (tracked by autograd only on the autograd path).
+    pub fn loss(&self) -> &Tensor {
+        match &self.0 {
+            Pass::Autograd(loss, _) => loss,
+            #[cfg(feature = "cuda")]
+            Pass::Explicit(f) => &f.loss,
+        }
+    }
+
+    /// The gradient of [`TrainingPass::loss`] for every weight, keyed by the weight tensors
+    /// as `Tensor::backward` keys them (the weights' dtype).
+    pub fn backward(self) -> Result<GradStore> {
+        match self.0 {
+            Pass::Autograd(loss, _) => loss.backward(),
+            #[cfg(feature = "cuda")]
+            Pass::Explicit(f) => f.backward(),
+        }
     }
 }

@@ -1,15 +1,13 @@
-//! Masked next-token cross-entropy.
+//! Masked next-token cross-entropy over a batch's logits (the composed model's loss and the
+//! reference of the fused LM head, [`crate::fused::lm_head`]).
 //!
-//! On CPU the per-row loss and its gradient are fused custom ops (one rayon-parallel pass
-//! over the logits each way, rows with mask 0 skipped); on CUDA with [`Kernels::Fused`] one
-//! kernel each way reads the logits in their own dtype ([`crate::fused`]); otherwise the same
-//! math is composed from candle tensor ops. All paths are differentiable w.r.t. the logits
-//! and agree to f32 rounding.
+//! On CPU the per-row loss and its gradient are custom ops (one rayon-parallel pass over the
+//! logits each way, rows with mask 0 skipped); on other devices the same math is composed
+//! from candle tensor ops. Both are differentiable w.r.t. the logits and agree to f32
+//! rounding.
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
-
-use crate::Kernels;
 
 /// Mean negative log-likelihood over the positions where `mask` is nonzero:
 /// `sum(mask · nll) / sum(mask)` with `nll = logsumexp(logits) − logits[target]`.
@@ -19,23 +17,11 @@ use crate::Kernels;
 /// * `mask`: `[B, T]` f32, 1 = position counts, 0 = ignored (fractional weights also work).
 ///
 /// Returns an f32 scalar; 0 when the mask is all zeros. Differentiable w.r.t. `logits`.
-/// Runs the fastest ops for the logits' device ([`Kernels::for_device`]); the fused CUDA
-/// kernel does not check targets against `V` (the tokenizer's ids are in range).
+/// Errors: a target `>= V` under a nonzero mask (CPU).
 pub fn masked_cross_entropy(logits: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    masked_cross_entropy_with(logits, target, mask, Kernels::for_device(logits.device()))
-}
-
-/// [`masked_cross_entropy`] with the given ops (`Composed` on CUDA is the reference the
-/// fused kernel is tested against).
-pub fn masked_cross_entropy_with(logits: &Tensor, target: &Tensor, mask: &Tensor, kernels: Kernels) -> Result<Tensor> {
-    kernels.check(logits.device())?;
     let (b, t, v) = logits.dims3()?;
     let n = b * t;
     let (target, mask, denom) = flat_targets(target, mask, n)?;
-    #[cfg(feature = "cuda")]
-    if kernels == Kernels::Fused {
-        return crate::fused::cross_entropy_rows(logits, &target, &mask)?.sum_all()? / denom;
-    }
     let logits = logits.to_dtype(DType::F32)?;
     let weighted_nll = if logits.device().is_cpu() {
         // No reshape of the logits here: every node on the [B, T, V] path costs candle's
@@ -57,7 +43,7 @@ pub(crate) fn flat_weights(target: &Tensor, mask: &Tensor, n: usize) -> Result<(
 
 /// `target` as u32 `[n]`, `mask` as F32 `[n]` (detached) and the loss's denominator
 /// `max(sum(mask), f32::MIN_POSITIVE)` (a scalar tensor).
-pub(crate) fn flat_targets(target: &Tensor, mask: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
+fn flat_targets(target: &Tensor, mask: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let target = target.to_dtype(DType::U32)?.reshape(n)?;
     let mask = mask.to_dtype(DType::F32)?.reshape(n)?.detach();
     let denom = mask.sum_all()?.maximum(f32::MIN_POSITIVE)?;

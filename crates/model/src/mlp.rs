@@ -3,8 +3,6 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use crate::Kernels;
-
 /// `x @ wᵀ` for `x`: `[..., in]`, `w`: `[out, in]` (nn.Linear layout, no bias) → `[..., out]`.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let dims = x.dims();
@@ -32,20 +30,6 @@ impl Mlp {
             up: vb.pp("up_proj").get((inter, hidden), "weight")?,
             down: vb.pp("down_proj").get((hidden, inter), "weight")?,
         })
-    }
-}
-
-impl Mlp {
-    /// [`Module::forward`] with the given ops (`Fused`: gate and up as one product with the gate
-    /// fused, then the down product; the intermediate width padded to a multiple of 8).
-    pub fn forward_with(&self, x: &Tensor, kernels: Kernels) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if kernels == Kernels::Fused {
-            use crate::fused::{gate_up_swiglu, linear};
-            return linear(&gate_up_swiglu(x, &self.gate, &self.up)?, &self.down);
-        }
-        let _ = kernels;
-        self.forward(x)
     }
 }
 

@@ -3,8 +3,6 @@
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
-use crate::Kernels;
-
 /// `y = weight * (x / sqrt(mean(x², last dim) + eps))`, with the normalisation done in f32
 /// and cast back to the input dtype before the gain (as HF `LlamaRMSNorm`).
 /// Built from composed tensor ops so it has a candle backward on every device.
@@ -23,16 +21,6 @@ impl RmsNorm {
     /// Wraps an existing gain tensor `[size]`.
     pub fn from_weight(weight: Tensor, eps: f64) -> Self {
         Self { weight, eps }
-    }
-
-    /// [`Module::forward`] with the given ops (`Fused`: one kernel each way, same math).
-    pub fn forward_with(&self, x: &Tensor, kernels: Kernels) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if kernels == Kernels::Fused {
-            return crate::fused::rms_norm(x, &self.weight, self.eps);
-        }
-        let _ = kernels;
-        self.forward(x)
     }
 }
 

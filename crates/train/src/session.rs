@@ -680,7 +680,7 @@ pub fn evaluate_until(
         }
         let (x, y, m) = batch_tensors(b, dev)?;
         let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
-        let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
+        let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
         nll += loss * n;
         count += n;
         batch_done(i + 1, batches.len());
@@ -787,7 +787,7 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
 pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<checkpoint::ExportCheck> {
     let b = val.first().context("validation set is empty: no batch for export_check.json")?;
     let (x, y, m) = batch_tensors(b, dev)?;
-    let loss = model.eval_loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
+    let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
     let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
     Ok(checkpoint::ExportCheck {
         input_ids: rows(&b.input),

@@ -1,20 +1,27 @@
-//! Token embedding lookup with a deterministic backward: rows are grouped by token id on the
-//! host and each id's gradient row is summed in position order (no atomics, unlike candle's
-//! `index_add`, which also runs serially over the positions).
+//! Token embedding lookup (reference: `index_select` of the rows) with a deterministic
+//! backward: rows are grouped by token id on the host and each id's gradient row is summed
+//! in position order (no atomics, unlike candle's `index_add`, which also runs serially over
+//! the positions).
 
-use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, THREADS};
-use candle_core::backend::BackendStorage;
+use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
 use candle_core::cuda::cudarc::driver::LaunchConfig;
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{DType, Result, Tensor};
 
-/// `w[ids[r], :]` for every id: `w` `[V, H]` (BF16 or F32), `ids` u32 (any shape, values
-/// `< V`: the caller checks) → `[ids.len(), H]`. Differentiable in `w`; the backward reads
-/// the ids to the host once (the last op of the backward, so the wait costs nothing).
-pub fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
-    w.contiguous()?.apply_op2(&ids.flatten_all()?.contiguous()?, Embedding)
+/// `w[ids[r], :]` for every id: `w` `[V, H]` contiguous (BF16 or F32), `ids` u32 `[N]`
+/// contiguous (values `< V`: the caller checks) → `[N, H]`.
+pub fn forward(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let dev = cuda_device(w)?;
+    let (_, h) = w.dims2()?;
+    let rows = ids.dims1()?;
+    if ids.dtype() != DType::U32 {
+        candle_core::bail!("embedding: ids must be u32, not {:?}", ids.dtype());
+    }
+    let (wp, ip) = (tensor_ptr(w, "embedding weight")?, tensor_ptr(ids, "ids")?);
+    let (out, y) = alloc(&dev, w.dtype(), rows * h)?;
+    let (r, hh) = (rows as i32, h as i32);
+    launch(&dev, "embedding_fwd", w.dtype(), grid((rows * h).div_ceil(THREADS as usize), 0), &args![wp, ip, y, r, hh])?;
+    Ok(wrap(out, (rows, h)))
 }
-
-pub(crate) struct Embedding;
 
 /// Positions grouped by id: `(order, offsets, unique)`, positions ascending within an id.
 fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
@@ -31,49 +38,34 @@ fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     (order, offsets, unique)
 }
 
-impl CustomOp2 for Embedding {
-    fn name(&self) -> &'static str {
-        "lowbit-fused-embedding"
+/// The gradient of the table `w` (`[V, H]`, its dtype) from the output's gradient `dy`
+/// `[N, H]` of [`forward`] with `ids` `[N]`; rows of ids that do not occur are 0. Reads
+/// the ids to the host once (the last op of a backward, so the wait costs nothing).
+pub fn backward(w: &Tensor, ids: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let dev = cuda_device(w)?;
+    let (v, h) = w.dims2()?;
+    let dy = dy.contiguous()?;
+    if dy.dims() != [ids.dims1()?, h] || dy.dtype() != w.dtype() {
+        candle_core::bail!("embedding backward: gradient {:?} for ids {:?} and table {:?}", dy.shape(), ids.shape(), w.shape());
     }
-
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported(self.name())
+    let (order, offsets, unique) = group_by_id(&ids.to_vec1::<u32>()?);
+    let device = w.device();
+    let order = Tensor::from_vec(order, offsets[offsets.len() - 1] as usize, device)?;
+    let n_unique = unique.len();
+    let offsets = Tensor::from_vec(offsets, n_unique + 1, device)?;
+    let unique = Tensor::from_vec(unique, n_unique, device)?;
+    let dw = Tensor::zeros((v, h), w.dtype(), device)?;
+    let (g, o, off, u, out) = (
+        tensor_ptr(&dy, "dy")?,
+        tensor_ptr(&order, "order")?,
+        tensor_ptr(&offsets, "offsets")?,
+        tensor_ptr(&unique, "unique")?,
+        tensor_ptr(&dw, "dw")?,
+    );
+    let hh = h as i32;
+    let cfg = LaunchConfig { grid_dim: (n_unique.max(1) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    if n_unique > 0 {
+        launch(&dev, "embedding_bwd", w.dtype(), cfg, &args![g, o, off, u, out, hh])?;
     }
-
-    fn cuda_fwd(&self, ws: &CudaStorage, wl: &Layout, is: &CudaStorage, il: &Layout) -> Result<(CudaStorage, Shape)> {
-        let dev = ws.device().clone();
-        let (_, h) = wl.shape().dims2()?;
-        let rows = il.shape().elem_count();
-        let (w, ids) = (storage_ptr(ws, wl, "embedding weight")?, storage_ptr(is, il, "ids")?);
-        let (out, y) = alloc(&dev, ws.dtype(), rows * h)?;
-        let (r, hh) = (rows as i32, h as i32);
-        launch(&dev, "embedding_fwd", ws.dtype(), grid((rows * h).div_ceil(THREADS as usize), 0), &args![w, ids, y, r, hh])?;
-        Ok((out, Shape::from((rows, h))))
-    }
-
-    fn bwd(&self, w: &Tensor, ids: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dev = cuda_device(w)?;
-        let (v, h) = w.dims2()?;
-        let dy = dy.contiguous()?;
-        let (order, offsets, unique) = group_by_id(&ids.to_vec1::<u32>()?);
-        let device = w.device();
-        let order = Tensor::from_vec(order, offsets[offsets.len() - 1] as usize, device)?;
-        let n_unique = unique.len();
-        let offsets = Tensor::from_vec(offsets, n_unique + 1, device)?;
-        let unique = Tensor::from_vec(unique, n_unique, device)?;
-        let dw = Tensor::zeros((v, h), w.dtype(), device)?;
-        let (g, o, off, u, out) = (
-            tensor_ptr(&dy, "dy")?,
-            tensor_ptr(&order, "order")?,
-            tensor_ptr(&offsets, "offsets")?,
-            tensor_ptr(&unique, "unique")?,
-            tensor_ptr(&dw, "dw")?,
-        );
-        let hh = h as i32;
-        let cfg = LaunchConfig { grid_dim: (n_unique.max(1) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        if n_unique > 0 {
-            launch(&dev, "embedding_bwd", w.dtype(), cfg, &args![g, o, off, u, out, hh])?;
-        }
-        Ok((Some(dw), None))
-    }
+    Ok(dw)
 }

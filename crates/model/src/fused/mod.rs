@@ -1,40 +1,37 @@
-//! Fused CUDA forward and backward passes of the model's ops (`cuda` feature), as candle
-//! custom ops: [`linear`], [`rms_norm`], [`rope`] (fused with the head transpose), [`causal_attention`]
-//! (scores recomputed in the backward: no `[T, T]` matrix is kept between the passes),
-//! [`gate_up_swiglu`] (both MLP input projections as one product, and the SwiGLU gate),
-//! [`embedding`] (backward without atomics), [`cross_entropy_rows`] and
-//! [`lm_head_cross_entropy`] (the LM head and the loss in chunks of rows: no `[B·T, V]`
-//! logits in either pass; for training its gradients come from the forward). `train` runs
-//! them for training without candle's autograd graph (`Llama::training_pass`: an explicit
-//! backward through each op's own backward pass).
+//! Fused CUDA forward and backward passes of the model's ops (`cuda` feature), each a pair of
+//! plain functions over contiguous CUDA tensors, beside the composed reference it is tested
+//! against (`crates/model/tests/fused_parity.rs`, on a GPU):
+//!
+//! | op | forward / backward | reference |
+//! |---|---|---|
+//! | [`embedding`] | lookup / grouped row sums (no atomics) | `index_select` |
+//! | [`norm`] | RMSNorm (with the residual add) / both gradients | [`crate::norm::RmsNorm`] |
+//! | [`linear`] | `x · wᵀ` / `dx` summed over layers, `dw` | [`crate::mlp::linear`] |
+//! | [`rope`] | RoPE fused with the head transpose / its transpose | [`crate::rope::Rope::apply`] |
+//! | [`attention`] | causal attention, no `[T, T]` kept / recomputing | [`crate::attention::Attention`] |
+//! | [`mlp`] | gate and up as one product, SwiGLU / its gradients | [`crate::mlp::Mlp`] |
+//! | [`lm_head`] | LM head + cross-entropy in row chunks, gradients in the same pass | [`crate::loss::masked_cross_entropy`] |
+//!
+//! `model` runs them as the model's one fused path: the forward for evaluation and logits,
+//! and for training the forward that keeps each op's saved inputs and the explicit backward
+//! ([`crate::Llama::training_pass`]).
 //!
 //! The kernels are `kernels/model/ops.cu` and `kernels/model/flash_attention.cu` (the BF16
-//! attention on tensor cores, [`flash`]), compiled to fatbins at build time and launched on
-//! candle's stream; the other matrix products go through cuBLAS
-//! (`cublasGemmStridedBatchedEx`, FP32 accumulation; TF32 for FP32 inputs when candle's
-//! `set_gemm_reduced_precision_f32` is on). BF16 and FP32 tensors; every reduction runs in a
-//! fixed order, so two runs give the same bits. Tested against the composed ops in
-//! `crates/model/tests/fused_parity.rs` (on a GPU).
+//! attention on tensor cores, `flash`), compiled to fatbins at build time and launched on
+//! candle's stream; the matrix products go through cuBLAS (`cublasGemmStridedBatchedEx`,
+//! FP32 accumulation; TF32 for FP32 inputs when candle's `set_gemm_reduced_precision_f32`
+//! is on). BF16 and FP32 tensors; every reduction runs in a fixed order, so two runs give
+//! the same bits.
 
-mod attention;
-mod cross_entropy;
-mod embedding;
+pub mod attention;
+pub mod embedding;
 mod flash;
-mod linear;
-mod lm_head;
-mod norm;
-mod mlp;
-mod rope;
-pub(crate) mod train;
-
-pub use attention::causal_attention;
-pub use cross_entropy::cross_entropy_rows;
-pub use embedding::embedding;
-pub use linear::linear;
-pub use lm_head::lm_head_cross_entropy;
-pub use norm::rms_norm;
-pub use rope::rope;
-pub use mlp::gate_up_swiglu;
+pub mod linear;
+pub mod lm_head;
+pub mod mlp;
+pub(crate) mod model;
+pub mod norm;
+pub mod rope;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::cublas::{result as cublas, sys as blas};
@@ -167,7 +164,7 @@ pub(crate) fn aligned16(ptrs: &[u64]) -> bool {
 }
 
 /// Device address of a contiguous buffer (its layout's start offset applied).
-pub(crate) fn storage_ptr(s: &CudaStorage, l: &Layout, what: &str) -> Result<u64> {
+fn storage_ptr(s: &CudaStorage, l: &Layout, what: &str) -> Result<u64> {
     let Some((start, _)) = l.contiguous_offsets() else {
         candle_core::bail!("fused {what}: the tensor must be contiguous")
     };
@@ -315,9 +312,4 @@ pub(crate) fn unpadded(dev: &CudaDevice, dtype: DType, src: u64, ld: usize, (row
     let (s, p) = alloc(dev, dtype, rows * cols)?;
     copy_rows(dev, dtype, src, p, rows, cols, ld, cols)?;
     Ok(wrap(s, (rows, cols)))
-}
-
-/// The error of a fused op's CPU forward: these ops run on CUDA tensors only.
-pub(crate) fn cpu_unsupported<T>(name: &str) -> Result<T> {
-    candle_core::bail!("{name} is a CUDA op; on the CPU the model uses the composed ops")
 }

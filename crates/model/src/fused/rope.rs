@@ -1,25 +1,8 @@
-//! Rotary position embedding fused with the head transpose, forward and backward.
+//! Rotary position embedding fused with the head transpose, forward and backward
+//! (reference: [`crate::rope::Rope::apply`] after splitting the heads).
 
-use super::{args, alloc, cpu_unsupported, cuda_device, grid, launch, storage_ptr, tensor_ptr, wrap, THREADS};
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
-
-/// Rotates a projection's output into `heads` heads: `x` `[B, T, heads · d]` (BF16 or F32,
-/// positions `0..T`) → `[B, heads, T, d]`, `y = x cos + rotate_half(x) sin` (HF
-/// "rotate_half", as [`crate::rope::Rope::apply`] after splitting the heads). `cos`, `sin`:
-/// F32 tables `[>= T, d]` ([`crate::rope::Rope::cos`]). Differentiable in `x`.
-pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tensor> {
-    let (_, t, h) = x.dims3()?;
-    let (tmax, d) = cos.dims2()?;
-    if h != heads * d || tmax < t || cos.dtype() != DType::F32 || sin.dims() != cos.dims() || sin.dtype() != DType::F32 {
-        candle_core::bail!("rope: tables {:?}/{:?} do not fit input {:?} with {heads} heads", cos.shape(), sin.shape(), x.shape());
-    }
-    x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { heads })
-}
-
-pub(crate) struct Rope {
-    pub(crate) heads: usize,
-}
+use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
+use candle_core::{DType, Result, Tensor};
 
 /// Launches `rope_fwd` or `rope_bwd` (same signature): one thread per 8 elements of a row's
 /// first half and their partners (16-byte accesses) where half a head is a multiple of 8
@@ -35,33 +18,38 @@ fn run(dev: &candle_core::CudaDevice, name: &str, dtype: DType, src: u64, cos: u
     launch(dev, &format!("{name}{per_thread}"), dtype, grid(threads.div_ceil(THREADS as usize), 0), &a)
 }
 
-impl CustomOp3 for Rope {
-    fn name(&self) -> &'static str {
-        "lowbit-fused-rope"
+/// Checks the tables against `heads` heads of width d over `t` positions.
+fn check_tables(cos: &Tensor, sin: &Tensor, t: usize, hd: usize, heads: usize) -> Result<usize> {
+    let (tmax, d) = cos.dims2()?;
+    if hd != heads * d || tmax < t || cos.dtype() != DType::F32 || sin.dims() != cos.dims() || sin.dtype() != DType::F32 {
+        candle_core::bail!("rope: tables {:?}/{:?} do not fit {t} positions of {heads} heads, width {hd}", cos.shape(), sin.shape());
     }
+    Ok(d)
+}
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        cpu_unsupported(self.name())
-    }
+/// Rotates a projection's output into `heads` heads: `x` `[B, T, heads · d]` (contiguous
+/// BF16 or F32, positions `0..T`) → `[B, heads, T, d]`, `y = x cos + rotate_half(x) sin`
+/// (HF "rotate_half"). `cos`, `sin`: F32 tables `[>= T, d]` ([`crate::rope::Rope::cos`]).
+pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tensor> {
+    let dev = cuda_device(x)?;
+    let (b, t, h) = x.dims3()?;
+    let d = check_tables(cos, sin, t, h, heads)?;
+    let (out, y) = alloc(&dev, x.dtype(), b * t * h)?;
+    let (xp, c, s) = (tensor_ptr(x, "rope x")?, tensor_ptr(cos, "rope cos")?, tensor_ptr(sin, "rope sin")?);
+    run(&dev, "rope_fwd", x.dtype(), xp, c, s, y, (b, t, heads, d))?;
+    Ok(wrap(out, (b, heads, t, d)))
+}
 
-    fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, cs: &CudaStorage, cl: &Layout, ss: &CudaStorage, sl: &Layout) -> Result<(CudaStorage, Shape)> {
-        let dev = xs.device().clone();
-        let (b, t, h) = xl.shape().dims3()?;
-        let (n, d) = (self.heads, h / self.heads);
-        let (out, y) = alloc(&dev, xs.dtype(), b * t * h)?;
-        let (x, c, s) = (storage_ptr(xs, xl, "rope x")?, storage_ptr(cs, cl, "rope cos")?, storage_ptr(ss, sl, "rope sin")?);
-        run(&dev, "rope_fwd", xs.dtype(), x, c, s, y, (b, t, n, d))?;
-        Ok((out, Shape::from((b, n, t, d))))
-    }
-
-    fn bwd(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dev = cuda_device(x)?;
-        let dy = dy.contiguous()?;
-        let (b, t, h) = x.dims3()?;
-        let (n, d) = (self.heads, h / self.heads);
-        let (dx_s, dx) = alloc(&dev, x.dtype(), b * t * h)?;
-        let (g, c, s) = (tensor_ptr(&dy, "rope dy")?, tensor_ptr(cos, "rope cos")?, tensor_ptr(sin, "rope sin")?);
-        run(&dev, "rope_bwd", x.dtype(), g, c, s, dx, (b, t, n, d))?;
-        Ok((Some(wrap(dx_s, x.shape().clone())), None, None))
-    }
+/// The gradient of [`forward`]'s input `[B, T, heads · d]` from its output's gradient `dy`
+/// `[B, heads, T, d]` (the rotation transposed: `dx = dy cos − rotate_half(dy sin)`, back in
+/// the projection's layout).
+pub fn backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let dev = cuda_device(dy)?;
+    let dy = dy.contiguous()?;
+    let (b, n, t, d) = dy.dims4()?;
+    check_tables(cos, sin, t, n * d, n)?;
+    let (dx_s, dx) = alloc(&dev, dy.dtype(), b * t * n * d)?;
+    let (g, c, s) = (tensor_ptr(&dy, "rope dy")?, tensor_ptr(cos, "rope cos")?, tensor_ptr(sin, "rope sin")?);
+    run(&dev, "rope_bwd", dy.dtype(), g, c, s, dx, (b, t, n, d))?;
+    Ok(wrap(dx_s, (b, t, n * d)))
 }

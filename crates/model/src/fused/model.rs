@@ -1,0 +1,136 @@
+//! The fused model's passes, as llm.c writes them: the forward runs each op's forward
+//! function and, for training, keeps what each op's backward needs; the backward calls the
+//! ops' backward functions in reverse order. No candle autograd graph: each gradient is
+//! written once, and no separate add runs. The residual stream's adds run inside the norms
+//! that follow them (forward: `x + delta` with the norm; backward: the residual gradient
+//! with the norm's input gradient), and the normed input's three gradients from the q, k and
+//! v projections are summed by cuBLAS into one output. The reference is the composed model
+//! ([`crate::Llama`] with [`crate::Kernels::Composed`]; tested against it in `fused_parity`).
+
+use super::{attention, embedding, linear, lm_head, mlp, norm, rope};
+use crate::llama::Llama;
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor};
+
+/// What one layer's backward needs from its forward: the layer's input, the normed input,
+/// q and k after RoPE (`[B, heads, T, d]`), the v projection, the attention output and its
+/// rows' log-sum-exp (the tensor-core attention), the residual stream after attention, its
+/// norm, the gate/up product and the SwiGLU output.
+struct Saved {
+    x: Tensor,
+    h1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn: Tensor,
+    lse: Option<Tensor>,
+    mid: Tensor,
+    h2: Tensor,
+    gate_up: Tensor,
+    act: Tensor,
+}
+
+/// The residual stream after the last layer: `x` plus `delta` (the last MLP's output, not yet
+/// added: the final norm adds it), and with `keep` every layer's [`Saved`].
+fn layers(model: &Llama, ids: &Tensor, (b, t): (usize, usize), keep: bool) -> Result<(Tensor, Tensor, Vec<Saved>)> {
+    let cfg = &model.cfg;
+    let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (cfg.head_dim() as f64).sqrt());
+    let mut x = embedding::forward(&model.embed_tokens, ids)?.reshape((b, t, cfg.hidden_size))?;
+    let mut delta: Option<Tensor> = None;
+    let mut saved = Vec::with_capacity(if keep { model.layers.len() } else { 0 });
+    for layer in &model.layers {
+        let (a, m, n1, n2) = (&layer.self_attn, &layer.mlp, &layer.input_layernorm, &layer.post_attention_layernorm);
+        let (x_in, h1) = norm::forward(&x, delta.as_ref(), &n1.weight, n1.eps)?;
+        let q = rope::forward(&linear::forward(&h1, &a.q)?, cos, sin, cfg.num_heads)?;
+        let k = rope::forward(&linear::forward(&h1, &a.k)?, cos, sin, cfg.num_heads)?;
+        let v = linear::forward(&h1, &a.v)?;
+        let (attn, lse) = attention::forward(&q, &k, &v, scale)?;
+        let (mid, h2) = norm::forward(&x_in, Some(&linear::forward(&attn, &a.o)?), &n2.weight, n2.eps)?;
+        let (act, gate_up) = mlp::forward(&h2, &m.gate, &m.up)?;
+        delta = Some(linear::forward(&act, &m.down)?);
+        x = mid.clone();
+        if keep {
+            saved.push(Saved { x: x_in, h1, q, k, v, attn, lse, mid, h2, gate_up, act });
+        }
+    }
+    let delta = delta.ok_or_else(|| candle_core::Error::Msg("the model has no layers".into()))?;
+    Ok((x, delta, saved))
+}
+
+/// The final hidden states (after `model.norm`) of `input` `[B, T]` u32: `[B, T, H]` in the
+/// weights' dtype.
+pub(crate) fn hidden(model: &Llama, input: &Tensor) -> Result<Tensor> {
+    let (b, t) = input.dims2()?;
+    let (x, delta, _) = layers(model, &input.flatten_all()?.contiguous()?, (b, t), false)?;
+    Ok(norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?.1)
+}
+
+/// The mean next-token loss over the positions where `mask` is nonzero (F32 scalar), the
+/// LM head and the loss in chunks of rows ([`lm_head::loss`]); no gradient work.
+pub(crate) fn loss(model: &Llama, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let hidden = hidden(model, input)?;
+    let (b, t, h) = hidden.dims3()?;
+    let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
+    lm_head::loss(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight)
+}
+
+/// A training forward pass whose [`Forward::backward`] gives the weights' gradients.
+pub(crate) struct Forward<'a> {
+    model: &'a Llama,
+    /// `scale` times the mean loss (F32 scalar).
+    pub(crate) loss: Tensor,
+    ids: Tensor,
+    saved: Vec<Saved>,
+    /// The final norm's input `[B, T, H]`, the gradient of its output, the LM head's gradient.
+    x: Tensor,
+    d_hidden: Tensor,
+    d_head: Tensor,
+}
+
+impl<'a> Forward<'a> {
+    /// The forward pass of `model` on `input`/`target`/`mask` (`[B, T]`) for `scale` times
+    /// the mean loss. The LM head's gradients are computed here ([`lm_head::loss_and_grads`]).
+    pub(crate) fn run(model: &'a Llama, input: &Tensor, target: &Tensor, mask: &Tensor, scale: f64) -> Result<Self> {
+        let (b, t) = input.dims2()?;
+        let h = model.cfg.hidden_size;
+        let ids = input.flatten_all()?.contiguous()?;
+        let (x, delta, saved) = layers(model, &ids, (b, t), true)?;
+        let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
+        let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
+        let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;
+        Ok(Forward { model, loss, ids, saved, x, d_hidden: d_hidden.reshape((b, t, h))?, d_head })
+    }
+
+    /// The gradient of the loss for every weight, keyed by the weight tensors as
+    /// `Tensor::backward` keys them, in the weights' dtype.
+    pub(crate) fn backward(self) -> Result<GradStore> {
+        let model = self.model;
+        let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (model.cfg.head_dim() as f64).sqrt());
+        let mut grads = GradStore::default();
+        grads.insert(&model.lm_head, self.d_head);
+        let (mut dx, dw) = norm::backward(&self.x, &model.norm.weight, &self.d_hidden, None, model.norm.eps)?;
+        grads.insert(&model.norm.weight, dw);
+        for (layer, s) in model.layers.iter().zip(self.saved).rev() {
+            let (a, m, n1, n2) = (&layer.self_attn, &layer.mlp, &layer.input_layernorm, &layer.post_attention_layernorm);
+            // x_out = mid + down(act); mid = x + o(attn)
+            let (d_act, dw_down) = linear::backward(&s.act, &[&m.down], &[&dx])?;
+            let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &m.gate, &m.up, &s.gate_up, &d_act)?;
+            let (d_mid, dw_norm2) = norm::backward(&s.mid, &n2.weight, &d_h2, Some(&dx), n2.eps)?;
+            let (d_attn, dw_o) = linear::backward(&s.attn, &[&a.o], &[&d_mid])?;
+            let (dq, dk, dv) = attention::backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn, scale)?;
+            let (dq_proj, dk_proj) = (rope::backward(&dq, cos, sin)?, rope::backward(&dk, cos, sin)?);
+            let (d_h1, dw_qkv) = linear::backward(&s.h1, &[&a.q, &a.k, &a.v], &[&dq_proj, &dk_proj, &dv])?;
+            let (d_x, dw_norm1) = norm::backward(&s.x, &n1.weight, &d_h1, Some(&d_mid), n1.eps)?;
+            dx = d_x;
+            for (w, g) in [&m.down, &a.o, &a.q, &a.k, &a.v].into_iter().zip(dw_down.into_iter().chain(dw_o).chain(dw_qkv)) {
+                grads.insert(w, g);
+            }
+            for (w, g) in [(&m.gate, dw_gate), (&m.up, dw_up), (&n2.weight, dw_norm2), (&n1.weight, dw_norm1)] {
+                grads.insert(w, g);
+            }
+        }
+        let d_embed = embedding::backward(&model.embed_tokens, &self.ids, &dx.flatten_to(1)?)?;
+        grads.insert(&model.embed_tokens, d_embed);
+        Ok(grads)
+    }
+}
