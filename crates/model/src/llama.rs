@@ -202,7 +202,40 @@ impl TrainingPass<'_> {
         match self.0 {
             Pass::Autograd(loss, _) => loss.backward(),
             #[cfg(feature = "cuda")]
-            Pass::Explicit(f) => f.backward(),
+            Pass::Explicit(f) => Ok(f.backward(None)?.expect("a store of its own")),
         }
     }
+
+    /// Adds the gradient of [`TrainingPass::loss`] for every weight to its FP32 sum in `sum`
+    /// (a weight without one gets one): gradient accumulation over the micro-batches of a
+    /// step. On the composed path each gradient is widened and added; on the fused path the
+    /// matrix products of the weights' gradients accumulate into the sums in place (FP32
+    /// products, without rounding each pass's gradient to the weights' dtype first), the
+    /// other gradients are widened and added.
+    pub fn accumulate(self, sum: &mut GradStore) -> Result<()> {
+        match self.0 {
+            Pass::Autograd(loss, _) => {
+                let grads = loss.backward()?;
+                for id in grads.get_ids().copied().collect::<Vec<_>>() {
+                    add_to_sum(sum, id, grads.get_id(id).expect("listed"))?;
+                }
+            }
+            #[cfg(feature = "cuda")]
+            Pass::Explicit(f) => {
+                f.backward(Some(sum))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `sum[id] += grad` in FP32 (`sum[id] = grad` widened where there is none).
+pub(crate) fn add_to_sum(sum: &mut GradStore, id: candle_core::TensorId, grad: &Tensor) -> Result<()> {
+    let g = grad.to_dtype(candle_core::DType::F32)?;
+    let g = match sum.get_id(id) {
+        Some(prev) => (prev + g)?,
+        None => g,
+    };
+    sum.insert_id(id, g);
+    Ok(())
 }

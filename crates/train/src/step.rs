@@ -9,6 +9,7 @@
 use crate::distributed::collective::Collective;
 use crate::distributed::shard::{rank_rows, take_rows};
 use anyhow::{Context, Result};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{Batch, DataPosition, TrainStream};
 use lowbit_model::Llama;
@@ -176,10 +177,11 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         _ => global.iter().map(|b| take_rows(b, rank_rows(rank, ctx.micro_batch))).collect(),
     };
     let targets: Vec<f64> = batches.iter().map(count).collect();
-    // Gradients summed in FP32 over micro-batches; one micro-batch's gradients go to the
-    // optimizer in their own dtype (BF16 for a BF16 model: the optimizer widens them
-    // exactly, so the step is the same, with 2 bytes per parameter less for it to read).
-    let mut acc: Vec<Option<Tensor>> = vec![None; ctx.params.vars.len()];
+    // One micro-batch's gradients go to the optimizer in their own dtype (BF16 for a BF16
+    // model: the optimizer widens them exactly, so the step is the same, with 2 bytes per
+    // parameter less for it to read); several are summed in FP32 (`TrainingPass::accumulate`).
+    let mut sum = GradStore::default();
+    let mut single = None;
     let mut loss_sum: Option<Tensor> = None;
     for (b, n) in batches.iter().zip(&targets) {
         let (x, y, m) = batch_tensors(b, dev)?;
@@ -189,14 +191,9 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         let pass = ctx.model.training_pass(&x, &y, &m, weight)?;
         let loss = pass.loss().detach();
         clock.lap(|p| &mut p.forward)?;
-        let grads = pass.backward()?;
-        for (a, var) in acc.iter_mut().zip(&ctx.params.vars) {
-            let g = grads.get(var.as_tensor()).context("a parameter received no gradient")?;
-            let g = if ctx.grad_accum == 1 { g.clone() } else { g.to_dtype(DType::F32)? };
-            *a = Some(match a.take() {
-                None => g,
-                Some(prev) => (prev + g)?,
-            });
+        match ctx.grad_accum {
+            1 => single = Some(pass.backward()?),
+            _ => pass.accumulate(&mut sum)?,
         }
         loss_sum = Some(match loss_sum.take() {
             None => loss,
@@ -204,7 +201,11 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         });
         clock.lap(|p| &mut p.backward)?;
     }
-    let mut grads: Vec<Tensor> = acc.into_iter().map(|g| g.expect("accumulated")).collect();
+    let store = single.unwrap_or(sum);
+    let mut grads = (ctx.params.vars.iter())
+        .map(|var| store.get(var.as_tensor()).cloned().context("a parameter received no gradient"))
+        .collect::<Result<Vec<Tensor>>>()?;
+    drop(store);
     let loss_sum = loss_sum.context("grad_accum is 0")?;
     let loss = match world {
         1 => loss_sum.to_scalar::<f32>()? as f64,

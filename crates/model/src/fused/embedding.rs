@@ -1,6 +1,6 @@
 //! Token embedding lookup (reference: `index_select` of the rows) with a deterministic
-//! backward: rows are grouped by token id on the host and each id's gradient row is summed
-//! in position order (no atomics, unlike candle's `index_add`, which also runs serially over
+//! backward: positions are grouped by token id on the host ([`Grouping`]) and each id's
+//! gradient row is summed in position order (no atomics, unlike candle's `index_add`, which also runs serially over
 //! the positions).
 
 use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
@@ -38,28 +38,48 @@ fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     (order, offsets, unique)
 }
 
+/// Positions grouped by token id, on the device: the input of [`backward`]. Made on the
+/// host from the ids ([`Grouping::new`]), so a training pass can make it while the device
+/// runs the forward and the backward need not wait for an id read.
+pub struct Grouping {
+    /// Positions sorted by id (ascending positions within an id), `[N]` u32.
+    order: Tensor,
+    /// Where each distinct id's positions start in `order`, and the end: `[ids + 1]` u32.
+    offsets: Tensor,
+    /// The distinct ids, ascending: `[ids]` u32.
+    unique: Tensor,
+}
+
+impl Grouping {
+    /// The grouping of `ids` (host values, `< V`), uploaded to `device`.
+    pub fn new(ids: &[u32], device: &candle_core::Device) -> Result<Self> {
+        let (order, offsets, unique) = group_by_id(ids);
+        let n_unique = unique.len();
+        Ok(Grouping {
+            order: Tensor::from_vec(order, ids.len(), device)?,
+            offsets: Tensor::from_vec(offsets, n_unique + 1, device)?,
+            unique: Tensor::from_vec(unique, n_unique, device)?,
+        })
+    }
+}
+
 /// The gradient of the table `w` (`[V, H]`, its dtype) from the output's gradient `dy`
-/// `[N, H]` of [`forward`] with `ids` `[N]`; rows of ids that do not occur are 0. Reads
-/// the ids to the host once (the last op of a backward, so the wait costs nothing).
-pub fn backward(w: &Tensor, ids: &Tensor, dy: &Tensor) -> Result<Tensor> {
+/// `[N, H]` of [`forward`] with the ids that `grouping` grouped; rows of ids that do not
+/// occur are 0. Each id's rows are summed in position order (no atomics).
+pub fn backward(w: &Tensor, grouping: &Grouping, dy: &Tensor) -> Result<Tensor> {
     let dev = cuda_device(w)?;
     let (v, h) = w.dims2()?;
     let dy = dy.contiguous()?;
-    if dy.dims() != [ids.dims1()?, h] || dy.dtype() != w.dtype() {
-        candle_core::bail!("embedding backward: gradient {:?} for ids {:?} and table {:?}", dy.shape(), ids.shape(), w.shape());
+    if dy.dims() != [grouping.order.dims1()?, h] || dy.dtype() != w.dtype() {
+        candle_core::bail!("embedding backward: gradient {:?} for {} ids and table {:?}", dy.shape(), grouping.order.elem_count(), w.shape());
     }
-    let (order, offsets, unique) = group_by_id(&ids.to_vec1::<u32>()?);
-    let device = w.device();
-    let order = Tensor::from_vec(order, offsets[offsets.len() - 1] as usize, device)?;
-    let n_unique = unique.len();
-    let offsets = Tensor::from_vec(offsets, n_unique + 1, device)?;
-    let unique = Tensor::from_vec(unique, n_unique, device)?;
-    let dw = Tensor::zeros((v, h), w.dtype(), device)?;
+    let n_unique = grouping.unique.elem_count();
+    let dw = Tensor::zeros((v, h), w.dtype(), w.device())?;
     let (g, o, off, u, out) = (
         tensor_ptr(&dy, "dy")?,
-        tensor_ptr(&order, "order")?,
-        tensor_ptr(&offsets, "offsets")?,
-        tensor_ptr(&unique, "unique")?,
+        tensor_ptr(&grouping.order, "order")?,
+        tensor_ptr(&grouping.offsets, "offsets")?,
+        tensor_ptr(&grouping.unique, "unique")?,
         tensor_ptr(&dw, "dw")?,
     );
     let hh = h as i32;

@@ -60,10 +60,11 @@ pub fn loss(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Re
     Ok(wrap(ordered_sum(&dev, nll, n)?, ()))
 }
 
-/// [`loss`] times `scale` (F32 scalar) and its gradients with respect to `hidden` and `w`,
-/// in their dtype, for the training pass ([`super::model`]). `scale` enters the rows' loss
-/// coefficients, so the gradients come out of the chunks' products scaled (`hidden`'s in
-/// its dtype; `w`'s summed over the chunks in F32, then rounded once).
+/// [`loss`] times `scale` (F32 scalar) and its gradients with respect to `hidden` (in its
+/// dtype) and `w` (F32, summed over the chunks: the training pass rounds it to the weight's
+/// dtype or adds it to a running sum), for the training pass ([`super::model`]). `scale`
+/// enters the rows' loss coefficients, so the gradients come out of the chunks' products
+/// scaled.
 pub fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
     check(hidden, w, target, weight)?;
     let (dev, dtype) = (cuda_device(hidden)?, hidden.dtype());
@@ -74,7 +75,7 @@ pub fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Ten
     let (_nll, nll) = alloc(&dev, DType::F32, n)?;
     let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, chunks.av * h)?);
     chunks.run(nll, Some((dh, dw)))?;
-    let dw = wrap(dw_s, (chunks.av, h)).narrow(0, 0, v)?.to_dtype(dtype)?;
+    let dw = wrap(dw_s, (chunks.av, h)).narrow(0, 0, v)?;
     Ok((wrap(ordered_sum(&dev, nll, n)?, ()), wrap(dh_s, (n, h)), dw))
 }
 

@@ -4,16 +4,31 @@
 //! (see [`super::aligned`]). The packed product's output is the backward's input (as the
 //! composed ops keep `g` and `u`).
 
-use super::{aligned, alloc, args, copy_rows, cuda_device, grid, launch, tensor_ptr, unpadded, wrap, Gemm, THREADS};
-use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
+use super::{aligned, alloc, args, copy_rows, cuda_device, grid, launch, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS};
+use candle_core::{CudaDevice, DType, Result, Tensor};
 
-/// `[w_gate; w_up]` packed into `[2 · aligned(I), H]`, zero rows after each.
-fn packed_weights(dev: &CudaDevice, dtype: DType, wg: u64, wu: u64, (i, h): (usize, usize)) -> Result<(CudaStorage, u64)> {
-    let ip = aligned(i);
-    let out = super::alloc_zeroed(dev, dtype, 2 * ip * h)?;
-    copy_rows(dev, dtype, wg, out.1, i, h, h, h)?;
-    copy_rows(dev, dtype, wu, out.1 + (ip * h * dtype.size_in_bytes()) as u64, i, h, h, h)?;
-    Ok(out)
+/// `[w_gate; w_up]` packed into `[2 · aligned(I), H]`, zero rows after each: the weight of
+/// [`forward`] and [`backward`] (one pack serves a training pass's both). `w_gate`, `w_up`:
+/// `[I, H]` contiguous, one dtype (BF16 or F32).
+pub fn pack(w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
+    let (i, h) = w_gate.dims2()?;
+    if w_up.dims() != [i, h] || w_up.dtype() != w_gate.dtype() {
+        candle_core::bail!("gate_up_swiglu: w_gate {:?} {:?} and w_up {:?} {:?} differ", w_gate.shape(), w_gate.dtype(), w_up.shape(), w_up.dtype());
+    }
+    let (dev, dtype, ip) = (cuda_device(w_gate)?, w_gate.dtype(), aligned(i));
+    let (out, p) = super::alloc_zeroed(&dev, dtype, 2 * ip * h)?;
+    copy_rows(&dev, dtype, tensor_ptr(w_gate, "w_gate")?, p, i, h, h, h)?;
+    copy_rows(&dev, dtype, tensor_ptr(w_up, "w_up")?, p + (ip * h * dtype.size_in_bytes()) as u64, i, h, h, h)?;
+    Ok(wrap(out, (2 * ip, h)))
+}
+
+/// `(I, aligned(I), H)` of a packed weight of intermediate width `i`, checked against `x`.
+fn dims(x: &Tensor, packed: &Tensor, i: usize) -> Result<(usize, usize, usize)> {
+    let (two_ip, h) = packed.dims2()?;
+    if two_ip != 2 * aligned(i) || x.dim(candle_core::D::Minus1)? != h || x.dtype() != packed.dtype() {
+        candle_core::bail!("gate_up_swiglu: x {:?} {:?}, packed weight {:?} {:?} of width {i}", x.shape(), x.dtype(), packed.shape(), packed.dtype());
+    }
+    Ok((i, aligned(i), h))
 }
 
 /// Launches the gate's forward or backward `name` over `n` elements of h: 8 per thread
@@ -26,19 +41,15 @@ fn gate(dev: &CudaDevice, name: &str, dtype: DType, ptrs: &[u64], a: &[super::Ar
 
 /// `silu(x · w_gateᵀ) * (x · w_upᵀ)`, its last dimension padded with zeros to
 /// `aligned(I)`, and the packed product `x · [w_gate; w_up]ᵀ` `[rows, 2 · aligned(I)]`
-/// ([`backward`]'s input): `x` `[..., H]`, `w_gate` and `w_up` `[I, H]`, contiguous, one
-/// dtype (BF16 or F32) → `[..., aligned(I)]` (columns `I..` are exactly 0; feed it to
-/// [`super::linear::forward`] with the down projection). FP32 arithmetic, one rounding per
-/// product and per gate.
-pub fn forward(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (i, h) = w_gate.dims2()?;
-    if w_up.dims() != [i, h] || x.dim(candle_core::D::Minus1)? != h || x.dtype() != w_gate.dtype() || w_up.dtype() != x.dtype() {
-        candle_core::bail!("gate_up_swiglu: x {:?}, w_gate {:?}, w_up {:?}", x.shape(), w_gate.shape(), w_up.shape());
-    }
+/// ([`backward`]'s input): `x` `[..., H]` contiguous, `packed` the two weights ([`pack`]),
+/// `i` their width I, one dtype (BF16 or F32) → `[..., aligned(I)]` (columns `I..` are
+/// exactly 0; feed it to [`super::linear::forward`] with the down projection). FP32
+/// arithmetic, one rounding per product and per gate.
+pub fn forward(x: &Tensor, packed: &Tensor, i: usize) -> Result<(Tensor, Tensor)> {
+    let (_, ip, h) = dims(x, packed, i)?;
     let (dev, dtype) = (cuda_device(x)?, x.dtype());
-    let (ip, rows) = (aligned(i), x.elem_count() / h);
-    let xp = tensor_ptr(x, "x")?;
-    let (_w, w) = packed_weights(&dev, dtype, tensor_ptr(w_gate, "w_gate")?, tensor_ptr(w_up, "w_up")?, (i, h))?;
+    let rows = x.elem_count() / h;
+    let (xp, w) = (tensor_ptr(x, "x")?, tensor_ptr(packed, "packed weight")?);
     let (gu_s, gu) = alloc(&dev, dtype, rows * 2 * ip)?;
     Gemm { m: rows, n: 2 * ip, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
         .run(&dev, dtype, dtype, xp, w, gu, false)?;
@@ -49,29 +60,48 @@ pub fn forward(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<(Tensor, Te
     Ok((wrap(out, dims), wrap(gu_s, (rows, 2 * ip))))
 }
 
-/// The gradients of `x`, `w_gate` and `w_up` (their shapes) from [`forward`]'s packed
-/// product `gu` and the gradient `dh` of its output (`[..., aligned(I)]`).
-pub fn backward(x: &Tensor, w_gate: &Tensor, w_up: &Tensor, gu: &Tensor, dh: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+/// The gradients of `x` and of the two weights (`[I, H]` each) from [`forward`]'s packed
+/// weight and product `gu` and the gradient `dh` of its output (`[..., aligned(I)]`); the
+/// weights' gradients come from one product into a packed `[2 · aligned(I), H]` buffer
+/// (each a view of it, no copy) and are written as `into` says (both the same kind): new
+/// tensors in the weights' dtype, or added to FP32 sums, in place where the sums are the
+/// views an earlier pass returned.
+pub fn backward(x: &Tensor, packed: &Tensor, i: usize, gu: &Tensor, dh: &Tensor, into: [WeightGrad; 2]) -> Result<(Tensor, Tensor, Tensor)> {
+    let (_, ip, h) = dims(x, packed, i)?;
     let (dev, dtype) = (cuda_device(x)?, x.dtype());
     let dh = dh.contiguous()?;
-    let (i, h) = w_gate.dims2()?;
-    let (ip, rows) = (aligned(i), x.elem_count() / h);
+    let rows = x.elem_count() / h;
     if gu.dims() != [rows, 2 * ip] || dh.elem_count() != rows * ip || dh.dtype() != dtype {
-        candle_core::bail!("gate_up_swiglu backward: product {:?}, gradient {:?} for x {:?}, w_gate {:?}", gu.shape(), dh.shape(), x.shape(), w_gate.shape());
+        candle_core::bail!("gate_up_swiglu backward: product {:?}, gradient {:?} for x {:?}, width {i}", gu.shape(), dh.shape(), x.shape());
     }
     let (gup, dhp, xp) = (tensor_ptr(gu, "gu")?, tensor_ptr(&dh, "dh")?, tensor_ptr(x, "x")?);
     let (_dgu, dgu) = alloc(&dev, dtype, rows * 2 * ip)?;
     gate(&dev, "swiglu_packed_bwd", dtype, &[gup, dhp, dgu], &args![gup, dhp, dgu, rows as u64, ip as i32], rows * ip)?;
-    let (_w, w) = packed_weights(&dev, dtype, tensor_ptr(w_gate, "w_gate")?, tensor_ptr(w_up, "w_up")?, (i, h))?;
+    let w = tensor_ptr(packed, "packed weight")?;
     // dx = dgu · [w_gate; w_up]
     let (dxs, dx) = alloc(&dev, dtype, rows * h)?;
     Gemm { m: rows, n: h, k: 2 * ip, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
         .run(&dev, dtype, dtype, dgu, w, dx, false)?;
-    // [dw_gate; dw_up] = dguᵀ · x
-    let (_dw, dw) = alloc(&dev, dtype, 2 * ip * h)?;
-    Gemm { m: 2 * ip, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-        .run(&dev, dtype, dtype, dgu, xp, dw, false)?;
-    let dw_gate = unpadded(&dev, dtype, dw, h, (i, h))?;
-    let dw_up = unpadded(&dev, dtype, dw + (ip * h * dtype.size_in_bytes()) as u64, h, (i, h))?;
-    Ok((wrap(dxs, x.shape().clone()), dw_gate, dw_up))
+    let dx = wrap(dxs, x.shape().clone());
+    // [dw_gate; dw_up] (+)= dguᵀ · x
+    let dw_gemm = Gemm { m: 2 * ip, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 };
+    if let [WeightGrad::Sum(Some(g)), WeightGrad::Sum(Some(u))] = into {
+        if let Some(p) = sum_buffer(g, 2 * ip * h)? {
+            if same_storage(g, u) && tensor_ptr(u, "dw_up sum")? == p + (ip * h * 4) as u64 {
+                dw_gemm.run(&dev, dtype, DType::F32, dgu, xp, p, true)?;
+                return Ok((dx, g.clone(), u.clone()));
+            }
+        }
+    }
+    let dw_dtype = into[0].dtype(dtype);
+    let (dw_s, dw) = alloc(&dev, dw_dtype, 2 * ip * h)?;
+    dw_gemm.run(&dev, dtype, dw_dtype, dgu, xp, dw, false)?;
+    let packed = wrap(dw_s, (2 * ip, h));
+    Ok((dx, into[0].finish(packed.narrow(0, 0, i)?)?, into[1].finish(packed.narrow(0, ip, i)?)?))
+}
+
+/// Whether two tensors are views of one storage.
+fn same_storage(a: &Tensor, b: &Tensor) -> bool {
+    let (sa, sb) = (a.storage_and_layout().0, b.storage_and_layout().0);
+    std::ptr::eq(&*sa, &*sb)
 }

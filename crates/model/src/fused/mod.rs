@@ -14,7 +14,8 @@
 //!
 //! `model` runs them as the model's one fused path: the forward for evaluation and logits,
 //! and for training the forward that keeps each op's saved inputs and the explicit backward
-//! ([`crate::Llama::training_pass`]).
+//! ([`crate::Llama::training_pass`]), which writes the weights' gradients as [`WeightGrad`]
+//! says: new tensors, or added into FP32 sums over micro-batches by the products themselves.
 //!
 //! The kernels are `kernels/model/ops.cu` and `kernels/model/flash_attention.cu` (the BF16
 //! attention on tensor cores, `flash`), compiled to fatbins at build time and launched on
@@ -185,6 +186,50 @@ pub(crate) fn tensor_ptr(t: &Tensor, what: &str) -> Result<u64> {
         Storage::Cuda(s) => storage_ptr(s, layout, what),
         _ => candle_core::bail!("fused {what}: the tensor is not on a CUDA device"),
     }
+}
+
+/// Where a backward writes a weight's gradient (the training pass chooses: [`model`]).
+#[derive(Clone, Copy, Debug)]
+pub enum WeightGrad<'a> {
+    /// A new tensor in the weight's dtype.
+    New,
+    /// Added to an FP32 running sum (gradient accumulation over micro-batches): `None` for
+    /// the first pass (a new FP32 tensor), `Some(sum)` for the next ones (the FP32 tensor an
+    /// earlier `Sum` pass of the same op returned), added into in place where the op can
+    /// (its matrix product accumulates into the sum: `C += A·B`), else out of place.
+    Sum(Option<&'a Tensor>),
+}
+
+impl WeightGrad<'_> {
+    /// The dtype the op writes the gradient in: the weight's, or F32 for a sum.
+    pub(crate) fn dtype(&self, weight: DType) -> DType {
+        match self {
+            WeightGrad::New => weight,
+            WeightGrad::Sum(_) => DType::F32,
+        }
+    }
+
+    /// What the op returns for `grad`, the gradient it wrote in [`WeightGrad::dtype`] (not
+    /// into the sum): itself, or the sum plus it.
+    pub(crate) fn finish(&self, grad: Tensor) -> Result<Tensor> {
+        match self {
+            WeightGrad::Sum(Some(sum)) => *sum + grad,
+            _ => Ok(grad),
+        }
+    }
+}
+
+/// The device address of `sum` where a product can accumulate `n` elements into it in
+/// place: an F32 tensor of at least `n` elements, contiguous, whose storage holds `n`
+/// elements from its start (it may be a view into a padded buffer an earlier pass returned);
+/// `None` otherwise.
+pub(crate) fn sum_buffer(sum: &Tensor, n: usize) -> Result<Option<u64>> {
+    let (storage, layout) = sum.storage_and_layout();
+    let (Storage::Cuda(s), Some((start, _))) = (&*storage, layout.contiguous_offsets()) else { return Ok(None) };
+    if s.dtype() != DType::F32 || sum.elem_count() > n || s.as_cuda_slice::<f32>()?.len() < start + n {
+        return Ok(None);
+    }
+    Ok(Some(storage_ptr(s, layout, "gradient sum")?))
 }
 
 /// The CUDA device of a tensor.

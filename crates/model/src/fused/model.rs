@@ -7,7 +7,7 @@
 //! v projections are summed by cuBLAS into one output. The reference is the composed model
 //! ([`crate::Llama`] with [`crate::Kernels::Composed`]; tested against it in `fused_parity`).
 
-use super::{attention, embedding, linear, lm_head, mlp, norm, rope};
+use super::{attention, embedding, linear, lm_head, mlp, norm, rope, WeightGrad};
 use crate::llama::Llama;
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor};
@@ -15,7 +15,7 @@ use candle_core::{Result, Tensor};
 /// What one layer's backward needs from its forward: the layer's input, the normed input,
 /// q and k after RoPE (`[B, heads, T, d]`), the v projection, the attention output and its
 /// rows' log-sum-exp (the tensor-core attention), the residual stream after attention, its
-/// norm, the gate/up product and the SwiGLU output.
+/// norm, the packed gate/up weight and product, and the SwiGLU output.
 struct Saved {
     x: Tensor,
     h1: Tensor,
@@ -26,6 +26,7 @@ struct Saved {
     lse: Option<Tensor>,
     mid: Tensor,
     h2: Tensor,
+    packed: Tensor,
     gate_up: Tensor,
     act: Tensor,
 }
@@ -46,11 +47,12 @@ fn layers(model: &Llama, ids: &Tensor, (b, t): (usize, usize), keep: bool) -> Re
         let v = linear::forward(&h1, &a.v)?;
         let (attn, lse) = attention::forward(&q, &k, &v, scale)?;
         let (mid, h2) = norm::forward(&x_in, Some(&linear::forward(&attn, &a.o)?), &n2.weight, n2.eps)?;
-        let (act, gate_up) = mlp::forward(&h2, &m.gate, &m.up)?;
+        let packed = mlp::pack(&m.gate, &m.up)?;
+        let (act, gate_up) = mlp::forward(&h2, &packed, cfg.intermediate_size)?;
         delta = Some(linear::forward(&act, &m.down)?);
         x = mid.clone();
         if keep {
-            saved.push(Saved { x: x_in, h1, q, k, v, attn, lse, mid, h2, gate_up, act });
+            saved.push(Saved { x: x_in, h1, q, k, v, attn, lse, mid, h2, packed, gate_up, act });
         }
     }
     let delta = delta.ok_or_else(|| candle_core::Error::Msg("the model has no layers".into()))?;
@@ -79,9 +81,10 @@ pub(crate) struct Forward<'a> {
     model: &'a Llama,
     /// `scale` times the mean loss (F32 scalar).
     pub(crate) loss: Tensor,
-    ids: Tensor,
+    ids: embedding::Grouping,
     saved: Vec<Saved>,
-    /// The final norm's input `[B, T, H]`, the gradient of its output, the LM head's gradient.
+    /// The final norm's input `[B, T, H]`, the gradient of its output, the LM head's gradient
+    /// (F32: rounded to the weight's dtype or added to a sum by the backward).
     x: Tensor,
     d_hidden: Tensor,
     d_head: Tensor,
@@ -94,7 +97,11 @@ impl<'a> Forward<'a> {
         let (b, t) = input.dims2()?;
         let h = model.cfg.hidden_size;
         let ids = input.flatten_all()?.contiguous()?;
+        // the ids on the host now, while the device is idle or about to be, and grouped
+        // while it runs the layers: the backward then waits for no read
+        let host_ids = ids.to_vec1::<u32>()?;
         let (x, delta, saved) = layers(model, &ids, (b, t), true)?;
+        let ids = embedding::Grouping::new(&host_ids, input.device())?;
         let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
         let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
         let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;
@@ -102,35 +109,93 @@ impl<'a> Forward<'a> {
     }
 
     /// The gradient of the loss for every weight, keyed by the weight tensors as
-    /// `Tensor::backward` keys them, in the weights' dtype.
-    pub(crate) fn backward(self) -> Result<GradStore> {
+    /// `Tensor::backward` keys them, in the weights' dtype (`sum: None`); or, with
+    /// `sum: Some(store)`, each gradient added to the store's FP32 sum of that weight (a
+    /// weight without one gets one): the matrix products accumulate into the sums in place
+    /// ([`WeightGrad::Sum`]); the norms', the embedding's and the LM head's gradients are
+    /// added out of place.
+    /// Returns the store it wrote.
+    pub(crate) fn backward(self, sum: Option<&mut GradStore>) -> Result<Option<GradStore>> {
         let model = self.model;
         let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (model.cfg.head_dim() as f64).sqrt());
-        let mut grads = GradStore::default();
-        grads.insert(&model.lm_head, self.d_head);
+        let mut out = match sum {
+            Some(s) => Sink::Sum(s),
+            None => Sink::Own(GradStore::default()),
+        };
+        out.add(&model.lm_head, self.d_head)?;
         let (mut dx, dw) = norm::backward(&self.x, &model.norm.weight, &self.d_hidden, None, model.norm.eps)?;
-        grads.insert(&model.norm.weight, dw);
+        out.add(&model.norm.weight, dw)?;
         for (layer, s) in model.layers.iter().zip(self.saved).rev() {
             let (a, m, n1, n2) = (&layer.self_attn, &layer.mlp, &layer.input_layernorm, &layer.post_attention_layernorm);
+            let prev: Vec<Option<Tensor>> = [&m.down, &m.gate, &m.up, &a.o, &a.q, &a.k, &a.v].iter().map(|w| out.sum_of(w)).collect();
+            let to: Vec<WeightGrad> = prev.iter().map(|p| out.target(p)).collect();
             // x_out = mid + down(act); mid = x + o(attn)
-            let (d_act, dw_down) = linear::backward(&s.act, &[&m.down], &[&dx])?;
-            let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &m.gate, &m.up, &s.gate_up, &d_act)?;
+            let (d_act, dw_down) = linear::backward(&s.act, &[&m.down], &[&dx], &to[0..1])?;
+            let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &s.packed, model.cfg.intermediate_size, &s.gate_up, &d_act, [to[1], to[2]])?;
             let (d_mid, dw_norm2) = norm::backward(&s.mid, &n2.weight, &d_h2, Some(&dx), n2.eps)?;
-            let (d_attn, dw_o) = linear::backward(&s.attn, &[&a.o], &[&d_mid])?;
+            let (d_attn, dw_o) = linear::backward(&s.attn, &[&a.o], &[&d_mid], &to[3..4])?;
             let (dq, dk, dv) = attention::backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn, scale)?;
             let (dq_proj, dk_proj) = (rope::backward(&dq, cos, sin)?, rope::backward(&dk, cos, sin)?);
-            let (d_h1, dw_qkv) = linear::backward(&s.h1, &[&a.q, &a.k, &a.v], &[&dq_proj, &dk_proj, &dv])?;
+            let (d_h1, dw_qkv) = linear::backward(&s.h1, &[&a.q, &a.k, &a.v], &[&dq_proj, &dk_proj, &dv], &to[4..7])?;
             let (d_x, dw_norm1) = norm::backward(&s.x, &n1.weight, &d_h1, Some(&d_mid), n1.eps)?;
             dx = d_x;
-            for (w, g) in [&m.down, &a.o, &a.q, &a.k, &a.v].into_iter().zip(dw_down.into_iter().chain(dw_o).chain(dw_qkv)) {
-                grads.insert(w, g);
+            let products = dw_down.into_iter().chain([dw_gate, dw_up]).chain(dw_o).chain(dw_qkv);
+            for (w, g) in [&m.down, &m.gate, &m.up, &a.o, &a.q, &a.k, &a.v].into_iter().zip(products) {
+                out.put(w, g);
             }
-            for (w, g) in [(&m.gate, dw_gate), (&m.up, dw_up), (&n2.weight, dw_norm2), (&n1.weight, dw_norm1)] {
-                grads.insert(w, g);
-            }
+            out.add(&n2.weight, dw_norm2)?;
+            out.add(&n1.weight, dw_norm1)?;
         }
         let d_embed = embedding::backward(&model.embed_tokens, &self.ids, &dx.flatten_to(1)?)?;
-        grads.insert(&model.embed_tokens, d_embed);
-        Ok(grads)
+        out.add(&model.embed_tokens, d_embed)?;
+        Ok(match out {
+            Sink::Own(g) => Some(g),
+            Sink::Sum(_) => None,
+        })
+    }
+}
+
+/// Where [`Forward::backward`] puts the weights' gradients: a store of its own (the weights'
+/// dtype), or FP32 sums over passes in the caller's store.
+enum Sink<'s> {
+    Own(GradStore),
+    Sum(&'s mut GradStore),
+}
+
+impl Sink<'_> {
+    /// The running sum of `w`'s gradient (`Sum` only).
+    fn sum_of(&self, w: &Tensor) -> Option<Tensor> {
+        match self {
+            Sink::Sum(s) => s.get(w).cloned(),
+            Sink::Own(_) => None,
+        }
+    }
+
+    /// How an op writes a gradient whose running sum is `prev` ([`Sink::sum_of`]).
+    fn target<'a>(&self, prev: &'a Option<Tensor>) -> WeightGrad<'a> {
+        match self {
+            Sink::Own(_) => WeightGrad::New,
+            Sink::Sum(_) => WeightGrad::Sum(prev.as_ref()),
+        }
+    }
+
+    /// Stores what an op returned for `w` under [`Sink::target`]: its gradient or new sum.
+    fn put(&mut self, w: &Tensor, g: Tensor) {
+        match self {
+            Sink::Own(s) => s.insert(w, g),
+            Sink::Sum(s) => s.insert(w, g),
+        };
+    }
+
+    /// Stores `w`'s gradient `g` (the weight's dtype, or F32) from an op that writes no sums:
+    /// in the weight's dtype, or widened to FP32 and added to the running sum.
+    fn add(&mut self, w: &Tensor, g: Tensor) -> Result<()> {
+        match self {
+            Sink::Own(s) => {
+                s.insert(w, g.to_dtype(w.dtype())?);
+            }
+            Sink::Sum(s) => crate::llama::add_to_sum(s, w.id(), &g)?,
+        }
+        Ok(())
     }
 }

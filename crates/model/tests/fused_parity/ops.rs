@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 use lowbit_model::attention::{causal_mask, softmax_last_dim};
 use lowbit_model::norm::RmsNorm;
 use lowbit_model::rope::Rope;
-use lowbit_model::fused::{self, attention, embedding, linear, lm_head, mlp, norm};
+use lowbit_model::fused::{self, attention, embedding, linear, lm_head, mlp, norm, WeightGrad};
 use lowbit_model::{init_params, masked_cross_entropy, Kernels, Llama, LlamaConfig};
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
@@ -187,7 +187,7 @@ fn linear_matches_composed() {
                 dtype,
                 &[x.clone(), w.clone()],
                 |t, dy| {
-                    let (dx, mut dw) = linear::backward(&t[0], &[&t[1]], &[dy]).unwrap();
+                    let (dx, mut dw) = linear::backward(&t[0], &[&t[1]], &[dy], &[WeightGrad::New]).unwrap();
                     (linear::forward(&t[0], &t[1]).unwrap(), vec![dx, dw.remove(0)])
                 },
                 |t| lowbit_model::mlp::linear(&t[0], &t[1]).unwrap(),
@@ -205,7 +205,7 @@ fn linear_matches_composed() {
                         *at += n;
                         Some(dy.narrow(2, *at - n, n).unwrap().contiguous().unwrap())
                     }).collect();
-                    let (dx, dws) = linear::backward(&t[0], &[&t[1], &t[2], &t[3]], &[&dys[0], &dys[1], &dys[2]]).unwrap();
+                    let (dx, dws) = linear::backward(&t[0], &[&t[1], &t[2], &t[3]], &[&dys[0], &dys[1], &dys[2]], &[WeightGrad::New; 3]).unwrap();
                     (Tensor::cat(&ys, 2).unwrap(), [vec![dx], dws].concat())
                 },
                 |t| Tensor::cat(&t[1..].iter().map(|w| lowbit_model::mlp::linear(&t[0], w).unwrap()).collect::<Vec<_>>(), 2).unwrap(),
@@ -231,14 +231,15 @@ fn gate_up_swiglu_matches_composed() {
                 dtype,
                 &[x, wg, wu],
                 |t, dy| {
-                    let (out, gu) = mlp::forward(&t[0], &t[1], &t[2]).unwrap();
+                    let packed = mlp::pack(&t[1], &t[2]).unwrap();
+                    let (out, gu) = mlp::forward(&t[0], &packed, i).unwrap();
                     assert_eq!(out.dims(), &[5, 7, ip]);
                     if ip > i {
                         let pad = out.narrow(2, i, ip - i).unwrap().to_dtype(DType::F32).unwrap();
                         assert_eq!(pad.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "padding is not 0");
                     }
                     let dy = dy.pad_with_zeros(2, 0, ip - i).unwrap();
-                    let (dx, dwg, dwu) = mlp::backward(&t[0], &t[1], &t[2], &gu, &dy).unwrap();
+                    let (dx, dwg, dwu) = mlp::backward(&t[0], &packed, i, &gu, &dy, [WeightGrad::New; 2]).unwrap();
                     (out.narrow(2, 0, i).unwrap(), vec![dx, dwg, dwu])
                 },
                 |t| (linear(&t[0], &t[1]).unwrap().silu().unwrap() * linear(&t[0], &t[2]).unwrap()).unwrap(),
@@ -259,7 +260,10 @@ fn embedding_matches_composed() {
             "embedding",
             dtype,
             &[w],
-            |t, dy| (embedding::forward(&t[0], &ids).unwrap(), vec![embedding::backward(&t[0], &ids, dy).unwrap()]),
+            |t, dy| {
+                let grouping = embedding::Grouping::new(&ids.to_vec1::<u32>().unwrap(), &dev).unwrap();
+                (embedding::forward(&t[0], &ids).unwrap(), vec![embedding::backward(&t[0], &grouping, dy).unwrap()])
+            },
             |t| t[0].index_select(&ids, 0).unwrap(),
         );
     }
@@ -287,7 +291,8 @@ fn lm_head_cross_entropy_matches_composed() {
                     let eval = lm_head::loss(&x[0], &x[1], &target, &mask).unwrap();
                     let (l, e) = (loss.to_scalar::<f32>().unwrap(), eval.to_scalar::<f32>().unwrap() * scale as f32);
                     assert!((l - e).abs() <= 1e-6 * l.abs(), "{dtype:?}: training loss {l} vs evaluation loss x scale {e}");
-                    (eval, vec![dh, dw])
+                    assert_eq!(dw.dtype(), DType::F32, "the head's gradient comes in FP32");
+                    (eval, vec![dh, dw.to_dtype(dtype).unwrap()])
                 },
                 |x| {
                     let logits = x[0].matmul(&x[1].t().unwrap()).unwrap().unsqueeze(0).unwrap();
@@ -353,6 +358,35 @@ fn model_matches_composed() {
             let e = rel_err(a, b);
             assert!(e <= grad_tol, "model {dtype:?} gradient of {name}: relative error {e}");
             println!("model {dtype:?} gradient of {name}: relative error {e:.2e}");
+        }
+    }
+}
+
+/// Gradient accumulation on the fused path (`TrainingPass::accumulate`: the weights'
+/// products added into FP32 sums in place) against the FP32 sum of two passes' own
+/// gradients: equal within FP32 rounding for an FP32 model; for BF16, within the rounding
+/// of each pass's gradient to BF16 that the sums skip (2^-8 relative, 1e-2 with the sum);
+/// every sum in FP32. A third pass checks that the in-place sums keep adding.
+#[test]
+fn accumulated_gradients_match_the_sum_of_passes() {
+    let dev = gpu();
+    for dtype in DTYPES {
+        let Tiny { varmap, fused, input, target, mask, .. } = tiny(dtype, &dev);
+        let pass = || fused.training_pass(&input, &target, &mask, 0.25).unwrap();
+        let (g1, g2) = (pass().backward().unwrap(), pass().backward().unwrap());
+        let mut sum = candle_core::backprop::GradStore::default();
+        for _ in 0..3 {
+            pass().accumulate(&mut sum).unwrap();
+        }
+        let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-6 };
+        for (name, v) in varmap.data().lock().unwrap().iter() {
+            let w = v.as_tensor();
+            let s = sum.get(w).unwrap_or_else(|| panic!("no sum for {name}"));
+            assert_eq!(s.dtype(), DType::F32, "{name}");
+            let f32 = |g: &candle_core::backprop::GradStore| g.get(w).unwrap().to_dtype(DType::F32).unwrap();
+            let expected = ((f32(&g1) + f32(&g2)).unwrap() + f32(&g1)).unwrap();
+            let e = rel_err(s, &expected);
+            assert!(e <= tol, "{dtype:?} accumulated gradient of {name}: relative error {e}");
         }
     }
 }
