@@ -8,7 +8,8 @@
 #   WHAT: any of lowbit, composed, f32, torch, hf, compile, scales (default: all); torch: the
 #   plain PyTorch LLaMA eager and compiled, BF16 and FP32; HF rows: eager BF16, FP32 (full FP32
 #   and TF32 matmuls), torch.compile BF16 and FP32; scales: lowbit and the compiled plain
-#   PyTorch LLaMA at LLaMA-20M (batch 128) and LLaMA-350M (micro-batch 64)
+#   PyTorch LLaMA at LLaMA-20M (batch 128) and LLaMA-350M (lowbit at batch 64, the
+#   comparator's, and at 128 in micro-batches of 64)
 # Writes OUT_DIR/training_rows.jsonl (one JSON row per system and dtype) and prints the table.
 set -euo pipefail
 BIN=${1:-target/release/train}
@@ -41,6 +42,7 @@ fi
 if has scales; then
   "$BIN" bench training --preset llama20m --batch 128 --seq 256 --dtype bf16 "${DATA[@]}" --json "$ROWS"
   python3 "$TORCH" --preset llama20m --batch 128 --seq 256 --dtype bf16 --steps 30 --compile | tee -a "$ROWS"
+  "$BIN" bench training --preset llama350m --batch 64 --micro-batch 64 --seq 256 --dtype bf16 --warmup 3 --steps 6 "${DATA[@]}" --json "$ROWS"
   "$BIN" bench training --preset llama350m --batch 128 --micro-batch 64 --seq 256 --dtype bf16 --warmup 3 --steps 6 "${DATA[@]}" --json "$ROWS"
   python3 "$TORCH" --preset llama350m --batch 64 --seq 256 --dtype bf16 --steps 10 --compile | tee -a "$ROWS"
 fi

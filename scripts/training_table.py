@@ -38,12 +38,12 @@ def main():
                 return f"{r['tokens_per_s'] / e['tokens_per_s']:.2f}"
         return "-"
 
-    print("| system | preset | dtype | matmul | kernels | micro-batch | tokens/s | MFU | x compiled | x eager | peak GiB |")
+    print("| system | preset | dtype | matmul | kernels | batch (micro) | tokens/s | MFU | x compiled | x eager | peak GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         print(f"| {r['system']} | {r['preset']} | {r['dtype']} | {r['matmul_precision'] if r['dtype'] == 'f32' else '-'} | "
-              f"{r['kernels']} | {r['micro_batch']} | {r['tokens_per_s']:,.0f} | {mfu} | "
+              f"{r['kernels']} | {r['batch']} ({r['micro_batch']}) | {r['tokens_per_s']:,.0f} | {mfu} | "
               f"{ratio(r, 'torch_llama_compile')} | {ratio(r, 'transformers_eager')} | {r['peak_memory_gib']:.1f} |")
 
 

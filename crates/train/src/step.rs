@@ -207,11 +207,18 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         .collect::<Result<Vec<Tensor>>>()?;
     drop(store);
     let loss_sum = loss_sum.context("grad_accum is 0")?;
-    let loss = match world {
-        1 => loss_sum.to_scalar::<f32>()? as f64,
-        _ => all_reduce(ctx.comm, &mut grads, &loss_sum)? as f64,
+    // (one rank: the norm's pass is queued before the loss is read, so the step waits for the
+    // device once, not twice)
+    let (loss, norm) = match world {
+        1 => {
+            let norm = global_norm(&grads)?;
+            (loss_sum.to_scalar::<f32>()? as f64, norm)
+        }
+        _ => {
+            let loss = all_reduce(ctx.comm, &mut grads, &loss_sum)? as f64;
+            (loss, global_norm(&grads)?)
+        }
     };
-    let norm = global_norm(&grads)?;
     let updated = loss.is_finite() && norm.is_finite();
     if updated {
         let clip = ctx.grad_clip as f32;
