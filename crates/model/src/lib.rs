@@ -24,6 +24,7 @@
 //! | [`kernels`] | [`Kernels`]: composed or fused ops |
 //! | `fused`     | the CUDA ops and the fused path (`cuda` feature) |
 //! | `gemm`      | their matrix products as cuBLAS's column-major calls (host logic, tested on the CPU) |
+//! | `fused_sizes` | their other host logic from sizes alone: padding, chunks, grouping by id, attention geometry (tested on the CPU) |
 //! | [`groups`]  | [`ParamGroup`], [`try_param_group`] |
 //!
 //! ```
@@ -59,6 +60,8 @@ pub mod error;
 #[cfg(feature = "cuda")]
 pub mod fused;
 // Used by the CUDA ops; compiled and tested in every build.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod fused_sizes;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod gemm;
 pub mod groups;

@@ -4,6 +4,7 @@
 //! the positions).
 
 use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
+use crate::fused_sizes::group_by_id;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
@@ -23,20 +24,6 @@ pub fn forward(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
     Ok(wrap(out, (rows, h)))
 }
 
-/// Positions grouped by id: `(order, offsets, unique)`, positions ascending within an id.
-fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
-    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
-    order.sort_by_key(|&i| ids[i as usize]); // stable: positions stay ascending per id
-    let (mut offsets, mut unique) = (Vec::new(), Vec::new());
-    for (k, &i) in order.iter().enumerate() {
-        if unique.last() != Some(&ids[i as usize]) {
-            unique.push(ids[i as usize]);
-            offsets.push(k as u32);
-        }
-    }
-    offsets.push(order.len() as u32);
-    (order, offsets, unique)
-}
 
 /// Positions grouped by token id, on the device: the input of [`backward`]. Made on the
 /// host from the ids ([`Grouping::new`]), so a training pass can make it while the device

@@ -6,6 +6,7 @@
 //! fused linear cross-entropy and llm.c do): three matrix products per chunk in all.
 
 use super::{aligned, alloc, args, cuda_device, launch, tensor_ptr, wrap, zero_padded, Gemm, THREADS};
+use crate::fused_sizes::row_chunks;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
@@ -115,8 +116,7 @@ impl Chunks {
         let (dev, dtype, (n, h, av)) = (&self.dev, self.dtype, (self.n, self.h, self.av));
         let (_buf, logits) = alloc(dev, dtype, CHUNK_ROWS.min(n) * av)?;
         let (vi, ld, elt) = (self.v as i32, av as i32, dtype.size_in_bytes());
-        for r0 in (0..n).step_by(CHUNK_ROWS) {
-            let rows = CHUNK_ROWS.min(n - r0);
+        for (r0, rows) in row_chunks(n, CHUNK_ROWS) {
             let hid = self.hidden + (r0 * h * elt) as u64;
             Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(dev, dtype, dtype, hid, self.w_pad, logits, false)?;
             let (off, nll_r) = ((r0 * 4) as u64, nll + (r0 * 4) as u64);

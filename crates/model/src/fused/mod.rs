@@ -327,14 +327,7 @@ impl Gemm {
     }
 }
 
-/// A matrix extent padded to a multiple of 8 elements. cuBLAS picks its Hopper kernels only
-/// when every extent and row stride is (16 bytes in BF16); LLaMA-100M's 1708-wide MLP and
-/// the T5 vocabulary's 32100 logits otherwise run Ampere kernels for 2-element alignment
-/// at about a third of the speed. The fused ops pad with zero rows and columns of the
-/// weights, so the padding of every product is exactly 0.
-pub(crate) fn aligned(cols: usize) -> usize {
-    cols.div_ceil(8) * 8
-}
+pub(crate) use crate::fused_sizes::aligned;
 
 /// Copies `rows` rows of `cols` elements from `src` (row stride `src_ld`) to `dst` (row
 /// stride `dst_ld`).
