@@ -18,7 +18,9 @@
 //! |-------------|-------|
 //! | [`config`]  | [`LlamaConfig`], presets, parameter count, HF `config.json` |
 //! | [`init`]    | [`init_params`]: seeded, device-independent Normal(0, 0.02) / ones init |
-//! | [`llama`]   | [`Llama`]: the model, its passes, [`TrainingPass`] |
+//! | [`llama`]   | [`Llama`]: the model (its weights, the composed forward) |
+//! | `passes`    | its passes, composed or fused: logits, loss, [`TrainingPass`] |
+//! | [`grad_sum`] | [`GradSum`]: FP32 gradient sums over micro-batches |
 //! | [`attention`], [`mlp`], [`norm`], [`rope`] | its parts |
 //! | [`loss`]    | [`masked_cross_entropy`] |
 //! | [`kernels`] | [`Kernels`]: composed or fused ops |
@@ -64,6 +66,7 @@ pub mod fused;
 mod fused_sizes;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod gemm;
+pub mod grad_sum;
 pub mod groups;
 pub mod init;
 pub mod kernels;
@@ -71,6 +74,7 @@ pub mod llama;
 pub mod loss;
 pub mod mlp;
 pub mod norm;
+mod passes;
 pub mod rope;
 
 pub use config::{LlamaConfig, INIT_STD};
@@ -78,5 +82,7 @@ pub use error::ModelError;
 pub use groups::{try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec};
 pub use kernels::{Kernels, FUSED_MAX_HIDDEN};
-pub use llama::{Llama, TrainingPass};
+pub use grad_sum::GradSum;
+pub use llama::Llama;
+pub use passes::TrainingPass;
 pub use loss::masked_cross_entropy;

@@ -630,12 +630,8 @@ pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarM
     let kernels = match cfg.model.kernels {
         KernelChoice::Auto => {
             let k = Kernels::for_model(mcfg, dev);
-            if k != Kernels::for_device(dev) {
-                tracing::warn!(
-                    "model.kernels = \"auto\": composed ops, the fused kernels take hidden sizes up to {} (this model: {})",
-                    lowbit_model::FUSED_MAX_HIDDEN,
-                    mcfg.hidden_size
-                );
+            if let (true, Err(why)) = (k != Kernels::for_device(dev), Kernels::fits(mcfg)) {
+                tracing::warn!("model.kernels = \"auto\": composed ops ({why})");
             }
             k
         }

@@ -9,10 +9,9 @@
 use crate::distributed::collective::Collective;
 use crate::distributed::shard::{rank_rows, take_rows};
 use anyhow::{Context, Result};
-use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{Batch, DataPosition, TrainStream};
-use lowbit_model::Llama;
+use lowbit_model::{GradSum, Llama};
 use lowbit_optim::Optimizer;
 use std::time::Instant;
 
@@ -180,7 +179,7 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
     // One micro-batch's gradients go to the optimizer in their own dtype (BF16 for a BF16
     // model: the optimizer widens them exactly, so the step is the same, with 2 bytes per
     // parameter less for it to read); several are summed in FP32 (`TrainingPass::accumulate`).
-    let mut sum = GradStore::default();
+    let mut sum = GradSum::new();
     let mut single = None;
     let mut loss_sum: Option<Tensor> = None;
     for (b, n) in batches.iter().zip(&targets) {
@@ -201,11 +200,14 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         });
         clock.lap(|p| &mut p.backward)?;
     }
-    let store = single.unwrap_or(sum);
+    let grad_of = |w: &Tensor| match &single {
+        Some(store) => store.get(w).cloned(),
+        None => sum.get(w).cloned(),
+    };
     let mut grads = (ctx.params.vars.iter())
-        .map(|var| store.get(var.as_tensor()).cloned().context("a parameter received no gradient"))
+        .map(|var| grad_of(var.as_tensor()).context("a parameter received no gradient"))
         .collect::<Result<Vec<Tensor>>>()?;
-    drop(store);
+    drop((single, sum));
     let loss_sum = loss_sum.context("grad_accum is 0")?;
     // (one rank: the norm's pass is queued before the loss is read, so the step waits for the
     // device once, not twice)

@@ -1,7 +1,7 @@
 //! Token embedding lookup (reference: `index_select` of the rows) with a deterministic
 //! backward: positions are grouped by token id on the host ([`Grouping`]) and each id's
-//! gradient row is summed in position order (no atomics, unlike candle's `index_add`, which also runs serially over
-//! the positions).
+//! gradient row is summed in position order (no atomics, unlike candle's `index_add`, which
+//! also runs serially over the positions).
 
 use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
 use crate::fused_sizes::group_by_id;

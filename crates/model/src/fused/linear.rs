@@ -71,7 +71,7 @@ pub fn backward(x: &Tensor, ws: &[&Tensor], dys: &[&Tensor], into: &[WeightGrad]
         // dw (+)= dyᵀ · x
         let dw_gemm = Gemm { m: out, n: xin, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 };
         if let (WeightGrad::Sum(Some(sum)), true) = (to, xin == inp) {
-            if let Some(p) = sum_buffer(sum, out * inp)? {
+            if let Some(p) = sum_buffer(sum, &[out, inp], out * inp)? {
                 dw_gemm.run(&dev, dtype, DType::F32, dyp, xp, p, true)?;
                 dws.push((*sum).clone());
                 continue;

@@ -20,7 +20,7 @@ fn check(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Resul
     let (_, wh) = w.dims2()?;
     if wh != h || w.dtype() != hidden.dtype() || target.dims1()? != n || weight.dims1()? != n || target.dtype() != DType::U32 || weight.dtype() != DType::F32 {
         candle_core::bail!(
-            "lm_head_cross_entropy: hidden {:?}, w {:?}, target {:?} {:?}, weight {:?} {:?}",
+            "fused lm_head: hidden {:?}, w {:?}, target {:?} {:?}, weight {:?} {:?}",
             hidden.shape(),
             w.shape(),
             target.shape(),

@@ -13,7 +13,7 @@ use candle_core::{CudaDevice, DType, Result, Tensor};
 pub fn pack(w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
     let (i, h) = w_gate.dims2()?;
     if w_up.dims() != [i, h] || w_up.dtype() != w_gate.dtype() {
-        candle_core::bail!("gate_up_swiglu: w_gate {:?} {:?} and w_up {:?} {:?} differ", w_gate.shape(), w_gate.dtype(), w_up.shape(), w_up.dtype());
+        candle_core::bail!("fused mlp: w_gate {:?} {:?} and w_up {:?} {:?} differ", w_gate.shape(), w_gate.dtype(), w_up.shape(), w_up.dtype());
     }
     let (dev, dtype, ip) = (cuda_device(w_gate)?, w_gate.dtype(), aligned(i));
     let (out, p) = super::alloc_zeroed(&dev, dtype, 2 * ip * h)?;
@@ -26,7 +26,7 @@ pub fn pack(w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
 fn dims(x: &Tensor, packed: &Tensor, i: usize) -> Result<(usize, usize, usize)> {
     let (two_ip, h) = packed.dims2()?;
     if two_ip != 2 * aligned(i) || x.dim(candle_core::D::Minus1)? != h || x.dtype() != packed.dtype() {
-        candle_core::bail!("gate_up_swiglu: x {:?} {:?}, packed weight {:?} {:?} of width {i}", x.shape(), x.dtype(), packed.shape(), packed.dtype());
+        candle_core::bail!("fused mlp: x {:?} {:?}, packed weight {:?} {:?} of width {i}", x.shape(), x.dtype(), packed.shape(), packed.dtype());
     }
     Ok((i, aligned(i), h))
 }
@@ -72,7 +72,7 @@ pub fn backward(x: &Tensor, packed: &Tensor, i: usize, gu: &Tensor, dh: &Tensor,
     let dh = dh.contiguous()?;
     let rows = x.elem_count() / h;
     if gu.dims() != [rows, 2 * ip] || dh.elem_count() != rows * ip || dh.dtype() != dtype {
-        candle_core::bail!("gate_up_swiglu backward: product {:?}, gradient {:?} for x {:?}, width {i}", gu.shape(), dh.shape(), x.shape());
+        candle_core::bail!("fused mlp backward: product {:?}, gradient {:?} for x {:?}, width {i}", gu.shape(), dh.shape(), x.shape());
     }
     let (gup, dhp, xp) = (tensor_ptr(gu, "gu")?, tensor_ptr(&dh, "dh")?, tensor_ptr(x, "x")?);
     let (_dgu, dgu) = alloc(&dev, dtype, rows * 2 * ip)?;
@@ -86,8 +86,8 @@ pub fn backward(x: &Tensor, packed: &Tensor, i: usize, gu: &Tensor, dh: &Tensor,
     // [dw_gate; dw_up] (+)= dguᵀ · x
     let dw_gemm = Gemm { m: 2 * ip, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 };
     if let [WeightGrad::Sum(Some(g)), WeightGrad::Sum(Some(u))] = into {
-        if let Some(p) = sum_buffer(g, 2 * ip * h)? {
-            if same_storage(g, u) && tensor_ptr(u, "dw_up sum")? == p + (ip * h * 4) as u64 {
+        if let Some(p) = sum_buffer(g, &[i, h], 2 * ip * h)? {
+            if u.dims() == [i, h] && same_storage(g, u) && tensor_ptr(u, "dw_up sum")? == p + (ip * h * 4) as u64 {
                 dw_gemm.run(&dev, dtype, DType::F32, dgu, xp, p, true)?;
                 return Ok((dx, g.clone(), u.clone()));
             }

@@ -188,7 +188,8 @@ pub(crate) fn tensor_ptr(t: &Tensor, what: &str) -> Result<u64> {
     }
 }
 
-/// Where a backward writes a weight's gradient (the training pass chooses: [`model`]).
+/// Where a backward writes a weight's gradient (the fused training pass chooses:
+/// [`crate::TrainingPass::backward`] or [`crate::TrainingPass::accumulate`]).
 #[derive(Clone, Copy, Debug)]
 pub enum WeightGrad<'a> {
     /// A new tensor in the weight's dtype.
@@ -219,14 +220,15 @@ impl WeightGrad<'_> {
     }
 }
 
-/// The device address of `sum` where a product can accumulate `n` elements into it in
-/// place: an F32 tensor of at least `n` elements, contiguous, whose storage holds `n`
-/// elements from its start (it may be a view into a padded buffer an earlier pass returned);
-/// `None` otherwise.
-pub(crate) fn sum_buffer(sum: &Tensor, n: usize) -> Result<Option<u64>> {
+/// The device address of `sum` where a product can accumulate its `n`-element output into
+/// it in place: `sum` a contiguous F32 tensor of shape `dims` (the weight's: checked, so a
+/// sum of another weight is never written) whose storage holds `n` elements from its start
+/// (`n` may exceed the sum's own size: a view into a padded buffer an earlier pass
+/// returned); `None` otherwise.
+pub(crate) fn sum_buffer(sum: &Tensor, dims: &[usize], n: usize) -> Result<Option<u64>> {
     let (storage, layout) = sum.storage_and_layout();
     let (Storage::Cuda(s), Some((start, _))) = (&*storage, layout.contiguous_offsets()) else { return Ok(None) };
-    if s.dtype() != DType::F32 || sum.elem_count() > n || s.as_cuda_slice::<f32>()?.len() < start + n {
+    if s.dtype() != DType::F32 || sum.dims() != dims || s.as_cuda_slice::<f32>()?.len() < start + n {
         return Ok(None);
     }
     Ok(Some(storage_ptr(s, layout, "gradient sum")?))

@@ -9,6 +9,7 @@
 
 use super::{attention, embedding, linear, lm_head, mlp, norm, rope, WeightGrad};
 use crate::llama::Llama;
+use crate::grad_sum::GradSum;
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor};
 
@@ -109,13 +110,12 @@ impl<'a> Forward<'a> {
     }
 
     /// The gradient of the loss for every weight, keyed by the weight tensors as
-    /// `Tensor::backward` keys them, in the weights' dtype (`sum: None`); or, with
-    /// `sum: Some(store)`, each gradient added to the store's FP32 sum of that weight (a
-    /// weight without one gets one): the matrix products accumulate into the sums in place
+    /// `Tensor::backward` keys them, in the weights' dtype (`sum: None`: returned); or, with
+    /// `sum: Some(sums)`, each gradient added to that weight's FP32 sum (a weight without one
+    /// gets one; `None` returned): the matrix products accumulate into the sums in place
     /// ([`WeightGrad::Sum`]); the norms', the embedding's and the LM head's gradients are
     /// added out of place.
-    /// Returns the store it wrote.
-    pub(crate) fn backward(self, sum: Option<&mut GradStore>) -> Result<Option<GradStore>> {
+    pub(crate) fn backward(self, sum: Option<&mut GradSum>) -> Result<Option<GradStore>> {
         let model = self.model;
         let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (model.cfg.head_dim() as f64).sqrt());
         let mut out = match sum {
@@ -159,7 +159,7 @@ impl<'a> Forward<'a> {
 /// dtype), or FP32 sums over passes in the caller's store.
 enum Sink<'s> {
     Own(GradStore),
-    Sum(&'s mut GradStore),
+    Sum(&'s mut GradSum),
 }
 
 impl Sink<'_> {
@@ -182,9 +182,11 @@ impl Sink<'_> {
     /// Stores what an op returned for `w` under [`Sink::target`]: its gradient or new sum.
     fn put(&mut self, w: &Tensor, g: Tensor) {
         match self {
-            Sink::Own(s) => s.insert(w, g),
-            Sink::Sum(s) => s.insert(w, g),
-        };
+            Sink::Own(s) => {
+                s.insert(w, g);
+            }
+            Sink::Sum(s) => s.set(w, g),
+        }
     }
 
     /// Stores `w`'s gradient `g` (the weight's dtype, or F32) from an op that writes no sums:
@@ -194,7 +196,7 @@ impl Sink<'_> {
             Sink::Own(s) => {
                 s.insert(w, g.to_dtype(w.dtype())?);
             }
-            Sink::Sum(s) => crate::llama::add_to_sum(s, w.id(), &g)?,
+            Sink::Sum(s) => s.add(w, &g)?,
         }
         Ok(())
     }

@@ -47,7 +47,9 @@ pub enum WeightDtype {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KernelChoice {
-    /// Fused CUDA kernels on a GPU, composed candle ops on the CPU.
+    /// Fused CUDA kernels on a GPU, composed candle ops on the CPU and for models the fused
+    /// kernels do not take (`lowbit_model::Kernels::fits`: hidden sizes above 1536,
+    /// grouped-query attention).
     #[default]
     Auto,
     /// The fused CUDA kernels (`lowbit_model::fused`); an error on the CPU.
