@@ -127,7 +127,9 @@ impl<'a> Forward<'a> {
         out.add(&model.norm.weight, dw)?;
         for (layer, s) in model.layers.iter().zip(self.saved).rev() {
             let (a, m, n1, n2) = (&layer.self_attn, &layer.mlp, &layer.input_layernorm, &layer.post_attention_layernorm);
-            let prev: Vec<Option<Tensor>> = [&m.down, &m.gate, &m.up, &a.o, &a.q, &a.k, &a.v].iter().map(|w| out.sum_of(w)).collect();
+            // the weights whose gradients come from products, in the order the backward makes them
+            let products_of = [&m.down, &m.gate, &m.up, &a.o, &a.q, &a.k, &a.v];
+            let prev: Vec<Option<Tensor>> = products_of.iter().map(|w| out.sum_of(w)).collect();
             let to: Vec<WeightGrad> = prev.iter().map(|p| out.target(p)).collect();
             // x_out = mid + down(act); mid = x + o(attn)
             let (d_act, dw_down) = linear::backward(&s.act, &[&m.down], &[&dx], &to[0..1])?;
@@ -140,7 +142,7 @@ impl<'a> Forward<'a> {
             let (d_x, dw_norm1) = norm::backward(&s.x, &n1.weight, &d_h1, Some(&d_mid), n1.eps)?;
             dx = d_x;
             let products = dw_down.into_iter().chain([dw_gate, dw_up]).chain(dw_o).chain(dw_qkv);
-            for (w, g) in [&m.down, &m.gate, &m.up, &a.o, &a.q, &a.k, &a.v].into_iter().zip(products) {
+            for (w, g) in products_of.into_iter().zip(products) {
                 out.put(w, g);
             }
             out.add(&n2.weight, dw_norm2)?;
