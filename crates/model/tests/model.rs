@@ -420,3 +420,26 @@ fn fused_kernels_on_cpu_are_an_error() {
     let err = m.with_kernels(Kernels::Fused).unwrap_err().to_string();
     assert!(err.contains("CUDA"), "{err}");
 }
+
+/// Gradient accumulation on the composed path (`TrainingPass::accumulate`): the FP32 sum over
+/// two batches equals the sum of the two passes' own gradients bit for bit for a BF16 model
+/// (each widened exactly, one FP32 add), and every weight has a sum.
+#[test]
+fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
+    let (_, vm, model) = tiny_model(300, 3, DType::BF16);
+    let mask = Tensor::ones((2, 9), DType::F32, &Device::Cpu).unwrap();
+    let batches = [(tokens(2, 9, 300, 1), tokens(2, 9, 300, 2)), (tokens(2, 9, 300, 3), tokens(2, 9, 300, 4))];
+    let own: Vec<_> = batches.iter().map(|(x, y)| model.training_pass(x, y, &mask, 0.5).unwrap().backward().unwrap()).collect();
+    let mut sum = GradSum::new();
+    for (x, y) in &batches {
+        model.training_pass(x, y, &mask, 0.5).unwrap().accumulate(&mut sum).unwrap();
+    }
+    for (name, v) in vm.data().lock().unwrap().iter() {
+        let s = sum.get(v.as_tensor()).unwrap_or_else(|| panic!("no sum for {name}"));
+        assert_eq!(s.dtype(), DType::F32, "{name}");
+        let widened = |k: usize| own[k].get(v.as_tensor()).unwrap().to_dtype(DType::F32).unwrap();
+        let expected = (widened(0) + widened(1)).unwrap();
+        let diff = (s - &expected).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(diff, 0.0, "{name}: the sum differs from the passes' own gradients added in FP32");
+    }
+}
