@@ -379,8 +379,9 @@ __device__ __forceinline__ void for_each_segment(const LaunchArgs& L, unsigned l
 // BLOCKS: the launch's scale blocks are not 128 elements (block_segment); a separate kernel,
 // so that its register-hungry two-pass path does not lower the main kernels' occupancy.
 template <bool SR, bool BLOCKS, typename P, int MF, int VF>
-__device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* amax_pre, unsigned long long* counters,
-                                           const float* maps, const uint8_t* buckets) {
+__device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* gate, const float* amax_pre,
+                                           unsigned long long* counters, const float* maps, const uint8_t* buckets) {
+    if (skipped(gate)) return;
     // int8: both maps, their search windows and bucket tables in shared memory
     __shared__ float values[2][256];
     __shared__ float4 windows[2][256];
@@ -399,7 +400,7 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* ama
     }
     const Int8Map map_m{values[0], windows[0], (const uint8_t*)starts[0]};
     const Int8Map map_v{values[1], windows[1], (const uint8_t*)starts[1]};
-    const StepArgs& a = L.s;
+    const StepArgs a = step_args(L, gate);
     unsigned long long s, last;
     if (!warp_run(a, s, last)) return;
     constexpr bool scaled = Codes<MF>::SCALED || Codes<VF>::SCALED;
@@ -432,8 +433,9 @@ __device__ __forceinline__ void flush_amax(float am, float av, unsigned* amax, u
 // order like integers). P: the gradients' type (float: FP32; Bf16Grads: BF16); the weights
 // are not loaded.
 template <typename P, int MF, int VF>
-__device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, const float* maps) {
-    const StepArgs& a = L.s;
+__device__ __forceinline__ void adamw_amax(const LaunchArgs& L, const float* gate, unsigned* amax, const float* maps) {
+    if (skipped(gate)) return;
+    const StepArgs a = step_args(L, gate);
     unsigned long long s, last;
     if (!warp_run(a, s, last)) return;
     Inputs<P, MF, VF> in;
@@ -459,9 +461,10 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, unsigned* amax, 
 }
 
 // Per-tensor scaling, after the step: the new scales from the amax (one thread per tensor).
-template <int MF, int VF> __device__ __forceinline__ void adamw_set_scales(const LaunchArgs& L, const unsigned* amax) {
+template <int MF, int VF>
+__device__ __forceinline__ void adamw_set_scales(const LaunchArgs& L, const float* gate, const unsigned* amax) {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= L.s.count) return;
+    if (i >= L.s.count || skipped(gate)) return;
     const TensorArgs& t = L.t[i];
     if (Codes<MF>::SCALED) ((float*)t.ms)[0] = block_scale_of<MF>(__uint_as_float(amax[2 * t.index]), L.s.scale_m).scale;
     if (Codes<VF>::SCALED) ((float*)t.vs)[0] = block_scale_of<VF>(__uint_as_float(amax[2 * t.index + 1]), L.s.scale_v).scale;
@@ -481,9 +484,9 @@ template <typename P, int MF, int VF> constexpr int min_blocks() {
 }
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
     extern "C" __global__ void __launch_bounds__(256, min_blocks<P, MF, VF>())                              \
-        NAME(const __grid_constant__ LaunchArgs L, const float* amax_pre, unsigned long long* counters,      \
-             const float* maps, const uint8_t* buckets) {                                                    \
-        adamw_step<SR, BLOCKS, P, MF, VF>(L, amax_pre, counters, maps, buckets);                             \
+        NAME(const __grid_constant__ LaunchArgs L, const float* gate, const float* amax_pre,                 \
+             unsigned long long* counters, const float* maps, const uint8_t* buckets) {                      \
+        adamw_step<SR, BLOCKS, P, MF, VF>(L, gate, amax_pre, counters, maps, buckets);                       \
     }
 #define ADAMW_KERNELS(PN, P, MN, MF, VN, VF)                                  \
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN, false, false, P, MF, VF)           \
@@ -491,16 +494,16 @@ template <typename P, int MF, int VF> constexpr int min_blocks() {
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_blocks, false, true, P, MF, VF)   \
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_sr_blocks, true, true, P, MF, VF)
 #define ADAMW_AMAX(NAME, P, MF, VF)                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const __grid_constant__ LaunchArgs L, unsigned* amax, \
-                                                           const float* maps) {                              \
-        adamw_amax<P, MF, VF>(L, amax, maps);                                                                \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const __grid_constant__ LaunchArgs L, const float* gate, \
+                                                           unsigned* amax, const float* maps) {              \
+        adamw_amax<P, MF, VF>(L, gate, amax, maps);                                                          \
     }
 #define ADAMW_AUX(MN, MF, VN, VF)                                                                            \
     ADAMW_AMAX(adamw_amax_##MN##_##VN, float, MF, VF)                                                        \
     ADAMW_AMAX(adamw_amax_bf16g_##MN##_##VN, Bf16Grads, MF, VF)                                              \
     extern "C" __global__ void adamw_set_scales_##MN##_##VN(const __grid_constant__ LaunchArgs L,           \
-                                                            const unsigned* amax) {                          \
-        adamw_set_scales<MF, VF>(L, amax);                                                                   \
+                                                            const float* gate, const unsigned* amax) {       \
+        adamw_set_scales<MF, VF>(L, gate, amax);                                                             \
     }
 #define ADAMW_V(MN, MF, VN, VF)                          \
     ADAMW_KERNELS(f32, float, MN, MF, VN, VF)            \

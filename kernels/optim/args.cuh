@@ -38,6 +38,18 @@ struct LaunchArgs {
     TensorArgs t[MAX_TENSORS];
 };
 
+// The step's clip decided on the device (grad_norm.cu `sum_partials`), or null: the host's
+// `grad_scale` holds. gate = {factor, skip}; with skip != 0 every kernel of the step returns
+// at once (weights, states, scales and counters unchanged: a skipped update).
+__device__ __forceinline__ bool skipped(const float* gate) { return gate && gate[1] != 0.0f; }
+
+// The launch's constants with the device's clip factor as grad_scale (gate non-null).
+__device__ __forceinline__ StepArgs step_args(const LaunchArgs& L, const float* gate) {
+    StepArgs a = L.s;
+    if (gate) a.grad_scale = gate[0];
+    return a;
+}
+
 // cuda.rs asserts the same sizes of its mirrors
 static_assert(sizeof(StepArgs) == 104, "StepArgs layout (cuda.rs StepArgs)");
 static_assert(sizeof(TensorArgs) == 104, "TensorArgs layout (cuda.rs TensorArgs)");

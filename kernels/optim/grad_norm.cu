@@ -4,7 +4,9 @@
 //
 // Pass 1 (`sum_squares_*`): block b sums the squares of chunk b of the concatenated tensors
 // (each tensor split into chunks of NORM_CHUNK elements; the host gives every tensor's first
-// chunk) into partial[b]. Pass 2 (`sum_partials`): one block sums the partials. Squares and
+// chunk) into partial[b]. Pass 2 (`sum_partials`): one block sums the partials and, when
+// asked, decides the step's clip on the device (crates/optim/src/clip.rs `clip_factor`, the
+// same IEEE operations): the AdamW kernels read the factor from there. Squares and
 // sums in FP64 (no underflow for BF16 gradients as small as 1e-38, no overflow), each block's
 // sum in a fixed tree order: the same bits run to run.
 
@@ -67,9 +69,21 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) sum_squares_bf16(cons
 }
 
 // out[0] = sum of partial[0 .. n), one block: thread i sums i, i + NORM_THREADS, ... in order.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) sum_partials(const double* partial, uint64_t n, double* out) {
+// With `gate` (else null): out[1] = *loss, and the clip of clip.rs `clip_factor`:
+// norm = (float)sqrt(out[0]); gate = {factor, skip}: skip = 1 when the norm or the loss is not
+// finite, factor = max_norm / norm when 0 < max_norm < norm, else 1.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) sum_partials(const double* partial, uint64_t n, double* out,
+                                                                        const float* loss, float max_norm, float* gate) {
     double s = 0.0;
     for (uint64_t i = threadIdx.x; i < n; i += NORM_THREADS) s += partial[i];
     s = block_sum(s);
-    if (threadIdx.x == 0) out[0] = s;
+    if (threadIdx.x == 0) {
+        out[0] = s;
+        if (gate) {
+            const float norm = __double2float_rn(__dsqrt_rn(s)), l = *loss;
+            out[1] = (double)l;
+            gate[0] = (max_norm > 0.0f && norm > max_norm) ? __fdiv_rn(max_norm, norm) : 1.0f;
+            gate[1] = (isfinite(norm) && isfinite(l)) ? 0.0f : 1.0f;
+        }
+    }
 }

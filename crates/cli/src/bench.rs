@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use candle_core::{CudaDevice, DType, Device, Tensor};
 use lowbit_model::{init::param_specs, LlamaConfig};
 use lowbit_optim::cuda::CudaAdamW;
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
+use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
 use std::time::Instant;
 
 /// Timed windows per configuration; the median is reported.
@@ -150,7 +150,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                 let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
                 let mut opt = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), &cuda)?;
                 for s in 1..=3 {
-                    opt.step(s, 1e-4, 1.0, &params, &grads)?;
+                    opt.step(s, 1e-4, GradScale::Host(1.0), &params, &grads)?;
                 }
                 opts.push((rounding, spec, opt, Vec::with_capacity(REPEATS)));
             }
@@ -164,7 +164,7 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
                     sync(&dev)?;
                     let t = Instant::now();
                     for _ in 0..iters {
-                        opt.step(s, 1e-4, 1.0, &params, &grads)?;
+                        opt.step(s, 1e-4, GradScale::Host(1.0), &params, &grads)?;
                         s += 1;
                     }
                     sync(&dev)?;

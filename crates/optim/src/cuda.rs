@@ -13,6 +13,7 @@
 //! device.
 
 use crate::adamw::{Roundings, StepKeys, StepScalars};
+use crate::clip::GradScale;
 use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
 use crate::error::OptimError;
@@ -21,7 +22,7 @@ use crate::stalls::{Counter, StallCounts};
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use std::sync::Arc;
-use candle_core::{CudaDevice, DType, Result, Tensor, Var};
+use candle_core::{CudaDevice, DType, Device, Result, Tensor, Var};
 
 const ADAMW_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"));
 
@@ -340,14 +341,20 @@ impl CudaAdamW {
         Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, buckets, max_blocks, bf16_weights })
     }
 
+    fn device(&self) -> Device {
+        Device::Cuda(self.dev.clone())
+    }
+
     fn slot(&self, step: u64) -> usize {
         (step as usize % COUNTER_RING) * self.host.tensors.len() * COUNTERS
     }
 
     /// One optimizer step on every tensor: `params[i]` (F32 or BF16, contiguous, on this
     /// device) updated in place from the gradient `grads[i]` (F32; for BF16 weights also BF16,
-    /// widened exactly to FP32 in the kernel, so both give the same step; multiplied by
-    /// `grad_scale`), states updated, stall counts of `step` accumulated on the device.
+    /// widened exactly to FP32 in the kernel, so both give the same step; multiplied by the
+    /// factor of `scale`), states updated, stall counts of `step` accumulated on the device.
+    /// With [`GradScale::Device`] every kernel reads the factor and the skip flag when it
+    /// runs; a skip leaves weights, states, scales and counters as they were.
     /// Asynchronous: a few kernel launches on candle's stream (one per weight dtype x
     /// gradient dtype and [`MAX_TENSORS`] tensors; per-tensor scaling adds an amax and a scale
     /// launch each). An optimizer made from a ZeRO-1 shard ([`LowbitAdamW::shard`]) takes the
@@ -358,13 +365,25 @@ impl CudaAdamW {
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
     /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight,
     /// gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a tensor not on a CUDA
-    /// device or not contiguous; the adaptive reset rule missing a measurement
+    /// device or not contiguous; a device gate that is not F32 `[2]` on this device; the
+    /// adaptive reset rule missing a measurement
     /// ([`LowbitAdamW::begin_update`]).
-    pub fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
+    pub fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
             candle_core::bail!("lowbit-adamw: {} parameters and {} gradients for {count} tensors", params.len(), grads.len());
         }
+        // the device's clip (its factor replaces grad_scale in the kernels), or none (0)
+        let (grad_scale, gate) = match scale {
+            GradScale::Host(f) => (f, 0u64),
+            GradScale::Device(g) if g.dtype() == DType::F32 && g.elem_count() == 2 && g.device().same_device(&self.device()) => {
+                (1.0, element_address(g, &self.stream, "the device clip gate")?)
+            }
+            GradScale::Device(g) => {
+                let (dtype, shape, at) = (g.dtype(), g.shape(), g.device().location());
+                candle_core::bail!("lowbit-adamw: a device clip gate is F32 [2] on the parameters' device, not {dtype:?} {shape:?} on {at:?}")
+            }
+        };
         self.host.begin_update(step).map_err(err)?;
         let (s, len) = (self.slot(step), count * COUNTERS);
         let mut view = self.counters.slice_mut(s..s + len);
@@ -469,14 +488,14 @@ impl CudaAdamW {
                 }
                 args.s.segments = segments;
                 args.s.count = chunk.len() as u32;
-                self.launch(variant, &args, per_tensor, s)?;
+                self.launch(variant, &args, gate, per_tensor, s)?;
             }
         }
         Ok(())
     }
 
     /// The step launch of one chunk (with the amax and scale launches of per-tensor scaling).
-    fn launch(&self, variant: usize, args: &LaunchArgs, per_tensor: bool, slot: usize) -> Result<()> {
+    fn launch(&self, variant: usize, args: &LaunchArgs, gate: u64, per_tensor: bool, slot: usize) -> Result<()> {
         // at least 2048 elements per warp (8 warps per block), at most the blocks that fit
         // on the GPU at once
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
@@ -485,7 +504,7 @@ impl CudaAdamW {
         let stream = &self.stream;
         if per_tensor {
             let mut b = stream.launch_builder(&self.kernels.amax[(WEIGHT_VARIANTS[variant].1 == DType::BF16) as usize]);
-            b.arg(args).arg(&self.amax).arg(&self.maps);
+            b.arg(args).arg(&gate).arg(&self.amax).arg(&self.maps);
             unsafe { b.launch(cfg) }.map_err(err)?;
         }
         let sr = |r: Rounding| r == Rounding::Stochastic;
@@ -496,11 +515,11 @@ impl CudaAdamW {
         let f = &self.kernels.step[Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
         let counters = self.counters.slice(slot..);
         let mut b = stream.launch_builder(f);
-        b.arg(args).arg(&self.amax).arg(&counters).arg(&self.maps).arg(&self.buckets);
+        b.arg(args).arg(&gate).arg(&self.amax).arg(&counters).arg(&self.maps).arg(&self.buckets);
         unsafe { b.launch(cfg) }.map_err(err)?;
         if per_tensor {
             let mut b = stream.launch_builder(&self.kernels.set_scales);
-            b.arg(args).arg(&self.amax);
+            b.arg(args).arg(&gate).arg(&self.amax);
             let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MAX_TENSORS as u32, 1, 1), shared_mem_bytes: 0 };
             unsafe { b.launch(one) }.map_err(err)?;
         }
@@ -542,7 +561,7 @@ impl CudaAdamW {
 /// (a ZeRO-1 shard's elements through views of them), stall counters read [`COUNT_LAG`] steps
 /// late so that reading them never waits for the device.
 impl Optimizer for CudaAdamW {
-    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> std::result::Result<(), OptimError> {
+    fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> std::result::Result<(), OptimError> {
         crate::optimizer::check_sizes(&self.host.tensors, params, grads)?;
         // the elements the states cover: whole tensors, or views of a shard's range
         let held = |i: usize, t: &Tensor| -> Result<Tensor> {
@@ -554,7 +573,7 @@ impl Optimizer for CudaAdamW {
         };
         let weights = params.iter().enumerate().map(|(i, p)| held(i, p.as_tensor())).collect::<Result<Vec<_>>>()?;
         let grads = grads.iter().enumerate().map(|(i, g)| held(i, g)).collect::<Result<Vec<_>>>()?;
-        Ok(CudaAdamW::step(self, step, lr, grad_scale, &weights, &grads)?)
+        Ok(CudaAdamW::step(self, step, lr, scale, &weights, &grads)?)
     }
 
     fn stall_counts(&mut self, step: u64) -> std::result::Result<Vec<StallCounts>, OptimError> {

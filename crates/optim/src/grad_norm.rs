@@ -1,13 +1,17 @@
 //! The square of the global gradient norm on a CUDA device (`kernels/optim/grad_norm.cu`):
 //! Σ g² over every gradient tensor, in FP64, in two kernel passes per step instead of
-//! candle's five kernels and an FP32 copy per tensor; the same bits run to run.
+//! candle's five kernels and an FP32 copy per tensor; the same bits run to run. With the
+//! step's clip ([`clip_on_device`]) the second pass also decides the clip factor and the skip
+//! ([`crate::clip`]), which the AdamW kernels read from device memory.
 
-use candle_core::cuda::cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use crate::clip::GradScale;
+use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::DeviceId;
-use candle_core::{CudaDevice, DType, Result, Tensor};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Result, Storage, Tensor};
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 const NORM_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/grad_norm.fatbin"));
 
@@ -51,6 +55,58 @@ fn kernels(dev: &CudaDevice) -> Result<[CudaFunction; 3]> {
 /// elements, one fixed-order tree per chunk and one over the chunks. Errors: a tensor on
 /// another device kind, not contiguous, or of another dtype.
 pub fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
+    let (out, stream) = queue(grads, None)?;
+    Ok(stream.clone_dtoh(&out).map_err(err)?[0])
+}
+
+/// A step's clip queued on the device ([`clip_on_device`]): the gate the optimizer reads
+/// ([`DeviceClip::scale`]) and what the step reports ([`DeviceClip::read`]).
+pub struct DeviceClip {
+    /// `[Σ g², loss]` (FP64).
+    report: CudaSlice<f64>,
+    /// `[factor, skip]` (F32 `[2]`).
+    gate: Tensor,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceClip {
+    /// The gate for [`crate::Optimizer::step`]: it steps with the clip factor, or not at all.
+    pub fn scale(&self) -> GradScale<'_> {
+        GradScale::Device(&self.gate)
+    }
+
+    /// `(loss, Σ g²)` on the host: one device-to-host copy, which waits for everything
+    /// queued on the stream before it (the optimizer's step included).
+    pub fn read(&self) -> Result<(f32, f64)> {
+        let r = self.stream.clone_dtoh(&self.report).map_err(err)?;
+        Ok((r[1] as f32, r[0]))
+    }
+}
+
+/// Queues Σ g² over `grads` (as [`sum_of_squares`]) and the step's clip on the device: the
+/// rule of [`crate::clip::clip_factor`] with [`crate::clip::norm_of`] (the same IEEE
+/// operations: FP64 square root rounded to FP32, FP32 division) for the loss `loss` (an F32
+/// scalar on the same device) and the threshold `max_norm` (0: no clipping). Nothing is read
+/// back: the optimizer's kernels read the gate when they run. Errors: those of
+/// [`sum_of_squares`], a loss that is not one F32 element on the gradients' device.
+pub fn clip_on_device(grads: &[Tensor], loss: &Tensor, max_norm: f32) -> Result<DeviceClip> {
+    let Some(first) = grads.first() else { candle_core::bail!("clip_on_device: no gradients") };
+    if loss.dtype() != DType::F32 || loss.elem_count() != 1 || !loss.device().same_device(first.device()) {
+        candle_core::bail!("clip_on_device: the loss must be one F32 element on the gradients' device, not {:?} {:?}", loss.dtype(), loss.shape());
+    }
+    let candle_core::Device::Cuda(dev) = first.device() else { candle_core::bail!("clip_on_device: not on a CUDA device") };
+    let stream = dev.cuda_stream();
+    let loss_ptr = crate::cuda::element_address(loss, &stream, "clip_on_device: the loss")?;
+    let gate = unsafe { stream.alloc::<f32>(2) }.map_err(err)?;
+    let gate_ptr = gate.device_ptr(&stream).0;
+    let (report, stream) = queue(grads, Some((loss_ptr, max_norm, gate_ptr)))?;
+    let gate = Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(gate, dev.clone())), 2, BackpropOp::none(), false);
+    Ok(DeviceClip { report, gate, stream })
+}
+
+/// Queues the two passes of Σ g² over `grads` into a new `[Σ g², loss]` buffer; with `clip`
+/// = (loss address, max_norm, gate address) the last pass also writes the loss and the gate.
+fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f64>, Arc<CudaStream>)> {
     let Some(first) = grads.first() else { candle_core::bail!("sum_of_squares: no gradients") };
     let candle_core::Device::Cuda(dev) = first.device() else { candle_core::bail!("sum_of_squares: not on a CUDA device") };
     let stream = dev.cuda_stream();
@@ -87,10 +143,11 @@ pub fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
             written += at;
         }
     }
-    let out = stream.alloc_zeros::<f64>(1).map_err(err)?;
+    let out = stream.alloc_zeros::<f64>(2).map_err(err)?;
     let out_ptr = out.device_ptr(&stream).0;
+    let (loss_ptr, max_norm, gate_ptr) = clip.unwrap_or((0, 0.0, 0));
     let mut b = stream.launch_builder(&partials);
-    b.arg(&partial_ptr).arg(&written).arg(&out_ptr);
+    b.arg(&partial_ptr).arg(&written).arg(&out_ptr).arg(&loss_ptr).arg(&max_norm).arg(&gate_ptr);
     unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(err)?;
-    Ok(stream.clone_dtoh(&out).map_err(err)?[0])
+    Ok((out, stream))
 }

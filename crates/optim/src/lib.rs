@@ -2,7 +2,7 @@
 //!
 //! The CPU reference of lowbit's optimizer (the oracle the CUDA kernels match bit for bit):
 //! state formats ([`format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
-//! the step ([`adamw`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
+//! the step ([`adamw`]), the global-norm clip ([`clip`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
 //! stall prediction ([`theory`]), the states as named arrays for checkpoints ([`state_dict`])
 //! and the crate's error ([`error`]); the [`Optimizer`] trait over candle parameters with one
 //! adapter per device ([`optimizer`]: [`LowbitAdamW`] on the CPU, `cuda::CudaAdamW` with the
@@ -42,6 +42,7 @@
 //! ```
 
 pub mod adamw;
+pub mod clip;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod config;
@@ -57,6 +58,7 @@ pub mod state;
 pub mod state_dict;
 pub mod theory;
 
+pub use clip::GradScale;
 pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};

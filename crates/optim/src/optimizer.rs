@@ -5,6 +5,7 @@
 //! which uses the same constants and keys; [`for_device`] picks one.
 
 use crate::error::OptimError;
+use crate::clip::GradScale;
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
 use crate::config::{ResetRule, StatesSpec, VResetIdle, VZero};
 use crate::reset::{reset_at, AdaptiveReset};
@@ -258,12 +259,13 @@ impl LowbitAdamW {
 pub trait Optimizer {
     /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the gradient of
     /// `params[i]` (F32, or BF16 from a BF16 model: widened exactly to FP32), multiplied by
-    /// `grad_scale` inside the step.
+    /// the factor `scale` gives inside the step; a [`GradScale::Device`] that says skip makes
+    /// the step change nothing (call it again with the same `step` for the next update).
     ///
     /// # Errors
     /// Tensors that do not fit the states (count, sizes, dtypes, device), a tensor operation
     /// failing, or the adaptive reset rule missing a measurement.
-    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError>;
+    fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError>;
 
     /// Stall counts of each tensor at a completed `step` (reading them may wait for the
     /// device; call it [`Optimizer::count_lag`] steps later to keep the device busy).
@@ -330,9 +332,17 @@ pub(crate) fn check_sizes(tensors: &[TensorState], params: &[Var], grads: &[Tens
 /// The CPU reference behind the trait: each tensor copied to the host, stepped over the
 /// elements the states cover ([`LowbitAdamW::step_cpu`]), written back.
 impl Optimizer for LowbitAdamW {
-    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+    fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
         check_sizes(&self.tensors, params, grads)?;
         self.begin_update(step)?;
+        let grad_scale = match scale {
+            GradScale::Host(f) => f,
+            GradScale::Device(gate) => match gate.to_vec1::<f32>()?[..] {
+                [_, skip] if skip != 0.0 => return Ok(()),
+                [factor, _] => factor,
+                _ => return Err(OptimError::State(format!("a device clip gate has 2 elements, not {}", gate.elem_count()))),
+            },
+        };
         let mut out = Vec::with_capacity(params.len());
         for (i, (var, grad)) in params.iter().zip(grads).enumerate() {
             let (first, len) = (self.tensors[i].first, self.tensors[i].m.len);

@@ -3,7 +3,7 @@
 //! the unsharded step: same weights, same codes and scales, same stall counts.
 
 use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Counter, Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use lowbit_optim::{Counter, GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
 use std::ops::Range;
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
@@ -113,10 +113,10 @@ fn trait_step_of_a_shard_and_refused_sizes() {
     whole.step_cpu(1, 1e-2, 1.0, 0, Weights::F32(&mut expected), &g);
     let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu).unwrap();
     let vars = [Var::from_tensor(&tensor(&w0)).unwrap(), Var::from_tensor(&tensor(&w0)).unwrap()];
-    let err = Optimizer::step(&mut shard, 1, 1e-2, 1.0, &vars, &[tensor(&g), tensor(&g[..len - 1])]).unwrap_err();
+    let err = Optimizer::step(&mut shard, 1, 1e-2, GradScale::Host(1.0), &vars, &[tensor(&g), tensor(&g[..len - 1])]).unwrap_err();
     assert!(err.to_string().contains("b: a parameter of 300 and a gradient of 299 elements"), "{err}");
     assert_eq!(vars[0].as_tensor().to_vec1::<f32>().unwrap(), w0, "nothing stepped");
-    Optimizer::step(&mut shard, 1, 1e-2, 1.0, &vars, &[tensor(&g), tensor(&g)]).unwrap();
+    Optimizer::step(&mut shard, 1, 1e-2, GradScale::Host(1.0), &vars, &[tensor(&g), tensor(&g)]).unwrap();
     let w = vars[0].as_tensor().to_vec1::<f32>().unwrap();
     assert_eq!(&w[..128], &w0[..128], "outside the shard: unchanged");
     assert_eq!(&w[128..], &expected[128..], "the shard's range: the whole tensor's step, bit for bit");

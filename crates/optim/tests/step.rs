@@ -276,3 +276,32 @@ fn int8_blocks_with_subnormal_absmax_keep_their_values() {
         }
     }
 }
+
+/// Through the `Optimizer` trait, a gate decided on the device (`GradScale::Device`, here a
+/// CPU tensor `[factor, skip]`): without skip the step is the host factor's, bit for bit;
+/// with skip nothing changes (weights and states), and the same update number steps later.
+#[test]
+fn a_device_gate_steps_with_its_factor_or_skips() {
+    use candle_core::{Device, Tensor, Var};
+    use lowbit_optim::{GradScale, Optimizer};
+    let n = 300;
+    let w0: Vec<f32> = (0..n).map(|i| 0.01 * (i % 97) as f32 - 0.4).collect();
+    let g = grads(1, n);
+    let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu).unwrap();
+    let var = || Var::from_tensor(&tensor(&w0)).unwrap();
+    let states = |o: &LowbitAdamW| (o.tensors[0].m.codes.clone(), o.tensors[0].v.codes.clone());
+    let (mut host, mut gated) = (opt("fp8e4m3", "fp8e4m3", |_| {}, n), opt("fp8e4m3", "fp8e4m3", |_| {}, n));
+    let (wh, wg) = ([var()], [var()]);
+    let fresh = states(&gated);
+    // skipped: nothing moves
+    Optimizer::step(&mut gated, 1, 1e-2, GradScale::Device(&tensor(&[0.25, 1.0])), &wg, &[tensor(&g)]).unwrap();
+    assert_eq!(wg[0].as_tensor().to_vec1::<f32>().unwrap(), w0);
+    assert_eq!(states(&gated), fresh);
+    // the same update with the gate's factor: the host factor's step
+    Optimizer::step(&mut host, 1, 1e-2, GradScale::Host(0.25), &wh, &[tensor(&g)]).unwrap();
+    Optimizer::step(&mut gated, 1, 1e-2, GradScale::Device(&tensor(&[0.25, 0.0])), &wg, &[tensor(&g)]).unwrap();
+    let (a, b) = (wh[0].as_tensor().to_vec1::<f32>().unwrap(), wg[0].as_tensor().to_vec1::<f32>().unwrap());
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) && a != w0);
+    assert_eq!(states(&host), states(&gated));
+    assert_ne!(states(&gated), fresh);
+}

@@ -1,10 +1,11 @@
 //! One training step, as nanoGPT's loop reads it: micro-batches → forward → backward →
 //! token-weighted gradient sum → global norm → clip → optimizer.
 //!
-//! The only host waits are the global norm (the clip factor and the skip decision need it
-//! on the host; the losses, summed on the device, are read with it) and the stream
-//! synchronisation after the optimizer. Also here: the parameters in the optimizer's order
-//! ([`ParamSet`]) and the global gradient norm ([`global_norm`]).
+//! The step waits for the device once, at its end: on one CUDA device the clip factor and
+//! the skip decision are made by the device and read there by the optimizer, and the loss
+//! and the norm are read after the update is queued ([`clip_and_update`]). Also here: the
+//! parameters in the optimizer's order ([`ParamSet`]) and the global gradient norm
+//! ([`global_norm`]).
 
 use crate::distributed::collective::Collective;
 use crate::distributed::shard::{rank_rows, take_rows};
@@ -12,7 +13,8 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{Batch, DataPosition, TrainStream};
 use lowbit_model::{GradSum, Llama};
-use lowbit_optim::Optimizer;
+use lowbit_optim::clip::{clip_factor, norm_of};
+use lowbit_optim::{GradScale, Optimizer};
 use std::time::Instant;
 
 /// Token ids, targets and loss mask of a batch as `[rows, seq_len]` tensors on `dev`.
@@ -204,37 +206,50 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         Some(store) => store.get(w).cloned(),
         None => sum.get(w).cloned(),
     };
-    let mut grads = (ctx.params.vars.iter())
+    let grads = (ctx.params.vars.iter())
         .map(|var| grad_of(var.as_tensor()).context("a parameter received no gradient"))
         .collect::<Result<Vec<Tensor>>>()?;
     drop((single, sum));
     let loss_sum = loss_sum.context("grad_accum is 0")?;
-    // (one rank: the norm's pass is queued before the loss is read, so the step waits for the
-    // device once, not twice)
-    let (loss, norm) = match world {
-        1 => {
-            let norm = global_norm(&grads)?;
-            (loss_sum.to_scalar::<f32>()? as f64, norm)
-        }
-        _ => {
-            let loss = all_reduce(ctx.comm, &mut grads, &loss_sum)? as f64;
-            (loss, global_norm(&grads)?)
-        }
-    };
-    let updated = loss.is_finite() && norm.is_finite();
-    if updated {
-        let clip = ctx.grad_clip as f32;
-        let factor = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
-        ctx.opt.step(update, lr, factor, &ctx.params.vars, &grads)?;
-    }
-    drop(grads);
-    // One synchronisation per step bounds how far the host runs ahead of the device (and
-    // with it the memory of queued steps); it costs nothing measurable: the norm read above
-    // already waited for the backward.
-    dev.synchronize()?;
+    let (loss, grad_norm, updated) = clip_and_update(ctx, update, lr, grads, &loss_sum)?;
     clock.lap(|p| &mut p.optimizer)?;
     let seconds = t0.elapsed().as_secs_f64();
-    Ok(StepReport { step, loss, grad_norm: norm, tokens, position, updated, seconds, stalls: None, new_epoch: None })
+    Ok(StepReport { step, loss, grad_norm, tokens, position, updated, seconds, stalls: None, new_epoch: None })
+}
+
+/// The step's end: the global gradient norm, the clip ([`clip_factor`]) and the update of
+/// `ctx.params` from `grads` with the summed loss `loss_sum` (this rank's); returns the
+/// step's (loss, norm, updated). It waits for the device once, after the update is queued:
+/// on one CUDA device the clip is decided by the device
+/// ([`lowbit_optim::grad_norm::clip_on_device`]) and the update reads it there, then the loss
+/// and the norm are read; elsewhere (the CPU; several ranks, where the all-reduce reads the
+/// loss) the clip is decided on the host before the update, then the device is synchronised.
+/// Both decide by the same rule, so the report's `updated` is what the update did.
+fn clip_and_update(ctx: &mut StepContext, update: u64, lr: f64, mut grads: Vec<Tensor>, loss_sum: &Tensor) -> Result<(f64, f32, bool)> {
+    let max_norm = ctx.grad_clip as f32;
+    #[cfg(feature = "cuda")]
+    if ctx.comm.world_size() == 1 && ctx.device.is_cuda() {
+        let clip = lowbit_optim::grad_norm::clip_on_device(&grads, loss_sum, max_norm)?;
+        ctx.opt.step(update, lr, clip.scale(), &ctx.params.vars, &grads)?;
+        drop(grads);
+        let (loss, sum) = clip.read()?;
+        let norm = norm_of(sum);
+        return Ok((loss as f64, norm, clip_factor(loss, norm, max_norm).is_some()));
+    }
+    let loss = match ctx.comm.world_size() {
+        1 => loss_sum.to_scalar::<f32>()?,
+        _ => all_reduce(ctx.comm, &mut grads, loss_sum)?,
+    };
+    let norm = global_norm(&grads)?;
+    let factor = clip_factor(loss, norm, max_norm);
+    if let Some(f) = factor {
+        ctx.opt.step(update, lr, GradScale::Host(f), &ctx.params.vars, &grads)?;
+    }
+    drop(grads);
+    // one synchronisation per step bounds how far the host runs ahead of the device (and
+    // with it the memory of queued steps)
+    ctx.device.synchronize()?;
+    Ok((loss as f64, norm, factor.is_some()))
 }
 
 /// Sums `grads` (replaced by FP32 sums) and the scalar `loss` over all ranks in one
@@ -273,13 +288,13 @@ fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Res
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
     #[cfg(feature = "cuda")]
     if grads.first().is_some_and(|g| g.device().is_cuda()) {
-        return Ok(lowbit_optim::grad_norm::sum_of_squares(grads)?.sqrt() as f32);
+        return Ok(norm_of(lowbit_optim::grad_norm::sum_of_squares(grads)?));
     }
     let sq = sum_of_squares(grads, DType::F32)?;
     if sq.is_nan() || (sq.is_finite() && sq >= 1e-20) {
-        return Ok(sq.sqrt() as f32);
+        return Ok(norm_of(sq));
     }
-    Ok(sum_of_squares(grads, DType::F64)?.sqrt() as f32)
+    Ok(norm_of(sum_of_squares(grads, DType::F64)?))
 }
 
 /// Σ g² over all gradients, each squared and summed in `dtype`, read to the host.

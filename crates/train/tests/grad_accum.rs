@@ -5,18 +5,20 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{load_tokenizer, DataConfig, DataPosition, SeqMode, TrainStream};
 use lowbit_model::{init_params, Llama, LlamaConfig};
-use lowbit_optim::{LowbitAdamW, OptimError, Optimizer, StallCounts};
+use lowbit_optim::{GradScale, LowbitAdamW, OptimError, Optimizer, StallCounts};
 use lowbit_train::step::{train_step, ParamSet, StepContext, StepReport};
 
 mod common;
 
-/// Keeps the gradients it is given (times `grad_scale`, as the optimizer would use them).
+/// Keeps the gradients it is given (times the host's clip factor, as the optimizer would
+/// use them; the CPU step decides the clip on the host).
 struct Recorder {
     grads: Vec<Vec<f32>>,
 }
 
 impl Optimizer for Recorder {
-    fn step(&mut self, _step: u64, _lr: f64, grad_scale: f32, _params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+    fn step(&mut self, _step: u64, _lr: f64, scale: GradScale, _params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+        let GradScale::Host(grad_scale) = scale else { return Err(OptimError::State("a CPU step clips on the host".into())) };
         self.grads = grads
             .iter()
             .map(|g| Ok(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().map(|x| x * grad_scale).collect()))

@@ -6,7 +6,7 @@ use lowbit_optim::adamw::Weights;
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::format::bf16 as bf;
 use lowbit_optim::rng::{random_bits, stream_key, StateKind};
-use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo, Rounding, ScaleKind, StatesConfig, VResetIdle, VZero};
+use lowbit_optim::{GradScale, Hyper, LowbitAdamW, Optimizer, ParamInfo, Rounding, ScaleKind, StatesConfig, VResetIdle, VZero};
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
 fn gpu() -> Device {
@@ -140,7 +140,20 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
             };
             grads.push(grad.map_err(|e| e.to_string())?);
         }
-        gpu.step(step, 1e-3, 0.5, &params, &grads).map_err(|e| e.to_string())?;
+        // step 4 with the factor decided on the device (`GradScale::Device`), after a step
+        // that the device gate skips: it must count nothing, and change nothing the real
+        // step would then not match the CPU's on
+        let (keep, skip) = (Tensor::new(&[0.5f32, 0.0], dev), Tensor::new(&[0.5f32, 1.0], dev));
+        let (keep, skip) = (keep.map_err(|e| e.to_string())?, skip.map_err(|e| e.to_string())?);
+        if step == 4 {
+            gpu.step(step, 1e-3, GradScale::Device(&skip), &params, &grads).map_err(|e| e.to_string())?;
+            let counted = gpu.read_counts(step).map_err(|e| e.to_string())?;
+            if counted.iter().any(|c| [c.m, c.v, c.w].iter().any(|k| k.updated + k.stalled + k.unchanged > 0) || c.zero_grad > 0) {
+                return Err(format!("step {step}: a skipped step counted {counted:?}"));
+            }
+        }
+        let scale = if step == 4 { GradScale::Device(&keep) } else { GradScale::Host(0.5) };
+        gpu.step(step, 1e-3, scale, &params, &grads).map_err(|e| e.to_string())?;
         let gpu_counts = gpu.read_counts(step).map_err(|e| e.to_string())?;
         if gpu_counts != cpu_counts {
             return Err(format!("step {step}: stall counts differ: gpu {gpu_counts:?} cpu {cpu_counts:?}"));
@@ -275,14 +288,14 @@ fn sharded_step_matches_whole_tensor_step() {
             // own range of every tensor, in place.
             let vars: Vec<Var> = params.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
             for shard in shards.iter_mut() {
-                Optimizer::step(shard, step, 1e-3, 1.0, &vars, &grads).unwrap();
+                Optimizer::step(shard, step, 1e-3, GradScale::Host(1.0), &vars, &grads).unwrap();
                 for (s, c) in summed.iter_mut().zip(shard.read_counts(step).unwrap()) {
                     *s += c;
                 }
             }
             // A gradient of another size is refused before anything is stepped.
             let short: Vec<Tensor> = grads.iter().map(|g| g.narrow(0, 0, g.elem_count() - 1).unwrap()).collect();
-            let err = Optimizer::step(&mut shards[0], step + 1, 1e-3, 1.0, &vars, &short).unwrap_err();
+            let err = Optimizer::step(&mut shards[0], step + 1, 1e-3, GradScale::Host(1.0), &vars, &short).unwrap_err();
             assert!(err.to_string().contains("and a gradient of"), "{err}");
             let host: Vec<LowbitAdamW> = shards.iter_mut().map(|s| s.download().unwrap().clone_states()).collect();
             let whole = LowbitAdamW::unshard(&host).unwrap();
@@ -384,10 +397,10 @@ fn bf16_gradients_for_f32_weights_are_refused() {
     let mut gpu = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), cuda_dev).unwrap();
     let p = Tensor::zeros(8, DType::F32, &dev).unwrap();
     let g = Tensor::zeros(8, DType::BF16, &dev).unwrap();
-    let e = gpu.step(1, 1e-3, 1.0, &[p.clone()], &[g]).unwrap_err().to_string();
+    let e = gpu.step(1, 1e-3, GradScale::Host(1.0), &[p.clone()], &[g]).unwrap_err().to_string();
     assert!(e.contains("w: F32 weights with BF16 gradients"), "{e}");
     let g = Tensor::zeros(8, DType::F32, &dev).unwrap();
-    gpu.step(1, 1e-3, 1.0, &[p], &[g]).unwrap();
+    gpu.step(1, 1e-3, GradScale::Host(1.0), &[p], &[g]).unwrap();
 }
 
 #[test]
@@ -411,6 +424,6 @@ fn shard_not_starting_at_a_multiple_of_4_is_refused() {
     let whole = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 0, infos);
     let mut gpu = CudaAdamW::new(whole.shard(&[6..300]).unwrap(), cuda_dev).unwrap();
     let t = Tensor::zeros(294, DType::F32, &dev).unwrap();
-    let e = gpu.step(1, 1e-3, 1.0, &[t.clone()], &[t]).err().unwrap().to_string();
+    let e = gpu.step(1, 1e-3, GradScale::Host(1.0), &[t.clone()], &[t]).err().unwrap().to_string();
     assert!(e.contains("w: a shard must start at a multiple of 4 elements, not 6"), "{e}");
 }

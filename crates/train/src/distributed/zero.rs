@@ -20,7 +20,7 @@ use super::shard;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use half::bf16;
-use lowbit_optim::{LowbitAdamW, OptimError, Optimizer, QuantState, StallCounts, TensorState};
+use lowbit_optim::{GradScale, LowbitAdamW, OptimError, Optimizer, QuantState, StallCounts, TensorState};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -127,9 +127,9 @@ fn collective(e: anyhow::Error) -> OptimError {
 }
 
 impl Optimizer for Zero1 {
-    fn step(&mut self, step: u64, lr: f64, grad_scale: f32, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
+    fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
         self.gathered = None;
-        self.local.step(step, lr, grad_scale, params, grads)?;
+        self.local.step(step, lr, scale, params, grads)?;
         self.exchange(params).map_err(collective)
     }
 
