@@ -114,11 +114,19 @@ __device__ void rmsnorm_fwd(const T* x, const T* delta, const T* w, T* sum, T* y
 // warp w of it every WARPS-th row, each warp summing into its own row of shared memory
 // (WARPS * h floats, in row order); partial[b, :] = the warps' rows summed in warp order,
 // and `colsum` adds the partials.
-template <typename T, int V>
-__device__ void rmsnorm_bwd(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, float* partial, int rows,
-                            int h, float eps, int rows_per_block) {
+// CH: the row's chunks per lane, ceil(h / (32 V)), when known at compile time (1 to 6 for
+// V = 8 and h up to FUSED_MAX_HIDDEN = 1536): each pass's loop is then unrolled, so a lane
+// issues the loads of all its chunks at once instead of one round trip to memory per chunk
+// (the same arithmetic in the same order: the same bits as the loop); CH = 0: a loop over h.
+// (dx is a buffer of its own: no input aliases it, which lets a lane's loads run ahead of
+// its stores)
+template <typename T, int V, int CH>
+__device__ void rmsnorm_bwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy,
+                            const T* __restrict__ d_residual, T* __restrict__ dx, float* partial, int rows, int h,
+                            float eps, int rows_per_block) {
     extern __shared__ float acc[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int chunks = CH > 0 ? CH : (h + 32 * V - 1) / (32 * V);
     float* mine = acc + warp * h;
     for (int c = lane * V; c < h; c += 32 * V)
 #pragma unroll
@@ -127,37 +135,44 @@ __device__ void rmsnorm_bwd(const T* x, const T* w, const T* dy, const T* d_resi
     for (int row = r0 + warp; row < r1; row += WARPS) {
         size_t o = (size_t)row * h;
         float ss = 0.f, dot = 0.f;
-        for (int c = lane * V; c < h; c += 32 * V) {
+        // (a lane past the row's end loads its first chunk again and adds zeros: the same
+        // sums, and no branch between the chunks' loads)
+#pragma unroll
+        for (int k = 0; k < chunks; k++) {
+            const int c = (k * 32 + lane) * V, at = c < h ? c : lane * V;
+            const float in = c < h ? 1.f : 0.f;
             float a[V], g[V], wv[V];
-            load_vec<T, V>(x + o + c, a);
-            load_vec<T, V>(dy + o + c, g);
-            load_vec<T, V>(w + c, wv);
+            load_vec<T, V>(x + o + at, a);
+            load_vec<T, V>(dy + o + at, g);
+            load_vec<T, V>(w + at, wv);
 #pragma unroll
             for (int j = 0; j < V; j++) {
+                a[j] *= in;
                 ss += a[j] * a[j];
                 dot += g[j] * wv[j] * a[j];
             }
         }
         float inv = 1.0f / sqrtf(warp_sum(ss) / (float)h + eps);
         dot = warp_sum(dot) * inv / (float)h;  // sum(dn * n) / H
-        for (int c = lane * V; c < h; c += 32 * V) {
-            float a[V], g[V], wv[V], out[V];
-            load_vec<T, V>(x + o + c, a);
-            load_vec<T, V>(dy + o + c, g);
-            load_vec<T, V>(w + c, wv);
+        const T* res = d_residual ? d_residual + o : dy + o;  // (dy: loaded, not added)
 #pragma unroll
-            for (int j = 0; j < V; j++) {
-                float n = a[j] * inv;
-                out[j] = round_to<T>(inv * (g[j] * wv[j] - n * dot));
-                mine[c + j] += g[j] * round_to<T>(n);
-            }
-            if (d_residual) {
-                float r[V];
-                load_vec<T, V>(d_residual + o + c, r);
+        for (int k = 0; k < chunks; k++) {
+            const int c = (k * 32 + lane) * V, at = c < h ? c : lane * V;
+            float a[V], g[V], wv[V], r[V], out[V];
+            load_vec<T, V>(x + o + at, a);
+            load_vec<T, V>(dy + o + at, g);
+            load_vec<T, V>(w + at, wv);
+            load_vec<T, V>(res + at, r);
+            if (c < h) {
 #pragma unroll
-                for (int j = 0; j < V; j++) out[j] += r[j];
+                for (int j = 0; j < V; j++) {
+                    float n = a[j] * inv;
+                    out[j] = round_to<T>(inv * (g[j] * wv[j] - n * dot));
+                    if (d_residual) out[j] += r[j];
+                    mine[c + j] += g[j] * round_to<T>(n);
+                }
+                store_vec<T, V>(dx + o + c, out);
             }
-            store_vec<T, V>(dx + o + c, out);
         }
     }
     __syncthreads();
@@ -488,6 +503,15 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 // extern "C" entry points, one per dtype.
 
 // The kernels with V elements per thread: <name><V>_<dtype>.
+// rmsnorm_bwd<V>[c<CH>]_<S>: the backward with V elements per access, for CH chunks per lane
+// (no suffix: any width).
+#define NORM_BWD(T, S, V, SUFFIX, CH)                                                                              \
+    extern "C" __global__ void rmsnorm_bwd##V##SUFFIX##_##S(const T* x, const T* w, const T* dy,                  \
+                                                            const T* d_residual, T* dx, float* partial, int rows, \
+                                                            int h, float eps, int rows_per_block) {               \
+        rmsnorm_bwd<T, V, CH>(x, w, dy, d_residual, dx, partial, rows, h, eps, rows_per_block);                  \
+    }
+
 #define VECTOR_ENTRY(T, S, V)                                                                                    \
     extern "C" __global__ void rope_fwd##V##_##S(const T* x, const float* cos, const float* sin, T* y, int b,   \
                                                  int t, int n, int d) {                                          \
@@ -515,11 +539,7 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
                                                     int rows, int h, float eps) {                                \
         rmsnorm_fwd<T, V>(x, delta, w, sum, y, rows, h, eps);                                                    \
     }                                                                                                            \
-    extern "C" __global__ void rmsnorm_bwd##V##_##S(const T* x, const T* w, const T* dy, const T* d_residual,   \
-                                                    T* dx, float* partial, int rows, int h, float eps,           \
-                                                    int rows_per_block) {                                        \
-        rmsnorm_bwd<T, V>(x, w, dy, d_residual, dx, partial, rows, h, eps, rows_per_block);                      \
-    }
+    NORM_BWD(T, S, V, , 0)
 
 #define ENTRY(T, S)                                                                                              \
     extern "C" __global__ void colsum_##S(const float* partial, T* out, int rows, int h) {                      \
@@ -540,6 +560,12 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
     }                                                                                                            \
     VECTOR_ENTRY(T, S, 1)                                                                                        \
     VECTOR_ENTRY(T, S, 8)                                                                                        \
+    NORM_BWD(T, S, 8, c1, 1)                                                                                     \
+    NORM_BWD(T, S, 8, c2, 2)                                                                                     \
+    NORM_BWD(T, S, 8, c3, 3)                                                                                     \
+    NORM_BWD(T, S, 8, c4, 4)                                                                                     \
+    NORM_BWD(T, S, 8, c5, 5)                                                                                     \
+    NORM_BWD(T, S, 8, c6, 6)                                                                                     \
     extern "C" __global__ void copy_rows_##S(const T* src, T* dst, int rows, int cols, int src_ld, int dst_ld) { \
         copy_rows<T>(src, dst, rows, cols, src_ld, dst_ld);                                                      \
     }                                                                                                            \

@@ -81,7 +81,11 @@ pub fn backward(x: &Tensor, w: &Tensor, dy: &Tensor, d_residual: Option<&Tensor>
     let blocks = rows.div_ceil(ROWS_PER_BLOCK).max(1);
     let (partial_s, partial) = alloc(&dev, DType::F32, blocks * h)?;
     let rpb = ROWS_PER_BLOCK as i32;
-    let name = variant("rmsnorm_bwd", h, &[xp, wp, dyp, residual, dx]);
+    // 16-byte accesses: the kernel for the row's chunks of 8 per lane (all a lane's loads at once)
+    let name = match variant("rmsnorm_bwd", h, &[xp, wp, dyp, residual, dx]) {
+        v if v.ends_with('8') => format!("{v}c{}", h.div_ceil(256)),
+        v => v,
+    };
     let a = args![xp, wp, dyp, residual, dx, partial, r, hh, eps as f32, rpb];
     launch(&dev, &name, dtype, grid(blocks, 8 * h * 4), &a)?;
     let (dw_s, dw) = alloc(&dev, dtype, h)?;
