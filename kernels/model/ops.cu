@@ -135,21 +135,20 @@ __device__ void rmsnorm_bwd(const T* __restrict__ x, const T* __restrict__ w, co
     for (int row = r0 + warp; row < r1; row += WARPS) {
         size_t o = (size_t)row * h;
         float ss = 0.f, dot = 0.f;
-        // (a lane past the row's end loads its first chunk again and adds zeros: the same
+        // (a lane past the row's end loads the row's first chunk and adds zeros: the same
         // sums, and no branch between the chunks' loads)
 #pragma unroll
         for (int k = 0; k < chunks; k++) {
-            const int c = (k * 32 + lane) * V, at = c < h ? c : lane * V;
-            const float in = c < h ? 1.f : 0.f;
+            const int c = (k * 32 + lane) * V, at = c < h ? c : 0;
             float a[V], g[V], wv[V];
             load_vec<T, V>(x + o + at, a);
             load_vec<T, V>(dy + o + at, g);
             load_vec<T, V>(w + at, wv);
 #pragma unroll
             for (int j = 0; j < V; j++) {
-                a[j] *= in;
-                ss += a[j] * a[j];
-                dot += g[j] * wv[j] * a[j];
+                const float xa = c < h ? a[j] : 0.f, ga = c < h ? g[j] * wv[j] : 0.f;
+                ss += xa * xa;
+                dot += ga * xa;
             }
         }
         float inv = 1.0f / sqrtf(warp_sum(ss) / (float)h + eps);
@@ -157,7 +156,7 @@ __device__ void rmsnorm_bwd(const T* __restrict__ x, const T* __restrict__ w, co
         const T* res = d_residual ? d_residual + o : dy + o;  // (dy: loaded, not added)
 #pragma unroll
         for (int k = 0; k < chunks; k++) {
-            const int c = (k * 32 + lane) * V, at = c < h ? c : lane * V;
+            const int c = (k * 32 + lane) * V, at = c < h ? c : 0;
             float a[V], g[V], wv[V], r[V], out[V];
             load_vec<T, V>(x + o + at, a);
             load_vec<T, V>(dy + o + at, g);
