@@ -503,7 +503,7 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 
 // The kernels with V elements per thread: <name><V>_<dtype>.
 // rmsnorm_bwd<V>[c<CH>]_<S>: the backward with V elements per access, for CH chunks per lane
-// (no suffix: any width).
+// (rmsnorm_bwd1_<S>: one element per access, any width).
 #define NORM_BWD(T, S, V, SUFFIX, CH)                                                                              \
     extern "C" __global__ void rmsnorm_bwd##V##SUFFIX##_##S(const T* x, const T* w, const T* dy,                  \
                                                             const T* d_residual, T* dx, float* partial, int rows, \
@@ -537,8 +537,7 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
     extern "C" __global__ void rmsnorm_fwd##V##_##S(const T* x, const T* delta, const T* w, T* sum, T* y,       \
                                                     int rows, int h, float eps) {                                \
         rmsnorm_fwd<T, V>(x, delta, w, sum, y, rows, h, eps);                                                    \
-    }                                                                                                            \
-    NORM_BWD(T, S, V, , 0)
+    }
 
 #define ENTRY(T, S)                                                                                              \
     extern "C" __global__ void colsum_##S(const float* partial, T* out, int rows, int h) {                      \
@@ -559,6 +558,7 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
     }                                                                                                            \
     VECTOR_ENTRY(T, S, 1)                                                                                        \
     VECTOR_ENTRY(T, S, 8)                                                                                        \
+    NORM_BWD(T, S, 1, , 0)                                                                                       \
     NORM_BWD(T, S, 8, c1, 1)                                                                                     \
     NORM_BWD(T, S, 8, c2, 2)                                                                                     \
     NORM_BWD(T, S, 8, c3, 3)                                                                                     \

@@ -11,7 +11,8 @@
 // weights and codes); a segment of rounds issues all its loads before computing. Per
 // element, in FP32 registers, in the reference's order:
 //   decode -> m -> v -> bias correction -> decay -> update -> encode
-//   g = grad * grad_scale
+//   g = grad * grad_scale      (grad_scale: the host's, or gate[0] of the device's clip,
+//                               args.cuh `step_args`; gate[1] != 0: the step does nothing)
 //   m = b1 * m_old + (1 - b1) * g ;  v = b2 * v_old + (1 - b2) * g^2
 //   p = p * (1 - lr * wd) - lr * (m * (1/bc1)) / (sqrt(v * (1/bc2)) + eps)
 // p is read and written once; m, v (codes + scales) are read once and written once; the

@@ -6,7 +6,8 @@
 //! norm it has just summed and the AdamW kernels read the factor from device memory
 //! ([`GradScale::Device`]), so a step waits for no host read before its update.
 
-use candle_core::Tensor;
+use crate::error::OptimError;
+use candle_core::{DType, Tensor};
 
 /// What the optimizer multiplies every raw gradient by (`g = grad * grad_scale`: the clip
 /// factor, with any other scaling folded in), and whether it steps at all.
@@ -20,6 +21,18 @@ pub enum GradScale<'a> {
     /// changes nothing (weights, states, scales and stall counters stay as they were: an
     /// update that did not happen), else it steps with `factor`.
     Device(&'a Tensor),
+}
+
+/// Checks a [`GradScale::Device`] gate before a step uses it: F32 with 2 elements
+/// (`[factor, skip]`).
+///
+/// # Errors
+/// [`OptimError::State`] naming the gate's dtype and shape.
+pub(crate) fn check_gate(gate: &Tensor) -> Result<(), OptimError> {
+    if gate.dtype() != DType::F32 || gate.elem_count() != 2 {
+        return Err(OptimError::State(format!("a device clip gate is F32 [factor, skip], not {:?} {:?}", gate.dtype(), gate.shape())));
+    }
+    Ok(())
 }
 
 /// The global gradient norm as reported, from Σ g² (FP64): its square root rounded to FP32

@@ -6,7 +6,8 @@
 //! results are bit-identical) for every tensor, packed into the parameters of one kernel
 //! launch per [`MAX_TENSORS`] tensors of a weight dtype x gradient dtype (multi-tensor
 //! apply: one launch per dtype pair for every LLaMA preset; three for per-tensor scaling:
-//! amax, step, scales);
+//! amax, step, scales); the gradient factor from the host, or read by the kernels from the
+//! device's clip decision ([`GradScale::Device`]: a skip makes every launch a no-op);
 //! step counters (stalls and zero gradients, [`DeviceCounters`]) added on the device into a
 //! ring of [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation
 //! in the step itself), [`COUNT_LAG`] steps late. [`CudaAdamW`] is the [`Optimizer`] on a CUDA
@@ -354,7 +355,8 @@ impl CudaAdamW {
     /// widened exactly to FP32 in the kernel, so both give the same step; multiplied by the
     /// factor of `scale`), states updated, stall counts of `step` accumulated on the device.
     /// With [`GradScale::Device`] every kernel reads the factor and the skip flag when it
-    /// runs; a skip leaves weights, states, scales and counters as they were.
+    /// runs; a skip leaves weights, states and scales as they were, and the stall counts of
+    /// `step` read zero.
     /// Asynchronous: a few kernel launches on candle's stream (one per weight dtype x
     /// gradient dtype and [`MAX_TENSORS`] tensors; per-tensor scaling adds an amax and a scale
     /// launch each). An optimizer made from a ZeRO-1 shard ([`LowbitAdamW::shard`]) takes the
@@ -376,12 +378,12 @@ impl CudaAdamW {
         // the device's clip (its factor replaces grad_scale in the kernels), or none (0)
         let (grad_scale, gate) = match scale {
             GradScale::Host(f) => (f, 0u64),
-            GradScale::Device(g) if g.dtype() == DType::F32 && g.elem_count() == 2 && g.device().same_device(&self.device()) => {
-                (1.0, element_address(g, &self.stream, "the device clip gate")?)
-            }
             GradScale::Device(g) => {
-                let (dtype, shape, at) = (g.dtype(), g.shape(), g.device().location());
-                candle_core::bail!("lowbit-adamw: a device clip gate is F32 [2] on the parameters' device, not {dtype:?} {shape:?} on {at:?}")
+                crate::clip::check_gate(g).map_err(err)?;
+                if !g.device().same_device(&self.device()) {
+                    candle_core::bail!("lowbit-adamw: the device clip gate is on {:?}, not on the parameters' device", g.device().location());
+                }
+                (1.0, element_address(g, &self.stream, "the device clip gate")?)
             }
         };
         self.host.begin_update(step).map_err(err)?;

@@ -334,13 +334,16 @@ pub(crate) fn check_sizes(tensors: &[TensorState], params: &[Var], grads: &[Tens
 impl Optimizer for LowbitAdamW {
     fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
         check_sizes(&self.tensors, params, grads)?;
+        if let GradScale::Device(gate) = scale {
+            crate::clip::check_gate(gate)?;
+        }
         self.begin_update(step)?;
         let grad_scale = match scale {
             GradScale::Host(f) => f,
-            GradScale::Device(gate) => match gate.to_vec1::<f32>()?[..] {
+            GradScale::Device(gate) => match gate.flatten_all()?.to_vec1::<f32>()?[..] {
                 [_, skip] if skip != 0.0 => return Ok(()),
                 [factor, _] => factor,
-                _ => return Err(OptimError::State(format!("a device clip gate has 2 elements, not {}", gate.elem_count()))),
+                _ => unreachable!("check_gate: two elements"),
             },
         };
         let mut out = Vec::with_capacity(params.len());

@@ -64,8 +64,8 @@ pub fn backward(x: &Tensor, w: &Tensor, dy: &Tensor, d_residual: Option<&Tensor>
     let dtype = x.dtype();
     let dy = dy.contiguous()?;
     let (rows, h) = rows_and_width(x)?;
-    if h > crate::kernels::FUSED_MAX_HIDDEN {
-        candle_core::bail!("fused rms_norm backward: hidden size {h} > {} does not fit shared memory", crate::kernels::FUSED_MAX_HIDDEN);
+    if h == 0 || h > crate::kernels::FUSED_MAX_HIDDEN {
+        candle_core::bail!("fused rms_norm backward: hidden size {h} (1 to {}: the gain partials fill shared memory)", crate::kernels::FUSED_MAX_HIDDEN);
     }
     if dy.dims() != x.dims() || dy.dtype() != dtype {
         candle_core::bail!("rms_norm backward: gradient {:?} {:?} for input {:?} {dtype:?}", dy.shape(), dy.dtype(), x.shape());

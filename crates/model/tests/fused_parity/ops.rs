@@ -87,7 +87,9 @@ const DTYPES: [DType; 2] = [DType::F32, DType::BF16];
 fn rms_norm_matches_composed() {
     let dev = gpu();
     for dtype in DTYPES {
-        for (rows, h) in [(37, 96), (5, 640), (129, 1024), (70, 100)] {
+        // every kernel width: one element per access (100, 20), and 16-byte accesses with
+        // 1 to 6 chunks of 8 per lane (96, 264, 640, 1024, 1280, 1536)
+        for (rows, h) in [(37, 96), (5, 640), (129, 1024), (70, 100), (9, 20), (33, 264), (17, 1280), (11, 1536)] {
             let x = var(&[rows, h], 1.0, 1, dtype, &dev);
             let w = var(&[h], 0.3, 2, dtype, &dev);
             let w1 = Var::from_tensor(&(w.as_tensor() + 1.0).unwrap()).unwrap();
@@ -121,6 +123,40 @@ fn rms_norm_matches_composed() {
                     Tensor::cat(&[&reference(&sum, &t[2]), &sum], 0).unwrap()
                 },
             );
+        }
+    }
+}
+
+/// The RMSNorm backward reads only its rows: with every input a view whose buffer goes on
+/// with NaN (`x`, `dy` and the residual gradient after their last row, the gain after its
+/// last column), the gradients are finite and the same bits as from plain copies, for widths
+/// where a lane's chunk lies past the row's end (8, 96, 264, 640) and one where none does.
+#[test]
+fn rms_norm_backward_reads_only_its_rows() {
+    let dev = gpu();
+    for dtype in DTYPES {
+        for (rows, h) in [(3, 8), (5, 96), (7, 264), (9, 640), (4, 1024)] {
+            // `shape`'s values, and a view of them in a buffer that goes on with 256 NaN
+            let make = |shape: &[usize], seed: u64| -> (Tensor, Tensor) {
+                let n: usize = shape.iter().product();
+                let mut v = randn(shape, 1.0, seed);
+                v.extend(std::iter::repeat(f32::NAN).take(256));
+                let buf = Tensor::from_vec(v, n + 256, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                let view = buf.narrow(0, 0, n).unwrap().reshape(shape).unwrap();
+                (view.copy().unwrap(), view)
+            };
+            let ((x, xv), (w, wv), (dy, dyv), (r, rv)) = (make(&[rows, h], 1), make(&[h], 2), make(&[rows, h], 3), make(&[rows, h], 4));
+            for residual in [false, true] {
+                let (res, res_v) = if residual { (Some(&r), Some(&rv)) } else { (None, None) };
+                let (dx, dw) = norm::backward(&x, &w, &dy, res, 1e-6).unwrap();
+                let (dx_v, dw_v) = norm::backward(&xv, &wv, &dyv, res_v, 1e-6).unwrap();
+                for (name, a, b) in [("dx", &dx, &dx_v), ("dw", &dw, &dw_v)] {
+                    let (a, b) = (a.to_dtype(DType::F32).unwrap().flatten_all().unwrap(), b.to_dtype(DType::F32).unwrap().flatten_all().unwrap());
+                    let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+                    assert!(b.iter().all(|v| v.is_finite()), "{dtype:?} h = {h} residual {residual}: {name} of the views is not finite");
+                    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{dtype:?} h = {h} residual {residual}: {name} differs");
+                }
+            }
         }
     }
 }
