@@ -18,8 +18,8 @@ pub enum GradScale<'a> {
     /// Decided on the device: an F32 tensor `[factor, skip]` on the parameters' device,
     /// written by work queued before the step on the same stream
     /// (`grad_norm::clip_on_device`). The step reads it when it runs: with `skip != 0` it
-    /// changes nothing (weights, states, scales and stall counters stay as they were: an
-    /// update that did not happen), else it steps with `factor`.
+    /// changes nothing (weights, states and scales stay as they were, the step's stall counts
+    /// read zero: an update that did not happen), else it steps with `factor`.
     Device(&'a Tensor),
 }
 
