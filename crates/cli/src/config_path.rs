@@ -2,7 +2,8 @@
 //! (no folder in it) that is not a file in the working directory is looked up under
 //! `configs/` (and its sub-folders), with or without `.toml`, so the product card's
 //! `train --config llama100m_fp8_sr_reset.toml` works from the repository root. When nothing
-//! matches, the error lists the nearest config names.
+//! matches, the error lists the nearest config names, or, when no name is similar, the
+//! configs at the top of the folder.
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -43,13 +44,24 @@ pub fn resolve(given: &Path, configs_dir: &Path) -> Result<PathBuf> {
         .map(|p| (strsim::jaro_winkler(&wanted, &p.file_stem().unwrap_or_default().to_string_lossy()), p))
         .collect();
     near.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
-    let names: Vec<String> = near.iter().take(3).map(|(_, p)| p.display().to_string()).collect();
+    let names: Vec<String> = near.iter().filter(|(score, _)| *score >= SIMILAR).take(3).map(|(_, p)| p.display().to_string()).collect();
     let looked = if bare { format!(" nor under {}/", configs_dir.display()) } else { String::new() };
-    if names.is_empty() {
+    if !names.is_empty() {
+        bail!("--config {}: no such file{looked}; nearest: {}", given.display(), names.join(", "))
+    }
+    // no similar name: the configs at the top of the folder (the starting points), not
+    // arbitrary deep ones
+    let top: Vec<String> = all.iter().filter(|p| p.parent() == Some(configs_dir)).map(|p| p.display().to_string()).collect();
+    if top.is_empty() {
         bail!("--config {}: no such file{looked}", given.display());
     }
-    bail!("--config {}: no such file{looked}; nearest: {}", given.display(), names.join(", "))
+    bail!("--config {}: no such file{looked}, and no config has a similar name; in {}/: {} ({} configs in all, with its sub-folders)", given.display(), configs_dir.display(), top.join(", "), all.len())
 }
+
+/// Jaro-Winkler similarity of file stems from which a config counts as a near miss (a typo
+/// or a shortened name: `llama100m_fp8_sr_rest` to `llama100m_fp8_sr_reset` 0.98, `tiny` to
+/// `tiny_cpu` 0.9); unrelated names score around 0.4-0.6.
+const SIMILAR: f64 = 0.75;
 
 /// Every `.toml` file under `dir`, sorted (none when `dir` does not exist).
 fn toml_files(dir: &Path) -> Vec<PathBuf> {
@@ -93,5 +105,10 @@ mod tests {
         assert!(e.contains("is a folder; give a config file (it holds ") && e.contains("tiny_cpu.toml"), "{e}");
         let e = r("elsewhere/tiny.toml").unwrap_err().to_string();
         assert!(e.starts_with("--config elsewhere/tiny.toml: no such file; nearest: "), "{e}");
+        // no similar name: the top-level configs, not the nearest of unrelated ones
+        let e = r("does_not_exist.toml").unwrap_err().to_string();
+        let top = format!("{}, {}", c.join("llama100m_fp8_sr_reset.toml").display(), c.join("tiny_cpu.toml").display());
+        assert!(e.contains(&format!("no config has a similar name; in {}/: {top} (3 configs in all", c.display())), "{e}");
+        assert!(!e.contains("paper"), "{e}");
     }
 }
