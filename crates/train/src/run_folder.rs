@@ -86,15 +86,32 @@ pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
     let lock = lock(dir)?;
     let present = run_files(dir);
     if how == FolderUse::New && !present.is_empty() {
+        let resume = match finished_at(dir) {
+            Some(steps) => format!("it finished at step {steps}: raise train.max_steps and pass --resume {} to continue it", dir.display()),
+            None => format!("pass --resume {} to continue it", dir.display()),
+        };
         bail!(
-            "run folder {} already holds a run ({}): pass --resume {} to continue it, --overwrite to move \
-             it aside and start again, or choose another run.name",
+            "run folder {} already holds a run ({}): {resume}, --overwrite to move it aside and start \
+             again, or choose another run.name",
             dir.display(),
-            present.join(", "),
-            dir.display()
+            present.join(", ")
         );
     }
     Ok(lock)
+}
+
+/// The step at which the run in `dir` finished (its `summary.json` says `finished`), or
+/// `None` (no summary, another status, or one that cannot be read).
+fn finished_at(dir: &Path) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Ended {
+        #[serde(default)]
+        status: crate::logs::summary::RunStatus,
+        steps: u64,
+    }
+    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    let ended: Ended = serde_json::from_str(&text).ok()?;
+    (ended.status == crate::logs::summary::RunStatus::Finished).then_some(ended.steps)
 }
 
 /// Move a folder that holds a run aside ([`move_aside`]) so a new run can start in its place;
@@ -200,8 +217,16 @@ mod tests {
         std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
         std::fs::write(dir.join("metrics.jsonl"), "old\n").unwrap();
         let e = format!("{:#}", claim(&dir, FolderUse::New).unwrap_err());
-        assert!(e.contains("already holds a run (metrics.jsonl, checkpoints)") && e.contains("--overwrite"), "{e}");
+        assert!(e.contains("already holds a run (metrics.jsonl, checkpoints): pass --resume") && e.contains("--overwrite"), "{e}");
         assert_eq!(std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(), "old\n", "untouched");
+        // a finished run: resuming it needs a higher train.max_steps
+        std::fs::write(dir.join("summary.json"), r#"{"status": "finished", "steps": 160, "tokens": 1}"#).unwrap();
+        let e = format!("{:#}", claim(&dir, FolderUse::New).unwrap_err());
+        assert!(e.contains("it finished at step 160: raise train.max_steps and pass --resume"), "{e}");
+        std::fs::write(dir.join("summary.json"), r#"{"status": "interrupted", "steps": 80}"#).unwrap();
+        let e = format!("{:#}", claim(&dir, FolderUse::New).unwrap_err());
+        assert!(e.contains("summary.json, checkpoints): pass --resume"), "{e}");
+        std::fs::remove_file(dir.join("summary.json")).unwrap();
         drop(claim(&dir, FolderUse::Resume).unwrap());
         assert!(dir.join("metrics.jsonl").exists());
         let held = claim(&dir, FolderUse::Overwrite).unwrap();
