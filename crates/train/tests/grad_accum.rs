@@ -55,6 +55,15 @@ fn shard(dir: &std::path::Path) -> std::path::PathBuf {
 /// One step over the shard's 16 documents as `micro_batch` x `grad_accum`, no clipping:
 /// the step's output and the gradient handed to the optimizer.
 fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(StepReport, Vec<Vec<f32>>)> {
+    let (out, grads) = step_with(mode, micro_batch, grad_accum, 0.0, false)?;
+    assert!(out.updated);
+    Ok((out, grads))
+}
+
+/// [`one_step`] with the global norm clipped to `grad_clip` (0: none) and, with `poison`, the
+/// embedding's weights NaN (a non-finite loss): the step's output and the gradients times the
+/// factor the optimizer was given (none when it was not called).
+fn step_with(mode: SeqMode, micro_batch: usize, grad_accum: usize, grad_clip: f64, poison: bool) -> Result<(StepReport, Vec<Vec<f32>>)> {
     let dir = tempfile::tempdir()?;
     let path = shard(dir.path());
     let tok_path = common::root().join("data/tokenizers/t5-tokenizer.json");
@@ -82,6 +91,11 @@ fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(Ste
     let varmap = init_params(&mcfg, 3, DType::F32, &dev)?;
     let model = Llama::new(&mcfg, candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
     let params = ParamSet::from_varmap(&varmap);
+    if poison {
+        let embed = params.names.iter().position(|n| n.contains("embed_tokens")).expect("an embedding");
+        let v = &params.vars[embed];
+        v.set(&v.as_tensor().affine(0.0, f64::NAN)?)?;
+    }
     let mut opt = Recorder { grads: Vec::new() };
     let mut stream = TrainStream::new(&cfg, &tok, DataPosition::default())?;
     let mut ctx = StepContext {
@@ -92,11 +106,10 @@ fn one_step(mode: SeqMode, micro_batch: usize, grad_accum: usize) -> Result<(Ste
         device: &dev,
         micro_batch,
         grad_accum,
-        grad_clip: 0.0,
+        grad_clip,
         comm: &lowbit_train::distributed::collective::Solo,
     };
     let out = train_step(&mut ctx, 1, 1, 1e-3, None)?;
-    assert!(out.updated);
     Ok((out, opt.grads))
 }
 
@@ -136,4 +149,23 @@ fn truncate_pad_splits_give_the_same_gradient() -> Result<()> {
 #[test]
 fn concat_splits_give_the_same_gradient() -> Result<()> {
     splits_agree(SeqMode::Concat)
+}
+
+/// The clip and the skip through `train_step` (`clip_and_update`'s host path): with
+/// `grad_clip` a quarter of the norm the optimizer applies gradients of norm `grad_clip` and
+/// the report keeps the unclipped norm; a non-finite loss skips the update (the optimizer is
+/// not called) and says so.
+#[test]
+fn the_step_clips_to_grad_clip_and_skips_a_non_finite_step() -> Result<()> {
+    let (free, _) = step_with(SeqMode::TruncatePad, 16, 1, 0.0, false)?;
+    let clip = free.grad_norm as f64 / 4.0;
+    let (out, grads) = step_with(SeqMode::TruncatePad, 16, 1, clip, false)?;
+    assert!(out.updated);
+    assert_eq!(out.grad_norm, free.grad_norm, "the report's norm is before clipping");
+    let applied = grads.iter().flatten().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    assert!((applied - clip).abs() < 1e-5 * clip, "applied norm {applied} vs grad_clip {clip}");
+    let (out, grads) = step_with(SeqMode::TruncatePad, 16, 1, 1.0, true)?;
+    assert!(!out.updated && !out.loss.is_finite(), "loss {} updated {}", out.loss, out.updated);
+    assert!(grads.is_empty(), "the optimizer was called on a non-finite step");
+    Ok(())
 }
