@@ -28,7 +28,7 @@ fn reusing_a_run_name_refuses_and_overwrite_moves_the_old_run_aside() {
     let again = ["--config", "c.toml", "--set", "train.max_steps=3", "--set", "train.keep_checkpoints=1"];
     let r = train(d, &again);
     assert_eq!(r.code, Some(1));
-    assert!(r.stderr.contains("error: run folder runs/x already holds a run (config.toml, metrics.jsonl, stalls.jsonl, summary.json, checkpoints, tensorboard): pass --resume runs/x to continue it, --overwrite"), "{}", r.stderr);
+    assert!(r.stderr.contains("error: run folder runs/x already holds a run (config.toml, metrics.jsonl, stalls.jsonl, summary.json, checkpoints, tensorboard): it finished at step 6: raise train.max_steps and pass --resume runs/x to continue it, --overwrite"), "{}", r.stderr);
     let all = r.stdout + &r.stderr;
     assert!(!all.contains(" params (") && !all.contains("theory:"), "the banner before a refusal: {all}");
     assert_eq!(snapshot(&d.join("runs/x")), before, "the refused start changed the old run");
