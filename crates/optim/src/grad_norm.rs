@@ -75,11 +75,13 @@ impl DeviceClip {
         GradScale::Device(&self.gate)
     }
 
-    /// `(loss, Σ g²)` on the host: one device-to-host copy, which waits for everything
-    /// queued on the stream before it (the optimizer's step included).
-    pub fn read(&self) -> Result<(f32, f64)> {
+    /// `(loss, Σ g², skipped)` on the host, `skipped` the device's own decision (what the
+    /// optimizer's kernels did): the first device-to-host copy waits for everything queued on
+    /// the stream before it (the optimizer's step included), the second finds it idle.
+    pub fn read(&self) -> Result<(f32, f64, bool)> {
         let r = self.stream.clone_dtoh(&self.report).map_err(err)?;
-        Ok((r[1] as f32, r[0]))
+        let gate = self.gate.to_vec1::<f32>()?;
+        Ok((r[1] as f32, r[0], gate[1] != 0.0))
     }
 }
 

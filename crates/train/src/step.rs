@@ -224,7 +224,8 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
 /// ([`lowbit_optim::grad_norm::clip_on_device`]) and the update reads it there, then the loss
 /// and the norm are read; elsewhere (the CPU; several ranks, where the all-reduce reads the
 /// loss) the clip is decided on the host before the update, then the device is synchronised.
-/// Both decide by the same rule, so the report's `updated` is what the update did.
+/// Both decide by the same rule; the report's `updated` is what the update did (on the
+/// device, its own skip flag, read back).
 fn clip_and_update(ctx: &mut StepContext, update: u64, lr: f64, mut grads: Vec<Tensor>, loss_sum: &Tensor) -> Result<(f64, f32, bool)> {
     let max_norm = ctx.grad_clip as f32;
     #[cfg(feature = "cuda")]
@@ -232,9 +233,11 @@ fn clip_and_update(ctx: &mut StepContext, update: u64, lr: f64, mut grads: Vec<T
         let clip = lowbit_optim::grad_norm::clip_on_device(&grads, loss_sum, max_norm)?;
         ctx.opt.step(update, lr, clip.scale(), &ctx.params.vars, &grads)?;
         drop(grads);
-        let (loss, sum) = clip.read()?;
+        // `updated` is what the kernels did; the host's rule must agree (cuda_parity checks it)
+        let (loss, sum, skipped) = clip.read()?;
         let norm = norm_of(sum);
-        return Ok((loss as f64, norm, clip_factor(loss, norm, max_norm).is_some()));
+        debug_assert_eq!(skipped, clip_factor(loss, norm, max_norm).is_none(), "the device's clip rule left the host's");
+        return Ok((loss as f64, norm, !skipped));
     }
     let loss = match ctx.comm.world_size() {
         1 => loss_sum.to_scalar::<f32>()?,

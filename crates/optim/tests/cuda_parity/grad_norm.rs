@@ -84,7 +84,8 @@ fn the_device_clip_is_the_host_rule() {
         let clip = clip_on_device(g, &l, *max_norm).unwrap();
         let GradScale::Device(gate) = clip.scale() else { panic!("a device gate") };
         let gate = gate.to_vec1::<f32>().unwrap();
-        let (got_loss, sum) = clip.read().unwrap();
+        let (got_loss, sum, skipped) = clip.read().unwrap();
+        assert_eq!(skipped, gate[1] != 0.0, "case {i}: read's skip is the gate's");
         assert_eq!(sum.to_bits(), sum_of_squares(g).unwrap().to_bits(), "case {i}: the same Σ g²");
         assert_eq!(got_loss.to_bits(), loss.to_bits(), "case {i}: the loss");
         let host = clip_factor(*loss, norm_of(sum), *max_norm);
