@@ -7,10 +7,10 @@ use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap};
 use candle_core::{DType, Result, Tensor};
 
 /// Rows each block of the backward kernel takes (one partial row of the gain gradient per
-/// block): 16 gives LLaMA-350M's 16,384 rows 1,024 blocks, enough to keep every SM's memory
-/// pipe busy (64 gave 256 blocks, two per SM); the partial rows cost 1/16 of the
-/// input's size in FP32.
-const ROWS_PER_BLOCK: usize = 16;
+/// block; a lane sums its columns over its warp's rows in registers): 64 was the fastest of
+/// 16 to 128 on the H200 at 16,384 x 1,024 and 32,768 x 640 (256 and 512 blocks); the
+/// partial rows cost 1/64 of the input's size in FP32.
+const ROWS_PER_BLOCK: usize = 64;
 
 /// `name` with its elements per access: `{name}8` (16-byte accesses) where the width is a
 /// multiple of 8 and every buffer 16-byte aligned, else `{name}1`.
@@ -81,12 +81,11 @@ pub fn backward(x: &Tensor, w: &Tensor, dy: &Tensor, d_residual: Option<&Tensor>
     let blocks = rows.div_ceil(ROWS_PER_BLOCK).max(1);
     let (partial_s, partial) = alloc(&dev, DType::F32, blocks * h)?;
     let rpb = ROWS_PER_BLOCK as i32;
-    // 16-byte accesses: the kernel for the row's chunks of 8 per lane (all a lane's loads at once)
-    let name = match variant("rmsnorm_bwd", h, &[xp, wp, dyp, residual, dx]) {
-        v if v.ends_with('8') => format!("{v}c{}", h.div_ceil(256)),
-        v => v,
-    };
-    let a = args![xp, wp, dyp, residual, dx, partial, r, hh, eps as f32, rpb];
+    // the kernel for rows of h.div_ceil(256) chunks of 8 per lane, with 16-byte accesses
+    // where the width and every buffer allow them
+    let vec = (h % 8 == 0 && super::aligned16(&[xp, wp, dyp, residual, dx])) as i32;
+    let name = format!("rmsnorm_bwd_c{}", h.div_ceil(256));
+    let a = args![xp, wp, dyp, residual, dx, partial, r, hh, eps as f32, rpb, vec];
     launch(&dev, &name, dtype, grid(blocks, 8 * h * 4), &a)?;
     let (dw_s, dw) = alloc(&dev, dtype, h)?;
     let nb = blocks as i32;
