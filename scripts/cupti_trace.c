@@ -8,9 +8,9 @@
 // Build here (CUPTI's headers and library from the wheel of the driver's CUDA version):
 //   pip download --no-deps "nvidia-cuda-cupti==13.0.*" -d /tmp/cupti && unzip -q -o /tmp/cupti/*.whl -d /tmp/cupti
 //   C=/tmp/cupti/nvidia/cu13; gcc -shared -fPIC -O2 -I$C/include -I.cuda/include scripts/cupti_trace.c \
-//     -o dist/libtrace.so -L$C/lib -l:libcupti.so.13 && cp $C/lib/libcupti.so.13 dist/
-// Run on the GPU machine (carry dist/libtrace.so and dist/libcupti.so.13):
-//   LD_LIBRARY_PATH=dist TRACE_OUT=t.txt LD_PRELOAD=dist/libtrace.so /tmp/g/train bench training ...
+//     -o dist/libtrace.so -L$C/lib -l:libcupti.so.13 -Wl,-rpath,'$ORIGIN' && cp $C/lib/libcupti.so.13 dist/
+// Run on the GPU machine (carry dist/libtrace.so and dist/libcupti.so.13, found beside it):
+//   TRACE_OUT=t.txt LD_PRELOAD=$PWD/dist/libtrace.so /tmp/g/train bench training ...
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>

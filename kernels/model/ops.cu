@@ -108,9 +108,9 @@ __device__ void rmsnorm_fwd(const T* x, const T* delta, const T* w, T* sum, T* y
     }
 }
 
-// Chunk c..c+7 of a row as 16 bytes per 8 / (16 / sizeof(T)) words: with `vec`, whole 16-byte
-// loads (h a multiple of 8, 16-byte aligned; a chunk past the row's end loads the row's first
-// chunk, which the caller masks), else element by element with zeros past h.
+// Elements c..c+7 of a row into WORDS 16-byte registers (1 for BF16, 2 for FP32): with `vec`,
+// 16-byte loads (h a multiple of 8, 16-byte aligned; a chunk past the row's end loads the
+// row's first chunk, which the caller masks), else element by element with zeros past h.
 template <typename T, int WORDS>
 __device__ __forceinline__ void load_chunk(const T* row, int c, int h, bool vec, uint4 (&out)[WORDS]) {
     if (vec) {
@@ -560,10 +560,10 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 // blocks per SM (at most 128 registers a thread) where a lane's share of a row is at most 8
 // bytes a chunk: measured faster there, spilling beyond.
 #define NORM_BWD(T, S, CH)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256, CH * sizeof(T) <= 8 ? 2 : 1) rmsnorm_bwd_c##CH##_##S(const T* x, const T* w, const T* dy, const T* d_residual,  \
-                                                       T* dx, float* partial, int rows, int h, float eps,        \
-                                                       int rows_per_block, int vec) {                            \
-        rmsnorm_bwd<T, CH>(x, w, dy, d_residual, dx, partial, rows, h, eps, rows_per_block, vec != 0);           \
+    extern "C" __global__ void __launch_bounds__(256, CH * sizeof(T) <= 8 ? 2 : 1)                                 \
+        rmsnorm_bwd_c##CH##_##S(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, float* partial,   \
+                                int rows, int h, float eps, int rows_per_block, int vec) {                         \
+        rmsnorm_bwd<T, CH>(x, w, dy, d_residual, dx, partial, rows, h, eps, rows_per_block, vec != 0);             \
     }
 
 #define VECTOR_ENTRY(T, S, V)                                                                                    \

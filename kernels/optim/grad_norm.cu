@@ -71,7 +71,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) sum_squares_bf16(cons
 // out[0] = sum of partial[0 .. n), one block: thread i sums i, i + NORM_THREADS, ... in order.
 // With `gate` (else null): out[1] = *loss, and the clip of clip.rs `clip_factor`:
 // norm = (float)sqrt(out[0]); gate = {factor, skip}: skip = 1 when the norm or the loss is not
-// finite, factor = max_norm / norm when 0 < max_norm < norm, else 1.
+// finite, factor = max_norm / norm when 0 < max_norm < norm, else 1; out[2] = skip (the host
+// reads out in one copy).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) sum_partials(const double* partial, uint64_t n, double* out,
                                                                         const float* loss, float max_norm, float* gate) {
     double s = 0.0;
@@ -84,6 +85,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) sum_partials(const do
             out[1] = (double)l;
             gate[0] = (max_norm > 0.0f && norm > max_norm) ? __fdiv_rn(max_norm, norm) : 1.0f;
             gate[1] = (isfinite(norm) && isfinite(l)) ? 0.0f : 1.0f;
+            out[2] = (double)gate[1];
         }
     }
 }

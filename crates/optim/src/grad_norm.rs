@@ -62,7 +62,7 @@ pub fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
 /// A step's clip queued on the device ([`clip_on_device`]): the gate the optimizer reads
 /// ([`DeviceClip::scale`]) and what the step reports ([`DeviceClip::read`]).
 pub struct DeviceClip {
-    /// `[Σ g², loss]` (FP64).
+    /// `[Σ g², loss, skip]` (FP64; skip: a copy of the gate's flag).
     report: CudaSlice<f64>,
     /// `[factor, skip]` (F32 `[2]`).
     gate: Tensor,
@@ -76,12 +76,11 @@ impl DeviceClip {
     }
 
     /// `(loss, Σ g², skipped)` on the host, `skipped` the device's own decision (what the
-    /// optimizer's kernels did): the first device-to-host copy waits for everything queued on
-    /// the stream before it (the optimizer's step included), the second finds it idle.
+    /// optimizer's kernels did, a copy of the gate's flag): one device-to-host copy, which
+    /// waits for everything queued on the stream before it (the optimizer's step included).
     pub fn read(&self) -> Result<(f32, f64, bool)> {
         let r = self.stream.clone_dtoh(&self.report).map_err(err)?;
-        let gate = self.gate.to_vec1::<f32>()?;
-        Ok((r[1] as f32, r[0], gate[1] != 0.0))
+        Ok((r[1] as f32, r[0], r[2] != 0.0))
     }
 }
 
@@ -106,8 +105,10 @@ pub fn clip_on_device(grads: &[Tensor], loss: &Tensor, max_norm: f32) -> Result<
     Ok(DeviceClip { report, gate, stream })
 }
 
-/// Queues the two passes of Σ g² over `grads` into a new `[Σ g², loss]` buffer; with `clip`
-/// = (loss address, max_norm, gate address) the last pass also writes the loss and the gate.
+/// Queues the two passes of Σ g² over `grads` into a new `[Σ g², loss, skip]` buffer; with
+/// `clip` = (loss address, max_norm, gate address) the last pass also writes the loss, the
+/// gate and the gate's skip flag (else only Σ g² is written). No buffer is zero-filled: every
+/// partial sum is written by the first pass.
 fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f64>, Arc<CudaStream>)> {
     let Some(first) = grads.first() else { candle_core::bail!("sum_of_squares: no gradients") };
     let candle_core::Device::Cuda(dev) = first.device() else { candle_core::bail!("sum_of_squares: not on a CUDA device") };
@@ -122,7 +123,8 @@ fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f
         group.1.push((addr, g.elem_count() as u64));
     }
     let chunks: usize = grads.iter().map(|g| g.elem_count().div_ceil(NORM_CHUNK)).sum();
-    let partial = stream.alloc_zeros::<f64>(chunks.max(1)).map_err(err)?;
+    // SAFETY: f64 buffers; the first pass writes partial[0..written), the last reads only that
+    let partial = unsafe { stream.alloc::<f64>(chunks.max(1)) }.map_err(err)?;
     let partial_ptr = partial.device_ptr(&stream).0;
     let mut written = 0u64;
     for (dtype, tensors) in &groups {
@@ -145,7 +147,8 @@ fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f
             written += at;
         }
     }
-    let out = stream.alloc_zeros::<f64>(2).map_err(err)?;
+    // SAFETY: f64 buffer; the last pass writes out[0], and out[1..3] with a clip (read only then)
+    let out = unsafe { stream.alloc::<f64>(3) }.map_err(err)?;
     let out_ptr = out.device_ptr(&stream).0;
     let (loss_ptr, max_norm, gate_ptr) = clip.unwrap_or((0, 0.0, 0));
     let mut b = stream.launch_builder(&partials);
