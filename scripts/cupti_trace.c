@@ -5,12 +5,15 @@
 //   S start end correlation bytes       | Y start end correlation type<n>
 //   D start end correlation driver-API-function
 // scripts/gpu_gaps.py reads it: the GPU's idle time per training step and where it falls.
-// Build here (CUPTI's headers and library from the wheel of the driver's CUDA version):
+// Build here, after scripts/build_cuda.sh (which clears dist/), with CUPTI's headers and
+// library from the wheel of the GPU machine's CUDA version (13.0: its kernel records are
+// CUpti_ActivityKernel10; later CUPTI versions add newer layouts):
 //   pip download --no-deps "nvidia-cuda-cupti==13.0.*" -d /tmp/cupti && unzip -q -o /tmp/cupti/*.whl -d /tmp/cupti
-//   C=/tmp/cupti/nvidia/cu13; gcc -shared -fPIC -O2 -I$C/include -I.cuda/include scripts/cupti_trace.c \
-//     -o dist/libtrace.so -L$C/lib -l:libcupti.so.13 -Wl,-rpath,'$ORIGIN' && cp $C/lib/libcupti.so.13 dist/
+//   C=/tmp/cupti/nvidia/cu13; mkdir -p dist; cp $C/lib/libcupti.so.13 dist/
+//   gcc -shared -fPIC -O2 -I$C/include -I.cuda/include scripts/cupti_trace.c -o dist/libtrace.so -L$C/lib -l:libcupti.so.13 -Wl,-rpath,'$ORIGIN'
 // Run on the GPU machine (carry dist/libtrace.so and dist/libcupti.so.13, found beside it):
-//   TRACE_OUT=t.txt LD_PRELOAD=$PWD/dist/libtrace.so /tmp/g/train bench training ...
+//   TRACE_OUT=t.txt LD_PRELOAD=$PWD/dist/libtrace.so /tmp/g/train bench training --warmup 2 --steps 4 ...
+//   python3 scripts/gpu_gaps.py t.txt --first 3 --count 4
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +25,10 @@ static void CUPTIAPI req(uint8_t** b, size_t* size, size_t* max) {
 }
 static void CUPTIAPI done(CUcontext c, uint32_t s, uint8_t* b, size_t size, size_t valid) {
     CUpti_Activity* r = NULL;
-    while (cuptiActivityGetNextRecord(b, valid, &r) == CUPTI_SUCCESS) {
+    size_t dropped = 0;
+    if (cuptiActivityGetNumDroppedRecords(c, s, &dropped) == CUPTI_SUCCESS && dropped > 0)
+        fprintf(stderr, "cupti_trace: %zu records dropped\n", dropped);
+    while (out && cuptiActivityGetNextRecord(b, valid, &r) == CUPTI_SUCCESS) {
         switch (r->kind) {
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
             CUpti_ActivityKernel10* k = (CUpti_ActivityKernel10*)r;
@@ -59,11 +65,16 @@ static void CUPTIAPI done(CUcontext c, uint32_t s, uint8_t* b, size_t size, size
 static void fin(void) {
     cuptiActivityFlushAll(1);
     if (out) fclose(out);
+    out = NULL;  // (a buffer delivered after this is dropped)
 }
 __attribute__((constructor)) static void init(void) {
     const char* p = getenv("TRACE_OUT");
     if (!p) return;
     out = fopen(p, "w");
+    if (!out) {
+        perror("cupti_trace: TRACE_OUT");
+        return;
+    }
     cuptiActivityRegisterCallbacks(req, done);
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);

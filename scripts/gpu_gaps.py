@@ -2,9 +2,11 @@
 """GPU idle time per training step from a CUPTI trace (scripts/cupti_trace.c's $TRACE_OUT).
 
 A step is the time between the ends of two consecutive AdamW step kernels (`adamw_*`, not the
-amax pass); `train bench training` runs --warmup untimed steps, then --steps timed ones, then
---steps with a device synchronisation at each phase boundary. Per step: its length, the time
-the GPU ran kernels, copies or memsets (busy), and the rest (idle: the gaps between them),
+amax pass or the scales: one launch per step, which holds for up to 256 parameter tensors of
+one weight dtype; with more, a step's launches would count as steps); `train bench training`
+runs --warmup untimed steps, then --steps timed ones, then --steps with a device
+synchronisation at each phase boundary. Per step: its length, the time the GPU ran kernels,
+copies or memsets (busy: their union), and the rest (idle: the gaps between them),
 the largest gaps with the records on each side and the driver calls inside them, then the
 gaps summed over the steps by (record before, record after). Usage:
   python3 scripts/gpu_gaps.py t.txt[.gz] --first 3 --count 4   # steps 3..6: bench's timed steps after --warmup 2
@@ -53,7 +55,6 @@ def main():
     totals, counts = collections.Counter(), collections.Counter()
     for i, (t0, t1) in enumerate(steps):
         inside = [r for r in gpu if r[0] >= t0 and r[1] <= t1]
-        busy = sum(e - s for s, e, _, _ in inside)
         gaps, prev_end, prev = [], t0, "adamw (previous step)"
         for s, e, k, w in inside:
             if s > prev_end:
@@ -61,6 +62,7 @@ def main():
             if e > prev_end:
                 prev_end, prev = e, label(k, w)
         idle = sum(g[0] for g in gaps)
+        busy = (t1 - t0) - idle
         print(f"step {a.first + i}: {(t1 - t0) / 1e6:.2f} ms, busy {busy / 1e6:.2f} ms, idle {idle / 1e6:.2f} ms "
               f"({len(inside)} records, {len(gaps)} gaps)")
         for g, before, after, s, e in sorted(gaps, reverse=True)[: a.top]:

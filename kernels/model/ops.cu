@@ -557,8 +557,8 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 
 // The kernels with V elements per thread: <name><V>_<dtype>.
 // rmsnorm_bwd_c<CH>_<S>: the backward for rows of CH chunks of 8 per lane (h up to 256 CH); two
-// blocks per SM (at most 128 registers a thread) where a lane's share of a row is at most 8
-// bytes a chunk: measured faster there, spilling beyond.
+// blocks per SM (at most 128 registers a thread) where CH * sizeof(T) <= 8 (BF16 rows up to
+// 1024 wide, FP32 up to 512): measured faster there; wider rows need more registers.
 #define NORM_BWD(T, S, CH)                                                                                         \
     extern "C" __global__ void __launch_bounds__(256, CH * sizeof(T) <= 8 ? 2 : 1)                                 \
         rmsnorm_bwd_c##CH##_##S(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, float* partial,   \

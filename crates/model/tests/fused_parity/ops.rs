@@ -87,9 +87,11 @@ const DTYPES: [DType; 2] = [DType::F32, DType::BF16];
 fn rms_norm_matches_composed() {
     let dev = gpu();
     for dtype in DTYPES {
-        // every kernel width: one element per access (100, 20), and 16-byte accesses with
-        // 1 to 6 chunks of 8 per lane (96, 264, 640, 1024, 1280, 1536)
-        for (rows, h) in [(37, 96), (5, 640), (129, 1024), (70, 100), (9, 20), (33, 264), (17, 1280), (11, 1536)] {
+        // every kernel width, 1 to 6 chunks of 8 per lane: 16-byte accesses (96, 264, 640,
+        // 1024, 1280, 1536) and, for widths not a multiple of 8, element by element (20, 100,
+        // 300, 777, 1500)
+        let widths = [(37, 96), (5, 640), (129, 1024), (70, 100), (9, 20), (33, 264), (17, 1280), (11, 1536), (23, 300), (13, 777), (7, 1500)];
+        for (rows, h) in widths {
             let x = var(&[rows, h], 1.0, 1, dtype, &dev);
             let w = var(&[h], 0.3, 2, dtype, &dev);
             let w1 = Var::from_tensor(&(w.as_tensor() + 1.0).unwrap()).unwrap();
@@ -130,19 +132,24 @@ fn rms_norm_matches_composed() {
 /// The RMSNorm backward reads only its rows: with every input a view whose buffer goes on
 /// with NaN (`x`, `dy` and the residual gradient after their last row, the gain after its
 /// last column), the gradients are finite and the same bits as from plain copies, for widths
-/// where a lane's chunk lies past the row's end (8, 96, 264, 640) and one where none does.
+/// where a lane's chunk lies past the row's end (8, 96, 264, 640, 300) and one where none
+/// does. The views start at element 0 (16-byte accesses where the width allows) and at
+/// element 1 (no buffer 16-byte aligned: element by element, in the same order per lane, so
+/// the same bits as the copies' 16-byte path).
 #[test]
 fn rms_norm_backward_reads_only_its_rows() {
     let dev = gpu();
     for dtype in DTYPES {
-        for (rows, h) in [(3, 8), (5, 96), (7, 264), (9, 640), (4, 1024)] {
-            // `shape`'s values, and a view of them in a buffer that goes on with 256 NaN
+        for ((rows, h), start) in [(3, 8), (5, 96), (7, 264), (9, 640), (4, 1024), (6, 300)].into_iter().flat_map(|s| [(s, 0), (s, 1)]) {
+            // `shape`'s values, and a view of them from element `start` of a buffer that goes
+            // on with 256 NaN
             let make = |shape: &[usize], seed: u64| -> (Tensor, Tensor) {
                 let n: usize = shape.iter().product();
-                let mut v = randn(shape, 1.0, seed);
+                let mut v = vec![0.0; start];
+                v.extend(randn(shape, 1.0, seed));
                 v.extend(std::iter::repeat(f32::NAN).take(256));
-                let buf = Tensor::from_vec(v, n + 256, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
-                let view = buf.narrow(0, 0, n).unwrap().reshape(shape).unwrap();
+                let buf = Tensor::from_vec(v, start + n + 256, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                let view = buf.narrow(0, start, n).unwrap().reshape(shape).unwrap();
                 (view.copy().unwrap(), view)
             };
             let ((x, xv), (w, wv), (dy, dyv), (r, rv)) = (make(&[rows, h], 1), make(&[h], 2), make(&[rows, h], 3), make(&[rows, h], 4));
@@ -153,8 +160,8 @@ fn rms_norm_backward_reads_only_its_rows() {
                 for (name, a, b) in [("dx", &dx, &dx_v), ("dw", &dw, &dw_v)] {
                     let (a, b) = (a.to_dtype(DType::F32).unwrap().flatten_all().unwrap(), b.to_dtype(DType::F32).unwrap().flatten_all().unwrap());
                     let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
-                    assert!(b.iter().all(|v| v.is_finite()), "{dtype:?} h = {h} residual {residual}: {name} of the views is not finite");
-                    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{dtype:?} h = {h} residual {residual}: {name} differs");
+                    assert!(b.iter().all(|v| v.is_finite()), "{dtype:?} h = {h} start {start} residual {residual}: {name} of the views is not finite");
+                    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{dtype:?} h = {h} start {start} residual {residual}: {name} differs");
                 }
             }
         }
