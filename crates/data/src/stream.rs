@@ -7,6 +7,7 @@
 //! reader thread:    DocSource (gunzip, JSON) --chunks of <= 1 MB of text--> [2]
 //! tokenizer thread: encode_batch (rayon) + Packer --rows of one chunk--> [4]
 //! caller:           next_batch(rows) takes rows in order and builds a Batch
+//!                   (or prefetch(rows) builds it earlier, while the caller waits anyway)
 //! ```
 //!
 //! Determinism: every step is a pure function of the documents in order (chunk borders
@@ -41,6 +42,12 @@ use crate::tokenize::Tokens;
 pub struct TrainStream {
     rx: Option<Receiver<Result<Vec<Row>>>>,
     pending: VecDeque<Row>,
+    /// Batches built ahead by [`TrainStream::prefetch`], in order, each with its rows (which
+    /// go back to `pending` if the next request is for another size).
+    ready: VecDeque<(Vec<Row>, Batch)>,
+    /// A reading error met by [`TrainStream::prefetch`], for the `next_batch` that needs rows
+    /// past it.
+    error: Option<DataError>,
     seq_len: usize,
     position: DataPosition,
     bad_lines: u64,
@@ -109,6 +116,8 @@ impl TrainStream {
         Ok(Self {
             rx: Some(row_rx),
             pending: first_rows.into(),
+            ready: VecDeque::new(),
+            error: None,
             seq_len: cfg.seq_len,
             position: start,
             bad_lines: 0,
@@ -117,7 +126,9 @@ impl TrainStream {
         })
     }
 
-    /// The next `rows` rows as a batch (`[rows, seq_len]`); blocks until they are ready.
+    /// The next `rows` rows as a batch (`[rows, seq_len]`); blocks until they are ready. A
+    /// batch [`TrainStream::prefetch`] built for the same size is returned as it is; one of
+    /// another size gives its rows back first (the data order never depends on prefetching).
     ///
     /// # Errors
     /// [`DataError::Config`] if `rows == 0`; any reading error met in the shards
@@ -128,7 +139,55 @@ impl TrainStream {
         if rows == 0 {
             return Err(DataError::Config("a batch needs at least one row".into()));
         }
+        let (taken, batch) = match self.ready.front() {
+            Some((taken, _)) if taken.len() == rows => self.ready.pop_front().expect("a ready batch"),
+            _ => {
+                self.unready();
+                let taken = self.take_rows(rows)?;
+                let batch = Batch::from_rows(&taken, self.seq_len);
+                (taken, batch)
+            }
+        };
+        self.bad_lines = taken.last().map_or(self.bad_lines, |r| r.bad_lines);
+        self.position = batch.position.clone();
+        Ok(batch)
+    }
+
+    /// Builds the batch that a later `next_batch(rows)` will return, now: for a caller that
+    /// would otherwise wait here anyway (the training step, while the device runs its
+    /// update), so that the next step starts without the host's part of its data. Blocks
+    /// until the rows are ready. A reading error is kept for the `next_batch` that needs rows
+    /// past it; `position` and `bad_lines` move only when `next_batch` returns the batch.
+    pub fn prefetch(&mut self, rows: usize) {
+        if rows == 0 || self.error.is_some() {
+            return;
+        }
+        match self.take_rows(rows) {
+            Ok(taken) => {
+                let batch = Batch::from_rows(&taken, self.seq_len);
+                self.ready.push_back((taken, batch));
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// The rows of every prefetched batch back to the front of `pending`, in order.
+    fn unready(&mut self) {
+        for (taken, _) in self.ready.drain(..).rev() {
+            for row in taken.into_iter().rev() {
+                self.pending.push_front(row);
+            }
+        }
+    }
+
+    /// The next `rows` rows from `pending`, receiving chunks from the tokenizer thread as
+    /// needed; a reading error (kept by `prefetch`, or received now) closes the stream.
+    fn take_rows(&mut self, rows: usize) -> Result<Vec<Row>> {
         while self.pending.len() < rows {
+            if let Some(e) = self.error.take() {
+                self.rx = None;
+                return Err(e);
+            }
             let rx = self.rx.as_ref().ok_or(DataError::StreamClosed)?;
             match rx.recv() {
                 Ok(Ok(chunk)) => self.pending.extend(chunk),
@@ -142,11 +201,7 @@ impl TrainStream {
                 }
             }
         }
-        let taken: Vec<Row> = self.pending.drain(..rows).collect();
-        let batch = Batch::from_rows(&taken, self.seq_len);
-        self.bad_lines = taken.last().map_or(self.bad_lines, |r| r.bad_lines);
-        self.position = batch.position.clone();
-        Ok(batch)
+        Ok(self.pending.drain(..rows).collect())
     }
 
     /// Position after the last batch returned (the `start` given to `new` before the first).

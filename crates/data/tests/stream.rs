@@ -60,6 +60,34 @@ fn resume_across_an_epoch_boundary_with_several_shards() {
     assert_eq!(flat(&all), flat(&nine));
 }
 
+/// Prefetching changes nothing a caller sees: with batches built ahead (`prefetch`, as the
+/// training step does before it waits for the device), of the same size or of another (whose
+/// rows go back), `next_batch` returns the same batches, and `position` and `bad_lines` move
+/// only as batches are returned.
+#[test]
+fn prefetched_batches_are_the_batches_next_batch_would_build() {
+    for mode in [SeqMode::Concat, SeqMode::TruncatePad] {
+        let mut cfg = cfg(&[&sample_train()], &[&sample_validation()], 64);
+        cfg.mode = mode;
+        let sizes = [16, 16, 16, 9, 16, 16, 5, 5];
+        let tok = t5();
+        let mut plain = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+        let want: Vec<Batch> = sizes.iter().map(|&r| plain.next_batch(r).unwrap()).collect();
+        let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+        let mut got = Vec::new();
+        for (i, &rows) in sizes.iter().enumerate() {
+            got.push(s.next_batch(rows).unwrap());
+            assert!(s.position() == &got[i].position, "{mode:?}: batch {i}: position is the returned batch's");
+            // ahead: two batches of this size (the next request may be another size)
+            s.prefetch(rows);
+            s.prefetch(rows);
+            assert!(s.position() == &got[i].position, "{mode:?}: batch {i}: prefetching moved the position");
+        }
+        assert_same(&got, &want, &format!("{mode:?} with prefetching"));
+        assert_eq!(s.bad_lines(), plain.bad_lines());
+    }
+}
+
 #[test]
 fn stream_counts_skipped_bad_lines_and_fails_on_them_in_fail_mode() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,6 +108,12 @@ fn stream_counts_skipped_bad_lines_and_fails_on_them_in_fail_mode() {
 
     cfg.on_bad_line = BadInput::Fail;
     let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+    let err = s.next_batch(8).unwrap_err();
+    assert!(err.to_string().contains("c4-train.00000-of-00001.json.gz:2: bad C4 line"), "{err}");
+    assert!(matches!(s.next_batch(1), Err(DataError::StreamClosed)));
+    // met while prefetching: kept for the next_batch that needs rows past it
+    let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
+    s.prefetch(8);
     let err = s.next_batch(8).unwrap_err();
     assert!(err.to_string().contains("c4-train.00000-of-00001.json.gz:2: bad C4 line"), "{err}");
     assert!(matches!(s.next_batch(1), Err(DataError::StreamClosed)));

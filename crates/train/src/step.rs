@@ -3,7 +3,8 @@
 //!
 //! The step waits for the device once, at its end: on one CUDA device the clip factor and
 //! the skip decision are made by the device and read there by the optimizer, and the loss
-//! and the norm are read after the update is queued ([`clip_and_update`]). Also here: the
+//! and the norm are read after the update is queued ([`clip_and_update`]); before that wait
+//! the host builds the next step's batches ([`prefetch_next_step`]). Also here: the
 //! parameters in the optimizer's order ([`ParamSet`]) and the global gradient norm
 //! ([`global_norm`]).
 
@@ -233,6 +234,7 @@ fn clip_and_update(ctx: &mut StepContext, update: u64, lr: f64, mut grads: Vec<T
         let clip = lowbit_optim::grad_norm::clip_on_device(&grads, loss_sum, max_norm)?;
         ctx.opt.step(update, lr, clip.scale(), &ctx.params.vars, &grads)?;
         drop(grads);
+        prefetch_next_step(ctx);
         // `updated` is what the kernels did; the host's rule must agree (cuda_parity checks it)
         let (loss, sum, skipped) = clip.read()?;
         let norm = norm_of(sum);
@@ -249,10 +251,21 @@ fn clip_and_update(ctx: &mut StepContext, update: u64, lr: f64, mut grads: Vec<T
         ctx.opt.step(update, lr, GradScale::Host(f), &ctx.params.vars, &grads)?;
     }
     drop(grads);
+    prefetch_next_step(ctx);
     // one synchronisation per step bounds how far the host runs ahead of the device (and
     // with it the memory of queued steps)
     ctx.device.synchronize()?;
     Ok((loss as f64, norm, factor.is_some()))
+}
+
+/// Builds the next step's micro-batches ([`TrainStream::prefetch`]) while the device runs
+/// this step's update, before the step waits for it: the host's part of the next step's data
+/// (0.2-0.3 ms of row copies at 128 x 256) leaves the step boundary, where the device idles.
+/// The batches and their order are those `train_step` would read anyway.
+fn prefetch_next_step(ctx: &mut StepContext) {
+    for _ in 0..ctx.grad_accum {
+        ctx.stream.prefetch(ctx.micro_batch * ctx.comm.world_size());
+    }
 }
 
 /// Sums `grads` (replaced by FP32 sums) and the scalar `loss` over all ranks in one
