@@ -525,15 +525,21 @@ __device__ void embedding_bwd(const T* dy, const uint32_t* order, const uint32_t
 }
 
 // ---------------------------------------------------------------------------------------
-// Row copy between strides (padding a matrix's rows to an aligned stride and back):
-// dst[r * dst_ld + c] = src[r * src_ld + c] for c < cols; padding columns are not written.
+// Row copy between strides, padding with zeros (a weight padded to aligned rows or columns,
+// two weights packed into one, a padded gradient cut back): for r < rows_out, c < dst_ld,
+//   dst[r * dst_ld + c] = src[r * src_ld + c] if r < rows and c < cols, else 0,
+// so dst needs no zero fill first. In units U: one element, or 16 bytes (uint4) where every
+// width and address is a multiple of 16 bytes (the host's choice).
 
-template <typename T>
-__device__ void copy_rows(const T* src, T* dst, int rows, int cols, int src_ld, int dst_ld) {
+template <typename U> __device__ __forceinline__ U zero_unit() { return U(0.f); }
+template <> __device__ __forceinline__ uint4 zero_unit<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
+
+template <typename U>
+__device__ void copy_padded(const U* src, U* dst, int rows, int cols, int src_ld, int rows_out, int dst_ld) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)rows * cols) return;
-    size_t r = idx / cols, c = idx % cols;
-    dst[r * dst_ld + c] = src[r * src_ld + c];
+    if (idx >= (size_t)rows_out * dst_ld) return;
+    size_t r = idx / dst_ld, c = idx % dst_ld;
+    dst[idx] = (r < (size_t)rows && c < (size_t)cols) ? src[r * src_ld + c] : zero_unit<U>();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -619,8 +625,9 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
     NORM_BWD(T, S, 4)                                                                                            \
     NORM_BWD(T, S, 5)                                                                                            \
     NORM_BWD(T, S, 6)                                                                                            \
-    extern "C" __global__ void copy_rows_##S(const T* src, T* dst, int rows, int cols, int src_ld, int dst_ld) { \
-        copy_rows<T>(src, dst, rows, cols, src_ld, dst_ld);                                                      \
+    extern "C" __global__ void copy_padded1_##S(const T* src, T* dst, int rows, int cols, int src_ld,          \
+                                                int rows_out, int dst_ld) {                                      \
+        copy_padded<T>(src, dst, rows, cols, src_ld, rows_out, dst_ld);                                          \
     }                                                                                                            \
     extern "C" __global__ void embedding_fwd_##S(const T* w, const uint32_t* ids, T* y, int rows, int h) {      \
         embedding_fwd<T>(w, ids, y, rows, h);                                                                    \
@@ -632,3 +639,13 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 
 ENTRY(bf16, bf16)
 ENTRY(float, f32)
+
+// copy_padded in 16-byte units: 8 BF16 or 4 FP32 elements
+extern "C" __global__ void copy_padded8_bf16(const uint4* src, uint4* dst, int rows, int cols, int src_ld, int rows_out,
+                                             int dst_ld) {
+    copy_padded<uint4>(src, dst, rows, cols, src_ld, rows_out, dst_ld);
+}
+extern "C" __global__ void copy_padded4_f32(const uint4* src, uint4* dst, int rows, int cols, int src_ld, int rows_out,
+                                            int dst_ld) {
+    copy_padded<uint4>(src, dst, rows, cols, src_ld, rows_out, dst_ld);
+}

@@ -54,11 +54,22 @@ impl Llama {
     /// the backward is explicit (`crate::fused::model`: each op's backward function in reverse
     /// order, each gradient written once); with [`crate::Kernels::Composed`] it is candle's
     /// `loss.backward()`.
-    pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, scale: f64) -> Result<TrainingPass<'_>> {
+    ///
+    /// `input_ids`: the values of `input` on the host (row-major, `B * T`), when the caller
+    /// has them (a trainer copied them to the device): the fused backward groups the
+    /// positions by id from them, where it would otherwise read `input` back from the device
+    /// (a wait at the start of every pass). They must equal `input`'s values: other ids give
+    /// the embedding wrong gradients. Errors: a length other than `B * T`.
+    pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, input_ids: Option<&[u32]>, scale: f64) -> Result<TrainingPass<'_>> {
+        if let Some(ids) = input_ids {
+            if ids.len() != input.elem_count() {
+                candle_core::bail!("training_pass: {} host input ids for an input of shape {:?}", ids.len(), input.shape());
+            }
+        }
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
             self.check_seq_len(input.dim(1)?)?;
-            return Ok(TrainingPass(Pass::Explicit(crate::fused::model::Forward::run(self, input, target, mask, scale)?)));
+            return Ok(TrainingPass(Pass::Explicit(crate::fused::model::Forward::run(self, input, target, mask, input_ids, scale)?)));
         }
         let loss = self.loss(input, target, mask)?.affine(scale, 0.0)?;
         Ok(TrainingPass(Pass::Autograd(loss, self)))

@@ -429,10 +429,10 @@ fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
     let (_, vm, model) = tiny_model(300, 3, DType::BF16);
     let mask = Tensor::ones((2, 9), DType::F32, &Device::Cpu).unwrap();
     let batches = [(tokens(2, 9, 300, 1), tokens(2, 9, 300, 2)), (tokens(2, 9, 300, 3), tokens(2, 9, 300, 4))];
-    let own: Vec<_> = batches.iter().map(|(x, y)| model.training_pass(x, y, &mask, 0.5).unwrap().backward().unwrap()).collect();
+    let own: Vec<_> = batches.iter().map(|(x, y)| model.training_pass(x, y, &mask, None, 0.5).unwrap().backward().unwrap()).collect();
     let mut sum = GradSum::new();
     for (x, y) in &batches {
-        model.training_pass(x, y, &mask, 0.5).unwrap().accumulate(&mut sum).unwrap();
+        model.training_pass(x, y, &mask, None, 0.5).unwrap().accumulate(&mut sum).unwrap();
     }
     for (name, v) in vm.data().lock().unwrap().iter() {
         let s = sum.get(v.as_tensor()).unwrap_or_else(|| panic!("no sum for {name}"));
@@ -442,4 +442,19 @@ fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
         let diff = (s - &expected).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!(diff, 0.0, "{name}: the sum differs from the passes' own gradients added in FP32");
     }
+}
+
+/// `training_pass`'s host copy of the input ids must have one id per input position: more or
+/// fewer is an error that names both; the right number gives the pass without them.
+#[test]
+fn training_pass_checks_the_host_ids() {
+    let (_, _, model) = tiny_model(300, 3, DType::F32);
+    let (x, y) = (tokens(2, 9, 300, 1), tokens(2, 9, 300, 2));
+    let mask = Tensor::ones((2, 9), DType::F32, &Device::Cpu).unwrap();
+    let ids = x.flatten_all().unwrap().to_vec1::<u32>().unwrap();
+    let err = model.training_pass(&x, &y, &mask, Some(&ids[1..]), 1.0).err().expect("17 ids for 18 positions").to_string();
+    assert!(err.contains("17 host input ids") && err.contains("[2, 9]"), "{err}");
+    let with = model.training_pass(&x, &y, &mask, Some(&ids), 1.0).unwrap().loss().to_scalar::<f32>().unwrap();
+    let without = model.training_pass(&x, &y, &mask, None, 1.0).unwrap().loss().to_scalar::<f32>().unwrap();
+    assert_eq!(with.to_bits(), without.to_bits());
 }

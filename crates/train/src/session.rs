@@ -675,7 +675,7 @@ pub fn evaluate_until(
             return Ok(None);
         }
         let (x, y, m) = batch_tensors(b, dev)?;
-        let n: f64 = b.mask.iter().map(|&v| v as f64).sum();
+        let n = b.target_tokens() as f64;
         let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
         nll += loss * n;
         count += n;

@@ -18,14 +18,13 @@ use lowbit_optim::clip::{clip_factor, norm_of};
 use lowbit_optim::{GradScale, Optimizer};
 use std::time::Instant;
 
-/// Token ids, targets and loss mask of a batch as `[rows, seq_len]` tensors on `dev`.
+/// Token ids, targets and loss mask of a batch as `[rows, seq_len]` tensors on `dev`: the
+/// ids and the targets in one copy (views of one `[2, rows, seq_len]` u32 tensor), the mask
+/// (F32) in another.
 pub fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
     let shape = (b.rows, b.seq_len);
-    Ok((
-        Tensor::from_slice(&b.input, shape, dev)?,
-        Tensor::from_slice(&b.target, shape, dev)?,
-        Tensor::from_slice(&b.mask, shape, dev)?,
-    ))
+    let ids = Tensor::from_vec([&b.input[..], &b.target[..]].concat(), (2, b.rows, b.seq_len), dev)?;
+    Ok((ids.get(0)?, ids.get(1)?, Tensor::from_slice(&b.mask, shape, dev)?))
 }
 
 /// Model parameters in the optimizer's order (sorted by name; the index is the tensor id of
@@ -171,14 +170,14 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         .map(|_| ctx.stream.next_batch(ctx.micro_batch * world).map_err(|e| anyhow::anyhow!("{e}")))
         .collect::<Result<Vec<Batch>>>()?;
     let position = global.last().context("grad_accum is 0")?.position.clone();
-    let count = |b: &Batch| -> f64 { b.mask.iter().map(|&m| m as f64).sum() };
-    let tokens = global.iter().map(|b| b.mask.iter().filter(|&&m| m > 0.0).count() as u64).sum();
-    let total: f64 = global.iter().map(count).sum();
+    // (the mask is 0 or 1: the sum of a batch's mask is its count of targets, exactly)
+    let tokens: u64 = global.iter().map(|b| b.target_tokens() as u64).sum();
+    let total = tokens as f64;
     let batches = match world {
         1 => global,
         _ => global.iter().map(|b| take_rows(b, rank_rows(rank, ctx.micro_batch))).collect(),
     };
-    let targets: Vec<f64> = batches.iter().map(count).collect();
+    let targets: Vec<f64> = batches.iter().map(|b| b.target_tokens() as f64).collect();
     // One micro-batch's gradients go to the optimizer in their own dtype (BF16 for a BF16
     // model: the optimizer widens them exactly, so the step is the same, with 2 bytes per
     // parameter less for it to read); several are summed in FP32 (`TrainingPass::accumulate`).
@@ -190,7 +189,7 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         clock.lap(|p| &mut p.data)?;
         // A step without targets has loss 0 in every micro-batch: any weight keeps it 0.
         let weight = if total > 0.0 { n / total } else { 1.0 };
-        let pass = ctx.model.training_pass(&x, &y, &m, weight)?;
+        let pass = ctx.model.training_pass(&x, &y, &m, Some(&b.input), weight)?;
         let loss = pass.loss().detach();
         clock.lap(|p| &mut p.forward)?;
         match ctx.grad_accum {
@@ -331,6 +330,28 @@ fn sum_of_squares(grads: &[Tensor], dtype: DType) -> Result<f64> {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// The ids and the targets share one copy: each view holds its own batch field, in shape.
+    #[test]
+    fn batch_tensors_hold_the_batch() -> Result<()> {
+        let (rows, seq_len) = (3, 5);
+        let b = Batch {
+            rows,
+            seq_len,
+            input: (0..15).collect(),
+            target: (100..115).collect(),
+            mask: (0..15).map(|i| if i % 4 == 0 { 0.0 } else { 1.0 }).collect(),
+            position: DataPosition::default(),
+        };
+        let (x, y, m) = batch_tensors(&b, &Device::Cpu)?;
+        for t in [&x, &y, &m] {
+            assert_eq!(t.dims(), [rows, seq_len]);
+        }
+        assert_eq!(x.flatten_all()?.to_vec1::<u32>()?, b.input);
+        assert_eq!(y.flatten_all()?.to_vec1::<u32>()?, b.target);
+        assert_eq!(m.flatten_all()?.to_vec1::<f32>()?, b.mask);
+        Ok(())
+    }
 
     /// Squares of 1e19 overflow FP32 (1e38 each, 4e38 in all); the norm does not: 2e19.
     #[test]

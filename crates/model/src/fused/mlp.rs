@@ -4,7 +4,7 @@
 //! (see [`super::aligned`]). The packed product's output is the backward's input (as the
 //! composed ops keep `g` and `u`).
 
-use super::{aligned, alloc, args, copy_rows, cuda_device, grid, launch, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS};
+use super::{aligned, alloc, args, copy_padded, cuda_device, grid, launch, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS};
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
 /// `[w_gate; w_up]` packed into `[2 · aligned(I), H]`, zero rows after each: the weight of
@@ -16,9 +16,9 @@ pub fn pack(w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
         candle_core::bail!("fused mlp: w_gate {:?} {:?} and w_up {:?} {:?} differ", w_gate.shape(), w_gate.dtype(), w_up.shape(), w_up.dtype());
     }
     let (dev, dtype, ip) = (cuda_device(w_gate)?, w_gate.dtype(), aligned(i));
-    let (out, p) = super::alloc_zeroed(&dev, dtype, 2 * ip * h)?;
-    copy_rows(&dev, dtype, tensor_ptr(w_gate, "w_gate")?, p, i, h, h, h)?;
-    copy_rows(&dev, dtype, tensor_ptr(w_up, "w_up")?, p + (ip * h * dtype.size_in_bytes()) as u64, i, h, h, h)?;
+    let (out, p) = alloc(&dev, dtype, 2 * ip * h)?;
+    copy_padded(&dev, dtype, tensor_ptr(w_gate, "w_gate")?, p, (i, h, h), (ip, h))?;
+    copy_padded(&dev, dtype, tensor_ptr(w_up, "w_up")?, p + (ip * h * dtype.size_in_bytes()) as u64, (i, h, h), (ip, h))?;
     Ok(wrap(out, (2 * ip, h)))
 }
 

@@ -36,7 +36,7 @@ pub mod rope;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::cublas::{result as cublas, sys as blas};
-use candle_core::cuda::cudarc::driver::{CudaFunction, CudaModule, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use candle_core::cuda::cudarc::driver::{CudaFunction, CudaModule, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaDType, DeviceId};
 use candle_core::op::BackpropOp;
@@ -242,27 +242,17 @@ pub(crate) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
     }
 }
 
-/// An uninitialised buffer of `n` elements of `dtype` and its device address.
+/// An uninitialised buffer of `n` elements (at least one) of `dtype` and its device address.
 pub(crate) fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
-    buffer(dev, dtype, n, false)
-}
-
-/// A zero-filled buffer of `n` elements of `dtype` and its device address.
-pub(crate) fn alloc_zeroed(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
-    buffer(dev, dtype, n, true)
-}
-
-/// A buffer of at least one element of `dtype`, zero-filled or not, and its address.
-fn buffer(dev: &CudaDevice, dtype: DType, n: usize, zeroed: bool) -> Result<(CudaStorage, u64)> {
-    fn typed<T: CudaDType + DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, n: usize, zeroed: bool) -> Result<(CudaStorage, u64)> {
-        let s = if zeroed { dev.alloc_zeros::<T>(n)? } else { unsafe { dev.alloc::<T>(n)? } };
+    fn typed<T: CudaDType + DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<(CudaStorage, u64)> {
+        let s = unsafe { dev.alloc::<T>(n)? };
         let p = s.device_ptr(&dev.cuda_stream()).0;
         Ok((CudaStorage::wrap_cuda_slice(s, dev.clone()), p))
     }
     let n = n.max(1);
     match dtype {
-        DType::BF16 => typed::<bf16>(dev, n, zeroed),
-        DType::F32 => typed::<f32>(dev, n, zeroed),
+        DType::BF16 => typed::<bf16>(dev, n),
+        DType::F32 => typed::<f32>(dev, n),
         d => candle_core::bail!("fused ops: cannot allocate {d:?}"),
     }
 }
@@ -331,25 +321,27 @@ impl Gemm {
 
 pub(crate) use crate::fused_sizes::aligned;
 
-/// Copies `rows` rows of `cols` elements from `src` (row stride `src_ld`) to `dst` (row
-/// stride `dst_ld`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_rows(dev: &CudaDevice, dtype: DType, src: u64, dst: u64, rows: usize, cols: usize, src_ld: usize, dst_ld: usize) -> Result<()> {
-    let a = args![src, dst, rows as i32, cols as i32, src_ld as i32, dst_ld as i32];
-    launch(dev, "copy_rows", dtype, grid((rows * cols).div_ceil(THREADS as usize), 0), &a)
+/// Writes the `[rows_out, dst_ld]` matrix at `dst` from the `[rows, cols]` one at `src` (row
+/// stride `src_ld`), zeros in the rows and columns past it (`rows <= rows_out`, `cols <=
+/// dst_ld`): one launch, 16 bytes per thread where every width and both addresses allow it.
+pub(crate) fn copy_padded(dev: &CudaDevice, dtype: DType, src: u64, dst: u64, (rows, cols, src_ld): (usize, usize, usize), (rows_out, dst_ld): (usize, usize)) -> Result<()> {
+    let per = 16 / dtype.size_in_bytes();
+    let unit = if aligned16(&[src, dst]) && [cols, src_ld, dst_ld].iter().all(|w| w % per == 0) { per } else { 1 };
+    let a = args![src, dst, rows as i32, (cols / unit) as i32, (src_ld / unit) as i32, rows_out as i32, (dst_ld / unit) as i32];
+    launch(dev, &format!("copy_padded{unit}"), dtype, grid((rows_out * dst_ld / unit).div_ceil(THREADS as usize), 0), &a)
 }
 
-/// A `[rows, cols]` matrix copied into a zero-filled `[rows_out, cols_out]` (each at least
-/// as large): a weight padded with zero rows and columns.
+/// A `[rows, cols]` matrix copied into a `[rows_out, cols_out]` one (each at least as large)
+/// whose other elements are 0: a weight padded with zero rows and columns.
 pub(crate) fn zero_padded(dev: &CudaDevice, dtype: DType, src: u64, (rows, cols): (usize, usize), (rows_out, cols_out): (usize, usize)) -> Result<(CudaStorage, u64)> {
-    let out = alloc_zeroed(dev, dtype, rows_out * cols_out)?;
-    copy_rows(dev, dtype, src, out.1, rows, cols, cols, cols_out)?;
+    let out = alloc(dev, dtype, rows_out * cols_out)?;
+    copy_padded(dev, dtype, src, out.1, (rows, cols, cols), (rows_out, cols_out))?;
     Ok(out)
 }
 
 /// The top-left `[rows, cols]` of a matrix with row stride `ld`, as a new dense tensor.
 pub(crate) fn unpadded(dev: &CudaDevice, dtype: DType, src: u64, ld: usize, (rows, cols): (usize, usize)) -> Result<Tensor> {
     let (s, p) = alloc(dev, dtype, rows * cols)?;
-    copy_rows(dev, dtype, src, p, rows, cols, ld, cols)?;
+    copy_padded(dev, dtype, src, p, (rows, cols, ld), (rows, cols))?;
     Ok(wrap(s, (rows, cols)))
 }

@@ -93,16 +93,26 @@ pub(crate) struct Forward<'a> {
 
 impl<'a> Forward<'a> {
     /// The forward pass of `model` on `input`/`target`/`mask` (`[B, T]`) for `scale` times
-    /// the mean loss. The LM head's gradients are computed here ([`lm_head::loss_and_grads`]).
-    pub(crate) fn run(model: &'a Llama, input: &Tensor, target: &Tensor, mask: &Tensor, scale: f64) -> Result<Self> {
+    /// the mean loss; `input_ids`: `input`'s values on the host, if the caller has them
+    /// (else read back here). The LM head's gradients are computed here
+    /// ([`lm_head::loss_and_grads`]).
+    pub(crate) fn run(model: &'a Llama, input: &Tensor, target: &Tensor, mask: &Tensor, input_ids: Option<&[u32]>, scale: f64) -> Result<Self> {
         let (b, t) = input.dims2()?;
         let h = model.cfg.hidden_size;
         let ids = input.flatten_all()?.contiguous()?;
-        // the ids on the host now, while the device is idle or about to be, and grouped
-        // while it runs the layers: the backward then waits for no read
-        let host_ids = ids.to_vec1::<u32>()?;
+        // the ids on the host (read back now, while the device is idle or about to be, unless
+        // the caller has them), grouped while the device runs the layers: the backward then
+        // waits for no read
+        let read;
+        let host_ids = match input_ids {
+            Some(h) => h,
+            None => {
+                read = ids.to_vec1::<u32>()?;
+                &read[..]
+            }
+        };
         let (x, delta, saved) = layers(model, &ids, (b, t), true)?;
-        let ids = embedding::Grouping::new(&host_ids, input.device())?;
+        let ids = embedding::Grouping::new(host_ids, input.device())?;
         let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
         let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
         let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;

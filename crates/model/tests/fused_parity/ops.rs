@@ -301,6 +301,29 @@ fn gate_up_swiglu_matches_composed() {
     }
 }
 
+/// The packed gate/up weight is exactly `[w_gate; 0; w_up; 0]` (each weight followed by
+/// `aligned(I) - I` zero rows), written over memory that held NaN (the pack writes every
+/// element, zeros included): with 16-byte copies (H = 64) and element copies (H = 37, rows
+/// of 74 or 148 bytes), with and without padding rows (I = 90, 64).
+#[test]
+fn pack_is_the_weights_with_zero_rows() {
+    let dev = gpu();
+    for dtype in DTYPES {
+        for (i, h) in [(90usize, 64usize), (64, 64), (90, 37), (5, 37)] {
+            let ip = i.div_ceil(8) * 8;
+            // freed just before the pack: the stream-ordered pool hands this memory back
+            drop(Tensor::full(f32::NAN, 2 * ip * h, &dev).unwrap().to_dtype(dtype).unwrap());
+            let (wg, wu) = (var(&[i, h], 0.2, 8, dtype, &dev), var(&[i, h], 0.2, 15, dtype, &dev));
+            let packed = mlp::pack(&wg, &wu).unwrap();
+            assert_eq!(packed.dims(), &[2 * ip, h]);
+            let zeros = Tensor::zeros((ip - i, h), dtype, &dev).unwrap();
+            let expected = Tensor::cat(&[wg.as_tensor(), &zeros, wu.as_tensor(), &zeros], 0).unwrap();
+            let bits = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&packed) == bits(&expected), "pack {dtype:?} I = {i}, H = {h}");
+        }
+    }
+}
+
 #[test]
 fn embedding_matches_composed() {
     let dev = gpu();
@@ -365,6 +388,8 @@ struct Tiny {
     varmap: candle_nn::VarMap,
     fused: Llama,
     composed: Llama,
+    /// `input`'s values on the host
+    ids: Vec<u32>,
     input: Tensor,
     target: Tensor,
     mask: Tensor,
@@ -382,7 +407,7 @@ fn tiny(dtype: DType, dev: &Device) -> Tiny {
     let input = Tensor::from_vec(ids.clone(), (3, 41), dev).unwrap();
     let target = Tensor::from_vec(ids.iter().map(|&i| (i + 1) % 300).collect::<Vec<u32>>(), (3, 41), dev).unwrap();
     let mask = Tensor::from_vec((0..3 * 41).map(|i| if i % 7 == 3 { 0f32 } else { 1.0 }).collect::<Vec<_>>(), (3, 41), dev).unwrap();
-    Tiny { varmap, fused, composed, input, target, mask }
+    Tiny { varmap, fused, composed, ids, input, target, mask }
 }
 
 /// The whole model's one fused path against the composed model: the logits, the loss
@@ -392,11 +417,11 @@ fn tiny(dtype: DType, dev: &Device) -> Tiny {
 fn model_matches_composed() {
     let dev = gpu();
     for dtype in DTYPES {
-        let Tiny { varmap, fused, composed, input, target, mask } = tiny(dtype, &dev);
+        let Tiny { varmap, fused, composed, ids, input, target, mask } = tiny(dtype, &dev);
         let e = rel_err(&fused.forward(&input).unwrap(), &composed.forward(&input).unwrap());
         assert!(e <= tol(dtype), "model {dtype:?} logits: relative error {e}");
         let eval = fused.loss(&input, &target, &mask).unwrap().to_scalar::<f32>().unwrap();
-        let pass = fused.training_pass(&input, &target, &mask, 0.3).unwrap();
+        let pass = fused.training_pass(&input, &target, &mask, None, 0.3).unwrap();
         let loss_f = pass.loss().to_scalar::<f32>().unwrap();
         assert!((eval * 0.3 - loss_f).abs() <= 1e-6 * loss_f.abs(), "model {dtype:?}: evaluation loss x 0.3 = {} vs training {loss_f}", eval * 0.3);
         let gf = pass.backward().unwrap();
@@ -411,6 +436,17 @@ fn model_matches_composed() {
             let e = rel_err(a, b);
             assert!(e <= grad_tol, "model {dtype:?} gradient of {name}: relative error {e}");
             println!("model {dtype:?} gradient of {name}: relative error {e:.2e}");
+        }
+        // as the trainer runs it: input and target views of one [2, B, T] tensor (the input
+        // at offset 0, the target after it), the input ids given on the host: the same bits
+        let both = Tensor::stack(&[&input, &target], 0).unwrap();
+        let (x, y) = (both.get(0).unwrap(), both.get(1).unwrap());
+        let pass = fused.training_pass(&x, &y, &mask, Some(&ids), 0.3).unwrap();
+        assert_eq!(pass.loss().to_scalar::<f32>().unwrap().to_bits(), loss_f.to_bits(), "model {dtype:?}: loss with host ids");
+        let gh = pass.backward().unwrap();
+        for (name, v) in varmap.data().lock().unwrap().iter() {
+            let bits = |g: &candle_core::backprop::GradStore| g.get(v.as_tensor()).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert!(bits(&gh) == bits(&gf), "model {dtype:?} gradient of {name}: host ids and views differ");
         }
     }
 }
@@ -431,11 +467,11 @@ fn accumulated_gradients_match_the_sum_of_passes() {
         let target_b = Tensor::from_vec(ids_b.iter().map(|&i| (i + 2) % 300).collect::<Vec<u32>>(), (3, 41), &dev).unwrap();
         let input_b = Tensor::from_vec(ids_b, (3, 41), &dev).unwrap();
         let batches = [(&input, &target), (&input_b, &target_b), (&input, &target)];
-        let own: Vec<_> = batches.iter().map(|(x, y)| fused.training_pass(x, y, &mask, 0.25).unwrap().backward().unwrap()).collect();
+        let own: Vec<_> = batches.iter().map(|(x, y)| fused.training_pass(x, y, &mask, None, 0.25).unwrap().backward().unwrap()).collect();
         let mut sum = GradSum::new();
         let mut first = Vec::new();
         for (k, (x, y)) in batches.iter().enumerate() {
-            fused.training_pass(x, y, &mask, 0.25).unwrap().accumulate(&mut sum).unwrap();
+            fused.training_pass(x, y, &mask, None, 0.25).unwrap().accumulate(&mut sum).unwrap();
             if k == 0 {
                 let data = varmap.data().lock().unwrap();
                 first = data.iter().map(|(name, v)| (name.clone(), sum.get(v.as_tensor()).unwrap().clone())).collect();
