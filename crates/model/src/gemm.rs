@@ -40,7 +40,29 @@ pub(crate) struct ColumnMajor {
     pub(crate) batch: usize,
 }
 
+/// Outputs (`m · n · batch` elements) below which a BF16 product may use cuBLAS's
+/// workspace, so split-K kernels, which need it: their tiles alone would leave SMs idle
+/// (LLaMA-100M's weight gradients, `[640, 640]` over K = 32,768 tokens: 5% of the step
+/// slower without). Larger BF16 products run without a workspace: cuBLAS then takes
+/// statically scheduled tensor-core kernels of the same speed (`..._ssched_...`) instead
+/// of the ones that need a zeroed semaphore, each of which costs a 4-byte memset and two
+/// launch gaps (296 a step at LLaMA-350M, ~1 ms idle; there the `[1024, 1024]` gradients
+/// were faster without split-K too). FP32 products keep the workspace (their SGEMM
+/// kernels need it: the FP32 model was 9% slower without). Measured on the H200
+/// (bench/training_h200.md).
+pub(crate) const WORKSPACE_MAX_OUTPUT: usize = 1 << 19;
+
+/// Bytes of the cuBLAS workspace the products that may use one get (32 MiB: the cuBLAS
+/// Library User Guide's recommendation for Hopper, `cublasSetWorkspace`).
+pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
+
 impl Gemm {
+    /// Whether this product, of `bf16` (else FP32) operands, gets cuBLAS's workspace
+    /// ([`WORKSPACE_MAX_OUTPUT`]).
+    pub(crate) fn uses_workspace(&self, bf16: bool) -> bool {
+        !bf16 || self.m * self.n * self.batch < WORKSPACE_MAX_OUTPUT
+    }
+
     /// The column-major call that computes this row-major product.
     pub(crate) fn column_major(&self) -> ColumnMajor {
         ColumnMajor {
@@ -122,6 +144,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// BF16: small outputs keep split-K (LLaMA-100M's `[640, 640]` weight gradients); the
+    /// model-sized products (LLaMA-350M's `[1024, 1024]` gradients, every activation) do
+    /// not. FP32 products always keep it.
+    #[test]
+    fn workspace_only_for_small_bf16_outputs_and_fp32() {
+        let product = |m, n, k, batch| Gemm { m, n, k, a_t: true, b_t: false, batch, stride_a: 0, stride_b: 0, stride_c: 0 };
+        assert!(product(640, 640, 32768, 1).uses_workspace(true));
+        assert!(product(256, 256, 32768, 1).uses_workspace(true));
+        assert!(!product(1024, 1024, 16384, 1).uses_workspace(true));
+        assert!(!product(32768, 1920, 640, 1).uses_workspace(true));
+        assert!(!product(256, 256, 64, 1280).uses_workspace(true)); // attention scores, batched
+        assert!(product(32768, 1920, 640, 1).uses_workspace(false));
     }
 
     #[test]

@@ -288,7 +288,10 @@ impl Gemm {
         let call = self.column_major(); // slot X: B, slot Y: A
         let op = |t: bool| if t { T } else { N };
         let blas = dev.cublas_handle();
+        let (ws, ws_bytes) = if self.uses_workspace(ab == DType::BF16) { (workspace(dev)?, crate::gemm::WORKSPACE_BYTES) } else { (0, 0) };
         unsafe {
+            // SAFETY: `ws` is a live buffer of `ws_bytes` on this handle's stream (or none)
+            blas::cublasSetWorkspace_v2(*blas.handle(), ws as *mut _, ws_bytes).result().map_err(err)?;
             cublas::gemm_strided_batched_ex(
                 *blas.handle(),
                 op(call.trans_x),
@@ -317,6 +320,19 @@ impl Gemm {
         }
         .map_err(err)
     }
+}
+
+/// The device's cuBLAS workspace for the products that use one
+/// ([`crate::gemm::WORKSPACE_BYTES`], allocated once per device and kept).
+fn workspace(dev: &CudaDevice) -> Result<u64> {
+    static BUFFERS: OnceLock<Mutex<HashMap<DeviceId, (CudaStorage, u64)>>> = OnceLock::new();
+    let mut buffers = BUFFERS.get_or_init(Default::default).lock().expect("workspace buffers");
+    if let Some((_, p)) = buffers.get(&dev.id()) {
+        return Ok(*p);
+    }
+    let (s, p) = alloc(dev, DType::F32, crate::gemm::WORKSPACE_BYTES / 4)?;
+    buffers.insert(dev.id(), (s, p));
+    Ok(p)
 }
 
 pub(crate) use crate::fused_sizes::aligned;
