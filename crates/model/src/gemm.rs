@@ -158,6 +158,10 @@ mod tests {
         assert!(!product(32768, 1920, 640, 1).uses_workspace(true));
         assert!(!product(256, 256, 64, 1280).uses_workspace(true)); // attention scores, batched
         assert!(product(32768, 1920, 640, 1).uses_workspace(false));
+        // the bound: 2^19 outputs and more run without
+        assert!(product(512, 1023, 64, 1).uses_workspace(true)); // 2^19 - 512
+        assert!(!product(512, 1024, 64, 1).uses_workspace(true)); // 2^19
+        assert!(!product(512, 512, 64, 2).uses_workspace(true));
     }
 
     #[test]

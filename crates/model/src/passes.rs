@@ -58,8 +58,9 @@ impl Llama {
     /// `input_ids`: the values of `input` on the host (row-major, `B * T`), when the caller
     /// has them (a trainer copied them to the device): the fused backward groups the
     /// positions by id from them, where it would otherwise read `input` back from the device
-    /// (a wait at the start of every pass). They must equal `input`'s values: other ids give
-    /// the embedding wrong gradients. Errors: a length other than `B * T`.
+    /// (a wait at the start of every pass); the composed path does not need them. They must
+    /// equal `input`'s values: other ids give the embedding wrong gradients. Errors: a
+    /// length other than `B * T`.
     pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, input_ids: Option<&[u32]>, scale: f64) -> Result<TrainingPass<'_>> {
         if let Some(ids) = input_ids {
             if ids.len() != input.elem_count() {

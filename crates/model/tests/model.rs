@@ -445,7 +445,8 @@ fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
 }
 
 /// `training_pass`'s host copy of the input ids must have one id per input position: more or
-/// fewer is an error that names both; the right number gives the pass without them.
+/// fewer is an error that names both. The composed (CPU) path checks the count and does not
+/// use them otherwise (the fused path's use is `fused_parity`'s `model_matches_composed`).
 #[test]
 fn training_pass_checks_the_host_ids() {
     let (_, _, model) = tiny_model(300, 3, DType::F32);

@@ -171,13 +171,17 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
         .collect::<Result<Vec<Batch>>>()?;
     let position = global.last().context("grad_accum is 0")?.position.clone();
     // (the mask is 0 or 1: the sum of a batch's mask is its count of targets, exactly)
-    let tokens: u64 = global.iter().map(|b| b.target_tokens() as u64).sum();
-    let total = tokens as f64;
-    let batches = match world {
-        1 => global,
-        _ => global.iter().map(|b| take_rows(b, rank_rows(rank, ctx.micro_batch))).collect(),
+    let counts: Vec<f64> = global.iter().map(|b| b.target_tokens() as f64).collect();
+    let total: f64 = counts.iter().sum();
+    let tokens = total as u64;
+    let (batches, targets) = match world {
+        1 => (global, counts),
+        _ => {
+            let own: Vec<Batch> = global.iter().map(|b| take_rows(b, rank_rows(rank, ctx.micro_batch))).collect();
+            let targets = own.iter().map(|b| b.target_tokens() as f64).collect();
+            (own, targets)
+        }
     };
-    let targets: Vec<f64> = batches.iter().map(|b| b.target_tokens() as f64).collect();
     // One micro-batch's gradients go to the optimizer in their own dtype (BF16 for a BF16
     // model: the optimizer widens them exactly, so the step is the same, with 2 bytes per
     // parameter less for it to read); several are summed in FP32 (`TrainingPass::accumulate`).

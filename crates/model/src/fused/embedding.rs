@@ -38,9 +38,15 @@ pub struct Grouping {
 }
 
 impl Grouping {
-    /// The grouping of `ids` (host values, `< V`), uploaded to `device`.
-    pub fn new(ids: &[u32], device: &candle_core::Device) -> Result<Self> {
+    /// The grouping of `ids` (host values), uploaded to `device`. Errors: an id not below
+    /// `vocab` (the table's rows), which the backward would write past the table.
+    pub fn new(ids: &[u32], vocab: usize, device: &candle_core::Device) -> Result<Self> {
         let (order, offsets, unique) = group_by_id(ids);
+        if let Some(&max) = unique.last() {
+            if max as usize >= vocab {
+                candle_core::bail!("embedding: input id {max} is not below the vocabulary size {vocab}");
+            }
+        }
         let n_unique = unique.len();
         Ok(Grouping {
             order: Tensor::from_vec(order, ids.len(), device)?,

@@ -276,6 +276,12 @@ impl Gemm {
     /// Runs the product on `dev`'s cuBLAS handle (candle's stream): A and B in `ab`, C in
     /// `c_dtype`, FP32 accumulation (TF32 for FP32 inputs when candle's reduced-precision
     /// FP32 gemm switch is on); `accumulate`: C += instead of C =.
+    ///
+    /// The workspace is this module's choice per product ([`Gemm::uses_workspace`]: none, or
+    /// the device's 32 MiB buffer), whatever `CUBLAS_WORKSPACE_CONFIG` says; after a product
+    /// without one the handle gets the buffer back, so candle's own products on the handle
+    /// (the composed ops) always run with a workspace. Assumes one host thread issues the
+    /// products of a device (the trainer's case): the handle and the buffer are shared.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(&self, dev: &CudaDevice, ab: DType, c_dtype: DType, a: u64, b: u64, c: u64, accumulate: bool) -> Result<()> {
         use blas::cublasOperation_t::{CUBLAS_OP_N as N, CUBLAS_OP_T as T};
@@ -288,10 +294,16 @@ impl Gemm {
         let call = self.column_major(); // slot X: B, slot Y: A
         let op = |t: bool| if t { T } else { N };
         let blas = dev.cublas_handle();
-        let (ws, ws_bytes) = if self.uses_workspace(ab == DType::BF16) { (workspace(dev)?, crate::gemm::WORKSPACE_BYTES) } else { (0, 0) };
+        let (buffer, bytes) = (workspace(dev)?, crate::gemm::WORKSPACE_BYTES);
+        let with = self.uses_workspace(ab == DType::BF16);
+        // SAFETY (both calls): `buffer` is a live allocation of `bytes` on this handle's stream,
+        // kept for the process; null with size 0 is "no workspace"
+        let set = |on: bool| {
+            let (ptr, size) = if on { (buffer, bytes) } else { (0, 0) };
+            unsafe { blas::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, size) }.result().map_err(err)
+        };
+        set(with)?;
         unsafe {
-            // SAFETY: `ws` is a live buffer of `ws_bytes` on this handle's stream (or none)
-            blas::cublasSetWorkspace_v2(*blas.handle(), ws as *mut _, ws_bytes).result().map_err(err)?;
             cublas::gemm_strided_batched_ex(
                 *blas.handle(),
                 op(call.trans_x),
@@ -318,7 +330,11 @@ impl Gemm {
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
             )
         }
-        .map_err(err)
+        .map_err(err)?;
+        if !with {
+            set(true)?;
+        }
+        Ok(())
     }
 }
 
@@ -341,6 +357,7 @@ pub(crate) use crate::fused_sizes::aligned;
 /// stride `src_ld`), zeros in the rows and columns past it (`rows <= rows_out`, `cols <=
 /// dst_ld`): one launch, 16 bytes per thread where every width and both addresses allow it.
 pub(crate) fn copy_padded(dev: &CudaDevice, dtype: DType, src: u64, dst: u64, (rows, cols, src_ld): (usize, usize, usize), (rows_out, dst_ld): (usize, usize)) -> Result<()> {
+    debug_assert!(rows <= rows_out && cols <= src_ld.min(dst_ld), "copy_padded: [{rows}, {cols}] (stride {src_ld}) into [{rows_out}, {dst_ld}]");
     let per = 16 / dtype.size_in_bytes();
     let unit = if aligned16(&[src, dst]) && [cols, src_ld, dst_ld].iter().all(|w| w % per == 0) { per } else { 1 };
     let a = args![src, dst, rows as i32, (cols / unit) as i32, (src_ld / unit) as i32, rows_out as i32, (dst_ld / unit) as i32];

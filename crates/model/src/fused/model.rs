@@ -112,7 +112,7 @@ impl<'a> Forward<'a> {
             }
         };
         let (x, delta, saved) = layers(model, &ids, (b, t), true)?;
-        let ids = embedding::Grouping::new(host_ids, input.device())?;
+        let ids = embedding::Grouping::new(host_ids, model.cfg.vocab_size, input.device())?;
         let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
         let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
         let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;

@@ -311,9 +311,9 @@ fn pack_is_the_weights_with_zero_rows() {
     for dtype in DTYPES {
         for (i, h) in [(90usize, 64usize), (64, 64), (90, 37), (5, 37)] {
             let ip = i.div_ceil(8) * 8;
-            // freed just before the pack: the stream-ordered pool hands this memory back
-            drop(Tensor::full(f32::NAN, 2 * ip * h, &dev).unwrap().to_dtype(dtype).unwrap());
             let (wg, wu) = (var(&[i, h], 0.2, 8, dtype, &dev), var(&[i, h], 0.2, 15, dtype, &dev));
+            // freed just before the pack: the stream-ordered pool hands this memory back to it
+            drop(Tensor::full(f32::NAN, 2 * ip * h, &dev).unwrap().to_dtype(dtype).unwrap());
             let packed = mlp::pack(&wg, &wu).unwrap();
             assert_eq!(packed.dims(), &[2 * ip, h]);
             let zeros = Tensor::zeros((ip - i, h), dtype, &dev).unwrap();
@@ -337,11 +337,14 @@ fn embedding_matches_composed() {
             dtype,
             &[w],
             |t, dy| {
-                let grouping = embedding::Grouping::new(&ids.to_vec1::<u32>().unwrap(), &dev).unwrap();
+                let grouping = embedding::Grouping::new(&ids.to_vec1::<u32>().unwrap(), 60, &dev).unwrap();
                 (embedding::forward(&t[0], &ids).unwrap(), vec![embedding::backward(&t[0], &grouping, dy).unwrap()])
             },
             |t| t[0].index_select(&ids, 0).unwrap(),
         );
+        // an id past the table is an error before anything is uploaded
+        let err = embedding::Grouping::new(&[3, 60, 7], 60, &dev).err().expect("id 60 of 60 rows").to_string();
+        assert!(err.contains("input id 60 is not below the vocabulary size 60"), "{err}");
     }
 }
 
@@ -445,7 +448,7 @@ fn model_matches_composed() {
         assert_eq!(pass.loss().to_scalar::<f32>().unwrap().to_bits(), loss_f.to_bits(), "model {dtype:?}: loss with host ids");
         let gh = pass.backward().unwrap();
         for (name, v) in varmap.data().lock().unwrap().iter() {
-            let bits = |g: &candle_core::backprop::GradStore| g.get(v.as_tensor()).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let bits = |g: &candle_core::backprop::GradStore| g.get(v.as_tensor()).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&gh) == bits(&gf), "model {dtype:?} gradient of {name}: host ids and views differ");
         }
     }
