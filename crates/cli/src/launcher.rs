@@ -221,15 +221,17 @@ mod tests {
 
     #[test]
     fn a_failing_worker_stops_the_others_and_is_named() {
-        // rank 1 exits 3 after a moment; ranks 0 and 2 would sleep for a minute
-        let script = "if [ $RANK = 1 ]; then sleep 0.3; exit 3; else sleep 60; fi";
+        // rank 1 exits 3 after a moment; ranks 0 and 2 would sleep for a minute (61 s: no
+        // other test, running beside this one in the same process, sleeps that long, so the
+        // count below sees only this test's workers)
+        let script = "if [ $RANK = 1 ]; then sleep 0.3; exit 3; else sleep 61; fi";
         let args = [OsString::from("-c"), script.into()];
         let started = Instant::now();
         let children = spawn(std::path::Path::new("sh"), &args, 3, 29_512).unwrap();
         let e = supervise(children, &AtomicBool::new(false), || libc::SIGTERM).unwrap_err().to_string();
         assert!(e.contains("worker rank 1 failed (exit status: 3)"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(10), "the sleepers were killed");
-        assert_eq!(processes_running("sleep 60"), 0, "no `sleep 60` left behind: the workers' process groups were killed");
+        assert_eq!(processes_running("sleep 61"), 0, "no `sleep 61` left behind: the workers' process groups were killed");
     }
 
     /// Processes whose command line is `pattern` and whose parent is this test process or
