@@ -1,6 +1,6 @@
 //! What the fused CUDA ops ([`crate::fused`]) decide on the host from sizes alone: the
 //! padding of matrix extents, the LM head's chunks of rows, the embedding backward's grouping
-//! of positions by token id, and the tensor-core attention's launch geometry. Compiled in
+//! of positions by token id, and the attention kernels' launch geometry. Compiled in
 //! every build, so CPU tests (below) check it; the CUDA ops call it.
 
 /// A matrix extent padded to a multiple of 8 elements. cuBLAS picks its Hopper kernels only
@@ -36,45 +36,107 @@ pub(crate) fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     (order, offsets, unique)
 }
 
-/// The tensor-core attention's geometry (`kernels/model/flash_attention.cu`): rows per tile
-/// (`BR` there) and warps per block (`NW`).
+/// Rows per tile of the attention kernels (`BR` in both kernel files).
 pub(crate) const FLASH_TILE: usize = 64;
-pub(crate) const FLASH_WARPS: usize = 4;
 
-/// Whether the tensor-core kernels take an attention of `dims` = (B, heads, T, d) in BF16
-/// (`bf16`) whose buffers are 16-byte aligned (`aligned16`: the kernels move 8 elements per
-/// load): `d` 64 or 128, B · heads within a grid's y extent (65535), and the largest stride,
-/// heads · T · d elements per batch entry, within `i32` (the kernels' stride arguments;
-/// offsets are computed in 64 bits). Everything else runs the cuBLAS composition.
-pub(crate) fn flash_supports(bf16: bool, (b, h, t, d): (usize, usize, usize, usize), aligned16: bool) -> bool {
-    bf16 && (d == 64 || d == 128) && aligned16 && b * h <= 65535 && h * t * d <= i32::MAX as usize
+/// The two families of attention kernels: BF16 on tensor cores
+/// (`kernels/model/flash_attention.cu`: 4 warps per block, BF16 tiles with row stride
+/// `d + 8`, the score tiles in registers) and FP32 on CUDA cores
+/// (`kernels/model/flash_attention_f32.cu`: 256 threads per block, FP32 tiles with row stride
+/// `d + 4`, the score tile also in shared memory, dQ summed from per-tile partials).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FlashKernels {
+    TensorCoreBf16,
+    CudaCoreF32,
 }
 
-/// The tensor-core attention's passes, for their shared-memory sizes.
+/// The attention's passes, for their shared-memory sizes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum FlashPass {
     Forward,
     KeyValueGrads,
+    /// dQ: a third pass over the tiles (tensor cores), or the sum of the dK/dV pass's
+    /// partials (CUDA cores, no shared memory).
     QueryGrads,
 }
 
-/// Dynamic shared memory of `pass` at head dim `d`, in bytes: the formulas `fwd_smem`,
-/// `bwd_kv_smem`, `bwd_q_smem` of the kernel file (BF16 tiles of [`FLASH_TILE`] rows with row
-/// stride `d + 8`: three in the forward, four in each backward pass, which for dK/dV also
-/// keeps the query tile's FP32 log-sum-exp and delta). The score tiles live in registers.
-pub(crate) fn flash_smem(pass: FlashPass, d: usize) -> usize {
-    let tile = FLASH_TILE * (d + 8) * 2;
-    match pass {
-        FlashPass::Forward => 3 * tile,
-        FlashPass::KeyValueGrads => 4 * tile + 2 * FLASH_TILE * 4,
-        FlashPass::QueryGrads => 4 * tile,
+impl FlashKernels {
+    /// The kernels for `dtype` (BF16 or F32), if any.
+    pub(crate) fn of(dtype: candle_core::DType) -> Option<Self> {
+        match dtype {
+            candle_core::DType::BF16 => Some(Self::TensorCoreBf16),
+            candle_core::DType::F32 => Some(Self::CudaCoreF32),
+            _ => None,
+        }
+    }
+
+    /// Threads per block (`NW * 32`, `NT` in the kernel files).
+    pub(crate) fn threads(self) -> usize {
+        match self {
+            Self::TensorCoreBf16 => 128,
+            Self::CudaCoreF32 => 256,
+        }
+    }
+
+    /// Elements per 16-byte access.
+    fn per16(self) -> usize {
+        match self {
+            Self::TensorCoreBf16 => 8,
+            Self::CudaCoreF32 => 4,
+        }
+    }
+
+    /// Dynamic shared memory of `pass` at head dim `d`, in bytes: the kernel files'
+    /// `fwd_smem`, `bwd_kv_smem`, `bwd_q_smem`. Tensor cores: BF16 tiles of [`FLASH_TILE`]
+    /// rows with row stride `d + 8`, three in the forward, four in each backward pass (dK/dV
+    /// also keeps the query tile's FP32 log-sum-exp and delta). CUDA cores: FP32 tiles with
+    /// row stride `d + 4` and one `[64, 64 + 4]` FP32 score tile, three tiles in the forward,
+    /// four in dK/dV (with log-sum-exp and delta); the dQ sum needs none.
+    pub(crate) fn smem(self, pass: FlashPass, d: usize) -> usize {
+        let stats = 2 * FLASH_TILE * 4;
+        match self {
+            Self::TensorCoreBf16 => {
+                let tile = FLASH_TILE * (d + 8) * 2;
+                match pass {
+                    FlashPass::Forward => 3 * tile,
+                    FlashPass::KeyValueGrads => 4 * tile + stats,
+                    FlashPass::QueryGrads => 4 * tile,
+                }
+            }
+            Self::CudaCoreF32 => {
+                let (tile, scores) = (FLASH_TILE * (d + 4) * 4, FLASH_TILE * (FLASH_TILE + 4) * 4);
+                match pass {
+                    FlashPass::Forward => 3 * tile + scores,
+                    FlashPass::KeyValueGrads => 4 * tile + scores + stats,
+                    FlashPass::QueryGrads => 0,
+                }
+            }
+        }
+    }
+
+    /// Rows per block of the backward's delta pass (`delta_rows_per_block` in the kernel
+    /// files): one 16-byte access per lane, `d` / (elements per access) lanes per row.
+    pub(crate) fn delta_rows_per_block(self, d: usize) -> usize {
+        self.threads() / (d / self.per16())
     }
 }
 
-/// Rows per block of the backward's delta pass (`delta_rows_per_block` in the kernel file):
-/// `d / 8` lanes per row, [`FLASH_WARPS`] warps.
-pub(crate) fn flash_delta_rows_per_block(d: usize) -> usize {
-    FLASH_WARPS * 32 / (d / 8)
+/// Whether attention kernels take an attention of `dims` = (B, heads, T, d) with `kernels`
+/// (none: the dtype has no kernels) whose buffers are 16-byte aligned (`aligned16`: the
+/// kernels move 16 bytes per access): `d` 64 or 128, B · heads within a grid's y extent
+/// (65535), and the largest stride, heads · T · d elements per batch entry, within `i32` (the
+/// kernels' stride arguments; offsets are computed in 64 bits). Everything else runs the
+/// cuBLAS composition.
+pub(crate) fn flash_supports(kernels: Option<FlashKernels>, (b, h, t, d): (usize, usize, usize, usize), aligned16: bool) -> bool {
+    kernels.is_some() && (d == 64 || d == 128) && aligned16 && b * h <= 65535 && h * t * d <= i32::MAX as usize
+}
+
+/// Elements of the FP32 backward's dQ partials (`dq_part` in `flash_attention_f32.cu`):
+/// `[B · heads, n, n · 64, d]` with n = ⌈T / 64⌉ tiles, key tile kt's partial for query row q
+/// at `[bh][kt][q]` (only kt ≤ q / 64 is written and read).
+pub(crate) fn flash_dq_partials((b, h, t, d): (usize, usize, usize, usize)) -> usize {
+    let n = t.div_ceil(FLASH_TILE);
+    b * h * n * n * FLASH_TILE * d
 }
 
 /// Element strides (batch entry, head, position) of q/k `[B, heads, T, d]` and of
@@ -132,33 +194,47 @@ mod tests {
         assert_eq!(*offsets.last().unwrap() as usize, ids.len());
     }
 
-    /// The shared memory of each pass (the kernel file's formulas) fits the H200's 227 KiB
-    /// per block; the forward at d = 64 fits the 48 KiB a kernel gets without opting in.
+    /// The shared memory of each pass (the kernel files' formulas) fits the H200's 227 KiB
+    /// per block; the BF16 forward at d = 64 fits the 48 KiB a kernel gets without opting in;
+    /// two FP32 dK/dV blocks at d = 64 share an SM (the kernel's launch bounds assume it).
     #[test]
     fn attention_shared_memory_fits_a_block() {
-        assert_eq!(flash_smem(FlashPass::Forward, 64), 3 * 64 * 72 * 2);
-        assert_eq!(flash_smem(FlashPass::KeyValueGrads, 128), 4 * 64 * 136 * 2 + 512);
-        assert_eq!(flash_smem(FlashPass::QueryGrads, 128), 4 * 64 * 136 * 2);
-        for pass in [FlashPass::Forward, FlashPass::KeyValueGrads, FlashPass::QueryGrads] {
-            assert!(flash_smem(pass, 128) <= 227 * 1024, "{pass:?}");
+        use FlashKernels::*;
+        assert_eq!(TensorCoreBf16.smem(FlashPass::Forward, 64), 3 * 64 * 72 * 2);
+        assert_eq!(TensorCoreBf16.smem(FlashPass::KeyValueGrads, 128), 4 * 64 * 136 * 2 + 512);
+        assert_eq!(TensorCoreBf16.smem(FlashPass::QueryGrads, 128), 4 * 64 * 136 * 2);
+        assert_eq!(CudaCoreF32.smem(FlashPass::Forward, 64), (3 * 64 * 68 + 64 * 68) * 4);
+        assert_eq!(CudaCoreF32.smem(FlashPass::KeyValueGrads, 128), (4 * 64 * 132 + 64 * 68 + 128) * 4);
+        assert_eq!(CudaCoreF32.smem(FlashPass::QueryGrads, 64), 0);
+        for kernels in [TensorCoreBf16, CudaCoreF32] {
+            for pass in [FlashPass::Forward, FlashPass::KeyValueGrads, FlashPass::QueryGrads] {
+                assert!(kernels.smem(pass, 128) <= 227 * 1024, "{kernels:?} {pass:?}");
+            }
         }
-        assert!(flash_smem(FlashPass::Forward, 64) <= 48 * 1024);
-        assert_eq!([64, 128].map(flash_delta_rows_per_block), [16, 8]);
+        assert!(TensorCoreBf16.smem(FlashPass::Forward, 64) <= 48 * 1024);
+        assert!(2 * CudaCoreF32.smem(FlashPass::KeyValueGrads, 64) <= 228 * 1024 - 2 * 1024);
+        assert_eq!([64, 128].map(|d| TensorCoreBf16.delta_rows_per_block(d)), [16, 8]);
+        assert_eq!([64, 128].map(|d| CudaCoreF32.delta_rows_per_block(d)), [16, 8]);
+        assert_eq!(flash_dq_partials((128, 10, 256, 64)), 1280 * 4 * 256 * 64);
+        assert_eq!(flash_dq_partials((2, 3, 19, 64)), 6 * 64 * 64);
     }
 
-    /// The tensor-core kernels take BF16 at d 64 and 128 with aligned buffers, within the
-    /// grid's and the stride arguments' ranges; everything else goes to the composition.
+    /// The kernels take BF16 and FP32 at d 64 and 128 with aligned buffers, within the grid's
+    /// and the stride arguments' ranges; everything else goes to the composition.
     #[test]
     fn attention_sizes_beyond_the_kernels_fall_back() {
+        use candle_core::DType;
         let ok = (128, 10, 256, 64);
-        assert!(flash_supports(true, ok, true));
-        assert!(flash_supports(true, (1, 1, 2048, 128), true));
-        assert!(!flash_supports(false, ok, true), "FP32");
-        assert!(!flash_supports(true, ok, false), "unaligned");
-        assert!(!flash_supports(true, (2, 2, 40, 32), true), "d = 32");
-        assert!(flash_supports(true, (65535, 1, 16, 64), true));
-        assert!(!flash_supports(true, (65536, 1, 16, 64), true), "B x heads > 65535");
-        assert!(!flash_supports(true, (1, 64, 1 << 19, 64), true), "heads x T x d > i32");
+        let bf16 = FlashKernels::of(DType::BF16);
+        assert!(flash_supports(bf16, ok, true));
+        assert!(flash_supports(bf16, (1, 1, 2048, 128), true));
+        assert!(flash_supports(FlashKernels::of(DType::F32), ok, true));
+        assert!(!flash_supports(FlashKernels::of(DType::F16), ok, true), "F16");
+        assert!(!flash_supports(bf16, ok, false), "unaligned");
+        assert!(!flash_supports(bf16, (2, 2, 40, 32), true), "d = 32");
+        assert!(flash_supports(bf16, (65535, 1, 16, 64), true));
+        assert!(!flash_supports(bf16, (65536, 1, 16, 64), true), "B x heads > 65535");
+        assert!(!flash_supports(bf16, (1, 64, 1 << 19, 64), true), "heads x T x d > i32");
         assert_eq!(flash_strides((2, 10, 256, 64)), [163840, 16384, 64, 163840, 64, 640]);
     }
 }

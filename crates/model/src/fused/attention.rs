@@ -1,9 +1,9 @@
 //! Causal self-attention (reference: the scores, softmax and product of
-//! [`crate::attention::Attention::forward`]). BF16 with head dim 64 or 128: the tensor-core
-//! FlashAttention-2 kernels ([`super::flash`]: no `[T, T]` matrix in memory, no head
-//! relayout). Otherwise (FP32, other head dims): scores by cuBLAS, a fused causal softmax,
-//! and a backward that recomputes the scores instead of keeping them (the `[T, T]` matrices
-//! exist only inside one pass of one layer).
+//! [`crate::attention::Attention::forward`]). Head dim 64 or 128: the FlashAttention-2
+//! kernels ([`super::flash`]: tensor cores for BF16, CUDA cores for FP32; no `[T, T]`
+//! matrix in memory, no head relayout). Otherwise (other head dims, unaligned buffers):
+//! scores by cuBLAS, a fused causal softmax, and a backward that recomputes the scores
+//! instead of keeping them (the `[T, T]` matrices exist only inside one pass of one layer).
 
 use super::{args, alloc, cuda_device, flash, grid, launch, tensor_ptr, wrap, Gemm, THREADS};
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Shape, Tensor};
@@ -37,16 +37,18 @@ fn probabilities(dev: &CudaDevice, dtype: DType, q: u64, k: u64, (bh, t, d): (us
 }
 
 /// `softmax(q kᵀ · scale + causal mask) v` per batch entry and head, with the rows'
-/// log-sum-exp of the scaled scores where the tensor-core kernels ran ([`backward`]'s input).
+/// log-sum-exp of the scaled scores where the FlashAttention-2 kernels ran ([`backward`]'s
+/// input).
 ///
 /// `q`, `k`: contiguous `[B, heads, T, d]` (as [`super::rope::forward`] gives them); `v`:
 /// contiguous `[B, T, heads · d]` (a projection's output); one dtype (BF16 or F32), as many
 /// key/value heads as query heads → (`[B, T, heads · d]` (the output projection's input),
 /// `[B · heads, T]` F32 or `None`). Scores are accumulated and normalised in FP32; the
 /// probabilities are rounded to the input dtype before the product with `v` (as the composed
-/// path). BF16 with head dim 64 or 128 runs FlashAttention-2 (Dao 2023) on tensor cores,
+/// path). Head dim 64 or 128 runs FlashAttention-2 (Dao 2023): on tensor cores in BF16,
 /// whose softmax normaliser sums the unrounded probabilities (the composed path normalises,
-/// then rounds); the rest, cuBLAS products with `[T, T]` FP32 scores.
+/// then rounds), on CUDA cores in FP32 (FP32 products, no TF32); the rest, cuBLAS products
+/// with `[T, T]` FP32 scores.
 pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor, Option<Tensor>)> {
     let dims4 = q.dims4()?;
     let (b, h, t, d) = dims4;
@@ -56,7 +58,7 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor
     let (dev, dtype, scale) = (cuda_device(q)?, q.dtype(), scale as f32);
     let (qp, kp, vp) = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?);
     if flash::supports(dtype, dims4, &[qp, kp, vp]) {
-        let (o, lse) = flash::forward(&dev, (qp, kp, vp), dims4, scale)?;
+        let (o, lse) = flash::forward(&dev, dtype, (qp, kp, vp), dims4, scale)?;
         return Ok((wrap(o, v.shape().clone()), Some(wrap(lse, (b * h, t)))));
     }
     let (bh, t, d) = dims(q.shape())?;
@@ -85,7 +87,7 @@ pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Ten
         let d_out = if super::aligned16(&[tensor_ptr(&d_out, "dO")?]) { d_out } else { d_out.copy()? };
         let inputs = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?);
         let saved = (tensor_ptr(o, "o")?, tensor_ptr(lse, "lse")?, tensor_ptr(&d_out, "dO")?);
-        let (dq, dk, dv) = flash::backward(&dev, inputs, saved, q.dims4()?, scale)?;
+        let (dq, dk, dv) = flash::backward(&dev, dtype, inputs, saved, q.dims4()?, scale)?;
         return Ok((wrap(dq, q.shape().clone()), wrap(dk, k.shape().clone()), wrap(dv, v.shape().clone())));
     }
     let (bh, t, d) = dims(q.shape())?;

@@ -1,73 +1,104 @@
-//! Host side of the tensor-core causal attention (`kernels/model/flash_attention.cu`:
-//! FlashAttention-2, Dao 2023): which inputs it takes, its launch geometry and shared
-//! memory, and its forward and backward passes over device addresses.
+//! Host side of the fused causal attention: FlashAttention-2 (Dao 2023) on tensor cores for
+//! BF16 (`kernels/model/flash_attention.cu`) and on CUDA cores for FP32
+//! (`kernels/model/flash_attention_f32.cu`, FP32 products, no TF32): which inputs they take,
+//! their launch geometry and shared memory, and their forward and backward passes over
+//! device addresses.
 //!
 //! Layouts: q, k (and dq, dk) `[B, heads, T, d]` as RoPE writes them; v, o, dO (and dv)
 //! `[B, T, heads · d]` as the projections write and read them: the kernels index both
 //! through strides, so no head relayout runs.
 
 use super::{alloc, args, launch_in, Module};
-use crate::fused_sizes::{flash_delta_rows_per_block, flash_smem, flash_strides, flash_supports, FlashPass, FLASH_TILE, FLASH_WARPS};
+use crate::fused_sizes::{flash_dq_partials, flash_strides, flash_supports, FlashKernels, FlashPass, FLASH_TILE};
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CudaDevice, CudaStorage, DType, Result};
 
-/// Whether the tensor-core kernels take a `dtype` attention of `dims` = (B, heads, T, d)
-/// whose buffers start at `ptrs` ([`flash_supports`]: BF16, d 64 or 128, 16-byte aligned,
-/// within the grid's and the stride arguments' ranges).
+/// Whether the kernels take a `dtype` attention of `dims` = (B, heads, T, d) whose buffers
+/// start at `ptrs` ([`flash_supports`]: BF16 or F32, d 64 or 128, 16-byte aligned, within
+/// the grid's and the stride arguments' ranges).
 pub(crate) fn supports(dtype: DType, dims: (usize, usize, usize, usize), ptrs: &[u64]) -> bool {
-    flash_supports(dtype == DType::BF16, dims, super::aligned16(ptrs))
+    flash_supports(FlashKernels::of(dtype), dims, super::aligned16(ptrs))
 }
 
-/// One block of [`FLASH_WARPS`] warps per (tile of [`FLASH_TILE`] rows, batch entry × head),
-/// with `pass`'s shared memory ([`flash_smem`]).
-fn config(pass: FlashPass, (b, h, t, d): (usize, usize, usize, usize)) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (t.div_ceil(FLASH_TILE) as u32, (b * h) as u32, 1),
-        block_dim: ((FLASH_WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: flash_smem(pass, d) as u32,
+/// The kernels of `dtype` and their compiled file.
+fn kernels(dtype: DType) -> Result<(FlashKernels, Module)> {
+    match FlashKernels::of(dtype) {
+        Some(k @ FlashKernels::TensorCoreBf16) => Ok((k, Module::Flash)),
+        Some(k @ FlashKernels::CudaCoreF32) => Ok((k, Module::FlashF32)),
+        None => candle_core::bail!("fused attention: no kernels for {dtype:?}"),
     }
 }
 
-/// The causal attention of q, k `[B, heads, T, d]` and v `[B, T, heads · d]` (BF16 device
-/// addresses, `dims` = (B, heads, T, d), scores times `scale`): O `[B, T, heads · d]` (BF16)
-/// and the rows' log-sum-exp of the scaled scores `[B · heads, T]` (F32), which the backward
-/// needs.
-pub(crate) fn forward(dev: &CudaDevice, (q, k, v): (u64, u64, u64), dims: (usize, usize, usize, usize), scale: f32) -> Result<(CudaStorage, CudaStorage)> {
+/// One block per (tile of [`FLASH_TILE`] rows, batch entry × head), with `pass`'s shared
+/// memory.
+fn config(kernels: FlashKernels, pass: FlashPass, (b, h, t, d): (usize, usize, usize, usize)) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (t.div_ceil(FLASH_TILE) as u32, (b * h) as u32, 1),
+        block_dim: (kernels.threads() as u32, 1, 1),
+        shared_mem_bytes: kernels.smem(pass, d) as u32,
+    }
+}
+
+/// `blocks` blocks of the kernels' width without shared memory.
+fn flat(kernels: FlashKernels, blocks: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (kernels.threads() as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The causal attention of q, k `[B, heads, T, d]` and v `[B, T, heads · d]` (`dtype` device
+/// addresses, BF16 or F32, `dims` = (B, heads, T, d), scores times `scale`): O
+/// `[B, T, heads · d]` (`dtype`) and the rows' log-sum-exp of the scaled scores
+/// `[B · heads, T]` (F32), which the backward needs.
+pub(crate) fn forward(dev: &CudaDevice, dtype: DType, (q, k, v): (u64, u64, u64), dims: (usize, usize, usize, usize), scale: f32) -> Result<(CudaStorage, CudaStorage)> {
     let (b, h, t, d) = dims;
-    let (o_s, o) = alloc(dev, DType::BF16, b * t * h * d)?;
+    let (kern, module) = kernels(dtype)?;
+    let (o_s, o) = alloc(dev, dtype, b * t * h * d)?;
     let (lse_s, lse) = alloc(dev, DType::F32, b * h * t)?;
     let [qb, qh, qt, vb, vh, vt] = flash_strides(dims);
     let a = args![q, k, v, o, lse, h as i32, t as i32, qb, qh, qt, vb, vh, vt, scale];
-    launch_in(dev, Module::Flash, &format!("flash_fwd_d{d}"), DType::BF16, config(FlashPass::Forward, dims), &a)?;
+    launch_in(dev, module, &format!("flash_fwd_d{d}"), dtype, config(kern, FlashPass::Forward, dims), &a)?;
     Ok((o_s, lse_s))
 }
 
-/// The gradients (dq, dk `[B, heads, T, d]`, dv `[B, T, heads · d]`, BF16) of the causal
+/// The gradients (dq, dk `[B, heads, T, d]`, dv `[B, T, heads · d]`, `dtype`) of the causal
 /// attention from its inputs, its output `o`, the forward's log-sum-exp `lse` and the
-/// output's gradient `d_o` (`[B, T, heads · d]`): FlashAttention-2's backward, with dK/dV
-/// and dQ in two kernels so that no sum needs atomics (the same bits run to run).
+/// output's gradient `d_o` (`[B, T, heads · d]`): FlashAttention-2's backward without
+/// atomics (the same bits run to run). dK and dV come from a pass over key tiles; dQ from a
+/// pass over query tiles (BF16) or from the sum of FP32 partials that the key-tile pass
+/// writes, one `[64, d]` per pair of tiles ([`flash_dq_partials`] elements, freed on return).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &CudaDevice,
+    dtype: DType,
     (q, k, v): (u64, u64, u64),
     (o, lse, d_o): (u64, u64, u64),
     dims: (usize, usize, usize, usize),
     scale: f32,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let (b, h, t, d) = dims;
+    let (kern, module) = kernels(dtype)?;
     let n = b * h * t * d;
     let [qb, qh, qt, vb, vh, vt] = flash_strides(dims);
     let (_delta_s, delta) = alloc(dev, DType::F32, b * h * t)?;
     let rows = b * h * t;
-    let rows_per_block = flash_delta_rows_per_block(d);
-    let delta_cfg = LaunchConfig { grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1), block_dim: ((FLASH_WARPS * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let a = args![o, d_o, delta, h as i32, t as i32, rows as i32, vb, vh, vt];
-    launch_in(dev, Module::Flash, &format!("flash_bwd_delta_d{d}"), DType::BF16, delta_cfg, &a)?;
-    let ((dq_s, dq), (dk_s, dk), (dv_s, dv)) = (alloc(dev, DType::BF16, n)?, alloc(dev, DType::BF16, n)?, alloc(dev, DType::BF16, n)?);
+    launch_in(dev, module, &format!("flash_bwd_delta_d{d}"), dtype, flat(kern, rows.div_ceil(kern.delta_rows_per_block(d))), &a)?;
+    let ((dq_s, dq), (dk_s, dk), (dv_s, dv)) = (alloc(dev, dtype, n)?, alloc(dev, dtype, n)?, alloc(dev, dtype, n)?);
     let (hi, ti) = (h as i32, t as i32);
-    let a = args![q, k, v, d_o, lse, delta, dk, dv, hi, ti, qb, qh, qt, vb, vh, vt, scale];
-    launch_in(dev, Module::Flash, &format!("flash_bwd_kv_d{d}"), DType::BF16, config(FlashPass::KeyValueGrads, dims), &a)?;
-    let a = args![q, k, v, d_o, lse, delta, dq, hi, ti, qb, qh, qt, vb, vh, vt, scale];
-    launch_in(dev, Module::Flash, &format!("flash_bwd_q_d{d}"), DType::BF16, config(FlashPass::QueryGrads, dims), &a)?;
+    match kern {
+        FlashKernels::TensorCoreBf16 => {
+            let a = args![q, k, v, d_o, lse, delta, dk, dv, hi, ti, qb, qh, qt, vb, vh, vt, scale];
+            launch_in(dev, module, &format!("flash_bwd_kv_d{d}"), dtype, config(kern, FlashPass::KeyValueGrads, dims), &a)?;
+            let a = args![q, k, v, d_o, lse, delta, dq, hi, ti, qb, qh, qt, vb, vh, vt, scale];
+            launch_in(dev, module, &format!("flash_bwd_q_d{d}"), dtype, config(kern, FlashPass::QueryGrads, dims), &a)?;
+        }
+        FlashKernels::CudaCoreF32 => {
+            let (_part_s, part) = alloc(dev, DType::F32, flash_dq_partials(dims))?;
+            let a = args![q, k, v, d_o, lse, delta, dk, dv, part, hi, ti, qb, qh, qt, vb, vh, vt, scale];
+            launch_in(dev, module, &format!("flash_bwd_kv_d{d}"), dtype, config(kern, FlashPass::KeyValueGrads, dims), &a)?;
+            let tiles = t.div_ceil(FLASH_TILE) as i32;
+            let a = args![part, dq, hi, ti, tiles, rows as i32, qb, qh, qt];
+            launch_in(dev, module, &format!("flash_dq_sum_d{d}"), dtype, flat(kern, (rows * d / 4).div_ceil(kern.threads())), &a)?;
+        }
+    }
     Ok((dq_s, dk_s, dv_s))
 }

@@ -17,8 +17,9 @@
 //! ([`crate::Llama::training_pass`]), which writes the weights' gradients as [`WeightGrad`]
 //! says: new tensors, or added into FP32 sums over micro-batches by the products themselves.
 //!
-//! The kernels are `kernels/model/ops.cu` and `kernels/model/flash_attention.cu` (the BF16
-//! attention on tensor cores, `flash`), compiled to fatbins at build time and launched on
+//! The kernels are `kernels/model/ops.cu`, `kernels/model/flash_attention.cu` (the BF16
+//! attention on tensor cores, `flash`) and `kernels/model/flash_attention_f32.cu` (the FP32
+//! attention on CUDA cores), compiled to fatbins at build time and launched on
 //! candle's stream; the matrix products go through cuBLAS (`cublasGemmStridedBatchedEx`,
 //! FP32 accumulation; TF32 for FP32 inputs when candle's `set_gemm_reduced_precision_f32`
 //! is on). BF16 and FP32 tensors; every reduction runs in a fixed order, so two runs give
@@ -47,6 +48,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 const OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
 const FLASH_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_attention.fatbin"));
+const FLASH_F32_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_attention_f32.fatbin"));
 
 /// Threads per block of every kernel (the row kernels run one row per warp, 8 per block).
 pub(crate) const THREADS: u32 = 256;
@@ -65,6 +67,8 @@ pub(crate) enum Module {
     Ops,
     /// `flash_attention.cu`: the tensor-core attention ([`flash`]).
     Flash,
+    /// `flash_attention_f32.cu`: the FP32 attention on CUDA cores ([`flash`]).
+    FlashF32,
 }
 
 /// Kernel `<name>_<bf16|f32>` of `module` on `dev` (each module is loaded once per device,
@@ -85,6 +89,7 @@ pub(crate) fn kernel(dev: &CudaDevice, module: Module, name: &str, dtype: DType)
             let bin = match module {
                 Module::Ops => OPS_BIN,
                 Module::Flash => FLASH_BIN,
+                Module::FlashF32 => FLASH_F32_BIN,
             };
             let loaded = dev.cuda_stream().context().load_module(Ptx::from_binary(bin.to_vec())).map_err(err)?;
             e.insert((loaded, HashMap::new()))

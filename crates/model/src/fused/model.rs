@@ -15,7 +15,7 @@ use candle_core::{Result, Tensor};
 
 /// What one layer's backward needs from its forward: the layer's input, the normed input,
 /// q and k after RoPE (`[B, heads, T, d]`), the v projection, the attention output and its
-/// rows' log-sum-exp (the tensor-core attention), the residual stream after attention, its
+/// rows' log-sum-exp (the FlashAttention-2 kernels), the residual stream after attention, its
 /// norm, the packed gate/up weight and product, and the SwiGLU output.
 struct Saved {
     x: Tensor,

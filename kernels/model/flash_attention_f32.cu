@@ -1,0 +1,410 @@
+// Causal self-attention in FP32 on CUDA cores (FFMA, no TF32), for FP32 models whose matrix
+// products stay FP32: the FlashAttention-2 algorithm of flash_attention.cu (Dao 2023,
+// Algorithms 1 and 2) with the score tiles' products on FP32 fused multiply-adds. No [T, T]
+// matrix in memory in either pass; the backward recomputes the probabilities from the
+// forward's log-sum-exp. Head dim D in {64, 128}.
+//
+// Layouts: as flash_attention.cu: any [B, heads, T, D] view with D contiguous, given as element
+// strides per batch entry, head and position (q, k and dq, dk share one set; v, o, do and dv
+// another), so no head relayout is needed.
+//
+// Rounding: FP32 throughout (the composed FP32 path's products and softmax in another order);
+// exponentials are base 2 of scores times scale * log2(e) (`ex2.approx`, relative error about
+// 2^-22); the log-sum-exp is stored in natural units.
+//
+// Determinism: no atomics. dK and dV are summed by the block that owns a key tile over the
+// query tiles in order. That block also writes its dQ contributions, one FP32 [64, D] partial
+// per (key tile, query tile) (FA2 adds them with atomics); a last pass sums each query tile's
+// partials over the key tiles in order.
+//
+// Work: a block of 256 threads owns a tile of 64 rows (queries in the forward, keys in the
+// backward) of one (batch entry, head). Thread (ty, tx) = (tid / 16, tid % 16) holds score
+// entries (ty + 16i, tx + 16j), i, j < 4, and output entries (ty + 16i, 4tx + 64c + e), e < 4,
+// c < D / 64. Tiles sit in shared memory row-major with row stride D + 4 floats (an odd number
+// of 16-byte units: the 16-byte reads of 8 rows 1 apart fall in 8 different bank groups);
+// every product reads both operands 16 bytes at a time along its reduction dimension, so one
+// shared load feeds 8 FMAs.
+
+#include <stdint.h>
+
+#define BR 64        // rows per tile
+#define NT 256       // threads per block
+#define LP (BR + 4)  // row stride of a [BR, BR] score tile
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// Element strides of a [B, heads, T, D] view (D contiguous).
+struct View {
+    int b, h, t;
+};
+
+// Row stride of a [BR, D] tile in shared memory, in floats.
+template <int D> __host__ __device__ constexpr int ld() { return D + 4; }
+
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float at(const float4& v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
+
+// The sum and the maximum over the 16 threads of a row (one half-warp: same ty).
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+    for (int w = 1; w < 16; w <<= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
+    return x;
+}
+__device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+    for (int w = 1; w < 16; w <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, w));
+    return x;
+}
+
+// Copies rows [r0, r0 + BR) of one head (base: its row 0) into a [BR, D] shared tile with
+// 16-byte loads; rows at or past t are zero.
+template <int D>
+__device__ __forceinline__ void load_tile(float* dst, const float* base, int stride_t, int r0, int t) {
+    constexpr int CHUNKS = D / 4;
+    for (int i = threadIdx.x; i < BR * CHUNKS; i += NT) {
+        int r = i / CHUNKS, c = (i % CHUNKS) * 4;
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r0 + r < t) val = *reinterpret_cast<const float4*>(base + (size_t)(r0 + r) * stride_t + c);
+        *reinterpret_cast<float4*>(dst + r * ld<D>() + c) = val;
+    }
+}
+
+// s[i][j] = a[ty + 16i] · b[tx + 16j] (rows of two [BR, D] tiles).
+template <int D> __device__ __forceinline__ void scores(float (&s)[4][4], const float* a, const float* b) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) s[i][j] = 0.f;
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+        float4 x[4], y[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = *reinterpret_cast<const float4*>(a + (ty + 16 * i) * ld<D>() + d);
+#pragma unroll
+        for (int j = 0; j < 4; j++) y[j] = *reinterpret_cast<const float4*>(b + (tx + 16 * j) * ld<D>() + d);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                s[i][j] = fmaf(x[i].x, y[j].x, s[i][j]);
+                s[i][j] = fmaf(x[i].y, y[j].y, s[i][j]);
+                s[i][j] = fmaf(x[i].z, y[j].z, s[i][j]);
+                s[i][j] = fmaf(x[i].w, y[j].w, s[i][j]);
+            }
+    }
+}
+
+// acc[i][4c + e] += sum over k of p[ty + 16i][k] · v[k][4tx + 64c + e]: p a [BR, BR] score
+// tile (row stride LP), v a [BR, D] tile.
+template <int D> __device__ __forceinline__ void times_tile(float (&acc)[4][D / 16], const float* p, const float* v) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll 2
+    for (int k = 0; k < BR; k += 4) {
+        float4 x[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = *reinterpret_cast<const float4*>(p + (ty + 16 * i) * LP + k);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            float4 y[D / 64];
+#pragma unroll
+            for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + (k + kk) * ld<D>() + 4 * tx + 64 * c);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float xi = at(x[i], kk);
+#pragma unroll
+                for (int c = 0; c < D / 64; c++) {
+                    acc[i][4 * c] = fmaf(xi, y[c].x, acc[i][4 * c]);
+                    acc[i][4 * c + 1] = fmaf(xi, y[c].y, acc[i][4 * c + 1]);
+                    acc[i][4 * c + 2] = fmaf(xi, y[c].z, acc[i][4 * c + 2]);
+                    acc[i][4 * c + 3] = fmaf(xi, y[c].w, acc[i][4 * c + 3]);
+                }
+            }
+        }
+    }
+}
+
+// acc[i][4c + e] = sum over k of p[k][4ty + i] · v[k][4tx + 64c + e]: the product with the
+// score tile transposed (rows 4ty .. 4ty + 3 of pᵀ v).
+template <int D> __device__ __forceinline__ void transposed_times_tile(float (&acc)[4][D / 16], const float* p, const float* v) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < D / 16; e++) acc[i][e] = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < BR; k++) {
+        float4 x = *reinterpret_cast<const float4*>(p + k * LP + 4 * ty);
+        float4 y[D / 64];
+#pragma unroll
+        for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + k * ld<D>() + 4 * tx + 64 * c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float xi = at(x, i);
+#pragma unroll
+            for (int c = 0; c < D / 64; c++) {
+                acc[i][4 * c] = fmaf(xi, y[c].x, acc[i][4 * c]);
+                acc[i][4 * c + 1] = fmaf(xi, y[c].y, acc[i][4 * c + 1]);
+                acc[i][4 * c + 2] = fmaf(xi, y[c].z, acc[i][4 * c + 2]);
+                acc[i][4 * c + 3] = fmaf(xi, y[c].w, acc[i][4 * c + 3]);
+            }
+        }
+    }
+}
+
+// Writes row `row` of an output (base: the head's row 0) from acc[i] times `factor`, if
+// row < t: the thread's columns 4tx + 64c .. + 3, 16 bytes each.
+template <int D>
+__device__ __forceinline__ void store_row(float* base, int stride_t, int row, int t, const float (&acc)[D / 16], float factor) {
+    int tx = threadIdx.x & 15;
+    if (row >= t) return;
+#pragma unroll
+    for (int c = 0; c < D / 64; c++)
+        *reinterpret_cast<float4*>(base + (size_t)row * stride_t + 4 * tx + 64 * c) =
+            make_float4(acc[4 * c] * factor, acc[4 * c + 1] * factor, acc[4 * c + 2] * factor, acc[4 * c + 3] * factor);
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward: per query tile, over key tiles 0..tile (causal), the online softmax
+// m' = max(m, rowmax(S)), l' = l e^(m - m') + rowsum(e^(S - m')), O' = O e^(m - m') + P V,
+// and at the end O / l and lse = m + log(l) (S already times scale). Each thread sums l over
+// its own columns; the row's 16 threads add theirs at the end.
+// Shared memory: q, k, v tiles and the probabilities P.
+
+template <int D> __host__ __device__ constexpr int fwd_smem() { return (3 * BR * ld<D>() + BR * LP) * 4; }
+
+template <int D>
+__device__ void flash_fwd(const float* q, const float* k, const float* v, float* o, float* lse, int heads, int t,
+                          View qk, View vo, float scale) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* sq = reinterpret_cast<float*>(smem);
+    float *sk = sq + BR * ld<D>(), *sv = sk + BR * ld<D>(), *sp = sv + BR * ld<D>();
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
+    int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
+    const float* qb = q + (size_t)bi * qk.b + (size_t)hi * qk.h;
+    const float* kb = k + (size_t)bi * qk.b + (size_t)hi * qk.h;
+    const float* vb = v + (size_t)bi * vo.b + (size_t)hi * vo.h;
+    int q0 = tile * BR;
+    float sl2 = scale * LOG2E;
+
+    load_tile<D>(sq, qb, qk.t, q0, t);
+    float acc[4][D / 16], m[4], l[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+#pragma unroll
+        for (int e = 0; e < D / 16; e++) acc[i][e] = 0.f;
+    }
+    for (int kt = 0; kt <= tile; kt++) {
+        int k0 = kt * BR;
+        __syncthreads();  // the previous key tile and probabilities are no longer read
+        load_tile<D>(sk, kb, qk.t, k0, t);
+        load_tile<D>(sv, vb, vo.t, k0, t);
+        __syncthreads();
+        float s[4][4];
+        scores<D>(s, sq, sk);
+        bool edge = kt == tile || k0 + BR > t;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = q0 + ty + 16 * i;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int key = k0 + tx + 16 * j;
+                float x = s[i][j] * sl2;
+                if (edge && (key > row || key >= t)) x = -INFINITY;
+                s[i][j] = x;
+                mx = fmaxf(mx, x);
+            }
+            float m_new = fmaxf(m[i], row_max(mx));  // finite: key 0 <= row is valid in the first tile
+            float alpha = exp2_approx(m[i] - m_new);
+            m[i] = m_new;
+            l[i] *= alpha;
+#pragma unroll
+            for (int e = 0; e < D / 16; e++) acc[i][e] *= alpha;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float p = exp2_approx(s[i][j] - m_new);
+                l[i] += p;
+                sp[(ty + 16 * i) * LP + tx + 16 * j] = p;
+            }
+        }
+        __syncthreads();
+        times_tile<D>(acc, sp, sv);
+    }
+    float* ob = o + (size_t)bi * vo.b + (size_t)hi * vo.h;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float li = row_sum(l[i]);
+        int row = q0 + ty + 16 * i;
+        if (tx == 0 && row < t) lse[(size_t)bh * t + row] = (m[i] + __log2f(li)) * LN2;
+        store_row<D>(ob, vo.t, row, t, acc[i], 1.0f / li);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, step 1: delta[row] = rowsum(dO * O) (= rowsum(P * dP)), FP32 [B * heads, T];
+// D / 4 lanes per row, 4 elements (16 bytes) per lane.
+
+template <int D> __host__ __device__ constexpr int delta_rows_per_block() { return NT / (D / 4); }
+
+template <int D>
+__device__ void flash_bwd_delta(const float* o, const float* d_o, float* delta, int heads, int t, int rows, View vo) {
+    constexpr int LANES = D / 4;
+    int row = blockIdx.x * delta_rows_per_block<D>() + threadIdx.x / LANES, part = threadIdx.x % LANES;
+    float s = 0.f;
+    if (row < rows) {
+        int bh = row / t, p = row % t, bi = bh / heads, hi = bh % heads;
+        size_t off = (size_t)bi * vo.b + (size_t)hi * vo.h + (size_t)p * vo.t + part * 4;
+        float4 a = *reinterpret_cast<const float4*>(o + off), b = *reinterpret_cast<const float4*>(d_o + off);
+        s = a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+#pragma unroll
+    for (int w = LANES / 2; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
+    if (row < rows && part == 0) delta[row] = s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, step 2: per key tile, over query tiles tile..last (causal), with the keys as
+// rows: Sᵀ = K Qᵀ, Pᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ, dSᵀ = scale · Pᵀ ∘ (dPᵀ − delta),
+// dK += dSᵀ Q, and the partial dQ = dS K of this (key tile, query tile) pair into
+// `dq_part` [B * heads, key tiles, key tiles * BR, D] (tile kt's partials for query rows
+// q at [bh][kt][q]).
+// Shared memory: k, v, q, dO tiles; Pᵀ, then dSᵀ; lse (times log2 e; +inf past t, so P = 0
+// there) and delta of the query tile.
+
+template <int D> __host__ __device__ constexpr int bwd_kv_smem() { return (4 * BR * ld<D>() + BR * LP + 2 * BR) * 4; }
+
+template <int D>
+__device__ void flash_bwd_kv(const float* q, const float* k, const float* v, const float* d_o, const float* lse,
+                             const float* delta, float* dk, float* dv, float* dq_part, int heads, int t, View qk,
+                             View vo, float scale) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* sk = reinterpret_cast<float*>(smem);
+    float *sv = sk + BR * ld<D>(), *sq = sv + BR * ld<D>(), *sdo = sq + BR * ld<D>(), *sp = sdo + BR * ld<D>();
+    float *slse = sp + BR * LP, *sdelta = slse + BR;
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    int ntiles = gridDim.x, tile = blockIdx.x;  // the longest tiles first
+    int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
+    size_t qk_off = (size_t)bi * qk.b + (size_t)hi * qk.h, vo_off = (size_t)bi * vo.b + (size_t)hi * vo.h;
+    int k0 = tile * BR;
+    float sl2 = scale * LOG2E;
+    load_tile<D>(sk, k + qk_off, qk.t, k0, t);
+    load_tile<D>(sv, v + vo_off, vo.t, k0, t);
+    float dk_acc[4][D / 16], dv_acc[4][D / 16];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < D / 16; e++) dk_acc[i][e] = dv_acc[i][e] = 0.f;
+    for (int qt = tile; qt < ntiles; qt++) {
+        int q0 = qt * BR;
+        __syncthreads();  // the previous query tile and dSᵀ are no longer read
+        load_tile<D>(sq, q + qk_off, qk.t, q0, t);
+        load_tile<D>(sdo, d_o + vo_off, vo.t, q0, t);
+        for (int i = threadIdx.x; i < BR; i += NT) {
+            bool in = q0 + i < t;
+            slse[i] = in ? lse[(size_t)bh * t + q0 + i] * LOG2E : INFINITY;
+            sdelta[i] = in ? delta[(size_t)bh * t + q0 + i] : 0.f;
+        }
+        __syncthreads();
+        float p[4][4], ds[4][4];
+        scores<D>(p, sk, sq);  // Sᵀ
+        bool diagonal = qt == tile;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int key = k0 + ty + 16 * i, col = tx + 16 * j;
+                float x = exp2_approx(p[i][j] * sl2 - slse[col]);
+                p[i][j] = (diagonal && q0 + col < key) || key >= t ? 0.f : x;
+                sp[(ty + 16 * i) * LP + col] = p[i][j];
+            }
+        scores<D>(ds, sv, sdo);  // dPᵀ
+        __syncthreads();
+        times_tile<D>(dv_acc, sp, sdo);  // dV += Pᵀ dO
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) ds[i][j] = scale * p[i][j] * (ds[i][j] - sdelta[tx + 16 * j]);
+        __syncthreads();  // Pᵀ is no longer read
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) sp[(ty + 16 * i) * LP + tx + 16 * j] = ds[i][j];
+        __syncthreads();
+        times_tile<D>(dk_acc, sp, sq);  // dK += dSᵀ Q
+        float dq[4][D / 16];
+        transposed_times_tile<D>(dq, sp, sk);  // dQ (this pair) = dS K
+        float* part = dq_part + (((size_t)bh * ntiles + tile) * ntiles * BR) * D;
+#pragma unroll
+        for (int i = 0; i < 4; i++) store_row<D>(part, D, q0 + 4 * ty + i, t, dq[i], 1.f);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        store_row<D>(dk + qk_off, qk.t, k0 + ty + 16 * i, t, dk_acc[i], 1.f);
+        store_row<D>(dv + vo_off, vo.t, k0 + ty + 16 * i, t, dv_acc[i], 1.f);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, step 3: dQ[row] = the sum of row's partials over key tiles 0..row / BR, in that
+// order; one thread per 4 elements.
+
+template <int D>
+__device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, int ntiles, int rows, View qk) {
+    constexpr int CHUNKS = D / 4;
+    size_t i = (size_t)blockIdx.x * NT + threadIdx.x;
+    if (i >= (size_t)rows * CHUNKS) return;
+    int c = (int)(i % CHUNKS) * 4, r = (int)(i / CHUNKS), bh = r / t, row = r % t;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int kt = 0; kt <= row / BR; kt++) {
+        float4 x = *reinterpret_cast<const float4*>(dq_part + (((size_t)bh * ntiles + kt) * ntiles * BR + row) * D + c);
+        s.x += x.x;
+        s.y += x.y;
+        s.z += x.z;
+        s.w += x.w;
+    }
+    int bi = bh / heads, hi = bh % heads;
+    *reinterpret_cast<float4*>(dq + (size_t)bi * qk.b + (size_t)hi * qk.h + (size_t)row * qk.t + c) = s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points: flash_<pass>_d<D>_f32. Shared memory sizes (bytes), the delta pass's rows per
+// block and the dQ partials' layout must match the host's (crates/model/src/fused_sizes.rs).
+// The dK/dV pass at D = 64 is held to 128 registers so that two blocks share an SM (its
+// shared memory allows two; a few spilled values cost less than half the warps).
+
+#define FLASH_F32_ENTRY(D, KV_BLOCKS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(NT)                                                              \
+        flash_fwd_d##D##_f32(const float* q, const float* k, const float* v, float* o, float* lse, int heads,     \
+                             int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t, float scale) {    \
+        flash_fwd<D>(q, k, v, o, lse, heads, t, View{qk_b, qk_h, qk_t}, View{vo_b, vo_h, vo_t}, scale);           \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(NT)                                                              \
+        flash_bwd_delta_d##D##_f32(const float* o, const float* d_o, float* delta, int heads, int t, int rows,    \
+                                   int vo_b, int vo_h, int vo_t) {                                                \
+        flash_bwd_delta<D>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                                \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(NT, KV_BLOCKS)                                                   \
+        flash_bwd_kv_d##D##_f32(const float* q, const float* k, const float* v, const float* d_o,                 \
+                                const float* lse, const float* delta, float* dk, float* dv, float* dq_part,       \
+                                int heads, int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t,     \
+                                float scale) {                                                                    \
+        flash_bwd_kv<D>(q, k, v, d_o, lse, delta, dk, dv, dq_part, heads, t, View{qk_b, qk_h, qk_t},              \
+                        View{vo_b, vo_h, vo_t}, scale);                                                           \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(NT)                                                              \
+        flash_dq_sum_d##D##_f32(const float* dq_part, float* dq, int heads, int t, int ntiles, int rows,          \
+                                int qk_b, int qk_h, int qk_t) {                                                   \
+        flash_dq_sum<D>(dq_part, dq, heads, t, ntiles, rows, View{qk_b, qk_h, qk_t});                             \
+    }
+
+FLASH_F32_ENTRY(64, 2)
+FLASH_F32_ENTRY(128, 1)
