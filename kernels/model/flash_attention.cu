@@ -6,7 +6,8 @@
 // softmax and their gradients held in registers, as FA2 does; softmax statistics in FP32.
 //
 // Layouts: any [B, heads, T, D] view with D contiguous, given as element strides per batch
-// entry, head and position (q, k and dq, dk share one set; v, o, do and dv another): q and
+// entry, head and position (q, k and dq, dk share one set; v, o and do another; dv its own):
+// q and
 // k as RoPE writes them ([B, heads, T, D]) and v and o as the projections read and write them
 // ([B, T, heads * D]), so no head relayout is needed.
 //
@@ -317,7 +318,8 @@ template <int D> __host__ __device__ constexpr int bwd_kv_smem() { return 4 * BR
 
 template <int D>
 __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,
-                             const float* delta, bf16* dk, bf16* dv, int heads, int t, View qk, View vo, float scale) {
+                             const float* delta, bf16* dk, bf16* dv, int heads, int t, View qk, View vo, View dvv,
+                             float scale) {
     extern __shared__ __align__(16) unsigned char smem[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
     Carver cv{smem};
@@ -377,7 +379,7 @@ __device__ void flash_bwd_kv(const bf16* q, const bf16* k, const bf16* v, const 
     __syncthreads();  // the q and dO tiles become the output staging
     const float one[2] = {1.f, 1.f};
     store_rows<D>(dk + qk_off, qk.t, key0, t, dk_acc, one, sq + warp * 16 * ldh<D>());
-    store_rows<D>(dv + vo_off, vo.t, key0, t, dv_acc, one, sdo + warp * 16 * ldh<D>());
+    store_rows<D>(dv + (size_t)bi * dvv.b + (size_t)hi * dvv.h, dvv.t, key0, t, dv_acc, one, sdo + warp * 16 * ldh<D>());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -462,9 +464,10 @@ __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const b
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                         \
         flash_bwd_kv_d##D##_bf16(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,  \
                                  const float* delta, bf16* dk, bf16* dv, int heads, int t, int qk_b, int qk_h,    \
-                                 int qk_t, int vo_b, int vo_h, int vo_t, float scale) {                           \
+                                 int qk_t, int vo_b, int vo_h, int vo_t, int dv_b, int dv_h, int dv_t,            \
+                                 float scale) {                                                                    \
         flash_bwd_kv<D>(q, k, v, d_o, lse, delta, dk, dv, heads, t, View{qk_b, qk_h, qk_t},                       \
-                        View{vo_b, vo_h, vo_t}, scale);                                                           \
+                        View{vo_b, vo_h, vo_t}, View{dv_b, dv_h, dv_t}, scale);                                   \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                         \
         flash_bwd_q_d##D##_bf16(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,   \

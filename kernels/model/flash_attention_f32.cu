@@ -5,8 +5,8 @@
 // forward's log-sum-exp. Head dim D in {64, 128}.
 //
 // Layouts: as flash_attention.cu: any [B, heads, T, D] view with D contiguous, given as element
-// strides per batch entry, head and position (q, k and dq, dk share one set; v, o, do and dv
-// another), so no head relayout is needed.
+// strides per batch entry, head and position (q, k and dq, dk share one set; v, o and do
+// another; dv its own), so no head relayout is needed.
 //
 // Rounding: FP32 throughout (the composed FP32 path's products and softmax in another order);
 // exponentials are base 2 of scores times scale * log2(e) (`ex2.approx`, relative error about
@@ -74,6 +74,23 @@ __device__ __forceinline__ void load_tile(float* dst, const float* base, int str
     }
 }
 
+// load_tile without waiting: 16-byte `cp.async` copies (PTX ISA, "cp.async"; a source size
+// of 0 writes zeros for the rows at or past t) in one commit group, which `cp_wait` awaits.
+template <int D>
+__device__ __forceinline__ void load_tile_async(float* dst, const float* base, int stride_t, int r0, int t) {
+    constexpr int CHUNKS = D / 4;
+    for (int i = threadIdx.x; i < BR * CHUNKS; i += NT) {
+        int r = i / CHUNKS, c = (i % CHUNKS) * 4;
+        bool in = r0 + r < t;
+        const float* src = base + (size_t)(in ? r0 + r : 0) * stride_t + c;
+        uint32_t d = (uint32_t)__cvta_generic_to_shared(dst + r * ld<D>() + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
+    }
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's commit groups are pending.
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 // s[i][j] = a[ty + 16i] · b[tx + 16j] (rows of two [BR, D] tiles).
 template <int D> __device__ __forceinline__ void scores(float (&s)[4][4], const float* a, const float* b) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
@@ -100,6 +117,17 @@ template <int D> __device__ __forceinline__ void scores(float (&s)[4][4], const 
     }
 }
 
+// acc[4c + e] += x · y[c].e: one output row's share of a rank-1 update.
+template <int D> __device__ __forceinline__ void add_scaled(float (&acc)[D / 16], float x, const float4 (&y)[D / 64]) {
+#pragma unroll
+    for (int c = 0; c < D / 64; c++) {
+        acc[4 * c] = fmaf(x, y[c].x, acc[4 * c]);
+        acc[4 * c + 1] = fmaf(x, y[c].y, acc[4 * c + 1]);
+        acc[4 * c + 2] = fmaf(x, y[c].z, acc[4 * c + 2]);
+        acc[4 * c + 3] = fmaf(x, y[c].w, acc[4 * c + 3]);
+    }
+}
+
 // acc[i][4c + e] += sum over k of p[ty + 16i][k] · v[k][4tx + 64c + e]: p a [BR, BR] score
 // tile (row stride LP), v a [BR, D] tile.
 template <int D> __device__ __forceinline__ void times_tile(float (&acc)[4][D / 16], const float* p, const float* v) {
@@ -115,16 +143,7 @@ template <int D> __device__ __forceinline__ void times_tile(float (&acc)[4][D / 
 #pragma unroll
             for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + (k + kk) * ld<D>() + 4 * tx + 64 * c);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float xi = at(x[i], kk);
-#pragma unroll
-                for (int c = 0; c < D / 64; c++) {
-                    acc[i][4 * c] = fmaf(xi, y[c].x, acc[i][4 * c]);
-                    acc[i][4 * c + 1] = fmaf(xi, y[c].y, acc[i][4 * c + 1]);
-                    acc[i][4 * c + 2] = fmaf(xi, y[c].z, acc[i][4 * c + 2]);
-                    acc[i][4 * c + 3] = fmaf(xi, y[c].w, acc[i][4 * c + 3]);
-                }
-            }
+            for (int i = 0; i < 4; i++) add_scaled<D>(acc[i], at(x[i], kk), y);
         }
     }
 }
@@ -144,16 +163,7 @@ template <int D> __device__ __forceinline__ void transposed_times_tile(float (&a
 #pragma unroll
         for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + k * ld<D>() + 4 * tx + 64 * c);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float xi = at(x, i);
-#pragma unroll
-            for (int c = 0; c < D / 64; c++) {
-                acc[i][4 * c] = fmaf(xi, y[c].x, acc[i][4 * c]);
-                acc[i][4 * c + 1] = fmaf(xi, y[c].y, acc[i][4 * c + 1]);
-                acc[i][4 * c + 2] = fmaf(xi, y[c].z, acc[i][4 * c + 2]);
-                acc[i][4 * c + 3] = fmaf(xi, y[c].w, acc[i][4 * c + 3]);
-            }
-        }
+        for (int i = 0; i < 4; i++) add_scaled<D>(acc[i], at(x, i), y);
     }
 }
 
@@ -174,16 +184,17 @@ __device__ __forceinline__ void store_row(float* base, int stride_t, int row, in
 // m' = max(m, rowmax(S)), l' = l e^(m - m') + rowsum(e^(S - m')), O' = O e^(m - m') + P V,
 // and at the end O / l and lse = m + log(l) (S already times scale). Each thread sums l over
 // its own columns; the row's 16 threads add theirs at the end.
-// Shared memory: q, k, v tiles and the probabilities P.
+// Shared memory: the q tile, two k and two v tiles (the next key tile is copied while this
+// one is used) and the probabilities P.
 
-template <int D> __host__ __device__ constexpr int fwd_smem() { return (3 * BR * ld<D>() + BR * LP) * 4; }
+template <int D> __host__ __device__ constexpr int fwd_smem() { return (5 * BR * ld<D>() + BR * LP) * 4; }
 
 template <int D>
 __device__ void flash_fwd(const float* q, const float* k, const float* v, float* o, float* lse, int heads, int t,
                           View qk, View vo, float scale) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* sq = reinterpret_cast<float*>(smem);
-    float *sk = sq + BR * ld<D>(), *sv = sk + BR * ld<D>(), *sp = sv + BR * ld<D>();
+    float *sk = sq + BR * ld<D>(), *sv = sk + 2 * BR * ld<D>(), *sp = sv + 2 * BR * ld<D>();  // k, v: 2 tiles each
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
@@ -193,7 +204,10 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
     int q0 = tile * BR;
     float sl2 = scale * LOG2E;
 
-    load_tile<D>(sq, qb, qk.t, q0, t);
+    load_tile_async<D>(sq, qb, qk.t, q0, t);
+    load_tile_async<D>(sk, kb, qk.t, 0, t);
+    load_tile_async<D>(sv, vb, vo.t, 0, t);
+    cp_commit();
     float acc[4][D / 16], m[4], l[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -203,13 +217,18 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
         for (int e = 0; e < D / 16; e++) acc[i][e] = 0.f;
     }
     for (int kt = 0; kt <= tile; kt++) {
-        int k0 = kt * BR;
-        __syncthreads();  // the previous key tile and probabilities are no longer read
-        load_tile<D>(sk, kb, qk.t, k0, t);
-        load_tile<D>(sv, vb, vo.t, k0, t);
+        int k0 = kt * BR, cur = (kt & 1) * BR * ld<D>(), next = BR * ld<D>() - cur;
+        if (kt < tile) {  // the next key tile, into the buffers the previous one used
+            load_tile_async<D>(sk + next, kb, qk.t, k0 + BR, t);
+            load_tile_async<D>(sv + next, vb, vo.t, k0 + BR, t);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
         float s[4][4];
-        scores<D>(s, sq, sk);
+        scores<D>(s, sq, sk + cur);
         bool edge = kt == tile || k0 + BR > t;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -237,7 +256,8 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
             }
         }
         __syncthreads();
-        times_tile<D>(acc, sp, sv);
+        times_tile<D>(acc, sp, sv + cur);
+        __syncthreads();  // this key tile's buffers and P are free for the next copy and scores
     }
     float* ob = o + (size_t)bi * vo.b + (size_t)hi * vo.h;
 #pragma unroll
@@ -285,7 +305,7 @@ template <int D> __host__ __device__ constexpr int bwd_kv_smem() { return (4 * B
 template <int D>
 __device__ void flash_bwd_kv(const float* q, const float* k, const float* v, const float* d_o, const float* lse,
                              const float* delta, float* dk, float* dv, float* dq_part, int heads, int t, View qk,
-                             View vo, float scale) {
+                             View vo, View dvv, float scale) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* sk = reinterpret_cast<float*>(smem);
     float *sv = sk + BR * ld<D>(), *sq = sv + BR * ld<D>(), *sdo = sq + BR * ld<D>(), *sp = sdo + BR * ld<D>();
@@ -349,7 +369,7 @@ __device__ void flash_bwd_kv(const float* q, const float* k, const float* v, con
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         store_row<D>(dk + qk_off, qk.t, k0 + ty + 16 * i, t, dk_acc[i], 1.f);
-        store_row<D>(dv + vo_off, vo.t, k0 + ty + 16 * i, t, dv_acc[i], 1.f);
+        store_row<D>(dv + (size_t)bi * dvv.b + (size_t)hi * dvv.h, dvv.t, k0 + ty + 16 * i, t, dv_acc[i], 1.f);
     }
 }
 
@@ -396,9 +416,9 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
         flash_bwd_kv_d##D##_f32(const float* q, const float* k, const float* v, const float* d_o,                 \
                                 const float* lse, const float* delta, float* dk, float* dv, float* dq_part,       \
                                 int heads, int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t,     \
-                                float scale) {                                                                    \
+                                int dv_b, int dv_h, int dv_t, float scale) {                                      \
         flash_bwd_kv<D>(q, k, v, d_o, lse, delta, dk, dv, dq_part, heads, t, View{qk_b, qk_h, qk_t},              \
-                        View{vo_b, vo_h, vo_t}, scale);                                                           \
+                        View{vo_b, vo_h, vo_t}, View{dv_b, dv_h, dv_t}, scale);                           \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_dq_sum_d##D##_f32(const float* dq_part, float* dq, int heads, int t, int ntiles, int rows,          \

@@ -262,12 +262,14 @@ __device__ void colsum(const float* partial, T* out, int rows, int h) {
 // cos/sin: FP32 tables [>= T, d] (row t = position t).
 // Backward: dy [B, n, T, d] -> dx [B, T, n, d],
 // dx_j = dy_j cos_j + (j < d/2 ? dy_{j+d/2} sin_{j+d/2} : -dy_{j-d/2} sin_{j-d/2}).
+// The [B, T, n, d] side (x, dx) has row stride ld >= n * d elements per position (a slot of
+// a wider buffer: the q, k, v projections' outputs or gradients side by side).
 // One thread per V elements of the first half of a row and their partners in the second
 // half (V = 8: 16-byte loads and stores; the host takes V = 1 where d/2 is not a multiple
 // of 8 or a buffer is not 16-byte aligned).
 
 template <typename T, int V, bool BWD>
-__device__ void rope(const T* src, const float* cos, const float* sin, T* dst, int b, int t, int n, int d) {
+__device__ void rope(const T* src, const float* cos, const float* sin, T* dst, int b, int t, int n, int d, int ld) {
     int half = d / 2, chunks = half / V;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)b * t * n * chunks) return;
@@ -276,8 +278,8 @@ __device__ void rope(const T* src, const float* cos, const float* sin, T* dst, i
     int p = BWD ? r % t : (r / n) % t;
     int head = BWD ? (r / t) % n : r % n;
     size_t bi = r / ((size_t)t * n);
-    T* out = dst + (BWD ? (bi * t + p) * n + head : (bi * n + head) * t + p) * d;
-    const T* in = src + r * d;
+    T* out = dst + (BWD ? (bi * t + p) * ld + head * d : ((bi * n + head) * t + p) * d);
+    const T* in = src + (BWD ? r * d : (bi * t + p) * ld + head * d);
     const float *cr = cos + (size_t)p * d, *sr = sin + (size_t)p * d;
     float a1[V], a2[V], c1[V], c2[V], s1[V], s2[V], o1[V], o2[V];
     load_vec<T, V>(in + c, a1);
@@ -574,12 +576,12 @@ extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
 
 #define VECTOR_ENTRY(T, S, V)                                                                                    \
     extern "C" __global__ void rope_fwd##V##_##S(const T* x, const float* cos, const float* sin, T* y, int b,   \
-                                                 int t, int n, int d) {                                          \
-        rope<T, V, false>(x, cos, sin, y, b, t, n, d);                                                              \
+                                                 int t, int n, int d, int ld) {                                  \
+        rope<T, V, false>(x, cos, sin, y, b, t, n, d, ld);                                                       \
     }                                                                                                            \
     extern "C" __global__ void rope_bwd##V##_##S(const T* dy, const float* cos, const float* sin, T* dx, int b, \
-                                                 int t, int n, int d) {                                          \
-        rope<T, V, true>(dy, cos, sin, dx, b, t, n, d);                                                            \
+                                                 int t, int n, int d, int ld) {                                  \
+        rope<T, V, true>(dy, cos, sin, dx, b, t, n, d, ld);                                                      \
     }                                                                                                            \
     extern "C" __global__ void swiglu_packed_fwd##V##_##S(const T* gu, T* h, size_t rows, int w) {              \
         swiglu_packed_fwd<T, V>(gu, h, rows, w);                                                                 \

@@ -5,7 +5,7 @@
 //! scores by cuBLAS, a fused causal softmax, and a backward that recomputes the scores
 //! instead of keeping them (the `[T, T]` matrices exist only inside one pass of one layer).
 
-use super::{args, alloc, cuda_device, flash, grid, launch, tensor_ptr, wrap, Gemm, THREADS};
+use super::{args, alloc, cuda_device, flash, grid, launch, tensor_ptr, wrap, Columns, Gemm, THREADS};
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Shape, Tensor};
 
 /// Shape `[B, heads, T, d]` as (batch entries B·heads, T, d).
@@ -74,21 +74,38 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor
 /// The gradients of q, k, v (shapes and layouts of the inputs) from the output `o` and the
 /// log-sum-exp `lse` that [`forward`] gave, and the output's gradient `d_out`
 /// (`[B, T, heads · d]`); without `lse` (the cuBLAS path) the scores are recomputed and `o`
-/// is not read.
-pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Tensor>, d_out: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
+/// is not read. v's gradient is returned, or (`dv_into`) written into columns of a wider
+/// `[B, T, W]` buffer (`None` returned).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Tensor>, d_out: &Tensor, scale: f64, dv_into: Option<Columns>) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let dev = cuda_device(q)?;
     let (dtype, scale) = (q.dtype(), scale as f32);
     if d_out.dims() != v.dims() || d_out.dtype() != dtype {
         candle_core::bail!("causal attention backward: output gradient {:?} {:?} for v {:?} {dtype:?}", d_out.shape(), d_out.dtype(), v.shape());
     }
+    let target = dv_into.map(|cols| cols.target(v.dims(), dtype)).transpose()?;
+    // v's gradient where the caller wants it: written there by the kernels, or copied
+    let place = |dv: Tensor| -> Result<Option<Tensor>> {
+        match dv_into {
+            Some(cols) => cols.buf.slice_set(&dv, candle_core::D::Minus1, cols.first).map(|_| None),
+            None => Ok(Some(dv)),
+        }
+    };
     let d_out = d_out.contiguous()?;
     if let Some(lse) = lse {
         // the kernels read dO 16 bytes at a time
         let d_out = if super::aligned16(&[tensor_ptr(&d_out, "dO")?]) { d_out } else { d_out.copy()? };
         let inputs = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?);
         let saved = (tensor_ptr(o, "o")?, tensor_ptr(lse, "lse")?, tensor_ptr(&d_out, "dO")?);
-        let (dq, dk, dv) = flash::backward(&dev, dtype, inputs, saved, q.dims4()?, scale)?;
-        return Ok((wrap(dq, q.shape().clone()), wrap(dk, k.shape().clone()), wrap(dv, v.shape().clone())));
+        let (_, _, t, _) = q.dims4()?;
+        // the kernels write 16 bytes at a time and take the row stride as an `i32` stride per batch entry
+        let direct = target.filter(|&(p, ld)| p % 16 == 0 && (ld * dtype.size_in_bytes()) % 16 == 0 && t * ld <= i32::MAX as usize);
+        let (dq, dk, dv) = flash::backward(&dev, dtype, inputs, saved, direct, q.dims4()?, scale)?;
+        let dv = match dv {
+            Some(s) => place(wrap(s, v.shape().clone()))?,
+            None => None,
+        };
+        return Ok((wrap(dq, q.shape().clone()), wrap(dk, k.shape().clone()), dv));
     }
     let (bh, t, d) = dims(q.shape())?;
     let (qp, kp) = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?);
@@ -113,5 +130,5 @@ pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Ten
     let (dq, _) = grad(ds, false, kp)?; // dS k
     let (dk, _) = grad(ds, true, qp)?; // dSᵀ q
     let shape = q.shape().clone();
-    Ok((wrap(dq, shape.clone()), wrap(dk, shape), wrap(dv, v.shape().clone())))
+    Ok((wrap(dq, shape.clone()), wrap(dk, shape), place(wrap(dv, v.shape().clone()))?))
 }

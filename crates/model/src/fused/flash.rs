@@ -65,15 +65,18 @@ pub(crate) fn forward(dev: &CudaDevice, dtype: DType, (q, k, v): (u64, u64, u64)
 /// atomics (the same bits run to run). dK and dV come from a pass over key tiles; dQ from a
 /// pass over query tiles (BF16) or from the sum of FP32 partials that the key-tile pass
 /// writes, one `[64, d]` per pair of tiles ([`flash_dq_partials`] elements, freed on return).
+/// dv goes to a new buffer (returned), or (`dv_into`: address, row stride in elements) into
+/// the columns of a wider `[B, T, W]` buffer.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &CudaDevice,
     dtype: DType,
     (q, k, v): (u64, u64, u64),
     (o, lse, d_o): (u64, u64, u64),
+    dv_into: Option<(u64, usize)>,
     dims: (usize, usize, usize, usize),
     scale: f32,
-) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+) -> Result<(CudaStorage, CudaStorage, Option<CudaStorage>)> {
     let (b, h, t, d) = dims;
     let (kern, module) = kernels(dtype)?;
     let n = b * h * t * d;
@@ -82,18 +85,23 @@ pub(crate) fn backward(
     let rows = b * h * t;
     let a = args![o, d_o, delta, h as i32, t as i32, rows as i32, vb, vh, vt];
     launch_in(dev, module, &format!("flash_bwd_delta_d{d}"), dtype, flat(kern, rows.div_ceil(kern.delta_rows_per_block(d))), &a)?;
-    let ((dq_s, dq), (dk_s, dk), (dv_s, dv)) = (alloc(dev, dtype, n)?, alloc(dev, dtype, n)?, alloc(dev, dtype, n)?);
+    let ((dq_s, dq), (dk_s, dk)) = (alloc(dev, dtype, n)?, alloc(dev, dtype, n)?);
+    let (dv_s, dv, dv_ld) = match dv_into {
+        Some((p, ld)) => (None, p, ld),
+        None => alloc(dev, dtype, n).map(|(s, p)| (Some(s), p, h * d))?,
+    };
+    let [db, dh, dt] = [t * dv_ld, d, dv_ld].map(|x| x as i32);
     let (hi, ti) = (h as i32, t as i32);
     match kern {
         FlashKernels::TensorCoreBf16 => {
-            let a = args![q, k, v, d_o, lse, delta, dk, dv, hi, ti, qb, qh, qt, vb, vh, vt, scale];
+            let a = args![q, k, v, d_o, lse, delta, dk, dv, hi, ti, qb, qh, qt, vb, vh, vt, db, dh, dt, scale];
             launch_in(dev, module, &format!("flash_bwd_kv_d{d}"), dtype, config(kern, FlashPass::KeyValueGrads, dims), &a)?;
             let a = args![q, k, v, d_o, lse, delta, dq, hi, ti, qb, qh, qt, vb, vh, vt, scale];
             launch_in(dev, module, &format!("flash_bwd_q_d{d}"), dtype, config(kern, FlashPass::QueryGrads, dims), &a)?;
         }
         FlashKernels::CudaCoreF32 => {
             let (_part_s, part) = alloc(dev, DType::F32, flash_dq_partials(dims))?;
-            let a = args![q, k, v, d_o, lse, delta, dk, dv, part, hi, ti, qb, qh, qt, vb, vh, vt, scale];
+            let a = args![q, k, v, d_o, lse, delta, dk, dv, part, hi, ti, qb, qh, qt, vb, vh, vt, db, dh, dt, scale];
             launch_in(dev, module, &format!("flash_bwd_kv_d{d}"), dtype, config(kern, FlashPass::KeyValueGrads, dims), &a)?;
             let tiles = t.div_ceil(FLASH_TILE) as i32;
             let a = args![part, dq, hi, ti, tiles, rows as i32, qb, qh, qt];

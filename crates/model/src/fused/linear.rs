@@ -1,8 +1,9 @@
 //! Bias-free linear layer (reference: [`crate::mlp::linear`]): cuBLAS products each way with
 //! the weight in its stored `[out, in]` layout; the backward of several layers that read
-//! one input sums their input gradients inside cuBLAS (C += A·B).
+//! one input sums their input gradients inside cuBLAS (C += A·B), or, where their output
+//! gradients lie side by side in one buffer, runs as one layer of the weights stacked.
 
-use super::{aligned, alloc, cuda_device, sum_buffer, tensor_ptr, unpadded, wrap, zero_padded, Gemm, WeightGrad};
+use super::{aligned, alloc, copy_padded, cuda_device, same_storage, sum_buffer, tensor_ptr, unpadded, wrap, zero_padded, Gemm, WeightGrad};
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
 /// `x · wᵀ` (nn.Linear without bias): `x` `[..., in]` or `[..., aligned(in)]` (the padded
@@ -84,4 +85,74 @@ pub fn backward(x: &Tensor, ws: &[&Tensor], dys: &[&Tensor], into: &[WeightGrad]
         dws.push(to.finish(dw)?);
     }
     Ok((wrap(dxs, x.shape().clone()), dws))
+}
+
+/// The backward of several linear layers that read one input `x` `[..., in]` (unpadded) and
+/// whose output gradients lie side by side in one buffer `dy` `[..., Σ out_i]` (weight i's in
+/// columns `Σ_{j<i} out_j ..`): as one layer of the stacked weight `[w_0; w_1; …]` (the
+/// fused QKV projection's backward): `dx = dy · [w_0; w_1; …]`, one product against the
+/// weights packed into one buffer, and `[dw_0; dw_1; …] = dyᵀ · x`, one product into one
+/// `[Σ out_i, in]` buffer whose row blocks are the weights' gradients (views, no copy;
+/// three `[d, d]` products would each fill a third of the GPU). Written as `into[i]` says:
+/// new tensors in the weights' dtype, or added to FP32 sums, in place where the sums are
+/// the views an earlier call returned. `ws[i]` `[out_i, in]`, one dtype (BF16 or F32).
+pub fn backward_stacked(x: &Tensor, ws: &[&Tensor], dy: &Tensor, into: &[WeightGrad]) -> Result<(Tensor, Vec<Tensor>)> {
+    let (dev, dtype) = (cuda_device(x)?, x.dtype());
+    let inp = x.dim(candle_core::D::Minus1)?;
+    let rows = x.elem_count() / inp;
+    let outs = ws.iter().map(|w| Ok(w.dims2()?.0)).collect::<Result<Vec<usize>>>()?;
+    let total: usize = outs.iter().sum();
+    let fits = ws.iter().all(|w| w.dim(1).ok() == Some(inp) && w.dtype() == dtype);
+    if ws.len() != into.len() || !fits || dy.dim(candle_core::D::Minus1)? != total || dy.elem_count() != rows * total || dy.dtype() != dtype {
+        candle_core::bail!(
+            "linear backward: weights {:?}, {} destinations and the stacked gradient {:?} {:?} for input {:?} {dtype:?}",
+            ws.iter().map(|w| w.dims().to_vec()).collect::<Vec<_>>(), into.len(), dy.shape(), dy.dtype(), x.shape()
+        );
+    }
+    let dy = dy.contiguous()?;
+    let (xp, dyp, size) = (tensor_ptr(x, "linear x")?, tensor_ptr(&dy, "linear dy")?, dtype.size_in_bytes());
+    let starts: Vec<usize> = outs.iter().scan(0, |at, o| Some(std::mem::replace(at, *at + o))).collect();
+    // dx = dy · [w_0; w_1; …]
+    let (_packed, wp) = alloc(&dev, dtype, total * inp)?;
+    for ((w, &out), &start) in ws.iter().zip(&outs).zip(&starts) {
+        copy_padded(&dev, dtype, tensor_ptr(w, "linear w")?, wp + (start * inp * size) as u64, (out, inp, inp), (out, inp))?;
+    }
+    let (dxs, dx) = alloc(&dev, dtype, rows * inp)?;
+    Gemm { m: rows, n: inp, k: total, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+        .run(&dev, dtype, dtype, dyp, wp, dx, false)?;
+    let dx = wrap(dxs, x.shape().clone());
+    // [dw_0; dw_1; …] (+)= dyᵀ · x
+    let dw_gemm = Gemm { m: total, n: inp, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 };
+    if let Some((p, sums)) = stacked_sums(into, &outs, inp)? {
+        dw_gemm.run(&dev, dtype, DType::F32, dyp, xp, p, true)?;
+        return Ok((dx, sums));
+    }
+    let dw_dtype = into[0].dtype(dtype);
+    if into.iter().any(|to| to.dtype(dtype) != dw_dtype) {
+        candle_core::bail!("linear backward: the stacked weights' gradients go to different dtypes");
+    }
+    let (dw_s, dw) = alloc(&dev, dw_dtype, total * inp)?;
+    dw_gemm.run(&dev, dtype, dw_dtype, dyp, xp, dw, false)?;
+    let packed = wrap(dw_s, (total, inp));
+    let dws = into.iter().zip(outs.iter().zip(&starts)).map(|(to, (&out, &start))| to.finish(packed.narrow(0, start, out)?));
+    Ok((dx, dws.collect::<Result<_>>()?))
+}
+
+/// The address of the first of `into`'s sums and the sums, where all are FP32 sums of the
+/// weights' shapes `[outs[i], inp]` lying one after another in one buffer (as
+/// [`backward_stacked`] returned them), so that one product accumulates into all in place.
+fn stacked_sums(into: &[WeightGrad], outs: &[usize], inp: usize) -> Result<Option<(u64, Vec<Tensor>)>> {
+    let Some(sums) = into.iter().map(|to| if let WeightGrad::Sum(Some(s)) = to { Some((*s).clone()) } else { None }).collect::<Option<Vec<Tensor>>>() else {
+        return Ok(None);
+    };
+    let total: usize = outs.iter().sum();
+    let Some(p) = sum_buffer(&sums[0], &[outs[0], inp], total * inp)? else { return Ok(None) };
+    let mut at = p;
+    for (s, &out) in sums.iter().zip(outs) {
+        if s.dims() != [out, inp] || !same_storage(s, &sums[0]) || tensor_ptr(s, "gradient sum")? != at {
+            return Ok(None);
+        }
+        at += (out * inp * 4) as u64;
+    }
+    Ok(Some((p, sums)))
 }

@@ -4,7 +4,7 @@
 //! (see [`super::aligned`]). The packed product's output is the backward's input (as the
 //! composed ops keep `g` and `u`).
 
-use super::{aligned, alloc, args, copy_padded, cuda_device, grid, launch, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS};
+use super::{aligned, alloc, args, copy_padded, cuda_device, grid, launch, same_storage, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS};
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
 /// `[w_gate; w_up]` packed into `[2 · aligned(I), H]`, zero rows after each: the weight of
@@ -98,10 +98,4 @@ pub fn backward(x: &Tensor, packed: &Tensor, i: usize, gu: &Tensor, dh: &Tensor,
     dw_gemm.run(&dev, dtype, dw_dtype, dgu, xp, dw, false)?;
     let packed = wrap(dw_s, (2 * ip, h));
     Ok((dx, into[0].finish(packed.narrow(0, 0, i)?)?, into[1].finish(packed.narrow(0, ip, i)?)?))
-}
-
-/// Whether two tensors are views of one storage.
-fn same_storage(a: &Tensor, b: &Tensor) -> bool {
-    let (sa, sb) = (a.storage_and_layout().0, b.storage_and_layout().0);
-    std::ptr::eq(&*sa, &*sb)
 }

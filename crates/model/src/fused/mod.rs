@@ -239,6 +239,35 @@ pub(crate) fn sum_buffer(sum: &Tensor, dims: &[usize], n: usize) -> Result<Optio
     Ok(Some(storage_ptr(s, layout, "gradient sum")?))
 }
 
+/// Columns `[first, first + width)` of a contiguous `[..., W]` buffer `buf`: where an op writes
+/// its `[..., width]` output when several outputs share rows (the q, k and v projections'
+/// gradients side by side, which one weight-gradient product then reads as one matrix).
+#[derive(Clone, Copy, Debug)]
+pub struct Columns<'a> {
+    pub buf: &'a Tensor,
+    pub first: usize,
+}
+
+impl Columns<'_> {
+    /// The device address of the first column and the row stride W (elements), checked
+    /// against an output of `dims` (same leading dims, the last one fitting from `first`)
+    /// and `dtype`.
+    pub(crate) fn target(&self, dims: &[usize], dtype: DType) -> Result<(u64, usize)> {
+        let (bd, (&w, lead)) = (self.buf.dims(), self.buf.dims().split_last().unwrap_or((&0, &[])));
+        let (&width, out_lead) = dims.split_last().unwrap_or((&0, &[]));
+        if lead != out_lead || self.first + width > w || self.buf.dtype() != dtype {
+            candle_core::bail!("fused op: an output {dims:?} {dtype:?} does not fit columns {}.. of {bd:?} {:?}", self.first, self.buf.dtype());
+        }
+        Ok((tensor_ptr(self.buf, "output columns")? + (self.first * dtype.size_in_bytes()) as u64, w))
+    }
+}
+
+/// Whether two tensors are views of one storage.
+pub(crate) fn same_storage(a: &Tensor, b: &Tensor) -> bool {
+    let (sa, sb) = (a.storage_and_layout().0, b.storage_and_layout().0);
+    std::ptr::eq(&*sa, &*sb)
+}
+
 /// The CUDA device of a tensor.
 pub(crate) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
     match t.device() {

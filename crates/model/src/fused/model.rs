@@ -3,11 +3,13 @@
 //! ops' backward functions in reverse order. No candle autograd graph: each gradient is
 //! written once, and no separate add runs. The residual stream's adds run inside the norms
 //! that follow them (forward: `x + delta` with the norm; backward: the residual gradient
-//! with the norm's input gradient), and the normed input's three gradients from the q, k and
-//! v projections are summed by cuBLAS into one output. The reference is the composed model
+//! with the norm's input gradient), and the q, k and v projections' output gradients are
+//! written side by side into one buffer, so that their backward runs as one projection of
+//! the stacked `[3d, d]` weight (one product for the normed input's gradient, one for the
+//! three weights'). The reference is the composed model
 //! ([`crate::Llama`] with [`crate::Kernels::Composed`]; tested against it in `fused_parity`).
 
-use super::{attention, embedding, linear, lm_head, mlp, norm, rope, WeightGrad};
+use super::{alloc, attention, cuda_device, embedding, linear, lm_head, mlp, norm, rope, wrap, Columns, WeightGrad};
 use crate::llama::Llama;
 use crate::grad_sum::GradSum;
 use candle_core::backprop::GradStore;
@@ -146,9 +148,14 @@ impl<'a> Forward<'a> {
             let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &s.packed, model.cfg.intermediate_size, &s.gate_up, &d_act, [to[1], to[2]])?;
             let (d_mid, dw_norm2) = norm::backward(&s.mid, &n2.weight, &d_h2, Some(&dx), n2.eps)?;
             let (d_attn, dw_o) = linear::backward(&s.attn, &[&a.o], &[&d_mid], &to[3..4])?;
-            let (dq, dk, dv) = attention::backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn, scale)?;
-            let (dq_proj, dk_proj) = (rope::backward(&dq, cos, sin)?, rope::backward(&dk, cos, sin)?);
-            let (d_h1, dw_qkv) = linear::backward(&s.h1, &[&a.q, &a.k, &a.v], &[&dq_proj, &dk_proj, &dv], &to[4..7])?;
+            // the q, k, v projections' output gradients side by side: [B, T, 3 · heads · d]
+            let (b, t, hd) = s.v.dims3()?;
+            let qkv = wrap(alloc(&cuda_device(&s.v)?, s.v.dtype(), 3 * b * t * hd)?.0, (b, t, 3 * hd));
+            let slot = |i: usize| Some(Columns { buf: &qkv, first: i * hd });
+            let (dq, dk, _) = attention::backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn, scale, slot(2))?;
+            rope::backward(&dq, cos, sin, slot(0))?;
+            rope::backward(&dk, cos, sin, slot(1))?;
+            let (d_h1, dw_qkv) = linear::backward_stacked(&s.h1, &[&a.q, &a.k, &a.v], &qkv, &to[4..7])?;
             let (d_x, dw_norm1) = norm::backward(&s.x, &n1.weight, &d_h1, Some(&d_mid), n1.eps)?;
             dx = d_x;
             let products = dw_down.into_iter().chain([dw_gate, dw_up]).chain(dw_o).chain(dw_qkv);

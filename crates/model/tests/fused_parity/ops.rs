@@ -79,6 +79,28 @@ fn check(name: &str, dtype: DType, inputs: &[Var], fused: impl Fn(&[Tensor], &Te
     }
 }
 
+/// Whether two tensors hold the same bits (compared as FP32: BF16 widens exactly).
+fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    a.dims() == b.dims() && f(a).iter().zip(f(b)).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// A `[B, T, 3 · w]` buffer of NaN whose columns `[w · slot, w · slot + w)` an op writes
+/// (`fused::Columns`): the NaN elsewhere show whether it wrote beyond them.
+fn nan_stack(b: usize, t: usize, w: usize, dtype: DType, dev: &Device) -> Tensor {
+    Tensor::full(f32::NAN, (b, t, 3 * w), dev).unwrap().to_dtype(dtype).unwrap()
+}
+
+/// Columns `[w · slot, ..)` of `stack` hold `expected` and every other element is still NaN.
+fn only_slot_written(stack: &Tensor, slot: usize, expected: &Tensor, what: &str) {
+    let w = expected.dim(2).unwrap();
+    assert!(same_bits(&stack.narrow(2, slot * w, w).unwrap(), expected), "{what}: the columns differ from the returned tensor");
+    for other in (0..3).filter(|&s| s != slot) {
+        let rest = stack.narrow(2, other * w, w).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(rest.iter().all(|v| v.is_nan()), "{what}: wrote into slot {other}");
+    }
+}
+
 const DTYPES: [DType; 2] = [DType::F32, DType::BF16];
 
 /// RMSNorm alone and with the residual add (`s = x + delta`, `norm(s)`), the backward
@@ -179,9 +201,16 @@ fn rope_matches_composed() {
                 "rope",
                 dtype,
                 &[x],
-                |v, dy| (fused::rope::forward(&v[0], rope.cos(), rope.sin(), n).unwrap(), vec![fused::rope::backward(dy, rope.cos(), rope.sin()).unwrap()]),
+                |v, dy| (fused::rope::forward(&v[0], rope.cos(), rope.sin(), n).unwrap(), vec![fused::rope::backward(dy, rope.cos(), rope.sin(), None).unwrap().unwrap()]),
                 |v| rope.apply(&v[0].reshape((b, t, n, d)).unwrap().transpose(1, 2).unwrap().contiguous().unwrap()).unwrap(),
             );
+            // the backward into the middle columns of a wider buffer: the same bits, nothing else written
+            let dy = var(&[b, n, t, d], 1.0, 9, dtype, &dev);
+            let own = fused::rope::backward(dy.as_tensor(), rope.cos(), rope.sin(), None).unwrap().unwrap();
+            let stack = nan_stack(b, t, n * d, dtype, &dev);
+            let wrote = fused::rope::backward(dy.as_tensor(), rope.cos(), rope.sin(), Some(fused::Columns { buf: &stack, first: n * d })).unwrap();
+            assert!(wrote.is_none());
+            only_slot_written(&stack, 1, &own, &format!("rope {dtype:?} {:?}", (b, t, n, d)));
         }
     }
 }
@@ -203,7 +232,14 @@ fn attention_matches_composed() {
                 |x, dy| {
                     let (o, lse) = attention::forward(&x[0], &x[1], &x[2], scale).unwrap();
                     assert_eq!(lse.is_some(), d != 32, "the FlashAttention-2 kernels run for d 64 and 128");
-                    let (dq, dk, dv) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale).unwrap();
+                    let (dq, dk, dv) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale, None).unwrap();
+                    let dv = dv.unwrap();
+                    // v's gradient into the last columns of a wider buffer: the same bits, nothing else written
+                    let stack = nan_stack(b, t, h * d, dtype, &dev);
+                    let into = Some(fused::Columns { buf: &stack, first: 2 * h * d });
+                    let (dq2, dk2, none) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale, into).unwrap();
+                    assert!(none.is_none() && same_bits(&dq2, &dq) && same_bits(&dk2, &dk), "attention {dtype:?}: dq, dk differ run to run");
+                    only_slot_written(&stack, 2, &dv, &format!("attention {dtype:?} {:?}", (b, h, t, d)));
                     (o, vec![dq, dk, dv])
                 },
                 |x| {
@@ -217,7 +253,8 @@ fn attention_matches_composed() {
     }
 }
 
-/// One linear layer, and three reading one input (q, k, v: the input gradient summed).
+/// One linear layer, and three reading one input (q, k, v): their input gradient summed, or
+/// as one stacked layer whose output gradients lie side by side in one buffer.
 #[test]
 fn linear_matches_composed() {
     let dev = gpu();
@@ -250,7 +287,7 @@ fn linear_matches_composed() {
             check(
                 "linear x3",
                 dtype,
-                &[x, w, w2, w3],
+                &[x.clone(), w.clone(), w2.clone(), w3.clone()],
                 |t, dy| {
                     let ys: Vec<Tensor> = t[1..].iter().map(|w| linear::forward(&t[0], w).unwrap()).collect();
                     let dys: Vec<Tensor> = ys.iter().scan(0, |at, y| {
@@ -263,6 +300,31 @@ fn linear_matches_composed() {
                 },
                 |t| Tensor::cat(&t[1..].iter().map(|w| lowbit_model::mlp::linear(&t[0], w).unwrap()).collect::<Vec<_>>(), 2).unwrap(),
             );
+            check(
+                "linear x3 stacked",
+                dtype,
+                &[x.clone(), w.clone(), w2.clone(), w3.clone()],
+                |t, dy| {
+                    let ys: Vec<Tensor> = t[1..].iter().map(|w| linear::forward(&t[0], w).unwrap()).collect();
+                    let (dx, dws) = linear::backward_stacked(&t[0], &[&t[1], &t[2], &t[3]], dy, &[WeightGrad::New; 3]).unwrap();
+                    assert!(std::ptr::eq(&*dws[0].storage_and_layout().0, &*dws[2].storage_and_layout().0), "linear {dtype:?}: the stacked gradients are not views of one product");
+                    (Tensor::cat(&ys, 2).unwrap(), [vec![dx], dws].concat())
+                },
+                |t| Tensor::cat(&t[1..].iter().map(|w| lowbit_model::mlp::linear(&t[0], w).unwrap()).collect::<Vec<_>>(), 2).unwrap(),
+            );
+            // the stacked gradients added in place into the FP32 sums that the first call returned
+            let wide = 3 * out + 5;
+            let dy = Tensor::from_vec(randn(&[3, 7, wide], 1.0, 19), (3, 7, wide), &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let ws = [w.as_tensor(), w2.as_tensor(), w3.as_tensor()];
+            let (_, own) = linear::backward_stacked(xt, &ws, &dy, &[WeightGrad::New; 3]).unwrap();
+            let (_, first) = linear::backward_stacked(xt, &ws, &dy, &[WeightGrad::Sum(None); 3]).unwrap();
+            let sums: Vec<WeightGrad> = first.iter().map(|f| WeightGrad::Sum(Some(f))).collect();
+            let (_, second) = linear::backward_stacked(xt, &ws, &dy, &sums).unwrap();
+            for i in 0..3 {
+                assert!(std::ptr::eq(&*first[0].storage_and_layout().0, &*second[i].storage_and_layout().0), "linear {dtype:?}: stacked sum {i} not added into in place");
+                let e = rel_err(&second[i], &(own[i].to_dtype(DType::F32).unwrap() * 2.0).unwrap());
+                assert!(e <= tol(dtype), "linear {dtype:?}: stacked sum {i}, relative error {e}");
+            }
         }
     }
 }
