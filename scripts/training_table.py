@@ -35,7 +35,7 @@ def main():
     def ratio(r, system):
         for e in rows:
             if e["system"] == system and all(e[k] == r[k] for k in ("preset", "dtype", "matmul_precision")):
-                return f"{r['tokens_per_s'] / e['tokens_per_s']:.2f}"
+                return f"{r['tokens_per_s'] / e['tokens_per_s']:.3f}"
         return "-"
 
     print("| system | preset | dtype | matmul | kernels | batch (micro) | tokens/s | MFU | x compiled | x eager | peak GiB |")

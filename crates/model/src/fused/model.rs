@@ -144,10 +144,10 @@ impl<'a> Forward<'a> {
             let prev: Vec<Option<Tensor>> = products_of.iter().map(|w| out.sum_of(w)).collect();
             let to: Vec<WeightGrad> = prev.iter().map(|p| out.target(p)).collect();
             // x_out = mid + down(act); mid = x + o(attn)
-            let (d_act, dw_down) = linear::backward(&s.act, &[&m.down], &[&dx], &to[0..1])?;
+            let (d_act, dw_down) = linear::backward(&s.act, &m.down, &dx, to[0])?;
             let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &s.packed, model.cfg.intermediate_size, &s.gate_up, &d_act, [to[1], to[2]])?;
             let (d_mid, dw_norm2) = norm::backward(&s.mid, &n2.weight, &d_h2, Some(&dx), n2.eps)?;
-            let (d_attn, dw_o) = linear::backward(&s.attn, &[&a.o], &[&d_mid], &to[3..4])?;
+            let (d_attn, dw_o) = linear::backward(&s.attn, &a.o, &d_mid, to[3])?;
             // the q, k, v projections' output gradients side by side: [B, T, 3 · heads · d]
             let (b, t, hd) = s.v.dims3()?;
             let qkv = wrap(alloc(&cuda_device(&s.v)?, s.v.dtype(), 3 * b * t * hd)?.0, (b, t, 3 * hd));
@@ -158,7 +158,7 @@ impl<'a> Forward<'a> {
             let (d_h1, dw_qkv) = linear::backward_stacked(&s.h1, &[&a.q, &a.k, &a.v], &qkv, &to[4..7])?;
             let (d_x, dw_norm1) = norm::backward(&s.x, &n1.weight, &d_h1, Some(&d_mid), n1.eps)?;
             dx = d_x;
-            let products = dw_down.into_iter().chain([dw_gate, dw_up]).chain(dw_o).chain(dw_qkv);
+            let products = [dw_down, dw_gate, dw_up, dw_o].into_iter().chain(dw_qkv);
             for (w, g) in products_of.into_iter().zip(products) {
                 out.put(w, g);
             }
