@@ -7,9 +7,8 @@
 //
 // Layouts: any [B, heads, T, D] view with D contiguous, given as element strides per batch
 // entry, head and position (q, k and dq, dk share one set; v, o and do another; dv its own):
-// q and
-// k as RoPE writes them ([B, heads, T, D]) and v and o as the projections read and write them
-// ([B, T, heads * D]), so no head relayout is needed.
+// q and k as RoPE writes them ([B, heads, T, D]) and v and o as the projections read and
+// write them ([B, T, heads * D]), so no head relayout is needed.
 //
 // Rounding, as the composed path (crates/model/src/attention.rs): scores and their softmax
 // in FP32, the probabilities rounded to BF16 before the product with v; dP in FP32,
@@ -448,7 +447,7 @@ __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const b
 
 // ---------------------------------------------------------------------------------------
 // Entry points: flash_<pass>_d<D>_bf16. Shared memory sizes (bytes) and the delta pass's
-// rows per block must match the host's (crates/model/src/fused/flash.rs).
+// rows per block must match the host's (crates/model/src/fused_sizes.rs).
 
 #define FLASH_ENTRY(D)                                                                                              \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                         \

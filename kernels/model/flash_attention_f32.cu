@@ -1,8 +1,11 @@
 // Causal self-attention in FP32 on CUDA cores (FFMA, no TF32), for FP32 models whose matrix
 // products stay FP32: the FlashAttention-2 algorithm of flash_attention.cu (Dao 2023,
-// Algorithms 1 and 2) with the score tiles' products on FP32 fused multiply-adds. No [T, T]
+// Algorithms 1 and 2) with the score tiles' products on FP32 fused multiply-adds. No score
 // matrix in memory in either pass; the backward recomputes the probabilities from the
-// forward's log-sum-exp. Head dim D in {64, 128}.
+// forward's log-sum-exp. Head dim D in {64, 128}. The backward's dQ partials (below) take
+// ceil(T / 64)^2 * 64 * D floats per (batch entry, head), about T^2 * D / 64: as much as
+// one FP32 [T, T] matrix at D = 64 (335 MB per layer at LLaMA-100M's batch of 128 x 256),
+// freed when the backward returns; only the lower triangle of tile pairs is written.
 //
 // Layouts: as flash_attention.cu: any [B, heads, T, D] view with D contiguous, given as element
 // strides per batch entry, head and position (q, k and dq, dk share one set; v, o and do

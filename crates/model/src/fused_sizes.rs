@@ -134,7 +134,8 @@ pub(crate) fn flash_supports(kernels: Option<FlashKernels>, (b, h, t, d): (usize
 
 /// Elements of the FP32 backward's dQ partials (`dq_part` in `flash_attention_f32.cu`):
 /// `[B · heads, n, n · 64, d]` with n = ⌈T / 64⌉ tiles, key tile kt's partial for query row q
-/// at `[bh][kt][q]` (only kt ≤ q / 64 is written and read).
+/// at `[bh][kt][q]` (only kt ≤ q / 64 is written and read): about T² · d / 64 elements, as
+/// many as one FP32 `[T, T]` matrix per head at d = 64.
 pub(crate) fn flash_dq_partials((b, h, t, d): (usize, usize, usize, usize)) -> usize {
     let n = t.div_ceil(FLASH_TILE);
     b * h * n * n * FLASH_TILE * d
@@ -197,7 +198,8 @@ mod tests {
 
     /// The shared memory of each pass (the kernel files' formulas) fits the H200's 227 KiB
     /// per block; the BF16 forward at d = 64 fits the 48 KiB a kernel gets without opting in;
-    /// two FP32 forward or dK/dV blocks at d = 64 share an SM (the register budgets assume it).
+    /// two FP32 forward or dK/dV blocks at d = 64 fit one SM's shared memory (the dK/dV
+    /// kernel's launch bounds hold it to the registers of two).
     #[test]
     fn attention_shared_memory_fits_a_block() {
         use FlashKernels::*;

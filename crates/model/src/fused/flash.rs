@@ -5,8 +5,9 @@
 //! device addresses.
 //!
 //! Layouts: q, k (and dq, dk) `[B, heads, T, d]` as RoPE writes them; v, o, dO (and dv)
-//! `[B, T, heads · d]` as the projections write and read them: the kernels index both
-//! through strides, so no head relayout runs.
+//! `[B, T, heads · d]` as the projections write and read them, dv also into the columns of
+//! a wider `[B, T, W]` buffer: the kernels index all through strides, so no head relayout
+//! runs.
 
 use super::{alloc, args, launch_in, Module};
 use crate::fused_sizes::{flash_dq_partials, flash_strides, flash_supports, FlashKernels, FlashPass, FLASH_TILE};

@@ -93,7 +93,7 @@ pub fn backward_stacked(x: &Tensor, ws: &[&Tensor], dy: &Tensor, into: &[WeightG
     let outs = ws.iter().map(|w| Ok(w.dims2()?.0)).collect::<Result<Vec<usize>>>()?;
     let total: usize = outs.iter().sum();
     let fits = ws.iter().all(|w| w.dim(1).ok() == Some(inp) && w.dtype() == dtype);
-    if ws.len() != into.len() || !fits || dy.dim(candle_core::D::Minus1)? != total || dy.elem_count() != rows * total || dy.dtype() != dtype {
+    if ws.is_empty() || ws.len() != into.len() || !fits || dy.dim(candle_core::D::Minus1)? != total || dy.elem_count() != rows * total || dy.dtype() != dtype {
         candle_core::bail!(
             "linear backward: weights {:?}, {} destinations and the stacked gradient {:?} {:?} for input {:?} {dtype:?}",
             ws.iter().map(|w| w.dims().to_vec()).collect::<Vec<_>>(), into.len(), dy.shape(), dy.dtype(), x.shape()

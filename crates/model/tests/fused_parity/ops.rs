@@ -85,19 +85,20 @@ fn same_bits(a: &Tensor, b: &Tensor) -> bool {
     a.dims() == b.dims() && f(a).iter().zip(f(b)).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// A `[B, T, 3 · w]` buffer of NaN whose columns `[w · slot, w · slot + w)` an op writes
-/// (`fused::Columns`): the NaN elsewhere show whether it wrote beyond them.
+/// A `[B, T, 3 · w]` buffer of NaN whose columns an op writes (`fused::Columns`): the NaN
+/// elsewhere show whether it wrote beyond them.
 fn nan_stack(b: usize, t: usize, w: usize, dtype: DType, dev: &Device) -> Tensor {
     Tensor::full(f32::NAN, (b, t, 3 * w), dev).unwrap().to_dtype(dtype).unwrap()
 }
 
-/// Columns `[w · slot, ..)` of `stack` hold `expected` and every other element is still NaN.
-fn only_slot_written(stack: &Tensor, slot: usize, expected: &Tensor, what: &str) {
-    let w = expected.dim(2).unwrap();
-    assert!(same_bits(&stack.narrow(2, slot * w, w).unwrap(), expected), "{what}: the columns differ from the returned tensor");
-    for other in (0..3).filter(|&s| s != slot) {
-        let rest = stack.narrow(2, other * w, w).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert!(rest.iter().all(|v| v.is_nan()), "{what}: wrote into slot {other}");
+/// Columns `[first, first + w)` of `stack` hold `expected` (`[B, T, w]`) and every other
+/// element is still NaN.
+fn only_columns_written(stack: &Tensor, first: usize, expected: &Tensor, what: &str) {
+    let (w, width) = (expected.dim(2).unwrap(), stack.dim(2).unwrap());
+    assert!(same_bits(&stack.narrow(2, first, w).unwrap(), expected), "{what}: the columns differ from the returned tensor");
+    for (from, n) in [(0, first), (first + w, width - first - w)].into_iter().filter(|&(_, n)| n > 0) {
+        let rest = stack.narrow(2, from, n).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(rest.iter().all(|v| v.is_nan()), "{what}: wrote into columns {from}..{}", from + n);
     }
 }
 
@@ -210,7 +211,7 @@ fn rope_matches_composed() {
             let stack = nan_stack(b, t, n * d, dtype, &dev);
             let wrote = fused::rope::backward(dy.as_tensor(), rope.cos(), rope.sin(), Some(fused::Columns { buf: &stack, first: n * d })).unwrap();
             assert!(wrote.is_none());
-            only_slot_written(&stack, 1, &own, &format!("rope {dtype:?} {:?}", (b, t, n, d)));
+            only_columns_written(&stack, n * d, &own, &format!("rope {dtype:?} {:?}", (b, t, n, d)));
         }
     }
 }
@@ -234,12 +235,16 @@ fn attention_matches_composed() {
                     assert_eq!(lse.is_some(), d != 32, "the FlashAttention-2 kernels run for d 64 and 128");
                     let (dq, dk, dv) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale, None).unwrap();
                     let dv = dv.unwrap();
-                    // v's gradient into the last columns of a wider buffer: the same bits, nothing else written
-                    let stack = nan_stack(b, t, h * d, dtype, &dev);
-                    let into = Some(fused::Columns { buf: &stack, first: 2 * h * d });
-                    let (dq2, dk2, none) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale, into).unwrap();
-                    assert!(none.is_none() && same_bits(&dq2, &dq) && same_bits(&dk2, &dk), "attention {dtype:?}: dq, dk differ run to run");
-                    only_slot_written(&stack, 2, &dv, &format!("attention {dtype:?} {:?}", (b, h, t, d)));
+                    // v's gradient into columns of a wider buffer, where the kernels write it (the
+                    // last third) and where they cannot (from column 1: unaligned, copied):
+                    // the same bits, nothing else written
+                    for first in [2 * h * d, 1] {
+                        let stack = nan_stack(b, t, h * d, dtype, &dev);
+                        let into = Some(fused::Columns { buf: &stack, first });
+                        let (dq2, dk2, none) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale, into).unwrap();
+                        assert!(none.is_none() && same_bits(&dq2, &dq) && same_bits(&dk2, &dk), "attention {dtype:?}: dq, dk differ run to run");
+                        only_columns_written(&stack, first, &dv, &format!("attention {dtype:?} {:?} from column {first}", (b, h, t, d)));
+                    }
                     (o, vec![dq, dk, dv])
                 },
                 |x| {
