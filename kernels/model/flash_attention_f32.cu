@@ -77,23 +77,6 @@ __device__ __forceinline__ void load_tile(float* dst, const float* base, int str
     }
 }
 
-// load_tile without waiting: 16-byte `cp.async` copies (PTX ISA, "cp.async"; a source size
-// of 0 writes zeros for the rows at or past t) in one commit group, which `cp_wait` awaits.
-template <int D>
-__device__ __forceinline__ void load_tile_async(float* dst, const float* base, int stride_t, int r0, int t) {
-    constexpr int CHUNKS = D / 4;
-    for (int i = threadIdx.x; i < BR * CHUNKS; i += NT) {
-        int r = i / CHUNKS, c = (i % CHUNKS) * 4;
-        bool in = r0 + r < t;
-        const float* src = base + (size_t)(in ? r0 + r : 0) * stride_t + c;
-        uint32_t d = (uint32_t)__cvta_generic_to_shared(dst + r * ld<D>() + c);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
-    }
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most N of this thread's commit groups are pending.
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // s[i][j] = a[ty + 16i] · b[tx + 16j] (rows of two [BR, D] tiles).
 template <int D> __device__ __forceinline__ void scores(float (&s)[4][4], const float* a, const float* b) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
@@ -187,17 +170,16 @@ __device__ __forceinline__ void store_row(float* base, int stride_t, int row, in
 // m' = max(m, rowmax(S)), l' = l e^(m - m') + rowsum(e^(S - m')), O' = O e^(m - m') + P V,
 // and at the end O / l and lse = m + log(l) (S already times scale). Each thread sums l over
 // its own columns; the row's 16 threads add theirs at the end.
-// Shared memory: the q tile, two k and two v tiles (the next key tile is copied while this
-// one is used) and the probabilities P.
+// Shared memory: q, k, v tiles and the probabilities P.
 
-template <int D> __host__ __device__ constexpr int fwd_smem() { return (5 * BR * ld<D>() + BR * LP) * 4; }
+template <int D> __host__ __device__ constexpr int fwd_smem() { return (3 * BR * ld<D>() + BR * LP) * 4; }
 
 template <int D>
 __device__ void flash_fwd(const float* q, const float* k, const float* v, float* o, float* lse, int heads, int t,
                           View qk, View vo, float scale) {
     extern __shared__ __align__(16) unsigned char smem[];
     float* sq = reinterpret_cast<float*>(smem);
-    float *sk = sq + BR * ld<D>(), *sv = sk + 2 * BR * ld<D>(), *sp = sv + 2 * BR * ld<D>();  // k, v: 2 tiles each
+    float *sk = sq + BR * ld<D>(), *sv = sk + BR * ld<D>(), *sp = sv + BR * ld<D>();
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
@@ -207,10 +189,7 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
     int q0 = tile * BR;
     float sl2 = scale * LOG2E;
 
-    load_tile_async<D>(sq, qb, qk.t, q0, t);
-    load_tile_async<D>(sk, kb, qk.t, 0, t);
-    load_tile_async<D>(sv, vb, vo.t, 0, t);
-    cp_commit();
+    load_tile<D>(sq, qb, qk.t, q0, t);
     float acc[4][D / 16], m[4], l[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -220,18 +199,13 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
         for (int e = 0; e < D / 16; e++) acc[i][e] = 0.f;
     }
     for (int kt = 0; kt <= tile; kt++) {
-        int k0 = kt * BR, cur = (kt & 1) * BR * ld<D>(), next = BR * ld<D>() - cur;
-        if (kt < tile) {  // the next key tile, into the buffers the previous one used
-            load_tile_async<D>(sk + next, kb, qk.t, k0 + BR, t);
-            load_tile_async<D>(sv + next, vb, vo.t, k0 + BR, t);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        int k0 = kt * BR;
+        __syncthreads();  // the previous key tile and probabilities are no longer read
+        load_tile<D>(sk, kb, qk.t, k0, t);
+        load_tile<D>(sv, vb, vo.t, k0, t);
         __syncthreads();
         float s[4][4];
-        scores<D>(s, sq, sk + cur);
+        scores<D>(s, sq, sk);
         bool edge = kt == tile || k0 + BR > t;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -259,8 +233,7 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
             }
         }
         __syncthreads();
-        times_tile<D>(acc, sp, sv + cur);
-        __syncthreads();  // this key tile's buffers and P are free for the next copy and scores
+        times_tile<D>(acc, sp, sv);
     }
     float* ob = o + (size_t)bi * vo.b + (size_t)hi * vo.h;
 #pragma unroll

@@ -90,9 +90,8 @@ impl FlashKernels {
     /// `fwd_smem`, `bwd_kv_smem`, `bwd_q_smem`. Tensor cores: BF16 tiles of [`FLASH_TILE`]
     /// rows with row stride `d + 8`, three in the forward, four in each backward pass (dK/dV
     /// also keeps the query tile's FP32 log-sum-exp and delta). CUDA cores: FP32 tiles with
-    /// row stride `d + 4` and one `[64, 64 + 4]` FP32 score tile, five tiles in the forward
-    /// (q, and k and v twice: the next key tile is copied while one is used), four in dK/dV
-    /// (with log-sum-exp and delta); the dQ sum needs none.
+    /// row stride `d + 4` and one `[64, 64 + 4]` FP32 score tile, three tiles in the forward,
+    /// four in dK/dV (with log-sum-exp and delta); the dQ sum needs none.
     pub(crate) fn smem(self, pass: FlashPass, d: usize) -> usize {
         let stats = 2 * FLASH_TILE * 4;
         match self {
@@ -107,7 +106,7 @@ impl FlashKernels {
             Self::CudaCoreF32 => {
                 let (tile, scores) = (FLASH_TILE * (d + 4) * 4, FLASH_TILE * (FLASH_TILE + 4) * 4);
                 match pass {
-                    FlashPass::Forward => 5 * tile + scores,
+                    FlashPass::Forward => 3 * tile + scores,
                     FlashPass::KeyValueGrads => 4 * tile + scores + stats,
                     FlashPass::QueryGrads => 0,
                 }
@@ -206,7 +205,7 @@ mod tests {
         assert_eq!(TensorCoreBf16.smem(FlashPass::Forward, 64), 3 * 64 * 72 * 2);
         assert_eq!(TensorCoreBf16.smem(FlashPass::KeyValueGrads, 128), 4 * 64 * 136 * 2 + 512);
         assert_eq!(TensorCoreBf16.smem(FlashPass::QueryGrads, 128), 4 * 64 * 136 * 2);
-        assert_eq!(CudaCoreF32.smem(FlashPass::Forward, 64), (5 * 64 * 68 + 64 * 68) * 4);
+        assert_eq!(CudaCoreF32.smem(FlashPass::Forward, 64), (3 * 64 * 68 + 64 * 68) * 4);
         assert_eq!(CudaCoreF32.smem(FlashPass::KeyValueGrads, 128), (4 * 64 * 132 + 64 * 68 + 128) * 4);
         assert_eq!(CudaCoreF32.smem(FlashPass::QueryGrads, 64), 0);
         for kernels in [TensorCoreBf16, CudaCoreF32] {
