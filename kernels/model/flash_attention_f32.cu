@@ -20,19 +20,27 @@
 // per (key tile, query tile) (FA2 adds them with atomics); a last pass sums each query tile's
 // partials over the key tiles in order.
 //
-// Work: a block of 256 threads owns a tile of 64 rows (queries in the forward, keys in the
-// backward) of one (batch entry, head). Thread (ty, tx) = (tid / 16, tid % 16) holds score
-// entries (ty + 16i, tx + 16j), i, j < 4, and output entries (ty + 16i, 4tx + 64c + e), e < 4,
-// c < D / 64. Tiles sit in shared memory row-major with row stride D + 4 floats (an odd number
-// of 16-byte units: the 16-byte reads of 8 rows 1 apart fall in 8 different bank groups);
-// every product reads both operands 16 bytes at a time along its reduction dimension, so one
-// shared load feeds 8 FMAs.
+// Work: a block of 128 threads owns a tile of 64 rows (queries in the forward, keys in the
+// backward) of one (batch entry, head). Warp w owns rows r0 = 16w .. r0 + 15 of the [64, 64]
+// score tile; its lane (ty, tx) = (lane / 16, lane % 16) holds score entries
+// (r0 + ty + 2i, tx + 16j), i < 8, j < 4, and output entries (r0 + ty + 2i, 4tx + 64c + e),
+// e < 4, c < D / 64 (rows r0 + 8ty + i of a product with the score tile transposed). Tiles sit
+// in shared memory row-major with row stride D + 4 floats (the score tile: 64 + 16); every
+// product reads both operands 16 bytes at a time along its reduction dimension. A warp's
+// 16-byte shared read costs two wavefronts when each quarter-warp reads one address (the
+// operand of the thread's 8 rows) and four when a quarter-warp's 8 lanes read 8 rows (the
+// operand of its 4 columns; the row stride puts 8 consecutive rows in 8 different bank
+// groups): 32 wavefronts per 128 FMAs of each thread (a thread owning 4 x 4 entries needs 24
+// per 64). The score stores of a warp (2 rows, 16 columns) fall in 32 different banks. A
+// row's 16 lanes sit in one half-warp, so row maxima and sums are warp shuffles.
 
 #include <stdint.h>
 
 #define BR 64        // rows per tile
-#define NT 256       // threads per block
-#define LP (BR + 4)  // row stride of a [BR, BR] score tile
+#define NT 128       // threads per block
+#define RI 8         // score rows per thread
+#define CJ 4         // score columns per thread
+#define LP (BR + 16) // row stride of a [BR, BR] score tile
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -44,6 +52,19 @@ struct View {
 // Row stride of a [BR, D] tile in shared memory, in floats.
 template <int D> __host__ __device__ constexpr int ld() { return D + 4; }
 
+// The calling thread's place in the tiles (see "Work" above).
+struct Lane {
+    int ty, tx, r0;
+    __device__ __forceinline__ int row(int i) const { return r0 + ty + 2 * i; }   // score and output rows
+    __device__ __forceinline__ int col(int j) const { return tx + 16 * j; }       // score columns
+    __device__ __forceinline__ int out(int c) const { return 4 * tx + 64 * c; }   // first output column
+    __device__ __forceinline__ int trow(int i) const { return r0 + 8 * ty + i; }  // rows of a transposed product
+};
+__device__ __forceinline__ Lane lane() {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    return Lane{l >> 4, l & 15, 16 * w};
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -52,7 +73,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 __device__ __forceinline__ float at(const float4& v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
 
-// The sum and the maximum over the 16 threads of a row (one half-warp: same ty).
+// The sum and the maximum over the 16 lanes of a row (one half-warp: same ty).
 __device__ __forceinline__ float row_sum(float x) {
 #pragma unroll
     for (int w = 1; w < 16; w <<= 1) x += __shfl_xor_sync(0xffffffffu, x, w);
@@ -65,10 +86,11 @@ __device__ __forceinline__ float row_max(float x) {
 }
 
 // Copies rows [r0, r0 + BR) of one head (base: its row 0) into a [BR, D] shared tile with
-// 16-byte loads; rows at or past t are zero.
+// 16-byte loads (all of a thread's loads issued before its stores); rows at or past t are zero.
 template <int D>
 __device__ __forceinline__ void load_tile(float* dst, const float* base, int stride_t, int r0, int t) {
     constexpr int CHUNKS = D / 4;
+#pragma unroll
     for (int i = threadIdx.x; i < BR * CHUNKS; i += NT) {
         int r = i / CHUNKS, c = (i % CHUNKS) * 4;
         float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -77,24 +99,23 @@ __device__ __forceinline__ void load_tile(float* dst, const float* base, int str
     }
 }
 
-// s[i][j] = a[ty + 16i] · b[tx + 16j] (rows of two [BR, D] tiles).
-template <int D> __device__ __forceinline__ void scores(float (&s)[4][4], const float* a, const float* b) {
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+// s[i][j] = a[row(i)] · b[col(j)] (rows of two [BR, D] tiles).
+template <int D> __device__ __forceinline__ void scores(float (&s)[RI][CJ], const float* a, const float* b, Lane ln) {
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < RI; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) s[i][j] = 0.f;
-#pragma unroll 4
+        for (int j = 0; j < CJ; j++) s[i][j] = 0.f;
+#pragma unroll 2
     for (int d = 0; d < D; d += 4) {
-        float4 x[4], y[4];
+        float4 x[RI], y[CJ];
 #pragma unroll
-        for (int i = 0; i < 4; i++) x[i] = *reinterpret_cast<const float4*>(a + (ty + 16 * i) * ld<D>() + d);
+        for (int i = 0; i < RI; i++) x[i] = *reinterpret_cast<const float4*>(a + ln.row(i) * ld<D>() + d);
 #pragma unroll
-        for (int j = 0; j < 4; j++) y[j] = *reinterpret_cast<const float4*>(b + (tx + 16 * j) * ld<D>() + d);
+        for (int j = 0; j < CJ; j++) y[j] = *reinterpret_cast<const float4*>(b + ln.col(j) * ld<D>() + d);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RI; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < CJ; j++) {
                 s[i][j] = fmaf(x[i].x, y[j].x, s[i][j]);
                 s[i][j] = fmaf(x[i].y, y[j].y, s[i][j]);
                 s[i][j] = fmaf(x[i].z, y[j].z, s[i][j]);
@@ -114,54 +135,55 @@ template <int D> __device__ __forceinline__ void add_scaled(float (&acc)[D / 16]
     }
 }
 
-// acc[i][4c + e] += sum over k of p[ty + 16i][k] · v[k][4tx + 64c + e]: p a [BR, BR] score
-// tile (row stride LP), v a [BR, D] tile.
-template <int D> __device__ __forceinline__ void times_tile(float (&acc)[4][D / 16], const float* p, const float* v) {
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-#pragma unroll 2
+// acc[i][4c + e] += sum over k of p[row(i)][k] · v[k][out(c) + e]: p a [BR, BR] score tile
+// (row stride LP), v a [BR, D] tile.
+template <int D>
+__device__ __forceinline__ void times_tile(float (&acc)[RI][D / 16], const float* p, const float* v, Lane ln) {
+#pragma unroll 1
     for (int k = 0; k < BR; k += 4) {
-        float4 x[4];
+        float4 x[RI];
 #pragma unroll
-        for (int i = 0; i < 4; i++) x[i] = *reinterpret_cast<const float4*>(p + (ty + 16 * i) * LP + k);
+        for (int i = 0; i < RI; i++) x[i] = *reinterpret_cast<const float4*>(p + ln.row(i) * LP + k);
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             float4 y[D / 64];
 #pragma unroll
-            for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + (k + kk) * ld<D>() + 4 * tx + 64 * c);
+            for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + (k + kk) * ld<D>() + ln.out(c));
 #pragma unroll
-            for (int i = 0; i < 4; i++) add_scaled<D>(acc[i], at(x[i], kk), y);
+            for (int i = 0; i < RI; i++) add_scaled<D>(acc[i], at(x[i], kk), y);
         }
     }
 }
 
-// acc[i][4c + e] = sum over k of p[k][4ty + i] · v[k][4tx + 64c + e]: the product with the
-// score tile transposed (rows 4ty .. 4ty + 3 of pᵀ v).
-template <int D> __device__ __forceinline__ void transposed_times_tile(float (&acc)[4][D / 16], const float* p, const float* v) {
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+// acc[i][4c + e] = sum over k of p[k][trow(i)] · v[k][out(c) + e]: the product with the
+// score tile transposed.
+template <int D>
+__device__ __forceinline__ void transposed_times_tile(float (&acc)[RI][D / 16], const float* p, const float* v, Lane ln) {
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < RI; i++)
 #pragma unroll
         for (int e = 0; e < D / 16; e++) acc[i][e] = 0.f;
-#pragma unroll 4
+#pragma unroll 2
     for (int k = 0; k < BR; k++) {
-        float4 x = *reinterpret_cast<const float4*>(p + k * LP + 4 * ty);
-        float4 y[D / 64];
+        float4 x[RI / 4], y[D / 64];
 #pragma unroll
-        for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + k * ld<D>() + 4 * tx + 64 * c);
+        for (int h = 0; h < RI / 4; h++) x[h] = *reinterpret_cast<const float4*>(p + k * LP + ln.trow(4 * h));
 #pragma unroll
-        for (int i = 0; i < 4; i++) add_scaled<D>(acc[i], at(x, i), y);
+        for (int c = 0; c < D / 64; c++) y[c] = *reinterpret_cast<const float4*>(v + k * ld<D>() + ln.out(c));
+#pragma unroll
+        for (int i = 0; i < RI; i++) add_scaled<D>(acc[i], at(x[i / 4], i % 4), y);
     }
 }
 
-// Writes row `row` of an output (base: the head's row 0) from acc[i] times `factor`, if
-// row < t: the thread's columns 4tx + 64c .. + 3, 16 bytes each.
+// Writes row `row` of an output (base: the head's row 0) from acc times `factor`, if
+// row < t: the thread's columns out(c) .. + 3, 16 bytes each.
 template <int D>
-__device__ __forceinline__ void store_row(float* base, int stride_t, int row, int t, const float (&acc)[D / 16], float factor) {
-    int tx = threadIdx.x & 15;
+__device__ __forceinline__ void store_row(float* base, int stride_t, int row, int t, const float (&acc)[D / 16], float factor,
+                                          Lane ln) {
     if (row >= t) return;
 #pragma unroll
     for (int c = 0; c < D / 64; c++)
-        *reinterpret_cast<float4*>(base + (size_t)row * stride_t + 4 * tx + 64 * c) =
+        *reinterpret_cast<float4*>(base + (size_t)row * stride_t + ln.out(c)) =
             make_float4(acc[4 * c] * factor, acc[4 * c + 1] * factor, acc[4 * c + 2] * factor, acc[4 * c + 3] * factor);
 }
 
@@ -169,7 +191,7 @@ __device__ __forceinline__ void store_row(float* base, int stride_t, int row, in
 // Forward: per query tile, over key tiles 0..tile (causal), the online softmax
 // m' = max(m, rowmax(S)), l' = l e^(m - m') + rowsum(e^(S - m')), O' = O e^(m - m') + P V,
 // and at the end O / l and lse = m + log(l) (S already times scale). Each thread sums l over
-// its own columns; the row's 16 threads add theirs at the end.
+// its own columns; the row's 16 lanes add theirs at the end.
 // Shared memory: q, k, v tiles and the probabilities P.
 
 template <int D> __host__ __device__ constexpr int fwd_smem() { return (3 * BR * ld<D>() + BR * LP) * 4; }
@@ -180,7 +202,7 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
     extern __shared__ __align__(16) unsigned char smem[];
     float* sq = reinterpret_cast<float*>(smem);
     float *sk = sq + BR * ld<D>(), *sv = sk + BR * ld<D>(), *sp = sv + BR * ld<D>();
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    Lane ln = lane();
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
     const float* qb = q + (size_t)bi * qk.b + (size_t)hi * qk.h;
@@ -190,9 +212,9 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
     float sl2 = scale * LOG2E;
 
     load_tile<D>(sq, qb, qk.t, q0, t);
-    float acc[4][D / 16], m[4], l[4];
+    float acc[RI][D / 16], m[RI], l[RI];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < RI; i++) {
         m[i] = -INFINITY;
         l[i] = 0.f;
 #pragma unroll
@@ -204,16 +226,16 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
         load_tile<D>(sk, kb, qk.t, k0, t);
         load_tile<D>(sv, vb, vo.t, k0, t);
         __syncthreads();
-        float s[4][4];
-        scores<D>(s, sq, sk);
+        float s[RI][CJ];
+        scores<D>(s, sq, sk, ln);
         bool edge = kt == tile || k0 + BR > t;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = q0 + ty + 16 * i;
+        for (int i = 0; i < RI; i++) {
+            int row = q0 + ln.row(i);
             float mx = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int key = k0 + tx + 16 * j;
+            for (int j = 0; j < CJ; j++) {
+                int key = k0 + ln.col(j);
                 float x = s[i][j] * sl2;
                 if (edge && (key > row || key >= t)) x = -INFINITY;
                 s[i][j] = x;
@@ -226,22 +248,22 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
 #pragma unroll
             for (int e = 0; e < D / 16; e++) acc[i][e] *= alpha;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < CJ; j++) {
                 float p = exp2_approx(s[i][j] - m_new);
                 l[i] += p;
-                sp[(ty + 16 * i) * LP + tx + 16 * j] = p;
+                sp[ln.row(i) * LP + ln.col(j)] = p;
             }
         }
         __syncthreads();
-        times_tile<D>(acc, sp, sv);
+        times_tile<D>(acc, sp, sv, ln);
     }
     float* ob = o + (size_t)bi * vo.b + (size_t)hi * vo.h;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < RI; i++) {
         float li = row_sum(l[i]);
-        int row = q0 + ty + 16 * i;
-        if (tx == 0 && row < t) lse[(size_t)bh * t + row] = (m[i] + __log2f(li)) * LN2;
-        store_row<D>(ob, vo.t, row, t, acc[i], 1.0f / li);
+        int row = q0 + ln.row(i);
+        if (ln.tx == 0 && row < t) lse[(size_t)bh * t + row] = (m[i] + __log2f(li)) * LN2;
+        store_row<D>(ob, vo.t, row, t, acc[i], 1.0f / li, ln);
     }
 }
 
@@ -286,7 +308,7 @@ __device__ void flash_bwd_kv(const float* q, const float* k, const float* v, con
     float* sk = reinterpret_cast<float*>(smem);
     float *sv = sk + BR * ld<D>(), *sq = sv + BR * ld<D>(), *sdo = sq + BR * ld<D>(), *sp = sdo + BR * ld<D>();
     float *slse = sp + BR * LP, *sdelta = slse + BR;
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    Lane ln = lane();
     int ntiles = gridDim.x, tile = blockIdx.x;  // the longest tiles first
     int bh = blockIdx.y, bi = bh / heads, hi = bh % heads;
     size_t qk_off = (size_t)bi * qk.b + (size_t)hi * qk.h, vo_off = (size_t)bi * vo.b + (size_t)hi * vo.h;
@@ -294,9 +316,9 @@ __device__ void flash_bwd_kv(const float* q, const float* k, const float* v, con
     float sl2 = scale * LOG2E;
     load_tile<D>(sk, k + qk_off, qk.t, k0, t);
     load_tile<D>(sv, v + vo_off, vo.t, k0, t);
-    float dk_acc[4][D / 16], dv_acc[4][D / 16];
+    float dk_acc[RI][D / 16], dv_acc[RI][D / 16];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < RI; i++)
 #pragma unroll
         for (int e = 0; e < D / 16; e++) dk_acc[i][e] = dv_acc[i][e] = 0.f;
     for (int qt = tile; qt < ntiles; qt++) {
@@ -310,42 +332,45 @@ __device__ void flash_bwd_kv(const float* q, const float* k, const float* v, con
             sdelta[i] = in ? delta[(size_t)bh * t + q0 + i] : 0.f;
         }
         __syncthreads();
-        float p[4][4], ds[4][4];
-        scores<D>(p, sk, sq);  // Sᵀ
-        bool diagonal = qt == tile;
+        float ds[RI][CJ];
+        {
+            float p[RI][CJ];
+            scores<D>(p, sk, sq, ln);  // Sᵀ
+            bool diagonal = qt == tile;
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+            for (int i = 0; i < RI; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int key = k0 + ty + 16 * i, col = tx + 16 * j;
-                float x = exp2_approx(p[i][j] * sl2 - slse[col]);
-                p[i][j] = (diagonal && q0 + col < key) || key >= t ? 0.f : x;
-                sp[(ty + 16 * i) * LP + col] = p[i][j];
-            }
-        scores<D>(ds, sv, sdo);  // dPᵀ
+                for (int j = 0; j < CJ; j++) {
+                    int key = k0 + ln.row(i), col = ln.col(j);
+                    float x = exp2_approx(p[i][j] * sl2 - slse[col]);
+                    sp[ln.row(i) * LP + col] = (diagonal && q0 + col < key) || key >= t ? 0.f : x;
+                }
+        }
+        scores<D>(ds, sv, sdo, ln);  // dPᵀ
         __syncthreads();
-        times_tile<D>(dv_acc, sp, sdo);  // dV += Pᵀ dO
+        times_tile<D>(dv_acc, sp, sdo, ln);  // dV += Pᵀ dO
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RI; i++)  // Pᵀ read back: fewer live registers during dPᵀ's product
 #pragma unroll
-            for (int j = 0; j < 4; j++) ds[i][j] = scale * p[i][j] * (ds[i][j] - sdelta[tx + 16 * j]);
+            for (int j = 0; j < CJ; j++)
+                ds[i][j] = scale * sp[ln.row(i) * LP + ln.col(j)] * (ds[i][j] - sdelta[ln.col(j)]);
         __syncthreads();  // Pᵀ is no longer read
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RI; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) sp[(ty + 16 * i) * LP + tx + 16 * j] = ds[i][j];
+            for (int j = 0; j < CJ; j++) sp[ln.row(i) * LP + ln.col(j)] = ds[i][j];
         __syncthreads();
-        times_tile<D>(dk_acc, sp, sq);  // dK += dSᵀ Q
-        float dq[4][D / 16];
-        transposed_times_tile<D>(dq, sp, sk);  // dQ (this pair) = dS K
+        times_tile<D>(dk_acc, sp, sq, ln);  // dK += dSᵀ Q
+        float dq[RI][D / 16];
+        transposed_times_tile<D>(dq, sp, sk, ln);  // dQ (this pair) = dS K
         float* part = dq_part + (((size_t)bh * ntiles + tile) * ntiles * BR) * D;
 #pragma unroll
-        for (int i = 0; i < 4; i++) store_row<D>(part, D, q0 + 4 * ty + i, t, dq[i], 1.f);
+        for (int i = 0; i < RI; i++) store_row<D>(part, D, q0 + ln.trow(i), t, dq[i], 1.f, ln);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        store_row<D>(dk + qk_off, qk.t, k0 + ty + 16 * i, t, dk_acc[i], 1.f);
-        store_row<D>(dv + (size_t)bi * dvv.b + (size_t)hi * dvv.h, dvv.t, k0 + ty + 16 * i, t, dv_acc[i], 1.f);
+    for (int i = 0; i < RI; i++) {
+        store_row<D>(dk + qk_off, qk.t, k0 + ln.row(i), t, dk_acc[i], 1.f, ln);
+        store_row<D>(dv + (size_t)bi * dvv.b + (size_t)hi * dvv.h, dvv.t, k0 + ln.row(i), t, dv_acc[i], 1.f, ln);
     }
 }
 
@@ -374,10 +399,10 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
 // ---------------------------------------------------------------------------------------
 // Entry points: flash_<pass>_d<D>_f32. Shared memory sizes (bytes), the delta pass's rows per
 // block and the dQ partials' layout must match the host's (crates/model/src/fused_sizes.rs).
-// The dK/dV pass at D = 64 is held to 128 registers so that two blocks share an SM (its
-// shared memory allows two; a few spilled values cost less than half the warps).
+// At D = 64 the forward's 168 registers and 71 KiB let three blocks share an SM, the dK/dV
+// pass's 214 registers two.
 
-#define FLASH_F32_ENTRY(D, KV_BLOCKS)                                                                             \
+#define FLASH_F32_ENTRY(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_fwd_d##D##_f32(const float* q, const float* k, const float* v, float* o, float* lse, int heads,     \
                              int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t, float scale) {    \
@@ -388,7 +413,7 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
                                    int vo_b, int vo_h, int vo_t) {                                                \
         flash_bwd_delta<D>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                                \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(NT, KV_BLOCKS)                                                   \
+    extern "C" __global__ void __launch_bounds__(NT)                                                   \
         flash_bwd_kv_d##D##_f32(const float* q, const float* k, const float* v, const float* d_o,                 \
                                 const float* lse, const float* delta, float* dk, float* dv, float* dq_part,       \
                                 int heads, int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t,     \
@@ -402,5 +427,5 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
         flash_dq_sum<D>(dq_part, dq, heads, t, ntiles, rows, View{qk_b, qk_h, qk_t});                             \
     }
 
-FLASH_F32_ENTRY(64, 2)
-FLASH_F32_ENTRY(128, 1)
+FLASH_F32_ENTRY(64)
+FLASH_F32_ENTRY(128)
