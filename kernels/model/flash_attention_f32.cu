@@ -26,13 +26,13 @@
 // (r0 + ty + 2i, tx + 16j), i < 8, j < 4, and output entries (r0 + ty + 2i, 4tx + 64c + e),
 // e < 4, c < D / 64 (rows r0 + 8ty + i of a product with the score tile transposed). Tiles sit
 // in shared memory row-major with row stride D + 4 floats (the score tile: 64 + 16); every
-// product reads both operands 16 bytes at a time along its reduction dimension. A warp's
-// 16-byte shared read costs two wavefronts when each quarter-warp reads one address (the
-// operand of the thread's 8 rows) and four when a quarter-warp's 8 lanes read 8 rows (the
-// operand of its 4 columns; the row stride puts 8 consecutive rows in 8 different bank
-// groups): 32 wavefronts per 128 FMAs of each thread (a thread owning 4 x 4 entries needs 24
-// per 64). The score stores of a warp (2 rows, 16 columns) fall in 32 different banks. A
-// row's 16 lanes sit in one half-warp, so row maxima and sums are warp shuffles.
+// shared read of a product is 16 bytes. A warp's 16-byte shared read costs two wavefronts
+// when each quarter-warp reads one address (the operand of the thread's 8 rows) and four
+// when a quarter-warp's 8 lanes read 8 different 16-byte units (the operand of its 4 columns
+// or 4 output columns; the row stride puts 8 consecutive rows in 8 different bank groups):
+// 32 wavefronts per 128 FMAs of each thread in each product (a thread owning 4 x 4 entries
+// needed 24 per 64). The score stores of a warp (2 rows, 16 columns) fall in 32 different
+// banks. A row's 16 lanes sit in one half-warp, so row maxima and sums are warp shuffles.
 
 #include <stdint.h>
 
@@ -86,7 +86,7 @@ __device__ __forceinline__ float row_max(float x) {
 }
 
 // Copies rows [r0, r0 + BR) of one head (base: its row 0) into a [BR, D] shared tile with
-// 16-byte loads (all of a thread's loads issued before its stores); rows at or past t are zero.
+// 16-byte loads (unrolled: several loads in flight); rows at or past t are zero.
 template <int D>
 __device__ __forceinline__ void load_tile(float* dst, const float* base, int stride_t, int r0, int t) {
     constexpr int CHUNKS = D / 4;
@@ -399,10 +399,10 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
 // ---------------------------------------------------------------------------------------
 // Entry points: flash_<pass>_d<D>_f32. Shared memory sizes (bytes), the delta pass's rows per
 // block and the dQ partials' layout must match the host's (crates/model/src/fused_sizes.rs).
-// At D = 64 the forward's 168 registers and 71 KiB let three blocks share an SM, the dK/dV
-// pass's 214 registers two.
+// At D = 64 the forward's 168 registers and 71 KiB let three blocks share an SM; the dK/dV
+// pass's 196 registers and 88.5 KiB, two.
 
-#define FLASH_F32_ENTRY(D)                                                                             \
+#define FLASH_F32_ENTRY(D)                                                                                        \
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_fwd_d##D##_f32(const float* q, const float* k, const float* v, float* o, float* lse, int heads,     \
                              int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t, float scale) {    \
@@ -413,13 +413,13 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
                                    int vo_b, int vo_h, int vo_t) {                                                \
         flash_bwd_delta<D>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                                \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(NT)                                                   \
+    extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_bwd_kv_d##D##_f32(const float* q, const float* k, const float* v, const float* d_o,                 \
                                 const float* lse, const float* delta, float* dk, float* dv, float* dq_part,       \
                                 int heads, int t, int qk_b, int qk_h, int qk_t, int vo_b, int vo_h, int vo_t,     \
                                 int dv_b, int dv_h, int dv_t, float scale) {                                      \
         flash_bwd_kv<D>(q, k, v, d_o, lse, delta, dk, dv, dq_part, heads, t, View{qk_b, qk_h, qk_t},              \
-                        View{vo_b, vo_h, vo_t}, View{dv_b, dv_h, dv_t}, scale);                           \
+                        View{vo_b, vo_h, vo_t}, View{dv_b, dv_h, dv_t}, scale);                                   \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_dq_sum_d##D##_f32(const float* dq_part, float* dq, int heads, int t, int ntiles, int rows,          \

@@ -60,7 +60,8 @@ impl Grouping {
 /// The gradient of the table `w` (`[V, H]`, its dtype) from the output's gradient `dy`
 /// `[N, H]` of [`forward`] with the ids that `grouping` grouped; rows of ids that do not
 /// occur are 0. Each id's rows are summed in the fixed order of the module docs (no atomics).
-/// `H` ≤ 1024 reads each row once; wider tables take one pass per 1024 columns.
+/// Each element of `dy` is read once; wider tables than 1024 walk a token's positions once
+/// per 1024 columns.
 pub fn backward(w: &Tensor, grouping: &Grouping, dy: &Tensor) -> Result<Tensor> {
     let dev = cuda_device(w)?;
     let (v, h) = w.dims2()?;
