@@ -399,6 +399,43 @@ fn embedding_matches_composed() {
     }
 }
 
+/// The embedding backward where its loops go past one round: id 3 at 300 of 600 positions
+/// (each of the 8 warps' interleaved sums spans two batches of 32 rows) and a width of 1040
+/// (two chunks of 1024 columns), against an f64 sum on the host of the gradient's values as
+/// given in the dtype: within 1e-5 of the sum of magnitudes (FP32 sums of at most 40 terms,
+/// then 8), plus in BF16 half a unit of the result's rounding (2^-8 of its size); id 7 absent,
+/// its row 0.
+#[test]
+fn embedding_backward_sums_long_id_lists() {
+    let dev = gpu();
+    let (v, h, n) = (20usize, 1040usize, 600usize);
+    let others: Vec<u32> = (0..20).filter(|&i| i != 3 && i != 7).collect();
+    let ids: Vec<u32> = (0..n).map(|i| if i % 2 == 0 { 3 } else { others[i / 2 % others.len()] }).collect();
+    assert_eq!(ids.iter().filter(|&&i| i == 3).count(), 300);
+    for dtype in DTYPES {
+        let w = Tensor::zeros((v, h), dtype, &dev).unwrap();
+        let dy = Tensor::from_vec(randn(&[n, h], 1.0, 21), (n, h), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        let given = dy.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let grouping = embedding::Grouping::new(&ids, v, &dev).unwrap();
+        let dw = embedding::backward(&w, &grouping, &dy.to_device(&dev).unwrap()).unwrap();
+        let dw = dw.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (mut sum, mut mag) = (vec![0f64; v * h], vec![0f64; v * h]);
+        for (r, &id) in ids.iter().enumerate() {
+            for c in 0..h {
+                let x = given[r * h + c] as f64;
+                sum[id as usize * h + c] += x;
+                mag[id as usize * h + c] += x.abs();
+            }
+        }
+        let unit = if dtype == DType::BF16 { 2f64.powi(-8) } else { 0.0 };
+        for k in 0..v * h {
+            let err = (dw[k] as f64 - sum[k]).abs();
+            assert!(err <= unit * sum[k].abs() + 1e-5 * mag[k], "{dtype:?} dw[{}][{}] = {} against {}", k / h, k % h, dw[k], sum[k]);
+        }
+        assert!(dw[7 * h..8 * h].iter().all(|&x| x == 0.0), "{dtype:?}: the absent id's row");
+    }
+}
+
 /// The LM head and loss in chunks against `linear` + the composed cross-entropy (4100 rows:
 /// two chunks of the fused op; vocabularies 301 and 32100, both padded to a multiple of 8),
 /// the evaluation loss equal to the training pass's, the loss scale in the gradients.
