@@ -28,17 +28,14 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "flash_delta.cuh"
+
 typedef __nv_bfloat16 bf16;
 
 #define BR 64  // rows per tile
 #define NW 4   // warps per block
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-
-// Element strides of a [B, heads, T, D] view (D contiguous).
-struct View {
-    int b, h, t;
-};
 
 // Successive regions of the block's dynamic shared memory, in the order the kernels' *_smem
 // formulas count them (every region a multiple of 16 bytes: the 16-byte accesses).
@@ -281,33 +278,6 @@ __device__ void flash_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, 
 }
 
 // ---------------------------------------------------------------------------------------
-// Backward, step 1: delta[row] = rowsum(dO * O) (= rowsum(P * dP)), FP32 [B * heads, T];
-// D / 8 lanes per row, 8 elements (16 bytes) per lane.
-
-template <int D> __host__ __device__ constexpr int delta_rows_per_block() { return NW * 32 / (D / 8); }
-
-template <int D>
-__device__ void flash_bwd_delta(const bf16* o, const bf16* d_o, float* delta, int heads, int t, int rows, View vo) {
-    constexpr int LANES = D / 8;
-    int row = blockIdx.x * delta_rows_per_block<D>() + threadIdx.x / LANES, part = threadIdx.x % LANES;
-    float s = 0.f;
-    if (row < rows) {
-        int bh = row / t, p = row % t, bi = bh / heads, hi = bh % heads;
-        size_t off = (size_t)bi * vo.b + (size_t)hi * vo.h + (size_t)p * vo.t + part * 8;
-        uint4 a = *reinterpret_cast<const uint4*>(o + off), b = *reinterpret_cast<const uint4*>(d_o + off);
-        const __nv_bfloat162 *x = reinterpret_cast<const __nv_bfloat162*>(&a), *y = reinterpret_cast<const __nv_bfloat162*>(&b);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 fx = __bfloat1622float2(x[i]), fy = __bfloat1622float2(y[i]);
-            s += fx.x * fy.x + fx.y * fy.y;
-        }
-    }
-#pragma unroll
-    for (int w = LANES / 2; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
-    if (row < rows && part == 0) delta[row] = s;
-}
-
-// ---------------------------------------------------------------------------------------
 // Backward, step 2: per key tile, over query tiles tile..last (causal), with the warp's 16
 // keys as rows: Sᵀ = K Qᵀ, Pᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ, dSᵀ, dK += dSᵀ Q.
 // Shared memory: k, v, q, dO tiles; lse (times log2 e; +inf past t, so P = 0 there) and
@@ -458,7 +428,7 @@ __device__ void flash_bwd_q(const bf16* q, const bf16* k, const bf16* v, const b
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                         \
         flash_bwd_delta_d##D##_bf16(const bf16* o, const bf16* d_o, float* delta, int heads, int t, int rows,    \
                                     int vo_b, int vo_h, int vo_t) {                                                \
-        flash_bwd_delta<D>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                                \
+        flash_bwd_delta<bf16, D, NW * 32>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                 \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                         \
         flash_bwd_kv_d##D##_bf16(const bf16* q, const bf16* k, const bf16* v, const bf16* d_o, const float* lse,  \

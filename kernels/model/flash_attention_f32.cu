@@ -36,6 +36,8 @@
 
 #include <stdint.h>
 
+#include "flash_delta.cuh"
+
 #define BR 64        // rows per tile
 #define NT 128       // threads per block
 #define RI 8         // score rows per thread
@@ -43,11 +45,6 @@
 #define LP (BR + 16) // row stride of a [BR, BR] score tile
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-
-// Element strides of a [B, heads, T, D] view (D contiguous).
-struct View {
-    int b, h, t;
-};
 
 // Row stride of a [BR, D] tile in shared memory, in floats.
 template <int D> __host__ __device__ constexpr int ld() { return D + 4; }
@@ -268,28 +265,6 @@ __device__ void flash_fwd(const float* q, const float* k, const float* v, float*
 }
 
 // ---------------------------------------------------------------------------------------
-// Backward, step 1: delta[row] = rowsum(dO * O) (= rowsum(P * dP)), FP32 [B * heads, T];
-// D / 4 lanes per row, 4 elements (16 bytes) per lane.
-
-template <int D> __host__ __device__ constexpr int delta_rows_per_block() { return NT / (D / 4); }
-
-template <int D>
-__device__ void flash_bwd_delta(const float* o, const float* d_o, float* delta, int heads, int t, int rows, View vo) {
-    constexpr int LANES = D / 4;
-    int row = blockIdx.x * delta_rows_per_block<D>() + threadIdx.x / LANES, part = threadIdx.x % LANES;
-    float s = 0.f;
-    if (row < rows) {
-        int bh = row / t, p = row % t, bi = bh / heads, hi = bh % heads;
-        size_t off = (size_t)bi * vo.b + (size_t)hi * vo.h + (size_t)p * vo.t + part * 4;
-        float4 a = *reinterpret_cast<const float4*>(o + off), b = *reinterpret_cast<const float4*>(d_o + off);
-        s = a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-    }
-#pragma unroll
-    for (int w = LANES / 2; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
-    if (row < rows && part == 0) delta[row] = s;
-}
-
-// ---------------------------------------------------------------------------------------
 // Backward, step 2: per key tile, over query tiles tile..last (causal), with the keys as
 // rows: Sᵀ = K Qᵀ, Pᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ, dSᵀ = scale · Pᵀ ∘ (dPᵀ − delta),
 // dK += dSᵀ Q, and the partial dQ = dS K of this (key tile, query tile) pair into
@@ -411,7 +386,7 @@ __device__ void flash_dq_sum(const float* dq_part, float* dq, int heads, int t, 
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_bwd_delta_d##D##_f32(const float* o, const float* d_o, float* delta, int heads, int t, int rows,    \
                                    int vo_b, int vo_h, int vo_t) {                                                \
-        flash_bwd_delta<D>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                                \
+        flash_bwd_delta<float, D, NT>(o, d_o, delta, heads, t, rows, View{vo_b, vo_h, vo_t});                     \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         flash_bwd_kv_d##D##_f32(const float* q, const float* k, const float* v, const float* d_o,                 \

@@ -115,8 +115,9 @@ impl FlashKernels {
         }
     }
 
-    /// Rows per block of the backward's delta pass (`delta_rows_per_block` in the kernel
-    /// files): one 16-byte access per lane, `d` / (elements per access) lanes per row.
+    /// Rows per block of the backward's delta pass (`delta_rows_per_block` in
+    /// `kernels/model/flash_delta.cuh`, shared by both kernel files): one 16-byte access
+    /// per lane, `d` / (elements per access) lanes per row.
     pub(crate) fn delta_rows_per_block(self, d: usize) -> usize {
         self.threads() / (d / self.per16())
     }
