@@ -1,7 +1,7 @@
 //! `train`: pre-train a LLaMA with low-precision AdamW states, and inspect the results.
 //!
 //! ```text
-//! train --config FILE|NAME [--set section.key=value ...] [--device cpu|cuda] [--resume RUN_DIR|latest] [--overwrite] [--print-config] [--gpus N]
+//! train --config FILE|NAME [--set section.key=value ...] [--device cpu|cuda] [--resume RUN_DIR|latest [--trust-checkpoint]] [--overwrite] [--print-config] [--gpus N]
 //! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--reset-period] [--json]
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--estimator updated|paper] [--window N] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]

@@ -13,13 +13,12 @@
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_train::logs::stalls::StallRow;
 use anyhow::{Context, Result};
+use crate::text_backend::{register_font, Glyphs, FONT};
 use lowbit_optim::theory;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
-use std::sync::Once;
 
-const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 const SIZE: (u32, u32) = (1200, 520);
 /// Height of one row of the legend strip under a chart (px).
 const LEGEND_ROW: i32 = 20;
@@ -33,15 +32,6 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
 ];
-
-pub(crate) fn register_font() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-            .map_err(|_| ())
-            .expect("embedded font is valid");
-    });
-}
 
 /// A named polyline.
 struct Series {
@@ -158,7 +148,7 @@ fn render(base: &Path, panels: &[Panel]) -> Result<Vec<PathBuf>> {
     }
     {
         let font = ab_glyph::FontRef::try_from_slice(FONT).map_err(|e| anyhow::anyhow!("the embedded font: {e}"))?;
-        let root = crate::text_backend::Glyphs { inner: BitMapBackend::new(&png, size), font }.into_drawing_area();
+        let root = Glyphs { inner: BitMapBackend::new(&png, size), font }.into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
         for (area, p) in root.split_evenly((1, panels.len())).iter().zip(panels) {
             draw_panel(area, p)?;

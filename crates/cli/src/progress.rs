@@ -1,10 +1,10 @@
 //! The run's progress on the terminal: the banner, a progress bar with the newest loss,
 //! stalled fractions and throughput, and the loop's messages printed above it. Without a
 //! terminal (output into a file or a pipe) the bar is hidden and its line goes to the log 20
-//! times per run instead ([`lowbit_train::run::Logs`]).
+//! times per run instead ([`lowbit_train::progress::Logs`]).
 
 use indicatif::{ProgressBar, ProgressStyle};
-use lowbit_train::run::{Logs, Progress};
+use lowbit_train::progress::{Logs, Progress};
 use lowbit_train::session::Session;
 use lowbit_train::step::StepReport;
 

@@ -4,12 +4,26 @@
 //! and draws text itself: pen advanced by each glyph's advance and the kerning, each outline
 //! placed at its own bounds (bearing included), baseline at the font's ascent. Everything else
 //! goes to the wrapped backend unchanged. The SVG plots need none of this: their text is
-//! `<text>` set by the viewer.
+//! `<text>` set by the viewer. Also here: the plots' embedded font ([`FONT`]).
 
 use ab_glyph::{Font, FontRef, PxScale, ScaleFont};
 use plotters::prelude::DrawingBackend;
 use plotters_backend::text_anchor::{HPos, VPos};
 use plotters_backend::{BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingErrorKind};
+use std::sync::Once;
+
+/// The plots' one font (DejaVu Sans), embedded.
+pub const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+/// Registers [`FONT`] as `plotters`' "sans-serif" (once per process).
+pub(crate) fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, FONT)
+            .map_err(|_| ())
+            .expect("embedded font is valid");
+    });
+}
 
 /// `inner` drawing its text in `font` (the plots' one font, whatever family a style names).
 pub struct Glyphs<B> {
@@ -117,8 +131,8 @@ mod tests {
 
     /// The leftmost inked column of `text` drawn at x = 0 on a white 60 x 40 bitmap.
     fn first_ink(text: &str, ours: bool) -> u32 {
-        let font = FontRef::try_from_slice(include_bytes!("../assets/DejaVuSans.ttf")).unwrap();
-        crate::plot::register_font();
+        let font = FontRef::try_from_slice(FONT).unwrap();
+        register_font();
         let mut buf = vec![255u8; 60 * 40 * 3];
         {
             let bitmap = BitMapBackend::with_buffer(&mut buf, (60, 40));

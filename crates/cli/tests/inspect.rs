@@ -8,7 +8,8 @@ use lowbit_cli::predict::{predict, reset_periods};
 use lowbit_cli::stalls_table::Estimator;
 use lowbit_train::logs::stalls::StallRow;
 use lowbit_cli::stalls_table::{render, table, By, State};
-use lowbit_train::run::{self, Logs};
+use lowbit_train::progress::Logs;
+use lowbit_train::run;
 use lowbit_train::session::Launch;
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! issue's numbered items through the `train` binary (tiny config of `common::base_toml`,
 //! checkpoints every 3 steps, keep 2), in a temporary working directory with `runs/` in it.
 
-use lowbit_train::checkpoint;
+use lowbit_train::train_state::load_state;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -79,7 +79,7 @@ fn resume_writes_into_the_folder_it_resumes_and_a_finished_run_is_left_alone() {
     // item 7: the pending tokens are in data.safetensors, state.json holds none
     let ck = d.join("runs/y/checkpoints/step_0000006");
     assert_eq!(json(&ck.join("state.json"))["data"]["carry"], Value::Array(vec![]));
-    let carry = checkpoint::load_state(&ck).unwrap().data.carry;
+    let carry = load_state(&ck).unwrap().data.carry;
     assert!(!carry.is_empty(), "concat mode with 32-token rows leaves pending tokens");
     assert!(ck.join("data.safetensors").is_file());
 }

@@ -6,7 +6,7 @@
 //! `data/tokenizers/t5-tokenizer.json`).
 
 use crate::hub::HubFile;
-use crate::{DataError, Result};
+use crate::error::{DataError, Result};
 use hf_hub::RepoType;
 use std::path::Path;
 

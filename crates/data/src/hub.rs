@@ -16,7 +16,7 @@
 //! `$XDG_CACHE_HOME/huggingface`, then `~/.cache/huggingface`; `huggingface-cli login`
 //! writes it), and `HF_HUB_OFFLINE` (1/true/yes/on: no request is made).
 
-use crate::{DataError, Result};
+use crate::error::{DataError, Result};
 use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo, RepoType};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! Which implementation of the model's ops a forward pass runs.
 
-use crate::LlamaConfig;
+use crate::config::LlamaConfig;
 use candle_core::{Device, Result};
 
 /// Largest `hidden_size` the fused kernels take: the RMSNorm backward (`rmsnorm_bwd` in

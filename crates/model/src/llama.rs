@@ -1,8 +1,7 @@
 //! The decoder: embedding → L × (pre-norm attention + pre-norm SwiGLU) → final norm → head:
-//! its weights and the composed forward (candle ops under autograd); its passes, composed or
-//! fused, are in `passes.rs`.
+//! its structure and weights; its passes, composed or fused, are in `passes.rs`.
 
-use candle_core::{Device, Module, Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::attention::{causal_mask, Attention};
@@ -10,7 +9,7 @@ use crate::config::LlamaConfig;
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use crate::rope::Rope;
-use crate::Kernels;
+use crate::kernels::Kernels;
 
 /// One HF `LlamaDecoderLayer`.
 #[derive(Debug, Clone)]
@@ -31,12 +30,6 @@ impl Block {
             mlp: Mlp::new(h, cfg.intermediate_size, vb.pp("mlp"))?,
         })
     }
-
-    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
-        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?;
-        let h = (x + attn)?;
-        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
-    }
 }
 
 /// LLaMA causal language model with HF `LlamaForCausalLM` tensor names and semantics
@@ -52,7 +45,7 @@ pub struct Llama {
     pub(crate) norm: RmsNorm,
     pub(crate) lm_head: Tensor,
     pub(crate) rope: Rope,
-    mask: Tensor,
+    pub(crate) mask: Tensor,
     device: Device,
     pub(crate) kernels: Kernels,
 }
@@ -109,18 +102,6 @@ impl Llama {
     /// Device of the weights.
     pub fn device(&self) -> &Device {
         &self.device
-    }
-
-    /// The composed ops' final hidden states (after `model.norm`) of `input` `[B, T]` u32:
-    /// `[B, T, H]`, under candle's autograd.
-    pub(crate) fn composed_hidden(&self, input: &Tensor) -> Result<Tensor> {
-        let (b, t) = input.dims2()?;
-        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
-        let mut x = self.embed_tokens.index_select(&input.flatten_all()?, 0)?.reshape((b, t, self.cfg.hidden_size))?;
-        for layer in &self.layers {
-            x = layer.forward(&x, &self.rope, &mask)?;
-        }
-        self.norm.forward(&x)
     }
 
     /// Errors for sequences longer than `max_seq_len` (the RoPE tables' length).

@@ -1,15 +1,18 @@
 //! The model's passes, composed or fused by [`crate::Kernels`]: logits ([`Llama::forward`]), the
 //! loss ([`Llama::loss`]) and the training pass ([`Llama::training_pass`], whose backward gives
 //! each weight's gradient or adds it to a [`GradSum`]). The composed ones are candle ops
-//! under autograd (`llama.rs`); the fused ones run `crate::fused::model`.
+//! under autograd (each layer's modules in order, `loss.backward()`); the fused ones run the
+//! ops of `crate::fused` as llm.c writes a model (`explicit`, below): each op's forward, then
+//! each op's backward in reverse order.
 
 use crate::grad_sum::GradSum;
-use crate::llama::Llama;
+use crate::llama::{Block, Llama};
 use crate::mlp::linear;
+use crate::rope::Rope;
 #[cfg(feature = "cuda")]
-use crate::Kernels;
+use crate::kernels::Kernels;
 use candle_core::backprop::GradStore;
-use candle_core::{Result, Tensor};
+use candle_core::{Module, Result, Tensor};
 
 impl Llama {
     /// Final hidden states after `model.norm`: `input` `[B, T]` u32 token ids (T ≤
@@ -18,7 +21,7 @@ impl Llama {
         self.check_seq_len(input.dim(1)?)?;
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
-            return crate::fused::model::hidden(self, input);
+            return explicit::hidden(self, input);
         }
         self.composed_hidden(input)
     }
@@ -44,14 +47,14 @@ impl Llama {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
             self.check_seq_len(input.dim(1)?)?;
-            return crate::fused::model::loss(self, input, target, mask);
+            return explicit::loss(self, input, target, mask);
         }
-        crate::masked_cross_entropy(&self.forward(input)?, target, mask)
+        crate::loss::masked_cross_entropy(&self.forward(input)?, target, mask)
     }
 
     /// The forward pass for training on `scale` times [`Llama::loss`]; its
     /// [`TrainingPass::backward`] gives the gradient of every weight. With [`crate::Kernels::Fused`]
-    /// the backward is explicit (`crate::fused::model`: each op's backward function in reverse
+    /// the backward is explicit (`explicit`: each op's backward function in reverse
     /// order, each gradient written once); with [`crate::Kernels::Composed`] it is candle's
     /// `loss.backward()`.
     ///
@@ -70,10 +73,33 @@ impl Llama {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
             self.check_seq_len(input.dim(1)?)?;
-            return Ok(TrainingPass(Pass::Explicit(crate::fused::model::Forward::run(self, input, target, mask, input_ids, scale)?)));
+            return Ok(TrainingPass(Pass::Explicit(explicit::Forward::run(self, input, target, mask, input_ids, scale)?)));
         }
         let loss = self.loss(input, target, mask)?.affine(scale, 0.0)?;
         Ok(TrainingPass(Pass::Autograd(loss, self)))
+    }
+}
+
+impl Llama {
+    /// The composed ops' final hidden states (after `model.norm`) of `input` `[B, T]` u32:
+    /// `[B, T, H]`, under candle's autograd.
+    pub(crate) fn composed_hidden(&self, input: &Tensor) -> Result<Tensor> {
+        let (b, t) = input.dims2()?;
+        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let mut x = self.embed_tokens.index_select(&input.flatten_all()?, 0)?.reshape((b, t, self.cfg.hidden_size))?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &self.rope, &mask)?;
+        }
+        self.norm.forward(&x)
+    }
+}
+
+impl Block {
+    /// One layer's composed forward: `x + attn(norm(x))`, then `h + mlp(norm(h))`.
+    fn forward(&self, x: &Tensor, rope: &Rope, mask: &Tensor) -> Result<Tensor> {
+        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?;
+        let h = (x + attn)?;
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?
     }
 }
 
@@ -83,7 +109,7 @@ pub struct TrainingPass<'a>(Pass<'a>);
 enum Pass<'a> {
     Autograd(Tensor, &'a Llama),
     #[cfg(feature = "cuda")]
-    Explicit(crate::fused::model::Forward<'a>),
+    Explicit(explicit::Forward<'a>),
 }
 
 impl TrainingPass<'_> {
@@ -128,5 +154,230 @@ impl TrainingPass<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The fused model's passes, as llm.c writes them: the forward runs each op's forward
+/// function and, for training, keeps what each op's backward needs; the backward calls the
+/// ops' backward functions in reverse order. No candle autograd graph: each gradient is
+/// written once, and no separate add runs. The residual stream's adds run inside the norms
+/// that follow them (forward: `x + delta` with the norm; backward: the residual gradient
+/// with the norm's input gradient), and the q, k and v projections' output gradients are
+/// written side by side into one buffer, so that their backward runs as one projection of
+/// the stacked `[3d, d]` weight (one product for the normed input's gradient, one for the
+/// three weights'). The reference is the composed model
+/// ([`crate::Llama`] with [`crate::Kernels::Composed`]; tested against it in `fused_parity`).
+#[cfg(feature = "cuda")]
+mod explicit {
+    use crate::fused::{alloc, attention, cuda_device, embedding, linear, lm_head, mlp, norm, rope, wrap, Columns, WeightGrad};
+    use crate::llama::Llama;
+    use crate::grad_sum::GradSum;
+    use candle_core::backprop::GradStore;
+    use candle_core::{Result, Tensor};
+
+    /// What one layer's backward needs from its forward: the layer's input, the normed input,
+    /// q and k after RoPE (`[B, heads, T, d]`), the v projection, the attention output and its
+    /// rows' log-sum-exp (the FlashAttention-2 kernels), the residual stream after attention, its
+    /// norm, the packed gate/up weight and product, and the SwiGLU output.
+    struct Saved {
+        x: Tensor,
+        h1: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn: Tensor,
+        lse: Option<Tensor>,
+        mid: Tensor,
+        h2: Tensor,
+        packed: Tensor,
+        gate_up: Tensor,
+        act: Tensor,
+    }
+
+    /// The residual stream after the last layer: `x` plus `delta` (the last MLP's output, not yet
+    /// added: the final norm adds it), and with `keep` every layer's [`Saved`].
+    fn layers(model: &Llama, ids: &Tensor, (b, t): (usize, usize), keep: bool) -> Result<(Tensor, Tensor, Vec<Saved>)> {
+        let cfg = &model.cfg;
+        let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (cfg.head_dim() as f64).sqrt());
+        let mut x = embedding::forward(&model.embed_tokens, ids)?.reshape((b, t, cfg.hidden_size))?;
+        let mut delta: Option<Tensor> = None;
+        let mut saved = Vec::with_capacity(if keep { model.layers.len() } else { 0 });
+        for layer in &model.layers {
+            let (a, m, n1, n2) = (&layer.self_attn, &layer.mlp, &layer.input_layernorm, &layer.post_attention_layernorm);
+            let (x_in, h1) = norm::forward(&x, delta.as_ref(), &n1.weight, n1.eps)?;
+            let q = rope::forward(&linear::forward(&h1, &a.q)?, cos, sin, cfg.num_heads)?;
+            let k = rope::forward(&linear::forward(&h1, &a.k)?, cos, sin, cfg.num_heads)?;
+            let v = linear::forward(&h1, &a.v)?;
+            let (attn, lse) = attention::forward(&q, &k, &v, scale)?;
+            let (mid, h2) = norm::forward(&x_in, Some(&linear::forward(&attn, &a.o)?), &n2.weight, n2.eps)?;
+            let packed = mlp::pack(&m.gate, &m.up)?;
+            let (act, gate_up) = mlp::forward(&h2, &packed, cfg.intermediate_size)?;
+            delta = Some(linear::forward(&act, &m.down)?);
+            x = mid.clone();
+            if keep {
+                saved.push(Saved { x: x_in, h1, q, k, v, attn, lse, mid, h2, packed, gate_up, act });
+            }
+        }
+        let delta = delta.ok_or_else(|| candle_core::Error::Msg("the model has no layers".into()))?;
+        Ok((x, delta, saved))
+    }
+
+    /// The final hidden states (after `model.norm`) of `input` `[B, T]` u32: `[B, T, H]` in the
+    /// weights' dtype.
+    pub(crate) fn hidden(model: &Llama, input: &Tensor) -> Result<Tensor> {
+        let (b, t) = input.dims2()?;
+        let (x, delta, _) = layers(model, &input.flatten_all()?.contiguous()?, (b, t), false)?;
+        Ok(norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?.1)
+    }
+
+    /// The mean next-token loss over the positions where `mask` is nonzero (F32 scalar), the
+    /// LM head and the loss in chunks of rows ([`lm_head::loss`]); no gradient work.
+    pub(crate) fn loss(model: &Llama, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let hidden = hidden(model, input)?;
+        let (b, t, h) = hidden.dims3()?;
+        let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
+        lm_head::loss(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight)
+    }
+
+    /// A training forward pass whose [`Forward::backward`] gives the weights' gradients.
+    pub(crate) struct Forward<'a> {
+        model: &'a Llama,
+        /// `scale` times the mean loss (F32 scalar).
+        pub(crate) loss: Tensor,
+        ids: embedding::Grouping,
+        saved: Vec<Saved>,
+        /// The final norm's input `[B, T, H]`, the gradient of its output, the LM head's gradient
+        /// (F32: rounded to the weight's dtype or added to a sum by the backward).
+        x: Tensor,
+        d_hidden: Tensor,
+        d_head: Tensor,
+    }
+
+    impl<'a> Forward<'a> {
+        /// The forward pass of `model` on `input`/`target`/`mask` (`[B, T]`) for `scale` times
+        /// the mean loss; `input_ids`: `input`'s values on the host, if the caller has them
+        /// (else read back here). The LM head's gradients are computed here
+        /// ([`lm_head::loss_and_grads`]).
+        pub(crate) fn run(model: &'a Llama, input: &Tensor, target: &Tensor, mask: &Tensor, input_ids: Option<&[u32]>, scale: f64) -> Result<Self> {
+            let (b, t) = input.dims2()?;
+            let h = model.cfg.hidden_size;
+            let ids = input.flatten_all()?.contiguous()?;
+            // the ids on the host (read back now, while the device is idle or about to be, unless
+            // the caller has them), grouped while the device runs the layers: the backward then
+            // waits for no read
+            let read;
+            let host_ids = match input_ids {
+                Some(h) => h,
+                None => {
+                    read = ids.to_vec1::<u32>()?;
+                    &read[..]
+                }
+            };
+            let (x, delta, saved) = layers(model, &ids, (b, t), true)?;
+            let ids = embedding::Grouping::new(host_ids, model.cfg.vocab_size, input.device())?;
+            let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
+            let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
+            let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;
+            Ok(Forward { model, loss, ids, saved, x, d_hidden: d_hidden.reshape((b, t, h))?, d_head })
+        }
+
+        /// The gradient of the loss for every weight, keyed by the weight tensors as
+        /// `Tensor::backward` keys them, in the weights' dtype (`sum: None`: returned); or, with
+        /// `sum: Some(sums)`, each gradient added to that weight's FP32 sum (a weight without one
+        /// gets one; `None` returned): the matrix products accumulate into the sums in place
+        /// ([`WeightGrad::Sum`]); the norms', the embedding's and the LM head's gradients are
+        /// added out of place.
+        pub(crate) fn backward(self, sum: Option<&mut GradSum>) -> Result<Option<GradStore>> {
+            let model = self.model;
+            let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (model.cfg.head_dim() as f64).sqrt());
+            let mut out = match sum {
+                Some(s) => Sink::Sum(s),
+                None => Sink::Own(GradStore::default()),
+            };
+            out.add(&model.lm_head, self.d_head)?;
+            let (mut dx, dw) = norm::backward(&self.x, &model.norm.weight, &self.d_hidden, None, model.norm.eps)?;
+            out.add(&model.norm.weight, dw)?;
+            for (layer, s) in model.layers.iter().zip(self.saved).rev() {
+                let (a, m, n1, n2) = (&layer.self_attn, &layer.mlp, &layer.input_layernorm, &layer.post_attention_layernorm);
+                // the weights whose gradients come from products, in the order the backward makes them
+                let products_of = [&m.down, &m.gate, &m.up, &a.o, &a.q, &a.k, &a.v];
+                let prev: Vec<Option<Tensor>> = products_of.iter().map(|w| out.sum_of(w)).collect();
+                let to: Vec<WeightGrad> = prev.iter().map(|p| out.target(p)).collect();
+                // x_out = mid + down(act); mid = x + o(attn)
+                let (d_act, dw_down) = linear::backward(&s.act, &m.down, &dx, to[0])?;
+                let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &s.packed, model.cfg.intermediate_size, &s.gate_up, &d_act, [to[1], to[2]])?;
+                let (d_mid, dw_norm2) = norm::backward(&s.mid, &n2.weight, &d_h2, Some(&dx), n2.eps)?;
+                let (d_attn, dw_o) = linear::backward(&s.attn, &a.o, &d_mid, to[3])?;
+                // the q, k, v projections' output gradients side by side: [B, T, 3 · heads · d]
+                let (b, t, hd) = s.v.dims3()?;
+                let qkv = wrap(alloc(&cuda_device(&s.v)?, s.v.dtype(), 3 * b * t * hd)?.0, (b, t, 3 * hd));
+                let slot = |i: usize| Some(Columns { buf: &qkv, first: i * hd });
+                let (dq, dk, _) = attention::backward(&s.q, &s.k, &s.v, &s.attn, s.lse.as_ref(), &d_attn, scale, slot(2))?;
+                rope::backward(&dq, cos, sin, slot(0))?;
+                rope::backward(&dk, cos, sin, slot(1))?;
+                let (d_h1, dw_qkv) = linear::backward_stacked(&s.h1, &[&a.q, &a.k, &a.v], &qkv, &to[4..7])?;
+                let (d_x, dw_norm1) = norm::backward(&s.x, &n1.weight, &d_h1, Some(&d_mid), n1.eps)?;
+                dx = d_x;
+                let products = [dw_down, dw_gate, dw_up, dw_o].into_iter().chain(dw_qkv);
+                for (w, g) in products_of.into_iter().zip(products) {
+                    out.put(w, g);
+                }
+                out.add(&n2.weight, dw_norm2)?;
+                out.add(&n1.weight, dw_norm1)?;
+            }
+            let d_embed = embedding::backward(&model.embed_tokens, &self.ids, &dx.flatten_to(1)?)?;
+            out.add(&model.embed_tokens, d_embed)?;
+            Ok(match out {
+                Sink::Own(g) => Some(g),
+                Sink::Sum(_) => None,
+            })
+        }
+    }
+
+    /// Where [`Forward::backward`] puts the weights' gradients: a store of its own (the weights'
+    /// dtype), or FP32 sums over passes in the caller's store.
+    enum Sink<'s> {
+        Own(GradStore),
+        Sum(&'s mut GradSum),
+    }
+
+    impl Sink<'_> {
+        /// The running sum of `w`'s gradient (`Sum` only).
+        fn sum_of(&self, w: &Tensor) -> Option<Tensor> {
+            match self {
+                Sink::Sum(s) => s.get(w).cloned(),
+                Sink::Own(_) => None,
+            }
+        }
+
+        /// How an op writes a gradient whose running sum is `prev` ([`Sink::sum_of`]).
+        fn target<'a>(&self, prev: &'a Option<Tensor>) -> WeightGrad<'a> {
+            match self {
+                Sink::Own(_) => WeightGrad::New,
+                Sink::Sum(_) => WeightGrad::Sum(prev.as_ref()),
+            }
+        }
+
+        /// Stores what an op returned for `w` under [`Sink::target`]: its gradient or new sum.
+        fn put(&mut self, w: &Tensor, g: Tensor) {
+            match self {
+                Sink::Own(s) => {
+                    s.insert(w, g);
+                }
+                Sink::Sum(s) => s.set(w, g),
+            }
+        }
+
+        /// Stores `w`'s gradient `g` (the weight's dtype, or F32) from an op that writes no sums:
+        /// in the weight's dtype, or widened to FP32 and added to the running sum.
+        fn add(&mut self, w: &Tensor, g: Tensor) -> Result<()> {
+            match self {
+                Sink::Own(s) => {
+                    s.insert(w, g.to_dtype(w.dtype())?);
+                }
+                Sink::Sum(s) => s.add(w, &g)?,
+            }
+            Ok(())
+        }
     }
 }

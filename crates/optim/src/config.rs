@@ -162,11 +162,8 @@ fn is_periodic(r: &ResetRule) -> bool {
     *r == ResetRule::Periodic
 }
 
-/// The paper's threshold s0 of the reset rules (Prop. 5.2, Alg. 2).
-pub const DEFAULT_RESET_S0: f64 = 0.6;
-
 fn is_default_s0(s0: &f64) -> bool {
-    *s0 == DEFAULT_RESET_S0
+    *s0 == theory::DEFAULT_RESET_S0
 }
 
 /// `[optim.states]`: storage format, rounding and reset period of m and v, and the rounding
@@ -233,7 +230,7 @@ impl Default for StatesConfig {
             v_reset_every: ResetEvery::Steps(0),
             v_reset_idle: VResetIdle::Reset,
             reset: ResetRule::Periodic,
-            reset_s0: DEFAULT_RESET_S0,
+            reset_s0: theory::DEFAULT_RESET_S0,
             bias_correction: BiasCorrection::Restart,
             weight_rounding: Rounding::Nearest,
         }

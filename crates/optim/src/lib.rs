@@ -62,7 +62,22 @@ pub use clip::GradScale;
 pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
-pub use optimizer::{for_device, Hyper, LowbitAdamW, Optimizer, ParamInfo, TensorState};
+pub use optimizer::{Hyper, LowbitAdamW, Optimizer, ParamInfo, TensorState};
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;
 pub use reset::BiasCorrection;
+
+use candle_core::Device;
+
+/// The optimizer of `states` on `dev`: the CPU reference itself on the CPU, the fused kernels
+/// (states uploaded) on a CUDA device.
+///
+/// # Errors
+/// The CUDA optimizer refusing the states or failing to upload them.
+pub fn for_device(states: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
+    match dev {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => Ok(Box::new(cuda::CudaAdamW::new(states, d)?)),
+        _ => Ok(Box::new(states)),
+    }
+}

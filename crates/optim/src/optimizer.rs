@@ -2,7 +2,7 @@
 //! host-side per-step constants (learning rate, bias corrections, resets, RNG keys) and the
 //! CPU reference step; the [`Optimizer`] trait over candle parameters, with its two adapters,
 //! one per device: [`LowbitAdamW`] itself on the CPU and `cuda::CudaAdamW` (`cuda` feature),
-//! which uses the same constants and keys; [`for_device`] picks one.
+//! which uses the same constants and keys; [`crate::for_device`] picks one.
 
 use crate::error::OptimError;
 use crate::clip::GradScale;
@@ -12,7 +12,7 @@ use crate::reset::{reset_at, AdaptiveReset};
 use crate::rng::{stream_key, StateKind};
 use crate::stalls::StallCounts;
 use crate::state::QuantState;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use half::bf16;
 
 /// AdamW hyper-parameters that do not change during a run.
@@ -253,7 +253,7 @@ impl LowbitAdamW {
 
 /// An optimizer over candle parameters, one adapter per device: the CPU reference
 /// ([`LowbitAdamW`]) and the fused CUDA kernels (`cuda::CudaAdamW`, `cuda` feature), chosen by
-/// [`for_device`]. Each holds its states, whole or a ZeRO-1 shard ([`LowbitAdamW::shard`]), and
+/// [`crate::for_device`]. Each holds its states, whole or a ZeRO-1 shard ([`LowbitAdamW::shard`]), and
 /// updates the elements they cover (`first .. first + len` of each tensor) of the whole
 /// parameters it is given.
 pub trait Optimizer {
@@ -289,19 +289,6 @@ pub trait Optimizer {
     /// # Errors
     /// The copy from the device failing.
     fn states(&mut self) -> Result<&LowbitAdamW, OptimError>;
-}
-
-/// The optimizer of `states` on `dev`: the CPU reference itself on the CPU, the fused kernels
-/// (states uploaded) on a CUDA device.
-///
-/// # Errors
-/// The CUDA optimizer refusing the states or failing to upload them.
-pub fn for_device(states: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
-    match dev {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(d) => Ok(Box::new(crate::cuda::CudaAdamW::new(states, d)?)),
-        _ => Ok(Box::new(states)),
-    }
 }
 
 /// Checks, before anything is stepped, that `params` and `grads` match `tensors` one for

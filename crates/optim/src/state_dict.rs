@@ -151,7 +151,8 @@ impl LowbitAdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Hyper, ParamInfo, ResetRule, StatesConfig};
+    use crate::config::{ResetRule, StatesConfig};
+    use crate::optimizer::{Hyper, ParamInfo};
     use std::collections::HashMap;
 
     fn optimizer(reset: ResetRule) -> LowbitAdamW {

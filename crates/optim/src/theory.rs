@@ -81,13 +81,16 @@ pub fn reset_period(fraction_bits: u32, beta2: f64, s0: f64) -> Option<u64> {
     None
 }
 
+/// The paper's threshold s0 of the reset rules (Prop. 5.2, Alg. 2).
+pub const DEFAULT_RESET_S0: f64 = 0.6;
+
 /// The reset period the paper ran for a v grid of `fraction_bits`: K* ([`reset_period`]) at
 /// its b2 = 0.999 and s0 = 0.6, rounded down to one significant digit: BF16 1116 -> 1000, FP8
 /// E4M3 320 -> 300, FP4 (v's E2M2) 224 -> 200 (arXiv:2603.16731v1 runs 1000 / 300 / 200),
 /// FP32 1454 -> 1000. The one source of the paper cells' periods: `train reproduce` derives
 /// them from it and a test checks the configs against it.
 pub fn paper_run_period(fraction_bits: u32) -> u64 {
-    let k = reset_period(fraction_bits, 0.999, crate::config::DEFAULT_RESET_S0).expect("K* exists at b2 = 0.999");
+    let k = reset_period(fraction_bits, 0.999, DEFAULT_RESET_S0).expect("K* exists at b2 = 0.999");
     let unit = 10u64.pow(k.ilog10());
     k / unit * unit
 }

@@ -232,7 +232,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
         let pool = pool::PoolSpec { jobs: at_once, gpus: gpus.clone(), threads: (cpus / at_once).max(1) };
         pool::run_all(&todo, &pool, |j, rec, gpu, secs| {
             finished += 1;
-            let loss = rec.as_ref().and_then(|r| r.final_val_loss).map_or("-".into(), |v| format!("{v:.4}"));
+            let loss = lowbit_train::output::fixed(rec.as_ref().and_then(|r| r.final_val_loss), 4);
             lowbit_train::errln!(
                 "reproduce: [{finished}/{}] {} {} in {secs:.0}s{} (val loss {loss}), {:.0}s elapsed",
                 todo.len(),

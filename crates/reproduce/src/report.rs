@@ -8,6 +8,7 @@ use super::results::CommandLog;
 use super::scale::Scale;
 use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat};
 use std::fmt::Write as _;
+use lowbit_train::output::fixed_or;
 
 /// What the report says about how it was made.
 #[derive(Debug, Clone, Default)]
@@ -35,10 +36,6 @@ pub struct RunInfo {
     /// The results of every states kind (label, results over the same seeds), for the section
     /// that compares them cell by cell; empty: no such section.
     pub kinds: Vec<(&'static str, Results)>,
-}
-
-fn opt(x: Option<f64>, digits: usize) -> String {
-    x.map_or("—".into(), |v| format!("{v:.digits$}"))
 }
 
 fn opt_stat(s: Option<Stat>, sign: bool) -> String {
@@ -146,7 +143,7 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f.as_str(),
             x.label(),
-            opt(paper_loss(table, c), 3),
+            fixed_or(paper_loss(table, c), 3, "—"),
             opt_stat(loss, false) + if any_diverged(r, c) { " (diverged)" } else { "" },
             loss.map_or(0, |s| s.n),
             if x == Fix::Plain { "—".into() } else { pd(c, plain) },
@@ -155,7 +152,7 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
             vs_32,
             stall,
             unchanged,
-            opt(run_stat(r, c, |x| x.theory_v).map(|s| s.mean), 3),
+            fixed_or(run_stat(r, c, |x| x.theory_v).map(|s| s.mean), 3, "—"),
         );
     }
 }
@@ -165,7 +162,7 @@ fn fractions(stats: &[Option<Stat>]) -> String {
     if stats.iter().all(Option::is_none) {
         return "—".into();
     }
-    stats.iter().map(|s| opt(s.map(|s| s.mean), 3)).collect::<Vec<_>>().join(" / ")
+    stats.iter().map(|s| fixed_or(s.map(|s| s.mean), 3, "—")).collect::<Vec<_>>().join(" / ")
 }
 
 fn grid(w: &mut String, table: Table, r: &Results) {

@@ -1,127 +1,19 @@
-//! Checkpoints: `runs/<name>/checkpoints/step_NNNNNNN/` holding
-//! * `model.safetensors` + `config.json`: weights under HF LLaMA names (loads with
-//!   `transformers.LlamaForCausalLM.from_pretrained`);
-//! * `optimizer.safetensors`: each state's stored low-precision bytes (`<param>.m.codes`,
-//!   U8) and block scales (`<param>.m.scales`, F32), never dequantized;
-//! * `state.json`: step, tokens, data position, the optimizer settings and random-bit scheme
-//!   it was made with;
-//! * `data.safetensors`: the data position's pending tokens (`carry`, U32), kept out of
-//!   `state.json` (a JSON list of them is tens of MB after one long document);
-//! * `manifest.json` ([`crate::manifest`]): size and CRC-32 of every other file, checked on resume;
-//! * `config.toml`: the resolved run config;
-//! * `export_check.json` ([`ExportCheck`]): the first validation micro-batch and this
-//!   model's loss on it, so `scripts/check_hf_export.py DIR DIR/export_check.json` can check
-//!   that `transformers` computes the same loss from the exported weights.
+//! Checkpoints: `runs/<name>/checkpoints/step_NNNNNNN/` holding one safetensors file per
+//! [`Stateful`] component (the model's weights, the optimizer's states, the data position's
+//! pending tokens: `crate::components`), each naming its tensors and restoring itself from them
+//! as torchtitan's `Stateful`; the small files the caller gives (`state.json`: the trainer's
+//! state, `crate::train_state`; `config.json`, `config.toml`, `export_check.json`); and
+//! `manifest.json` ([`crate::manifest`]): size and CRC-32 of every other file, checked on
+//! resume. This module only writes, lists, prunes, verifies and reads the files; it knows no
+//! component's tensors or fields.
 //!
 //! A checkpoint is written into `step_N.tmp/` and renamed when complete, so a kill never
-//! leaves a half checkpoint; only the newest `keep` are kept. Each tensor file belongs to a
-//! [`Stateful`] component (the model's weights, the optimizer, the data position's carry:
-//! `crate::components`) that names its tensors and restores itself from them, as torchtitan's
-//! `Stateful`; this module only writes and reads the files.
+//! leaves a half checkpoint; only the newest `keep` are kept.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
-use lowbit_data::DataPosition;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// Everything besides tensors that a resume needs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainState {
-    /// Last completed optimizer step.
-    pub step: u64,
-    /// Training tokens consumed through `step`.
-    pub tokens: u64,
-    /// Data stream position after the last batch of `step`.
-    pub data: DataPosition,
-    /// Consecutive non-finite steps at `step`.
-    pub nonfinite_in_row: u64,
-    /// Optimizer updates applied through `step` (`step` minus the skipped steps): the
-    /// optimizer's own step count, which drives its resets and bias correction (see
-    /// [`crate::step::train_step`]). Read as `step` from checkpoints written before it was recorded.
-    #[serde(default)]
-    pub updates: u64,
-    /// m/v formats and block size of the stored states, to refuse a mismatched config.
-    pub m_format: String,
-    pub v_format: String,
-    pub block_size: usize,
-    /// `optim.states.v_zero` the states were written with (`exclude` / `keep`; empty in
-    /// checkpoints written before it was recorded, which behaved as `keep`).
-    #[serde(default)]
-    pub v_zero: String,
-    /// Scale kinds of fp8/fp4 m and v states (`amax` / `pow2`; empty for other formats, and in
-    /// checkpoints written before scale kinds existed, whose fp8/fp4 states are `pow2`).
-    #[serde(default)]
-    pub m_scale: String,
-    #[serde(default)]
-    pub v_scale: String,
-    /// `optim.states.reset` the states were written with (`periodic` / `adaptive`; empty in
-    /// checkpoints written before it was recorded: see [`TrainState::reset_rule`]).
-    #[serde(default)]
-    pub reset: String,
-    /// The adaptive reset rule's state in checkpoints written before the optimizer saved it
-    /// itself (`optimizer.safetensors`, `adaptive_reset.*`); read, never written.
-    #[serde(default, skip_serializing)]
-    pub adaptive_reset: Option<lowbit_optim::reset::AdaptiveReset>,
-    /// Model parameter names and element counts, to refuse a checkpoint of another model.
-    pub params: Vec<(String, usize)>,
-    /// Random-bit scheme of the run (`lowbit_optim::rng::SCHEME`; empty in checkpoints
-    /// written before it was recorded).
-    #[serde(default)]
-    pub rng: String,
-    /// Data-parallel ranks of the run's last launch; 1 in checkpoints written before it was
-    /// recorded.
-    #[serde(default = "one_rank")]
-    pub ranks: u64,
-    /// Sequences per optimizer step of the run's last launch (`micro_batch x grad_accum`; in
-    /// checkpoints written before the global batch stopped depending on the rank count, also
-    /// `x ranks`), to warn when a resume changes it; 0 (unknown) in older checkpoints.
-    #[serde(default)]
-    pub global_batch: u64,
-}
-
-fn one_rank() -> u64 {
-    1
-}
-
-impl TrainState {
-    /// The reset rule of the states (`periodic` / `adaptive`), also for checkpoints written
-    /// before it was recorded (adaptive when their `state.json` holds the rule's state).
-    pub fn reset_rule(&self) -> &str {
-        match (self.reset.as_str(), &self.adaptive_reset) {
-            ("", Some(_)) => "adaptive",
-            ("", None) => "periodic",
-            (rule, _) => rule,
-        }
-    }
-
-    /// `state.json`: everything but the data position's carry, which the data position saves
-    /// in its own file (`crate::components`).
-    pub fn to_json(&self) -> Result<Vec<u8>> {
-        let mut small = self.clone();
-        small.data.carry = Vec::new();
-        Ok(serde_json::to_vec_pretty(&small)?)
-    }
-}
-
-/// File name of the [`ExportCheck`] in a checkpoint folder.
-pub const EXPORT_CHECK: &str = "export_check.json";
-
-/// One token micro-batch and the loss this model gives on it (`export_check.json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ExportCheck {
-    /// `[rows][seq_len]` input token ids.
-    pub input_ids: Vec<Vec<u32>>,
-    /// `[rows][seq_len]` next-token targets.
-    pub targets: Vec<Vec<u32>>,
-    /// `[rows][seq_len]` 1.0 where the target counts in the loss.
-    pub mask: Vec<Vec<f32>>,
-    /// Mean masked cross-entropy (nats/token) of the saved weights on this batch.
-    pub loss: f64,
-    /// Weight dtype of the model that computed `loss` ("float32" or "bfloat16").
-    pub dtype: String,
-}
 
 /// Write `bytes` to `path` through a temporary file and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -254,27 +146,6 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf> {
         })
 }
 
-/// Read `state.json` of a checkpoint, with the data position's carry (`data.safetensors`).
-pub fn load_state(dir: &Path) -> Result<TrainState> {
-    if !dir.is_dir() {
-        bail!("{}: no such checkpoint folder", dir.display());
-    }
-    let p = dir.join("state.json");
-    let text = std::fs::read_to_string(&p)
-        .with_context(|| format!("{}: cannot read the checkpoint state (not a checkpoint folder?)", p.display()))?;
-    let mut v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
-    if let Some(step) = v.get("step").cloned() {
-        if let Some(o) = v.as_object_mut() {
-            o.entry("updates").or_insert(step);
-        }
-    }
-    let mut state: TrainState =
-        serde_json::from_value(v).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
-    load(dir, &mut [&mut state.data])?;
-    Ok(state)
-}
-
 /// [`crate::manifest::verify`] checkpoint `dir` of a run; when it fails, the error also offers
 /// the newest older checkpoint of the run that passes and says how to resume from it. A
 /// checkpoint without `manifest.json` fails too, unless `trust_unverified` (`train
@@ -310,47 +181,6 @@ pub fn verify_for_resume(dir: &Path, trust_unverified: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn state_without_rng_scheme_still_loads() {
-        // state.json written before the random-bit scheme was recorded: `rng` reads as ""
-        // (the trainer then warns that SR draws differ) instead of refusing the checkpoint.
-        let mut v = serde_json::to_value(TrainState {
-            step: 7,
-            tokens: 70,
-            data: DataPosition::default(),
-            nonfinite_in_row: 0,
-            updates: 7,
-            m_format: "fp8e4m3".into(),
-            v_format: "fp8e4m3".into(),
-            block_size: 128,
-            v_zero: "exclude".into(),
-            m_scale: "amax".into(),
-            v_scale: "amax".into(),
-            reset: "periodic".into(),
-            adaptive_reset: None,
-            params: vec![("w".into(), 3)],
-            rng: lowbit_optim::rng::SCHEME.into(),
-            ranks: 2,
-            global_batch: 16,
-        })
-        .unwrap();
-        v.as_object_mut().unwrap().remove("rng");
-        let old: TrainState = serde_json::from_value(v).unwrap();
-        assert_eq!((old.step, old.rng.as_str()), (7, ""));
-    }
-
-    #[test]
-    fn state_without_updates_reads_them_as_the_step() {
-        let tmp = tempfile::tempdir().unwrap();
-        let text = r#"{"step": 9, "tokens": 90, "data": {"epoch": 0, "shard": 0, "line": 4, "carry": [5, 6]},
-            "nonfinite_in_row": 0, "m_format": "fp8e4m3", "v_format": "fp8e4m3", "block_size": 128,
-            "params": [["w", 3]], "rng": "x"}"#;
-        std::fs::write(tmp.path().join("state.json"), text).unwrap();
-        let st = load_state(tmp.path()).unwrap();
-        assert_eq!((st.step, st.updates, st.data.carry.clone(), st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
-        assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.reset_rule()), ("", "", "periodic"), "pow2 and periodic");
-    }
 
     /// `run/checkpoints/step_0000003` and `step_0000006`, each with its manifest; returns the
     /// checkpoints folder and the newest.

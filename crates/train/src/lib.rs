@@ -1,16 +1,18 @@
 //! # lowbit-train: the training library
 //!
-//! The loop ([`run`]) over a [`session`] (set-up and every builder; one [`step`], validation,
-//! checkpoints), its config ([`config`]) and the [`memory`] it needs at the least, device
-//! policy ([`device`]), learning-rate
-//! [`schedule`], run folder ([`run_folder`], [`checkpoint`] of [`components`], [`manifest`],
-//! [`logs`]) and data parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`)
-//! puts the commands, the progress bar and the plots on top.
+//! The loop ([`run`], and how a run ends early: `stop.rs`) over a [`session`] (set-up and
+//! every builder, validation, checkpoints) and one [`step`], reporting through [`progress`];
+//! the validation loss ([`eval`]), the config ([`config`]) and the [`memory`] a run needs at
+//! the least, device policy ([`device`]), learning-rate [`schedule`], run folder
+//! ([`run_folder`], [`checkpoint`] of [`components`] and the [`train_state`], [`manifest`],
+//! [`logs`]) and data
+//! parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`) puts the commands,
+//! the progress bar and the plots on top.
 //!
 //! ```no_run
-//! use lowbit_train::{config::RunConfig, run, session::Launch};
+//! use lowbit_train::{config::RunConfig, progress, run, session::Launch};
 //! let config = RunConfig::load("configs/tiny_cpu.toml".as_ref(), &["train.max_steps=10".into()]).unwrap();
-//! let out = run::run(Launch::new(config), &mut run::Logs).unwrap();
+//! let out = run::run(Launch::new(config), &mut progress::Logs).unwrap();
 //! println!("{}", out.summary.unwrap().render());
 //! ```
 
@@ -19,12 +21,16 @@ pub mod components;
 pub mod config;
 pub mod device;
 pub mod distributed;
+pub mod eval;
 pub mod logs;
 pub mod manifest;
 pub mod memory;
 pub mod output;
+pub mod progress;
 pub mod run;
 pub mod run_folder;
 pub mod schedule;
 pub mod session;
 pub mod step;
+pub mod train_state;
+mod stop;

@@ -19,9 +19,15 @@ pub fn try_print(text: &str) -> std::io::Result<()> {
 }
 
 /// `x` with `digits` decimals, `-` when there is none (a fraction not measured yet, a loss
-/// not computed): the one formatter of optional numbers in text output.
+/// not computed): the one formatter of optional numbers in text output ([`fixed_or`] with
+/// `-`).
 pub fn fixed(x: Option<f64>, digits: usize) -> String {
-    x.map_or("-".into(), |v| format!("{v:.digits$}"))
+    fixed_or(x, digits, "-")
+}
+
+/// [`fixed`] with `none` for a missing number (the reports' markdown cells use `—`).
+pub fn fixed_or(x: Option<f64>, digits: usize, none: &str) -> String {
+    x.map_or(none.into(), |v| format!("{v:.digits$}"))
 }
 
 /// Write `text` to stderr; errors are ignored as in [`print`].

@@ -1,20 +1,22 @@
 //! A run between its steps: [`Session::open`] sets up data, model, optimizer, resume and the
-//! run folder (with every builder it uses); then [`Session::step`], [`Session::validate`] and
-//! [`Session::checkpoint`] are the units that [`crate::run::run`]'s loop calls.
+//! run folder (with every builder it uses); then [`Session::validate`] and
+//! [`Session::checkpoint`] are, with the step ([`crate::step`]), the units that
+//! [`crate::run::run`]'s loop calls.
 
-use crate::checkpoint::{self, Stateful, TrainState};
+use crate::checkpoint::{self, Stateful};
+use crate::train_state::{load_state, TrainState};
 use crate::components::ModelWeights;
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use crate::distributed::collective::{Collective, Solo};
 use crate::distributed;
+use crate::eval::{evaluate_until, export_check, EXPORT_CHECK};
 use crate::logs::metrics::MetricsRow;
 use crate::logs::RunLogs;
-use crate::logs::stalls::{StallWriter, Theory};
+use crate::logs::stall_writer::StallWriter;
+use crate::logs::stalls::Theory;
 use crate::run_folder::{self, FolderUse, RunLock};
-use crate::schedule::learning_rate;
-use crate::step::{batch_tensors, train_step, ParamSet, Phases, StepContext, StepReport};
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Var};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
 use lowbit_model::{init_params, try_param_group, Kernels, Llama, LlamaConfig};
 use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo};
@@ -77,22 +79,22 @@ pub struct Session {
     /// The exported `config.json`: the model and the tokenizer's special ids.
     hf_config: serde_json::Value,
     varmap: candle_nn::VarMap,
-    model: Llama,
-    params: ParamSet,
-    opt: Box<dyn Optimizer>,
+    pub(crate) model: Llama,
+    pub(crate) params: ParamSet,
+    pub(crate) opt: Box<dyn Optimizer>,
     pub state: TrainState,
     val: Vec<Batch>,
-    stream: TrainStream,
+    pub(crate) stream: TrainStream,
     /// The other ranks ([`crate::distributed::collective::Solo`] in a single process).
-    comm: Arc<dyn Collective>,
+    pub(crate) comm: Arc<dyn Collective>,
     /// Micro-batches this rank accumulates per step (`train.grad_accum / ranks`).
-    accum_per_rank: usize,
+    pub(crate) accum_per_rank: usize,
     /// The run folder's writers: rank 0 only (`None` on the other ranks, which write nothing).
-    logs: Option<RunLogs>,
-    stall_log: StallWriter,
+    pub(crate) logs: Option<RunLogs>,
+    pub(crate) stall_log: StallWriter,
     /// Steps whose stall rows are not written yet, with their optimizer update number (`None`:
     /// skipped); counts are read `count_lag` steps late.
-    pending: VecDeque<(u64, Option<u64>)>,
+    pub(crate) pending: VecDeque<(u64, Option<u64>)>,
     pub n_params: usize,
     pub state_bytes: usize,
     /// Optimizer state bytes this rank holds (its shard with `train.zero = 1`).
@@ -112,7 +114,7 @@ impl Session {
     pub fn open(launch: &Launch) -> Result<Session> {
         let mut cfg = launch.config.clone();
         let resume = match &launch.resume_from {
-            Some(dir) => Some((dir, checkpoint::load_state(dir)?)),
+            Some(dir) => Some((dir, load_state(dir)?)),
             None => None,
         };
         if let Some((dir, saved)) = &resume {
@@ -322,63 +324,6 @@ impl Session {
         })
     }
 
-    /// Training step `step` (= `state.step + 1`): the step itself ([`train_step`]), then the
-    /// run's state, the metrics row and the stall rows that are due.
-    pub fn step(&mut self, step: u64) -> Result<StepReport> {
-        self.step_timed(step, None)
-    }
-
-    /// [`Session::step`], adding the seconds of each phase to `phases` (with a device
-    /// synchronisation at each phase boundary: for benchmarks, not for training).
-    pub fn step_timed(&mut self, step: u64, phases: Option<&mut Phases>) -> Result<StepReport> {
-        let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
-        let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
-        let mut ctx = StepContext {
-            model: &self.model,
-            params: &self.params,
-            opt: self.opt.as_mut(),
-            stream: &mut self.stream,
-            device: &self.dev,
-            micro_batch: cfg.train.micro_batch,
-            grad_accum: self.accum_per_rank,
-            grad_clip: cfg.optim.grad_clip,
-            comm: self.comm.as_ref(),
-        };
-        let update = self.state.updates + 1;
-        let mut out = train_step(&mut ctx, step, update, lr, phases)?;
-        if out.updated {
-            self.state.nonfinite_in_row = 0;
-            self.state.updates = update;
-        } else {
-            self.state.nonfinite_in_row += 1;
-            tracing::warn!("step {step}: non-finite loss {} or gradient norm {}: update skipped", out.loss, out.grad_norm);
-        }
-        if let Some((used, peak)) = crate::device::memory(&self.dev) {
-            self.device_peak = Some(peak);
-            tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
-        }
-        out.new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
-        self.state.step = step;
-        self.state.tokens += out.tokens;
-        self.state.data = out.position.clone();
-        if let Some(logs) = &mut self.logs {
-            logs.metric(&MetricsRow::Train {
-                step,
-                tokens: self.state.tokens,
-                lr,
-                loss: out.loss,
-                grad_norm: out.grad_norm as f64,
-                step_time: out.seconds,
-                tokens_per_s: out.tokens as f64 / out.seconds,
-                skipped: !out.updated,
-            })?;
-        }
-        self.pending.push_back((step, out.updated.then_some(update)));
-        let lag = self.opt.count_lag();
-        out.stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
-        Ok(out)
-    }
-
     /// Validation loss of the model now, written to `metrics.jsonl` as step `step`;
     /// `batch_done(done, total)` after each validation batch.
     pub fn validate(&mut self, step: u64, batch_done: &mut dyn FnMut(usize, usize)) -> Result<f64> {
@@ -432,7 +377,7 @@ impl Session {
             ("config.json", serde_json::to_vec_pretty(&self.hf_config)?),
             ("state.json", state.to_json()?),
             ("config.toml", self.config_toml.clone().into_bytes()),
-            (checkpoint::EXPORT_CHECK, serde_json::to_vec(&check)?),
+            (EXPORT_CHECK, serde_json::to_vec(&check)?),
         ];
         let components: [&dyn Stateful; 3] = [&ModelWeights(&self.varmap), states, &state.data];
         let dir = checkpoint::save(&self.run_dir, state.step, self.cfg.train.keep_checkpoints, &components, &files)?;
@@ -593,6 +538,29 @@ fn same_config_as_rank0(comm: &dyn Collective, config_toml: &str) -> Result<()> 
     )
 }
 
+/// Model parameters in the optimizer's order (sorted by name; the index is the tensor id of
+/// the RNG streams).
+pub struct ParamSet {
+    pub names: Vec<String>,
+    pub vars: Vec<Var>,
+}
+
+impl ParamSet {
+    /// All variables of a VarMap, sorted by name.
+    pub fn from_varmap(vm: &candle_nn::VarMap) -> Self {
+        let data = vm.data().lock().unwrap();
+        let mut pairs: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let (names, vars) = pairs.into_iter().unzip();
+        ParamSet { names, vars }
+    }
+
+    /// Total number of scalar parameters.
+    pub fn num_params(&self) -> usize {
+        self.vars.iter().map(|v| v.elem_count()).sum()
+    }
+}
+
 /// Model parameters' optimizer metadata, sorted by name: the stall-report group of each
 /// tensor (from its HF LLaMA name) and whether it takes weight decay (matrices do, vectors
 /// (the norms' gains) do not, as nanoGPT's and torchtitan's AdamW groups).
@@ -653,38 +621,6 @@ pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarM
     #[cfg(not(feature = "cuda"))]
     let _ = tf32; // CPU matrix products are FP32
     model.with_kernels(kernels).context("model.kernels")
-}
-
-/// Mean validation loss (nats per target token) over the fixed validation batches.
-pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
-    Ok(evaluate_until(model, batches, dev, &AtomicBool::new(false), &mut |_, _| {})?.expect("never stopped"))
-}
-
-/// [`evaluate`], checking `stop` before each batch: `None` once it is set (an interrupt
-/// during a long validation acts within one batch).
-pub fn evaluate_until(
-    model: &Llama,
-    batches: &[Batch],
-    dev: &Device,
-    stop: &AtomicBool,
-    batch_done: &mut dyn FnMut(usize, usize),
-) -> Result<Option<f64>> {
-    let (mut nll, mut count) = (0f64, 0f64);
-    for (i, b) in batches.iter().enumerate() {
-        if stop.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(None);
-        }
-        let (x, y, m) = batch_tensors(b, dev)?;
-        let n = b.target_tokens() as f64;
-        let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
-        nll += loss * n;
-        count += n;
-        batch_done(i + 1, batches.len());
-    }
-    if count == 0.0 {
-        bail!("validation set is empty: check data.validation and data.val_tokens");
-    }
-    Ok(Some(nll / count))
 }
 
 /// A data error as one line (its message already includes its source, so `{:#}` must not
@@ -778,18 +714,3 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
     Ok(())
 }
 
-/// The loss of the model on the first validation micro-batch, with the batch itself, for
-/// checking an exported checkpoint in `transformers` (`scripts/check_hf_export.py`).
-pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<checkpoint::ExportCheck> {
-    let b = val.first().context("validation set is empty: no batch for export_check.json")?;
-    let (x, y, m) = batch_tensors(b, dev)?;
-    let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
-    let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
-    Ok(checkpoint::ExportCheck {
-        input_ids: rows(&b.input),
-        targets: rows(&b.target),
-        mask: b.mask.chunks(b.seq_len).map(|r| r.to_vec()).collect(),
-        loss,
-        dtype: if dtype == DType::BF16 { "bfloat16" } else { "float32" }.into(),
-    })
-}

@@ -1,54 +1,26 @@
 //! One training step, as nanoGPT's loop reads it: micro-batches → forward → backward →
-//! token-weighted gradient sum → global norm → clip → optimizer.
+//! token-weighted gradient sum → global norm → clip → optimizer; then the run's state, its
+//! metrics row and the stall rows that are due ([`Session::step`], what the loop calls).
 //!
 //! The step waits for the device once, at its end: on one CUDA device the clip factor and
 //! the skip decision are made by the device and read there by the optimizer, and the loss
 //! and the norm are read after the update is queued ([`clip_and_update`]); before that wait
-//! the host builds the next step's batches ([`prefetch_next_step`]). Also here: the
-//! parameters in the optimizer's order ([`ParamSet`]) and the global gradient norm
-//! ([`global_norm`]).
+//! the host builds the next step's batches ([`prefetch_next_step`]). Also here: the global
+//! gradient norm ([`global_norm`]).
 
 use crate::distributed::collective::Collective;
 use crate::distributed::shard::{rank_rows, take_rows};
+use crate::eval::batch_tensors;
+use crate::logs::metrics::MetricsRow;
+use crate::schedule::learning_rate;
+use crate::session::{ParamSet, Session};
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use lowbit_data::{Batch, DataPosition, TrainStream};
 use lowbit_model::{GradSum, Llama};
 use lowbit_optim::clip::{clip_factor, norm_of};
 use lowbit_optim::{GradScale, Optimizer};
 use std::time::Instant;
-
-/// Token ids, targets and loss mask of a batch as `[rows, seq_len]` tensors on `dev`: the
-/// ids and the targets in one copy (views of one `[2, rows, seq_len]` u32 tensor), the mask
-/// (F32) in another.
-pub fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
-    let shape = (b.rows, b.seq_len);
-    let ids = Tensor::from_vec([&b.input[..], &b.target[..]].concat(), (2, b.rows, b.seq_len), dev)?;
-    Ok((ids.get(0)?, ids.get(1)?, Tensor::from_slice(&b.mask, shape, dev)?))
-}
-
-/// Model parameters in the optimizer's order (sorted by name; the index is the tensor id of
-/// the RNG streams).
-pub struct ParamSet {
-    pub names: Vec<String>,
-    pub vars: Vec<Var>,
-}
-
-impl ParamSet {
-    /// All variables of a VarMap, sorted by name.
-    pub fn from_varmap(vm: &candle_nn::VarMap) -> Self {
-        let data = vm.data().lock().unwrap();
-        let mut pairs: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        let (names, vars) = pairs.into_iter().unzip();
-        ParamSet { names, vars }
-    }
-
-    /// Total number of scalar parameters.
-    pub fn num_params(&self) -> usize {
-        self.vars.iter().map(|v| v.elem_count()).sum()
-    }
-}
 
 /// What a step needs besides its number and learning rate.
 pub struct StepContext<'a> {
@@ -66,7 +38,7 @@ pub struct StepContext<'a> {
     pub comm: &'a dyn Collective,
 }
 
-/// What a step did: [`train_step`]'s result, to which [`crate::session::Session::step`] adds
+/// What a step did: [`train_step`]'s result, to which [`Session::step`] adds
 /// the stall fractions and the epoch; the progress line and the stop conditions read it.
 #[derive(Debug, Clone)]
 pub struct StepReport {
@@ -102,6 +74,65 @@ impl StepReport {
             frac(v),
             self.tokens as f64 / self.seconds
         )
+    }
+}
+
+impl Session {
+    /// Training step `step` (= `state.step + 1`): the step itself ([`train_step`]), then the
+    /// run's state, the metrics row and the stall rows that are due.
+    pub fn step(&mut self, step: u64) -> Result<StepReport> {
+        self.step_timed(step, None)
+    }
+
+    /// [`Session::step`], adding the seconds of each phase to `phases` (with a device
+    /// synchronisation at each phase boundary: for benchmarks, not for training).
+    pub fn step_timed(&mut self, step: u64, phases: Option<&mut Phases>) -> Result<StepReport> {
+        let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
+        let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
+        let mut ctx = StepContext {
+            model: &self.model,
+            params: &self.params,
+            opt: self.opt.as_mut(),
+            stream: &mut self.stream,
+            device: &self.dev,
+            micro_batch: cfg.train.micro_batch,
+            grad_accum: self.accum_per_rank,
+            grad_clip: cfg.optim.grad_clip,
+            comm: self.comm.as_ref(),
+        };
+        let update = self.state.updates + 1;
+        let mut out = train_step(&mut ctx, step, update, lr, phases)?;
+        if out.updated {
+            self.state.nonfinite_in_row = 0;
+            self.state.updates = update;
+        } else {
+            self.state.nonfinite_in_row += 1;
+            tracing::warn!("step {step}: non-finite loss {} or gradient norm {}: update skipped", out.loss, out.grad_norm);
+        }
+        if let Some((used, peak)) = crate::device::memory(&self.dev) {
+            self.device_peak = Some(peak);
+            tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
+        }
+        out.new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
+        self.state.step = step;
+        self.state.tokens += out.tokens;
+        self.state.data = out.position.clone();
+        if let Some(logs) = &mut self.logs {
+            logs.metric(&MetricsRow::Train {
+                step,
+                tokens: self.state.tokens,
+                lr,
+                loss: out.loss,
+                grad_norm: out.grad_norm as f64,
+                step_time: out.seconds,
+                tokens_per_s: out.tokens as f64 / out.seconds,
+                skipped: !out.updated,
+            })?;
+        }
+        self.pending.push_back((step, out.updated.then_some(update)));
+        let lag = self.opt.count_lag();
+        out.stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
+        Ok(out)
     }
 }
 
@@ -334,28 +365,6 @@ fn sum_of_squares(grads: &[Tensor], dtype: DType) -> Result<f64> {
 mod tests {
     use super::*;
     use candle_core::Device;
-
-    /// The ids and the targets share one copy: each view holds its own batch field, in shape.
-    #[test]
-    fn batch_tensors_hold_the_batch() -> Result<()> {
-        let (rows, seq_len) = (3, 5);
-        let b = Batch {
-            rows,
-            seq_len,
-            input: (0..15).collect(),
-            target: (100..115).collect(),
-            mask: (0..15).map(|i| if i % 4 == 0 { 0.0 } else { 1.0 }).collect(),
-            position: DataPosition::default(),
-        };
-        let (x, y, m) = batch_tensors(&b, &Device::Cpu)?;
-        for t in [&x, &y, &m] {
-            assert_eq!(t.dims(), [rows, seq_len]);
-        }
-        assert_eq!(x.flatten_all()?.to_vec1::<u32>()?, b.input);
-        assert_eq!(y.flatten_all()?.to_vec1::<u32>()?, b.target);
-        assert_eq!(m.flatten_all()?.to_vec1::<f32>()?, b.mask);
-        Ok(())
-    }
 
     /// Squares of 1e19 overflow FP32 (1e38 each, 4e38 in all); the norm does not: 2e19.
     #[test]

@@ -7,10 +7,13 @@
 //! fp4) while m is non-zero gives rows with a zero gradient an update of lr*m/eps, which
 //! blows up a run this small (embedding rows of tokens absent from the batch).
 
-use lowbit_train::checkpoint::{self, ExportCheck, TrainState};
+use lowbit_train::checkpoint;
+use lowbit_train::eval::ExportCheck;
+use lowbit_train::train_state::TrainState;
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::RunStatus;
-use lowbit_train::run::{self, Logs, RunReport};
+use lowbit_train::progress::Logs;
+use lowbit_train::run::{self, RunReport};
 use lowbit_train::session::Launch;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -283,7 +286,7 @@ fn checkpoint_layout_and_retention() {
     let s = opt.tensor("model.embed_tokens.weight.m.scales").unwrap();
     assert_eq!((s.dtype(), s.shape()), (safetensors::Dtype::F32, &[embed / 32][..]));
 
-    let state: TrainState = checkpoint::load_state(&ck).unwrap();
+    let state: TrainState = lowbit_train::train_state::load_state(&ck).unwrap();
     assert_eq!(state.step, 7);
     assert!(state.tokens > 0 && state.data.line > 0);
     assert_eq!((state.m_format.as_str(), state.v_format.as_str(), state.block_size), ("fp4e2m1", "fp8e4m3", 32));
@@ -379,7 +382,7 @@ fn non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint() {
     assert!(train.iter().filter(|r| r["skipped"] != true).all(|r| r["loss"].is_number()));
     let ck = checkpoint::latest(&run_dir).unwrap();
     assert!(err.contains(&ck.display().to_string()), "{err}");
-    let st = checkpoint::load_state(&ck).unwrap();
+    let st = lowbit_train::train_state::load_state(&ck).unwrap();
     assert_eq!((st.step, st.nonfinite_in_row), (last, 3));
     // the optimizer counts applied updates only (issue 17, item 8)
     assert_eq!(st.updates, last - 3);

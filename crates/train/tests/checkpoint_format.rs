@@ -8,7 +8,8 @@ use candle_core::{Device, Tensor, Var};
 use lowbit_data::DataPosition;
 use lowbit_optim::adamw::Weights;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
-use lowbit_train::checkpoint::{self, Stateful, TrainState};
+use lowbit_train::checkpoint::{self, Stateful};
+use lowbit_train::train_state::{load_state, TrainState};
 use lowbit_train::components::ModelWeights;
 use std::path::{Path, PathBuf};
 
@@ -38,6 +39,15 @@ fn fixture() -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
     fixture_with_steps(3)
 }
 
+/// The fixture's update `step` of `weights` (one per tensor) with its deterministic gradients.
+fn cpu_step(opt: &mut LowbitAdamW, weights: &mut [Vec<f32>], step: u64) {
+    opt.begin_update(step).unwrap();
+    for (idx, w) in weights.iter_mut().enumerate() {
+        let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
+        opt.step_cpu(step, 1e-3, 1.0, idx, Weights::F32(w), &g);
+    }
+}
+
 fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
     let shapes: [(&str, &[usize]); 2] = [("model.layers.0.mlp.up_proj.weight", &[24, 16]), ("model.norm.weight", &[16])];
     let s = StatesConfig {
@@ -57,11 +67,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
     let mut opt = LowbitAdamW::new(hyper, spec, 11, infos.clone());
     let mut weights: Vec<Vec<f32>> = infos.iter().map(|i| (0..i.len).map(|k| ((k * 37 % 101) as f32 - 50.0) * 1e-3).collect()).collect();
     for step in 1..=steps {
-        opt.begin_update(step).unwrap();
-        for (idx, w) in weights.iter_mut().enumerate() {
-            let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
-            opt.step_cpu(step, 1e-3, 1.0, idx, Weights::F32(w), &g);
-        }
+        cpu_step(&mut opt, &mut weights, step);
     }
     let varmap = candle_nn::VarMap::new();
     {
@@ -97,7 +103,7 @@ fn a_checkpoint_from_an_older_lowbit_resumes_exactly() {
     let dir = committed();
     lowbit_train::manifest::verify(&dir).unwrap();
     let (want_vm, want_opt, want_state) = fixture();
-    assert_eq!(checkpoint::load_state(&dir).unwrap(), want_state, "state.json and the data carry");
+    assert_eq!(load_state(&dir).unwrap(), want_state, "state.json and the data carry");
     let (vm, mut opt) = blank();
     assert_ne!(weights(&vm), weights(&want_vm));
     checkpoint::load(&dir, &mut [&mut ModelWeights(&vm), &mut opt]).unwrap();
@@ -106,6 +112,16 @@ fn a_checkpoint_from_an_older_lowbit_resumes_exactly() {
         assert_eq!((&got.m, &got.v), (&want.m, &want.v), "{}: stored states", want.info.name);
     }
     assert!(want_opt.tensors[0].v.scales.iter().any(|&s| s > 0.0), "the fixture's states are not empty");
+    // and training goes on from it: step 4 from the loaded states is step 4 of a run that
+    // never stopped (weights and stored states, bit for bit)
+    let mut w: Vec<Vec<f32>> = weights(&vm).into_iter().map(|(_, w)| w).collect();
+    cpu_step(&mut opt, &mut w, 4);
+    let (straight_vm, straight_opt, _) = fixture_with_steps(4);
+    let straight: Vec<Vec<f32>> = weights(&straight_vm).into_iter().map(|(_, w)| w).collect();
+    assert_eq!(w, straight, "weights after a step from the loaded checkpoint");
+    for (got, want) in opt.tensors.iter().zip(&straight_opt.tensors) {
+        assert_eq!((&got.m, &got.v), (&want.m, &want.v), "{}: states after a step from the loaded checkpoint", want.info.name);
+    }
 }
 
 /// What today's code writes reads back the same, and a checkpoint of another model is refused
@@ -117,7 +133,7 @@ fn checkpoints_round_trip_and_name_what_does_not_fit() {
     let files = [("state.json", state.to_json().unwrap()), ("config.toml", b"# test\n".to_vec())];
     let components: [&dyn Stateful; 3] = [&ModelWeights(&vm), &opt, &state.data];
     let dir = checkpoint::save(tmp.path(), state.step, 1, &components, &files).unwrap();
-    assert_eq!(checkpoint::load_state(&dir).unwrap(), state);
+    assert_eq!(load_state(&dir).unwrap(), state);
     let (vm2, mut opt2) = blank();
     checkpoint::load(&dir, &mut [&mut ModelWeights(&vm2), &mut opt2]).unwrap();
     assert_eq!(weights(&vm2), weights(&vm));

@@ -19,7 +19,8 @@ use lowbit_optim::Counter;
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_train::logs::stalls::StallRow;
-use lowbit_train::run::{run, Logs};
+use lowbit_train::progress::Logs;
+use lowbit_train::run::run;
 use lowbit_train::session::Launch;
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,8 @@
 
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::event_file::{read_events, Event, SESSION_START};
-use lowbit_train::run::{self, Logs};
+use lowbit_train::progress::Logs;
+use lowbit_train::run;
 use lowbit_train::session::Launch;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -12,7 +12,7 @@
 //! | [`mlp`] | gate and up as one product, SwiGLU / its gradients | [`crate::mlp::Mlp`] |
 //! | [`lm_head`] | LM head + cross-entropy in row chunks, gradients in the same pass | [`crate::loss::masked_cross_entropy`] |
 //!
-//! `model` runs them as the model's one fused path: the forward for evaluation and logits,
+//! `passes.rs` (its `explicit` module) runs them as the model's one fused path: the forward for evaluation and logits,
 //! and for training the forward that keeps each op's saved inputs and the explicit backward
 //! ([`crate::Llama::training_pass`]), which writes the weights' gradients as [`WeightGrad`]
 //! says: new tensors, or added into FP32 sums over micro-batches by the products themselves.
@@ -31,7 +31,6 @@ mod flash;
 pub mod linear;
 pub mod lm_head;
 pub mod mlp;
-pub(crate) mod model;
 pub mod norm;
 pub mod rope;
 

@@ -34,3 +34,14 @@ pub const UE2M2: MiniFloat = MiniFloat {
     specials: Specials::None,
     max_code: 0xF,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::rounding::Rounding;
+
+    #[test]
+    fn a_negative_value_below_half_the_smallest_step_is_plus_zero() {
+        assert_eq!(E2M1.encode(-0.2, Rounding::Nearest, 0), 0, "-0 is canonical +0");
+    }
+}

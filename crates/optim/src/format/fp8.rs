@@ -33,3 +33,22 @@ pub const E5M2: MiniFloat = MiniFloat {
     specials: Specials::Ieee,
     max_code: 0x7B,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::rounding::Rounding;
+
+    #[test]
+    fn tiny_values_round_to_zero_or_min_subnormal() {
+        let f = E4M3;
+        let min_sub = 2f32.powi(-9);
+        assert_eq!(f.encode(min_sub * 0.49, Rounding::Nearest, 0), 0);
+        assert_eq!(f.encode(min_sub * 0.51, Rounding::Nearest, 0), 1);
+        // exact half of the smallest subnormal: tie to even (0)
+        assert_eq!(f.encode(min_sub * 0.5, Rounding::Nearest, 0), 0);
+        // an f32 subnormal input still works
+        assert_eq!(f.encode(f32::from_bits(1), Rounding::Nearest, 0), 0);
+        assert_eq!(f.encode(f32::from_bits(1), Rounding::Stochastic, u64::MAX), 0);
+    }
+}

@@ -1,9 +1,10 @@
-//! The run folder's logs: `metrics.jsonl` ([`metrics`]), `stalls.jsonl` ([`stalls`]), the same
-//! curves as TensorBoard scalars ([`tensorboard`], in [`event_file`]s) and `summary.json`
-//! ([`summary`]).
+//! The run folder's logs: `metrics.jsonl` ([`metrics`]), `stalls.jsonl` ([`stalls`], written
+//! by the [`stall_writer`]), the same curves as TensorBoard scalars ([`tensorboard`], in
+//! [`event_file`]s) and `summary.json` ([`summary`]).
 
 pub mod event_file;
 pub mod metrics;
+pub mod stall_writer;
 pub mod stalls;
 pub mod summary;
 pub mod tensorboard;
