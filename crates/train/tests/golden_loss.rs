@@ -3,15 +3,20 @@
 //! and stall counts of `tests/golden/tiny_cpu.txt`, one line per step, as torchtitan's
 //! integration tests pin their loss curves. Every other determinism and resume test compares
 //! the code with itself; this one fails on any change of the numerics (initialisation, data
-//! order, kernels, rounding). Checked: `INIT_STD` times (1 + 2^-23), which moves the FP32
-//! initial weights by about one ULP, fails it; one f64 ULP of `INIT_STD` changes no FP32
-//! weight (the samples are drawn in f64 and rounded) and passes, as it should.
+//! order, kernels, rounding) on the machine kind it was recorded on. Checked there:
+//! `INIT_STD` times (1 + 2^-23), which moves the FP32 initial weights by about one ULP, fails
+//! it (2026-12-01, and again on the kind recorded now, 2026-12-02); one f64 ULP of `INIT_STD`
+//! changes no FP32 weight (the samples are drawn in f64 and rounded) and passes, as it
+//! should. On another kind the same one-ULP change stays within the limits below and passes.
 //!
-//! The curve does not depend on the number of threads (checked: `RAYON_NUM_THREADS=1` and 2
-//! give the same file). It is exact on x86-64 (the platform it was written on; another CPU architecture may
-//! differ in the last bits of a sum, and the test then compares within 1e-5 relative and says
-//! so). A change that is meant to change the numerics regenerates it, with the reason in the
-//! commit message:
+//! The curve is exact only on the machine kind it was recorded on (its first line names it:
+//! [`machine_kind`]): candle's CPU matrix products (gemm) choose their micro-kernel by the
+//! CPU's vector extensions and block their sums by the cache sizes, so another CPU rounds
+//! some sums differently (measured: a 48 KiB-L1 AVX-512 machine against the kind the first
+//! file was written on, 2026-12-01: a stalled count 6e-4 away by step 12). Elsewhere each
+//! number must be within a stated limit of its column (ten times what was measured between
+//! the two kinds), and the test says it compared that way. A change that is meant to change the
+//! numerics regenerates the file, with the reason in the commit message:
 //!
 //!     LOWBIT_REGENERATE_GOLDEN=1 cargo test --release -p lowbit-train --test golden_loss
 
@@ -70,38 +75,105 @@ fn curve(run_dir: &Path) -> String {
     out
 }
 
-/// Whether two curves agree within `rel` relative on every number (the same shape).
-fn close(a: &str, b: &str, rel: f64) -> bool {
-    let words = |s: &str| s.lines().flat_map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>()).collect::<Vec<_>>();
-    let (a, b) = (words(a), words(b));
-    a.len() == b.len()
-        && a.iter().zip(&b).all(|(x, y)| match (x.parse::<f64>(), y.parse::<f64>()) {
-            (Ok(x), Ok(y)) => (x - y).abs() <= rel * x.abs().max(y.abs()),
-            _ => x == y,
-        })
+/// The machine's kind for the golden curve: what decides how candle's CPU matrix products
+/// round. gemm (candle's CPU matmul) picks its micro-kernel by the CPU's vector extensions
+/// and cuts the sum over k into blocks whose length it derives from the cache sizes it reads
+/// from `/sys` (`gemm_common::cache::kernel_params`), so two machines that differ in these can
+/// round the same product differently; the thread count does not matter (checked: 1, 2, 3 and
+/// 8 threads give the same file).
+fn machine_kind() -> String {
+    let c = &*gemm_common::cache::CACHE_INFO;
+    #[cfg(target_arch = "x86_64")]
+    let isa = match (is_x86_feature_detected!("avx512f"), is_x86_feature_detected!("fma")) {
+        (true, _) => "avx512f",
+        (false, true) => "fma",
+        _ => "sse2",
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let isa = "-";
+    let level = |i: usize| format!("{} KiB {}-way", c[i].cache_bytes / 1024, c[i].associativity);
+    format!(
+        "{} {isa}, L1 {} {} B lines, L2 {}, L3 {}",
+        std::env::consts::ARCH,
+        level(0),
+        c[0].cache_line_bytes,
+        level(1),
+        level(2)
+    )
 }
+
+/// How far a number of another machine's curve may be from the golden one (relative), by
+/// column: losses, gradient norm, stalled and updated counts. Measured between two machine
+/// kinds (an AVX-512 one with a 48 KiB L1 and the kind of 2026-12-01): at most 8.5e-7 on a
+/// loss, 5.4e-5 on a gradient norm, 6.3e-4 on a stalled count, 8.5e-7 on an updated count;
+/// each limit is more than ten times that.
+const LOSS_REL: f64 = 1e-5;
+const NORM_REL: f64 = 1e-3;
+const STALLED_REL: f64 = 1e-2;
+const UPDATED_REL: f64 = 1e-5;
+
+/// `None` when `got` has `want`'s shape and every number within its column's limit, else the
+/// first line that is not.
+fn out_of_tolerance(got: &str, want: &str) -> Option<String> {
+    let near = |x: &str, y: &str, rel: f64| match (x.parse::<f64>(), y.parse::<f64>()) {
+        (Ok(a), Ok(b)) => (a - b).abs() <= rel * a.abs().max(b.abs()),
+        _ => x == y,
+    };
+    let counts = |x: &str, y: &str| match (x.split_once('/'), y.split_once('/')) {
+        (Some((sx, ux)), Some((sy, uy))) => near(sx, sy, STALLED_REL) && near(ux, uy, UPDATED_REL),
+        _ => false,
+    };
+    if got.lines().count() != want.lines().count() {
+        return Some(format!("{} lines, the golden curve has {}", got.lines().count(), want.lines().count()));
+    }
+    for (g, w) in got.lines().zip(want.lines()) {
+        let (a, b): (Vec<&str>, Vec<&str>) = (g.split_whitespace().collect(), w.split_whitespace().collect());
+        let ok = a.len() == b.len()
+            && match a.first() {
+                Some(&"#") => g == w,
+                Some(&"eval") => a[1] == b[1] && near(a[2], b[2], LOSS_REL),
+                _ => a[0] == b[0] && near(a[1], b[1], LOSS_REL) && near(a[2], b[2], NORM_REL) && counts(a[3], b[3]) && counts(a[4], b[4]),
+            };
+        if !ok {
+            return Some(format!("got `{g}`, the golden curve has `{w}`"));
+        }
+    }
+    None
+}
+
+/// The first line of the golden file: the machine kind it was recorded on.
+const RECORDED_ON: &str = "# recorded on: ";
 
 #[test]
 fn tiny_cpu_matches_its_golden_curve() {
     let tmp = tempfile::tempdir().unwrap();
     let out = run(Launch::new(config(tmp.path())), &mut Logs).unwrap();
     let got = curve(&out.run_dir);
+    assert_eq!(got.lines().count(), 15, "a header, 12 steps, the initial and the final validation: {got}");
+    let kind = machine_kind();
     let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join(GOLDEN);
     if std::env::var_os("LOWBIT_REGENERATE_GOLDEN").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &got).unwrap();
-        eprintln!("golden_loss: wrote {}: say why in the commit message", path.display());
+        std::fs::write(&path, format!("{RECORDED_ON}{kind}\n{got}")).unwrap();
+        eprintln!("golden_loss: wrote {} on {kind}: say why in the commit message", path.display());
         return;
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(got.lines().count(), 15, "a header, 12 steps, the initial and the final validation: {got}");
-    if cfg!(target_arch = "x86_64") {
+    let file = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (first, want) = file.split_once('\n').unwrap_or_else(|| panic!("{}: empty", path.display()));
+    let recorded = first.strip_prefix(RECORDED_ON).unwrap_or_else(|| panic!("{}: its first line is not `{RECORDED_ON}...`", path.display()));
+    if recorded == kind {
         assert_eq!(
             got, want,
             "the numerics changed: if that is meant, regenerate {GOLDEN} (LOWBIT_REGENERATE_GOLDEN=1) and say why in the commit"
         );
+    } else if let Some(why) = out_of_tolerance(&got, want) {
+        panic!(
+            "the curve left the golden one beyond what another machine explains ({why}; limits: losses {LOSS_REL}, \
+             gradient norm {NORM_REL}, stalled counts {STALLED_REL}, updated counts {UPDATED_REL} relative). It was \
+             recorded on {recorded}, this is {kind}: exactly equal is checked only there. If the change is meant, \
+             regenerate {GOLDEN} (LOWBIT_REGENERATE_GOLDEN=1) and say why in the commit"
+        );
     } else {
-        eprintln!("golden_loss: not x86-64, comparing within 1e-5 relative");
-        assert!(close(&got, &want, 1e-5), "got:\n{got}\nwant:\n{want}");
+        eprintln!("golden_loss: {GOLDEN} was recorded on {recorded}; this is {kind}: compared within the limits, not exactly");
     }
 }
