@@ -21,24 +21,47 @@ fn endless(name: &str) -> Vec<String> {
     .to_vec()
 }
 
-/// The two workers of the supervisor `pid` (processes whose parent it is), from /proc.
+/// The processes whose parent is `pid`, from /proc.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)) == Some(&pid.to_string())
+        })
+        .collect();
+    kids.sort_unstable();
+    kids
+}
+
+/// The two workers of the supervisor `pid`.
 fn workers_of(pid: u32) -> Vec<u32> {
     let t0 = Instant::now();
     loop {
-        let mut kids: Vec<u32> = std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|p| {
-                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-                stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)) == Some(&pid.to_string())
-            })
-            .collect();
+        let kids = children_of(pid);
         if kids.len() == 2 {
-            kids.sort_unstable();
             return kids;
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "supervisor {pid} has workers {kids:?}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A test's endless job: when the test ends early (a failed assertion), its processes and
+/// their children are killed, so that no endless run outlives the test.
+struct Job(Vec<u32>);
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for &pid in &self.0 {
+                for p in children_of(pid).into_iter().chain([pid]) {
+                    // SAFETY: kill(2) with a pid read from /proc; at worst the process is gone
+                    unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+                }
+            }
+        }
     }
 }
 
@@ -71,6 +94,7 @@ fn sigterm_to_the_whole_job_or_to_its_workers_stops_it_once_with_a_checkpoint() 
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = d.join(format!("{name}.log"));
         let mut sup = spawn(d, &args, &log);
+        let _job = Job(vec![sup.id()]);
         let run = d.join("runs").join(name);
         wait_for_rows(&run, 1);
         let mut pids = workers_of(sup.id());
@@ -96,6 +120,7 @@ fn a_failure_after_an_interrupt_exits_1_naming_the_rank() {
     args.extend(["--gpus", "2"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut sup = spawn(d, &args, &d.join("x.log"));
+    let _job = Job(vec![sup.id()]);
     let run = d.join("runs/x");
     wait_for_rows(&run, 1);
     std::fs::write(run.join("checkpoints"), "in the way").unwrap();
@@ -117,6 +142,7 @@ fn every_rank_of_an_interrupted_external_launch_exits_143() {
     let args = endless("x");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut ranks = launch_ranks(d, &[&args, &args]);
+    let _job = Job(ranks.iter().map(Child::id).collect());
     let run = d.join("runs/x");
     wait_for_rows(&run, 1);
     signal(&[ranks[1].id()], "-TERM");
