@@ -48,16 +48,25 @@ fn workers_of(pid: u32) -> Vec<u32> {
     }
 }
 
-/// A test's endless job: when the test ends early (a failed assertion), its processes and
-/// their children are killed, so that no endless run outlives the test.
+/// A test's endless job: when the test fails before it has waited for the job's processes,
+/// they and their children are killed, so that no endless run outlives the test. Once the
+/// test has waited for them ([`Job::waited`]) it does nothing: their pids may be reused.
 struct Job(Vec<u32>);
+
+impl Job {
+    /// The test has reaped the job's processes.
+    fn waited(mut self) {
+        self.0.clear();
+    }
+}
 
 impl Drop for Job {
     fn drop(&mut self) {
         if std::thread::panicking() {
             for &pid in &self.0 {
                 for p in children_of(pid).into_iter().chain([pid]) {
-                    // SAFETY: kill(2) with a pid read from /proc; at worst the process is gone
+                    // SAFETY: kill(2) on a child of this test not yet reaped (its pid cannot
+                    // have been reused), or on a child of it read from /proc just now
                     unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
                 }
             }
@@ -94,7 +103,7 @@ fn sigterm_to_the_whole_job_or_to_its_workers_stops_it_once_with_a_checkpoint() 
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = d.join(format!("{name}.log"));
         let mut sup = spawn(d, &args, &log);
-        let _job = Job(vec![sup.id()]);
+        let job = Job(vec![sup.id()]);
         let run = d.join("runs").join(name);
         wait_for_rows(&run, 1);
         let mut pids = workers_of(sup.id());
@@ -103,6 +112,7 @@ fn sigterm_to_the_whole_job_or_to_its_workers_stops_it_once_with_a_checkpoint() 
         }
         signal(&pids, "-TERM");
         let code = wait(&mut sup);
+        job.waited();
         let log = std::fs::read_to_string(&log).unwrap();
         assert_eq!(code, Some(143), "{name}: {log}");
         assert!(!log.contains("failed"), "{name}: {log}");
@@ -120,12 +130,13 @@ fn a_failure_after_an_interrupt_exits_1_naming_the_rank() {
     args.extend(["--gpus", "2"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut sup = spawn(d, &args, &d.join("x.log"));
-    let _job = Job(vec![sup.id()]);
+    let job = Job(vec![sup.id()]);
     let run = d.join("runs/x");
     wait_for_rows(&run, 1);
     std::fs::write(run.join("checkpoints"), "in the way").unwrap();
     signal(&[sup.id()], "-TERM");
     let code = wait(&mut sup);
+    job.waited();
     let log = std::fs::read_to_string(d.join("x.log")).unwrap();
     assert_eq!(code, Some(1), "{log}");
     assert!(log.lines().any(|l| l.starts_with("error: ") && l.contains("checkpoints")), "rank 0's own error: {log}");
@@ -142,11 +153,12 @@ fn every_rank_of_an_interrupted_external_launch_exits_143() {
     let args = endless("x");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut ranks = launch_ranks(d, &[&args, &args]);
-    let _job = Job(ranks.iter().map(Child::id).collect());
+    let job = Job(ranks.iter().map(Child::id).collect());
     let run = d.join("runs/x");
     wait_for_rows(&run, 1);
     signal(&[ranks[1].id()], "-TERM");
     let codes: Vec<Option<i32>> = ranks.iter_mut().map(wait).collect();
+    job.waited();
     let log = std::fs::read_to_string(d.join("rank0.log")).unwrap();
     assert_eq!(codes, [Some(143), Some(143)], "{log}");
     assert_interrupted_with_a_checkpoint(&run);

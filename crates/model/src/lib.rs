@@ -18,13 +18,13 @@
 //! |-------------|-------|
 //! | [`config`]  | [`LlamaConfig`], presets, parameter count, HF `config.json` |
 //! | [`init`]    | [`init_params`]: seeded, device-independent Normal(0, 0.02) / ones init |
-//! | [`llama`]   | [`Llama`]: the model (its weights, the composed forward) |
-//! | `passes`    | its passes, composed or fused: logits, loss, [`TrainingPass`] |
+//! | [`llama`]   | [`Llama`]: the model (its structure and weights) |
+//! | `passes`    | its passes, composed (candle autograd) or fused (each op's forward, then each backward in reverse): logits, loss, [`TrainingPass`] |
 //! | [`grad_sum`] | [`GradSum`]: FP32 gradient sums over micro-batches |
 //! | [`attention`], [`mlp`], [`norm`], [`rope`] | its parts |
 //! | [`loss`]    | [`masked_cross_entropy`] |
 //! | [`kernels`] | [`Kernels`]: composed or fused ops |
-//! | `fused`     | the CUDA ops and the fused path (`cuda` feature) |
+//! | `fused`     | the CUDA ops (`cuda` feature) |
 //! | `gemm`      | their matrix products as cuBLAS's column-major calls (host logic, tested on the CPU) |
 //! | `fused_sizes` | their other host logic from sizes alone: padding, chunks, grouping by id, attention geometry (tested on the CPU) |
 //! | [`groups`]  | [`ParamGroup`], [`try_param_group`] |

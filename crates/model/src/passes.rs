@@ -1,4 +1,4 @@
-//! The model's passes, composed or fused by [`crate::Kernels`]: logits ([`Llama::forward`]), the
+//! The model's passes, composed or fused by [`Kernels`](crate::kernels::Kernels): logits ([`Llama::forward`]), the
 //! loss ([`Llama::loss`]) and the training pass ([`Llama::training_pass`], whose backward gives
 //! each weight's gradient or adds it to a [`GradSum`]). The composed ones are candle ops
 //! under autograd (each layer's modules in order, `loss.backward()`); the fused ones run the
@@ -38,11 +38,12 @@ impl Llama {
     }
 
     /// Mean next-token loss over the positions where `mask` is nonzero, as
-    /// [`crate::masked_cross_entropy`] of [`Llama::forward`]: `input`, `target` `[B, T]` u32,
-    /// `mask` `[B, T]` (1 = counts) → F32 scalar. With [`crate::Kernels::Composed`] differentiable
-    /// under candle's autograd; with [`crate::Kernels::Fused`] the LM head and the loss run in chunks
-    /// of rows ([`crate::fused::lm_head::loss`]: the `[B, T, V]` logits are never held) and
-    /// no graph is kept (validation; train with [`Llama::training_pass`]).
+    /// [`masked_cross_entropy`](crate::loss::masked_cross_entropy) of [`Llama::forward`]: `input`,
+    /// `target` `[B, T]` u32, `mask` `[B, T]` (1 = counts) → F32 scalar. With
+    /// [`Kernels::Composed`](crate::kernels::Kernels::Composed) differentiable under candle's
+    /// autograd; with [`Kernels::Fused`](crate::kernels::Kernels::Fused) the LM head and the loss
+    /// run in chunks of rows ([`crate::fused::lm_head::loss`]: the `[B, T, V]` logits are never
+    /// held) and no graph is kept (validation; train with [`Llama::training_pass`]).
     pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
@@ -53,10 +54,10 @@ impl Llama {
     }
 
     /// The forward pass for training on `scale` times [`Llama::loss`]; its
-    /// [`TrainingPass::backward`] gives the gradient of every weight. With [`crate::Kernels::Fused`]
-    /// the backward is explicit (`explicit`: each op's backward function in reverse
-    /// order, each gradient written once); with [`crate::Kernels::Composed`] it is candle's
-    /// `loss.backward()`.
+    /// [`TrainingPass::backward`] gives the gradient of every weight. With
+    /// [`Kernels::Fused`](crate::kernels::Kernels::Fused) the backward is explicit (`explicit`:
+    /// each op's backward function in reverse order, each gradient written once); with
+    /// [`Kernels::Composed`](crate::kernels::Kernels::Composed) it is candle's `loss.backward()`.
     ///
     /// `input_ids`: the values of `input` on the host (row-major, `B * T`), when the caller
     /// has them (a trainer copied them to the device): the fused backward groups the
@@ -165,8 +166,9 @@ impl TrainingPass<'_> {
 /// with the norm's input gradient), and the q, k and v projections' output gradients are
 /// written side by side into one buffer, so that their backward runs as one projection of
 /// the stacked `[3d, d]` weight (one product for the normed input's gradient, one for the
-/// three weights'). The reference is the composed model
-/// ([`crate::Llama`] with [`crate::Kernels::Composed`]; tested against it in `fused_parity`).
+/// three weights'). The reference is the composed model ([`Llama`](crate::llama::Llama)
+/// with [`Kernels::Composed`](crate::kernels::Kernels::Composed); tested against it in
+/// `fused_parity`).
 #[cfg(feature = "cuda")]
 mod explicit {
     use crate::fused::{alloc, attention, cuda_device, embedding, linear, lm_head, mlp, norm, rope, wrap, Columns, WeightGrad};

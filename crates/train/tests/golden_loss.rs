@@ -10,9 +10,9 @@
 //! should. On another kind the same one-ULP change stays within the limits below and passes.
 //!
 //! The curve is exact only on the machine kind it was recorded on (its first line names it:
-//! [`machine_kind`]): candle's CPU matrix products (gemm) choose their micro-kernel by the
-//! CPU's vector extensions and block their sums by the cache sizes, so another CPU rounds
-//! some sums differently (measured: a 48 KiB-L1 AVX-512 machine against the kind the first
+//! [`machine_kind`]): candle's CPU matrix products (gemm) choose their micro-kernel by whether
+//! the CPU has FMA and block their sums by the L1 cache's geometry, so another CPU rounds some
+//! sums differently (measured: a machine with a 48 KiB 12-way L1 against the kind the first
 //! file was written on, 2026-12-01: a stalled count 6e-4 away by step 12). Elsewhere each
 //! number must be within a stated limit of its column (ten times what was measured between
 //! the two kinds), and the test says it compared that way. A change that is meant to change the
@@ -76,51 +76,50 @@ fn curve(run_dir: &Path) -> String {
 }
 
 /// The machine's kind for the golden curve: what decides how candle's CPU matrix products
-/// round. gemm (candle's CPU matmul) picks its micro-kernel by the CPU's vector extensions
-/// and cuts the sum over k into blocks whose length it derives from the cache sizes it reads
-/// from `/sys` (`gemm_common::cache::kernel_params`), so two machines that differ in these can
-/// round the same product differently; the thread count does not matter (checked: 1, 2, 3 and
-/// 8 threads give the same file).
+/// round. gemm (candle's CPU matmul) runs its FMA micro-kernel where the CPU has FMA, else a
+/// plain one (its AVX-512 kernels are built only with its `x86-v4` feature, which candle does
+/// not turn on), and cuts the sum over k into blocks whose length it derives from the L1
+/// data cache's size, associativity and line size, read from `/sys`
+/// (`gemm_common::cache::kernel_params`; L2 and L3 only tile the rows and columns, which
+/// leaves each element's sum in the same order). Checked: forcing the plain kernel gives
+/// another curve; the thread count does not matter (1, 2, 3 and 8 threads give the same file).
 fn machine_kind() -> String {
-    let c = &*gemm_common::cache::CACHE_INFO;
+    let l1 = &gemm_common::cache::CACHE_INFO[0];
     #[cfg(target_arch = "x86_64")]
-    let isa = match (is_x86_feature_detected!("avx512f"), is_x86_feature_detected!("fma")) {
-        (true, _) => "avx512f",
-        (false, true) => "fma",
-        _ => "sse2",
-    };
+    let kernel = if is_x86_feature_detected!("fma") { "fma" } else { "no fma" };
     #[cfg(not(target_arch = "x86_64"))]
-    let isa = "-";
-    let level = |i: usize| format!("{} KiB {}-way", c[i].cache_bytes / 1024, c[i].associativity);
+    let kernel = "-";
     format!(
-        "{} {isa}, L1 {} {} B lines, L2 {}, L3 {}",
+        "{} {kernel}, L1 data {} KiB {}-way {} B lines",
         std::env::consts::ARCH,
-        level(0),
-        c[0].cache_line_bytes,
-        level(1),
-        level(2)
+        l1.cache_bytes / 1024,
+        l1.associativity,
+        l1.cache_line_bytes
     )
 }
 
 /// How far a number of another machine's curve may be from the golden one (relative), by
-/// column: losses, gradient norm, stalled and updated counts. Measured between two machine
-/// kinds (an AVX-512 one with a 48 KiB L1 and the kind of 2026-12-01): at most 8.5e-7 on a
-/// loss, 5.4e-5 on a gradient norm, 6.3e-4 on a stalled count, 8.5e-7 on an updated count;
-/// each limit is more than ten times that.
+/// column: losses, gradient norm, stalled and updated counts (and a stalled count may also be
+/// [`STALLED_ABS`] away: a count of 23 moves by more than 1e-2 when one element rounds the
+/// other way). Measured between two machine kinds (one with a 48 KiB L1 and the kind of
+/// 2026-12-01): at most 8.5e-7 on a loss, 5.4e-5 on a gradient norm, 6.3e-4 on a stalled count,
+/// 8.5e-7 on an updated count; each limit is more than ten times that.
 const LOSS_REL: f64 = 1e-5;
 const NORM_REL: f64 = 1e-3;
 const STALLED_REL: f64 = 1e-2;
 const UPDATED_REL: f64 = 1e-5;
+const STALLED_ABS: f64 = 8.0;
 
 /// `None` when `got` has `want`'s shape and every number within its column's limit, else the
 /// first line that is not.
 fn out_of_tolerance(got: &str, want: &str) -> Option<String> {
-    let near = |x: &str, y: &str, rel: f64| match (x.parse::<f64>(), y.parse::<f64>()) {
-        (Ok(a), Ok(b)) => (a - b).abs() <= rel * a.abs().max(b.abs()),
+    let near_or = |x: &str, y: &str, rel: f64, abs: f64| match (x.parse::<f64>(), y.parse::<f64>()) {
+        (Ok(a), Ok(b)) => (a - b).abs() <= (rel * a.abs().max(b.abs())).max(abs),
         _ => x == y,
     };
+    let near = |x: &str, y: &str, rel: f64| near_or(x, y, rel, 0.0);
     let counts = |x: &str, y: &str| match (x.split_once('/'), y.split_once('/')) {
-        (Some((sx, ux)), Some((sy, uy))) => near(sx, sy, STALLED_REL) && near(ux, uy, UPDATED_REL),
+        (Some((sx, ux)), Some((sy, uy))) => near_or(sx, sy, STALLED_REL, STALLED_ABS) && near(ux, uy, UPDATED_REL),
         _ => false,
     };
     if got.lines().count() != want.lines().count() {
@@ -131,8 +130,8 @@ fn out_of_tolerance(got: &str, want: &str) -> Option<String> {
         let ok = a.len() == b.len()
             && match a.first() {
                 Some(&"#") => g == w,
-                Some(&"eval") => a[1] == b[1] && near(a[2], b[2], LOSS_REL),
-                _ => a[0] == b[0] && near(a[1], b[1], LOSS_REL) && near(a[2], b[2], NORM_REL) && counts(a[3], b[3]) && counts(a[4], b[4]),
+                Some(&"eval") => a.len() == 3 && b[0] == "eval" && a[1] == b[1] && near(a[2], b[2], LOSS_REL),
+                _ => a.len() == 5 && a[0] == b[0] && near(a[1], b[1], LOSS_REL) && near(a[2], b[2], NORM_REL) && counts(a[3], b[3]) && counts(a[4], b[4]),
             };
         if !ok {
             return Some(format!("got `{g}`, the golden curve has `{w}`"));
@@ -169,7 +168,7 @@ fn tiny_cpu_matches_its_golden_curve() {
     } else if let Some(why) = out_of_tolerance(&got, want) {
         panic!(
             "the curve left the golden one beyond what another machine explains ({why}; limits: losses {LOSS_REL}, \
-             gradient norm {NORM_REL}, stalled counts {STALLED_REL}, updated counts {UPDATED_REL} relative). It was \
+             gradient norm {NORM_REL}, stalled counts {STALLED_REL} or {STALLED_ABS}, updated counts {UPDATED_REL} relative). It was \
              recorded on {recorded}, this is {kind}: exactly equal is checked only there. If the change is meant, \
              regenerate {GOLDEN} (LOWBIT_REGENERATE_GOLDEN=1) and say why in the commit"
         );

@@ -63,7 +63,7 @@ pub fn loss(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Re
 
 /// [`loss`] times `scale` (F32 scalar) and its gradients with respect to `hidden` (in its
 /// dtype) and `w` (F32, summed over the chunks: the training pass rounds it to the weight's
-/// dtype or adds it to a running sum), for the training pass ([`super::model`]). `scale`
+/// dtype or adds it to a running sum), for the training pass (`crate::passes`). `scale`
 /// enters the rows' loss coefficients, so the gradients come out of the chunks' products
 /// scaled.
 pub fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
