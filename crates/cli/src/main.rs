@@ -7,6 +7,7 @@
 //! train plot runs/A [runs/B ...] [--out DIR]
 //! train reproduce --table bf16-model|fp32-model|reset-policies --scale smoke|h200|full [--states paper|blockwise|theory|all] [--cells LIST] [--seeds N | --seed-list LIST] [--jobs N] [--merge DIR]
 //! train data fetch c4 [--train-shards N] [--val-shards M] [--config FILE] [--out DIR] [--dry-run]
+//! train data tokenize --config FILE --out DIR [--level 19]
 //! train bench optimizer | training | data   (optimizer and training: CUDA builds)
 //! ```
 
@@ -19,7 +20,7 @@ use lowbit_train::distributed::{self, world::World};
 use lowbit_train::session::Launch;
 use lowbit_train::{checkpoint, run};
 
-use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, signals, stalls_table};
+use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, signals, stalls_table, tokenize};
 #[cfg(feature = "cuda")]
 use lowbit_cli::{bench, bench_training};
 use std::io::IsTerminal;
@@ -99,7 +100,8 @@ enum Cmd {
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
     /// reproduce/<table>-<scale>-results.json and render reproduce/<table>-<scale>.md from it.
     Reproduce(lowbit_reproduce::ReproduceArgs),
-    /// Corpora: `train data fetch c4` (C4 `en` and the T5 tokenizer from the Hugging Face hub).
+    /// Corpora: `train data fetch c4` (C4 `en` and the T5 tokenizer from the Hugging Face hub),
+    /// `train data tokenize` (a config's shards tokenized once into token shards).
     #[command(subcommand)]
     Data(DataCmd),
     /// Speed benchmarks: `train bench data`; with a CUDA build also `train bench optimizer`,
@@ -114,6 +116,10 @@ enum DataCmd {
     /// Download a corpus from the Hugging Face hub into data/local/.
     #[command(subcommand)]
     Fetch(FetchCmd),
+    /// Tokenize a config's train and validation shards into token shards (`NAME.tokens.zst`,
+    /// zstd-compressed ids with a header naming the tokenizer), which `data.train` and
+    /// `data.validation` can point at instead: no tokenizing at start, ~1.5x smaller.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 /// What `train data fetch` downloads.
@@ -146,7 +152,8 @@ enum BenchCmd {
         weights: Vec<String>,
     },
     /// The data pipeline alone, as training reads it (shard reader, tokenizer, packing into
-    /// sequences): tokens/s over `--batches` batches, from opening the stream.
+    /// sequences), in file order, in memory and streaming: the seconds to the first batch,
+    /// then tokens/s over the other `--batches - 1` batches.
     Data {
         /// Run config (its `[data]` section; `--set` overrides it). The default reads the
         /// bundled sample with the T5 tokenizer, as the paper's configs read C4.
@@ -247,6 +254,7 @@ fn real_main() -> Result<i32> {
         Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref())?,
         Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args)?,
         Some(Cmd::Data(DataCmd::Fetch(FetchCmd::C4(args)))) => fetch::fetch_c4(&args)?,
+        Some(Cmd::Data(DataCmd::Tokenize(args))) => tokenize::tokenize(&args)?,
         Some(Cmd::Bench(b)) => bench(b)?,
         None => return train(cli.train),
     }
@@ -268,9 +276,11 @@ fn bench(b: BenchCmd) -> Result<()> {
             lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
         }
         BenchCmd::Data { config, batch, seq, batches, sets } => {
-            let tokens_per_s = bench_data::data(&config, &sets, batch, seq, batches)?;
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            lowbit_train::outln!("data pipeline: {tokens_per_s:.0} tokens/s ({batches} batches of {batch} x {seq}, {threads} CPU threads)");
+            lowbit_train::outln!("data pipeline, {batches} batches of {batch} x {seq}, {threads} CPU threads:");
+            for r in bench_data::data(&config, &sets, batch, seq, batches)? {
+                lowbit_train::outln!("  {:>12.0} tokens/s after a first batch in {:6.2} s: {}", r.tokens_per_s, r.first_batch_s, r.order);
+            }
         }
         #[cfg(feature = "cuda")]
         BenchCmd::Training { config, preset, batch, micro_batch, seq, dtype, warmup, steps, mut sets, json } => {

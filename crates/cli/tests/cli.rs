@@ -132,8 +132,13 @@ fn errors_name_the_file_or_field_and_what_to_do() {
     // the data pipeline's benchmark is CPU work: it runs in this build, on the config's data
     let r = train(d, &["bench", "data", "--config", "c.toml", "--batch", "2", "--seq", "32", "--batches", "3"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let rate: f64 = r.stdout.strip_prefix("data pipeline: ").and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-    assert!(rate > 0.0 && r.stdout.contains("tokens/s (3 batches of 2 x 32,"), "{}", r.stdout);
+    // one line per row order: `<rate> tokens/s after a first batch in <s> s: <order>`
+    assert!(r.stdout.starts_with("data pipeline, 3 batches of 2 x 32,"), "{}", r.stdout);
+    for order in ["file order (data.shuffle = false)", "rows permuted in memory", "streamed through a shuffle buffer"] {
+        let line = r.stdout.lines().find(|l| l.ends_with(order) || l.contains(order)).unwrap_or_else(|| panic!("{order}: {}", r.stdout));
+        let rate: f64 = line.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+        assert!(rate > 0.0 && line.contains("tokens/s after a first batch in"), "{line}");
+    }
 
     // one corrupt line in stalls.jsonl: the rest is read, the line is named
     let run = d.join("fake");
@@ -196,6 +201,55 @@ fn reader_warns_once_per_bad_line_and_skips_blank_lines_silently() {
     assert_eq!(r.stderr.matches("skipping bad C4 line").count(), 2, "{}", r.stderr);
     assert!(r.stderr.contains("bad.json:5: skipping bad C4 line: not JSON"), "{}", r.stderr);
     assert!(!r.stderr.contains("bad.json:9:") && !r.stderr.contains("bad.json:10:"), "blank lines warned: {}", r.stderr);
+}
+
+/// The start says which order the rows are read in and how many passes the run will make,
+/// and warns past 4; the summary (stdout and summary.json) records the passes made.
+#[test]
+fn a_run_reports_its_passes_over_the_text_and_warns_past_four() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let docs: String = (0..6).map(|i| format!("{{\"text\": \"{}\"}}\n", format!("document {i} of a tiny corpus, one of six. ").repeat(12))).collect();
+    std::fs::write(d.join("tiny.json"), docs).unwrap();
+    let r = train(d, &["--config", "c.toml", "--set", "data.train=[\"tiny.json\"]", "--set", "train.max_steps=40"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/x/summary.json")).unwrap()).unwrap();
+    let (epochs, per_epoch) = (summary["epochs"].as_f64().unwrap(), summary["tokens_per_epoch"].as_u64().unwrap());
+    // 40 steps of 2 x 2 rows of 32 targets, in memory: whole rows of the text per pass
+    assert!(per_epoch > 0 && per_epoch % 32 == 0 && summary["tokens_per_epoch_exact"] == true, "{summary}");
+    assert!((epochs - 40.0 * 4.0 * 32.0 / per_epoch as f64).abs() < 1e-9, "{epochs} passes of {per_epoch}");
+    assert_eq!(summary["data_order"], "rows permuted in memory (data.shuffle = true, data.seed = 7)");
+    let planned = format!("{per_epoch} target tokens per pass; 40 steps make {epochs:.2} passes");
+    assert!(r.stdout.contains(&planned), "{}", r.stdout);
+    assert!(epochs > 4.0 && r.stderr.contains("train.max_steps = 40 x 4 sequences of 32 tokens make") && r.stderr.contains("passes over the training text") && r.stderr.contains("Muennighoff"), "{}", r.stderr);
+    assert!(r.stdout.contains(&format!("data: {epochs:.2} passes over the training text ({per_epoch} tokens each), rows permuted in memory")), "{}", r.stdout);
+    // a run within 4 passes is not warned about
+    let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=2", "--set", "run.name=y"]);
+    assert!(r.code == Some(0) && !r.stderr.contains("Muennighoff"), "{}", r.stderr);
+}
+
+/// `train data tokenize`: token shards of a config's train and validation shards, which a run
+/// then reads through the `--set` lines the command prints; a second call keeps them.
+#[test]
+fn data_tokenize_writes_token_shards_a_run_reads() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let doc = |i: usize| format!("{{\"text\": \"{}\"}}\n", format!("document {i} is read as tokens. ").repeat(20));
+    std::fs::write(d.join("a.json"), (0..8).map(doc).collect::<String>()).unwrap();
+    std::fs::write(d.join("v.json"), (8..10).map(doc).collect::<String>()).unwrap();
+    let sets = ["--set", "data.train=[\"a.json\"]", "--set", "data.validation=[\"v.json\"]"];
+    let args = [&["data", "tokenize", "--config", "c.toml", "--out", "tok", "--level", "3"][..], &sets[..]].concat();
+    let r = train(d, &args);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("tok/a.tokens.zst: 8 documents,") && r.stdout.contains("tok/v.tokens.zst: 2 documents,"), "{}", r.stdout);
+    let hint = "--set 'data.train=[\"tok/a.tokens.zst\"]' --set 'data.validation=[\"tok/v.tokens.zst\"]'";
+    assert!(r.stdout.contains(hint), "{}", r.stdout);
+    let again = train(d, &args);
+    assert!(again.code == Some(0) && again.stdout.contains("tok/a.tokens.zst: already there"), "{}", again.stdout);
+    let r = train(d, &["--config", "c.toml", "--set", "data.train=[\"tok/a.tokens.zst\"]", "--set", "data.validation=[\"tok/v.tokens.zst\"]", "--set", "train.max_steps=2"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/x/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["tokens_per_epoch_exact"], true);
 }
 
 /// `train stalls --follow` into a pipe (`| less`, `> file`): no terminal escape codes, each

@@ -40,6 +40,10 @@ fn summary(initial: f64, last: f64) -> Summary {
         skipped_steps: 0,
         tokens_per_s: 1.0,
         peak_memory_bytes: None,
+        epochs: Some(0.01),
+        tokens_per_epoch: Some(768_000),
+        tokens_per_epoch_exact: Some(true),
+        data_order: None,
     }
 }
 

@@ -76,12 +76,21 @@ fn resume_writes_into_the_folder_it_resumes_and_a_finished_run_is_left_alone() {
     assert_eq!(json(&d.join("runs/y/summary.json"))["steps"], 6);
     assert!(std::fs::read_to_string(d.join("runs/y/config.toml")).unwrap().contains("name = \"y\""));
 
-    // item 7: the pending tokens are in data.safetensors, state.json holds none
+    // item 7: the data position's token lists (the carry, the shuffle buffer) are in
+    // data.safetensors, state.json holds none; in memory, the position is the pass and its
+    // rows taken (6 steps x 4 rows)
     let ck = d.join("runs/y/checkpoints/step_0000006");
+    let state = json(&ck.join("state.json"));
+    assert_eq!(state["data"]["carry"], Value::Array(vec![]));
+    assert_eq!((state["data"]["epoch"].as_u64(), state["data"]["row"].as_u64()), (Some(0), Some(24)));
+    assert!(ck.join("data.safetensors").is_file());
+    // in file order the carry holds the tokens read past the last row: there, not in state.json
+    let r = train(d, &["--config", "c.toml", "--set", "run.name=z", "--set", "data.shuffle=false", "--set", "train.max_steps=2"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let ck = d.join("runs/z/checkpoints/step_0000002");
     assert_eq!(json(&ck.join("state.json"))["data"]["carry"], Value::Array(vec![]));
     let carry = load_state(&ck).unwrap().data.carry;
     assert!(!carry.is_empty(), "concat mode with 32-token rows leaves pending tokens");
-    assert!(ck.join("data.safetensors").is_file());
 }
 
 /// Item 6: `--resume latest` looks in run.dir (from --config or --set), not in runs/.

@@ -17,23 +17,90 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::SeqMode;
 
+/// How the training rows are ordered: `data.shuffle` and the mode the stream chose for the
+/// corpus's size ([`crate::TrainStream::new`]). Part of the position, so that a resume with
+/// another order is refused instead of silently reading other rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RowOrder {
+    /// Documents in sorted shard order, rows as they come (`data.shuffle = false`; also every
+    /// checkpoint written before shuffling existed).
+    #[default]
+    FileOrder,
+    /// In-memory mode: all rows of the training text held in memory, each pass in its own
+    /// seeded permutation (nanoGPT's and llm.c's random rows).
+    Permuted {
+        /// `data.seed`.
+        seed: u64,
+    },
+    /// Streaming mode: each pass's shards in a seeded permutation, their rows through a
+    /// shuffle buffer (HF datasets' streaming `shuffle`).
+    Buffered {
+        /// `data.seed`.
+        seed: u64,
+        /// `data.shuffle_buffer`, rows.
+        buffer: usize,
+    },
+}
+
+impl RowOrder {
+    /// The settings that give this order, as a user writes them.
+    pub fn describe(&self) -> String {
+        match self {
+            RowOrder::FileOrder => "file order (data.shuffle = false)".into(),
+            RowOrder::Permuted { seed } => format!("rows permuted in memory (data.shuffle = true, data.seed = {seed})"),
+            RowOrder::Buffered { seed, buffer } => format!(
+                "streamed through a shuffle buffer (data.shuffle = true, data.seed = {seed}, data.shuffle_buffer = {buffer})"
+            ),
+        }
+    }
+}
+
 /// Position in the train stream, taken *after* a batch. Passing it to
 /// [`crate::TrainStream::new`] continues the stream exactly where it left off.
 ///
 /// Serializable (store it in the checkpoint). It refers to shards by index in the sorted
-/// shard list, so resume with the same `train` patterns and files.
+/// shard list (or in a pass's permutation of it), so resume with the same `train` patterns and
+/// files.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataPosition {
-    /// Completed passes over the train shards (0 during the first).
+    /// Completed passes over the train shards (0 during the first). In streaming mode the
+    /// reader's passes, which run ahead of training by the shuffle buffer's rows.
     pub epoch: u64,
-    /// Index of the current shard in the sorted shard list.
+    /// Index of the current shard in the pass's shard order (file order and streaming mode).
     pub shard: usize,
-    /// Lines of that shard already consumed (skipped unparsed on resume).
+    /// Lines of that shard already consumed, skipped unparsed on resume (documents, in a
+    /// token shard).
     pub line: u64,
     /// `concat` only: tokens already read but not yet emitted in a row; they begin the next
     /// row. At most `seq_len` tokens plus the unused part of the last document read (long
-    /// documents make it long). Empty in `truncate_pad`.
+    /// documents make it long). Empty in `truncate_pad` and in-memory mode.
     pub carry: Vec<u32>,
+    /// The row order this position belongs to (file order in checkpoints written before
+    /// shuffling existed).
+    #[serde(default)]
+    pub order: RowOrder,
+    /// In-memory mode: rows of pass `epoch` already taken.
+    #[serde(default)]
+    pub row: u64,
+    /// Streaming mode: slots drawn from the shuffle buffer so far.
+    #[serde(default)]
+    pub draws: u64,
+    /// Streaming mode: the shuffle buffer's rows, `[data.shuffle_buffer, seq_len + 1]` token
+    /// ids row-major, filled only by [`crate::TrainStream::position`] (a batch's position
+    /// leaves it empty: copying megabytes per batch would cost more than the batch).
+    #[serde(default)]
+    pub buffer_tokens: Vec<u32>,
+    /// Streaming mode: the real (non-pad) tokens at the start of each buffered row.
+    #[serde(default)]
+    pub buffer_valid: Vec<u32>,
+}
+
+impl DataPosition {
+    /// Whether this is the start of a run (nothing read yet), whatever its order says.
+    pub fn is_start(&self) -> bool {
+        *self == DataPosition { order: self.order, ..DataPosition::default() }
+    }
 }
 
 /// One micro-batch: `rows` rows of `seq_len` tokens, row-major (`[rows, seq_len]`).
@@ -60,8 +127,8 @@ impl Batch {
         self.mask.iter().filter(|&&m| m != 0.0).count()
     }
 
-    /// Builds a batch from rows; the position is the last row's.
-    pub(crate) fn from_rows(rows: &[Row], seq_len: usize) -> Self {
+    /// Builds a batch from rows; the position is the last row's, in row order `order`.
+    pub(crate) fn from_rows(rows: &[Row], seq_len: usize, order: RowOrder) -> Self {
         let n = rows.len();
         let mut input = Vec::with_capacity(n * seq_len);
         let mut target = Vec::with_capacity(n * seq_len);
@@ -71,7 +138,7 @@ impl Batch {
             target.extend_from_slice(&r.tokens[1..]);
             mask.extend((1..=seq_len).map(|i| if i < r.valid { 1.0f32 } else { 0.0 }));
         }
-        let position = rows.last().map(Row::position).unwrap_or_default();
+        let position = rows.last().map_or_else(DataPosition::default, |r| r.position(order));
         Self { rows: n, seq_len, input, target, mask, position }
     }
 }
@@ -91,15 +158,32 @@ pub(crate) struct Row {
     pub carry_from: usize,
     /// Bad lines seen in the stream up to this row's document.
     pub bad_lines: u64,
+    /// In-memory mode: rows of pass `epoch` taken up to this one.
+    pub row: u64,
+    /// Streaming mode: the buffer's draws up to this row, and the slot this row was drawn
+    /// from (which held it until the draw).
+    pub draws: u64,
+    pub slot: usize,
 }
 
 impl Row {
-    pub fn position(&self) -> DataPosition {
+    /// A row of `tokens` of which the first `valid` are real, at `(epoch, shard, line)`.
+    pub fn new(tokens: Vec<u32>, valid: usize, epoch: u64, shard: usize, line: u64, bad_lines: u64) -> Row {
+        Row { tokens, valid, epoch, shard, line, carry_src: None, carry_from: 0, bad_lines, row: 0, draws: 0, slot: 0 }
+    }
+
+    /// The stream position after this row (without the shuffle buffer's rows).
+    pub fn position(&self, order: RowOrder) -> DataPosition {
         DataPosition {
             epoch: self.epoch,
             shard: self.shard,
             line: self.line,
             carry: self.carry_src.as_ref().map_or_else(Vec::new, |s| s[self.carry_from..].to_vec()),
+            order,
+            row: self.row,
+            draws: self.draws,
+            buffer_tokens: Vec::new(),
+            buffer_valid: Vec::new(),
         }
     }
 
@@ -136,7 +220,7 @@ impl Packer {
                 let mut row = Vec::with_capacity(width);
                 row.extend_from_slice(&tokens[..valid]);
                 row.resize(width, self.pad_id);
-                out.push(Row { tokens: row, valid, epoch, shard, line, carry_src: None, carry_from: 0, bad_lines });
+                out.push(Row::new(row, valid, epoch, shard, line, bad_lines));
             }
             SeqMode::Concat => {
                 self.carry.extend_from_slice(tokens);
@@ -158,14 +242,9 @@ impl Packer {
         while start + width <= stream.len() {
             let next = start + self.seq_len;
             out.push(Row {
-                tokens: stream[start..start + width].to_vec(),
-                valid: width,
-                epoch,
-                shard,
-                line,
                 carry_src: Some(Arc::clone(&stream)),
                 carry_from: next,
-                bad_lines,
+                ..Row::new(stream[start..start + width].to_vec(), width, epoch, shard, line, bad_lines)
             });
             start = next;
         }

@@ -45,6 +45,7 @@ pub enum BadInput {
 /// seq_len = 256
 /// mode = "concat"
 /// val_tokens = 10_000_000
+/// shuffle = true            # the default: rows in a seeded random order
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -68,6 +69,28 @@ pub struct DataConfig {
     pub val_tokens: usize,
     /// `"skip"` (default) or `"fail"` on a bad line or corrupt shard.
     pub on_bad_line: BadInput,
+    /// Read the training rows in a seeded random order (default true; validation always
+    /// reads in order). Documents are cut into rows as without it; what is randomised is
+    /// the order of the rows: all rows of a pass permuted in memory when the training text
+    /// fits `in_memory_max_tokens`, else each pass's shards permuted and their rows passed
+    /// through a `shuffle_buffer`-row buffer ([`crate::RowOrder`]). `false` reads documents
+    /// in sorted shard order, which on a corpus of long documents fills each batch from one
+    /// or two of them (measured at LLaMA-20M, 128 x 256, 1000 steps: ~0.75 nats worse).
+    pub shuffle: bool,
+    /// Seed of the data order, apart from the model's initialisation so that runs that
+    /// differ in their optimizer see the same rows. The trainer sets it to `train.seed`
+    /// when it is not given; this crate reads a missing seed as 0.
+    pub seed: Option<u64>,
+    /// Streaming mode's shuffle buffer, rows (default 10,000: 2.6M tokens at `seq_len`
+    /// 256, ~5,000 C4 documents, 5x the 1,000 documents of HF datasets' default buffer that
+    /// GaLore's C4 loader uses, and ~20 steps of the paper's 512 rows; 10 MB of ids, kept in
+    /// each checkpoint). The buffer fills before the first batch.
+    pub shuffle_buffer: usize,
+    /// In-memory mode when the training text is at most this many tokens (default 250M,
+    /// 1 GB of ids): exact for token shards (their header), estimated for JSON shards at one
+    /// token per byte of gzip file (measured: 0.8-0.9 on the offline corpora, ~0.5 on C4),
+    /// four bytes per token of plain JSON. 0 always streams.
+    pub in_memory_max_tokens: u64,
 }
 
 impl Default for DataConfig {
@@ -81,6 +104,10 @@ impl Default for DataConfig {
             mode: SeqMode::Concat,
             val_tokens: 1_000_000,
             on_bad_line: BadInput::Skip,
+            shuffle: true,
+            seed: None,
+            shuffle_buffer: 10_000,
+            in_memory_max_tokens: 250_000_000,
         }
     }
 }
@@ -99,6 +126,13 @@ impl DataConfig {
         }
         if self.tokenizer.trim().is_empty() {
             return Err(DataError::Config("tokenizer is empty".into()));
+        }
+        if self.shuffle && self.shuffle_buffer == 0 {
+            return Err(DataError::Config(
+                "shuffle_buffer = 0 with shuffle = true: give the streaming shuffle buffer at least one row, or set \
+                 shuffle = false"
+                    .into(),
+            ));
         }
         Ok(())
     }

@@ -70,6 +70,35 @@ pub enum DataError {
     #[error("cannot fetch {file}: {msg}")]
     Fetch { file: String, msg: String },
 
+    /// A token shard (`train data tokenize`) is unreadable: not zstd, not safetensors inside, or
+    /// without the tensors and header fields of the format ([`crate::token_shard`]).
+    #[error("{}: not a usable token shard: {msg}", path.display())]
+    TokenShard { path: PathBuf, msg: String },
+
+    /// A token shard was written with another tokenizer than `data.tokenizer`: its ids would
+    /// mean other words.
+    #[error(
+        "{}: tokenized with {shard_tokenizer} (sha256 {shard_sha256}, vocabulary {shard_vocab}), but \
+         data.tokenizer is {tokenizer} (sha256 {sha256}, vocabulary {vocab}): tokenize the text again with \
+         `train data tokenize` and this tokenizer, or set data.tokenizer to the shard's",
+        path.display()
+    )]
+    TokenizerMismatch {
+        path: PathBuf,
+        shard_tokenizer: String,
+        shard_sha256: String,
+        shard_vocab: usize,
+        tokenizer: String,
+        sha256: String,
+        vocab: usize,
+    },
+
+    /// A resume position was written with another data order than the config asks for
+    /// (`data.shuffle`, `data.seed`, `data.shuffle_buffer`, or the in-memory / streaming
+    /// choice): continuing would not replay the run.
+    #[error("cannot resume the training data where it stopped: {0}")]
+    Resume(String),
+
     /// The background tokenizer thread stopped (after an earlier error or a panic).
     #[error("the training data stream has stopped (an earlier error ended it)")]
     StreamClosed,

@@ -7,12 +7,15 @@
 //!
 //! - [`DataConfig`]: the `[data]` section of a run config (serde, unknown keys rejected).
 //! - [`load_tokenizer`] -> [`Tokens`]: local `tokenizer.json` or hub id; EOS and pad ids.
-//! - [`TrainStream`]: endless train batches (epochs over the sorted shards, no shuffling),
-//!   read and tokenized in background threads, deterministic, resumable exactly from any
-//!   batch's [`DataPosition`].
+//! - [`TrainStream`]: endless train batches, pass after pass, in a seeded random order by
+//!   default ([`RowOrder`]: rows permuted in memory, or streamed through a shuffle buffer;
+//!   file order with `shuffle = false`), deterministic, resumable exactly from its
+//!   [`DataPosition`].
 //! - [`validation_batches`]: the first `val_tokens` targets of the validation shards;
 //!   [`shared_documents`]: how many sampled training documents are also validation documents.
 //! - [`ShardReader`] / [`expand_shards`]: the streaming shard reader on its own.
+//! - [`token_shard`]: a corpus tokenized once into compact zstd shards (`train data
+//!   tokenize`), which `train` and `validation` read like JSON shards, without tokenizing.
 //! - [`c4`] and [`hub`]: C4 `en` shards and the T5 tokenizer fetched from the Hugging Face
 //!   hub into a local folder (`train data fetch c4`), resumable, complete files only.
 //!
@@ -36,10 +39,10 @@
 //! let tok = load_tokenizer(&cfg.tokenizer, cfg.allow_download)?;
 //! assert_eq!(tok.vocab_size(), 32100);
 //!
-//! let mut train = TrainStream::new(&cfg, &tok, DataPosition::default())?;
+//! let mut train = TrainStream::new(&cfg, &tok, DataPosition::default())?; // rows shuffled
 //! let batch = train.next_batch(32)?;            // input/target/mask: 32 * 256 values
 //! assert_eq!(batch.input.len(), 32 * 256);
-//! let resume_at = batch.position.clone();       // save with the checkpoint
+//! let resume_at = train.position();             // save with the checkpoint
 //!
 //! let mut again = TrainStream::new(&cfg, &tok, resume_at)?;
 //! assert_eq!(again.next_batch(32)?, train.next_batch(32)?);
@@ -53,19 +56,24 @@ pub mod c4;
 mod config;
 mod error;
 pub mod hub;
+mod memory;
+mod order;
 mod overlap;
 mod pipeline;
 mod reader;
+mod shuffle_buffer;
+mod source;
 mod special;
 mod stream;
+pub mod token_shard;
 mod tokenize;
 mod validation;
 
-pub use batch::{Batch, DataPosition};
+pub use batch::{Batch, DataPosition, RowOrder};
 pub use config::{BadInput, DataConfig, SeqMode};
 pub use error::{DataError, Result};
 pub use overlap::{shared_documents, OVERLAP_SAMPLE};
 pub use reader::{expand_shards, ShardReader};
-pub use stream::TrainStream;
+pub use stream::{PassSize, TrainStream};
 pub use tokenize::{load_tokenizer, pieces, Tokens, PIECE_BYTES};
 pub use validation::validation_batches;

@@ -1,31 +1,60 @@
 //! The training stream: shards -> documents -> tokens -> rows -> batches, endlessly
-//! (epoch after epoch), with reading and tokenizing in background threads.
+//! (pass after pass), in one of three row orders ([`RowOrder`]):
 //!
-//! Two threads, joined by bounded channels:
+//! - **in memory** (`data.shuffle`, the text fits `data.in_memory_max_tokens`): every row
+//!   loaded at start, each pass read in a seeded permutation ([`crate::memory`]);
+//! - **streaming** (`data.shuffle`, a larger text): each pass's shards in a seeded
+//!   permutation, their rows through a shuffle buffer ([`crate::shuffle_buffer`]);
+//! - **file order** (`data.shuffle = false`): documents in sorted shard order.
+//!
+//! Streaming and file order read and tokenize in two background threads, joined by bounded
+//! channels:
 //!
 //! ```text
-//! reader thread:    DocSource (gunzip, JSON) --chunks of <= 1 MB of text--> [2]
+//! reader thread:    DocSource (gunzip, JSON; or a token shard) --chunks of <= 1 MB of text--> [2]
 //! tokenizer thread: encode_batch (rayon) + Packer --rows of one chunk--> [4]
-//! caller:           next_batch(rows) takes rows in order and builds a Batch
+//! caller:           (the shuffle buffer,) next_batch(rows) takes rows in order and builds a Batch
 //!                   (or prefetch(rows) builds it earlier, while the caller waits anyway)
 //! ```
 //!
-//! Determinism: every step is a pure function of the documents in order (chunk borders
-//! depend only on the text, `encode_batch` returns results in input order, packing is
-//! sequential), so batches and positions do not depend on thread timing; the threads only
-//! decide how far ahead the work is done (at most ~6 chunks, i.e. a few batches of 512x256).
+//! Determinism: every step is a pure function of the documents in order and the seed (chunk
+//! borders depend only on the text, `encode_batch` returns results in input order, packing is
+//! sequential, the random draws are counted), so batches and positions do not depend on
+//! thread timing; the threads only decide how far ahead the work is done (at most ~6 chunks,
+//! i.e. a few batches of 512x256, besides the shuffle buffer).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::thread::JoinHandle;
 
-use crate::batch::{Batch, DataPosition, Packer, Row};
-use crate::config::DataConfig;
+use crate::batch::{Batch, DataPosition, Packer, Row, RowOrder};
+use crate::config::{DataConfig, SeqMode};
 use crate::error::{DataError, Result};
+use crate::memory::MemoryRows;
 use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
-use crate::reader::{check_train_shards, expand_shards, DocSource};
+use crate::reader::expand_shards;
+use crate::shuffle_buffer::ShuffleBuffer;
+use crate::source::{check_train_shards, estimate_tokens, DocSource};
 use crate::tokenize::Tokens;
+
+/// The size of one pass over the training text, in target tokens (tokens that count in the
+/// loss): exact in memory and for token shards in `concat` mode, else estimated
+/// ([`DataConfig::in_memory_max_tokens`] says how; in `truncate_pad` the text's tokens, an
+/// upper bound).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PassSize {
+    pub tokens: u64,
+    pub exact: bool,
+}
+
+/// Where the rows come from.
+enum Supply {
+    /// The reader and tokenizer threads (file order, or streaming through `buffer`).
+    Threads { rx: Option<Receiver<Result<Vec<Row>>>>, buffer: Option<ShuffleBuffer> },
+    /// Every row in memory (`None` after an error closed the stream).
+    Memory(Option<MemoryRows>),
+}
 
 /// Endless stream of training batches over the `train` shards.
 ///
@@ -40,7 +69,9 @@ use crate::tokenize::Tokens;
 /// # Ok(()) }
 /// ```
 pub struct TrainStream {
-    rx: Option<Receiver<Result<Vec<Row>>>>,
+    supply: Supply,
+    order: RowOrder,
+    pass: PassSize,
     pending: VecDeque<Row>,
     /// Batches built ahead by [`TrainStream::prefetch`], in order, each with its rows (which
     /// go back to `pending` if the next request is for another size).
@@ -56,22 +87,73 @@ pub struct TrainStream {
 }
 
 impl TrainStream {
-    /// Opens the train shards and starts the background threads at `start`
-    /// (`DataPosition::default()` for a fresh run, a batch's `position` to resume).
+    /// Opens the train shards and starts reading at `start` (`DataPosition::default()` for a
+    /// fresh run; to resume, [`TrainStream::position`] of the stream that stopped, or a
+    /// batch's `position` outside streaming mode). The row order follows `data.shuffle` and
+    /// the size of the text ([`RowOrder`]); in memory mode the whole text is read here.
     ///
     /// # Errors
     /// [`DataError::Config`] for bad settings, [`DataError::MissingFile`] /
     /// [`DataError::NoMatch`] for train patterns, [`DataError::BadPosition`] if `start`
-    /// points past the shard list, [`DataError::NoText`] (and, with `on_bad_line = "fail"`,
-    /// the first bad line) when the shards hold no text: each shard is read up to its first
-    /// document first. Errors met later while reading are returned by
+    /// points past the shard list, [`DataError::Resume`] if `start` was written with another
+    /// row order, [`DataError::NoText`] (and, with `on_bad_line = "fail"`, the first bad line)
+    /// when the shards hold no text: each shard is read up to its first document first (a
+    /// token shard: its header, refused with [`DataError::TokenizerMismatch`] when made with
+    /// another tokenizer). Errors met later while reading are returned by
     /// [`TrainStream::next_batch`].
     pub fn new(cfg: &DataConfig, tok: &Tokens, start: DataPosition) -> Result<Self> {
         cfg.validate()?;
         let shards = expand_shards(&cfg.train, "train")?;
-        check_train_shards(&shards, cfg.on_bad_line)?;
-        tracing::info!(shards = shards.len(), first = %shards[0].display(), ?cfg.mode, cfg.seq_len, "train data");
-        let mut src = DocSource::new(shards.clone(), cfg.on_bad_line, true, start.epoch, start.shard, start.line)?;
+        check_train_shards(&shards, cfg.on_bad_line, tok)?;
+        let (estimate, exact) = estimate_tokens(&shards)?;
+        let seed = cfg.seed.unwrap_or(0);
+        let order = match (cfg.shuffle, estimate <= cfg.in_memory_max_tokens) {
+            (false, _) => RowOrder::FileOrder,
+            (true, true) => RowOrder::Permuted { seed },
+            (true, false) => RowOrder::Buffered { seed, buffer: cfg.shuffle_buffer },
+        };
+        if !start.is_start() && start.order != order {
+            return Err(DataError::Resume(format!(
+                "the position was written reading {}, the config asks for {} (the text is {}{estimate} tokens, \
+                 data.in_memory_max_tokens = {}): set the data settings back to continue this run",
+                start.order.describe(),
+                order.describe(),
+                if exact { "" } else { "estimated at " },
+                cfg.in_memory_max_tokens
+            )));
+        }
+        tracing::info!(shards = shards.len(), first = %shards[0].display(), ?cfg.mode, cfg.seq_len, order = order.describe(), "train data");
+        let width = cfg.seq_len + 1;
+        let mut stream = Self {
+            supply: Supply::Memory(None),
+            order,
+            // outside memory, a pass's targets are its tokens in concat mode (the rows run on
+            // from pass to pass: every token is a target once), fewer in truncate_pad
+            pass: PassSize { tokens: estimate, exact: exact && cfg.mode == SeqMode::Concat },
+            pending: VecDeque::new(),
+            ready: VecDeque::new(),
+            error: None,
+            seq_len: cfg.seq_len,
+            position: start.clone(),
+            bad_lines: 0,
+            shards: shards.clone(),
+            workers: Vec::new(),
+        };
+        if let RowOrder::Permuted { seed } = order {
+            let rows = MemoryRows::load(&shards, cfg, tok, seed, (start.epoch, start.row))?;
+            stream.pass = PassSize { tokens: rows.targets_per_pass(), exact: true };
+            stream.supply = Supply::Memory(Some(rows));
+            return Ok(stream);
+        }
+        let buffer = match order {
+            RowOrder::Buffered { seed, buffer } if start.is_start() => Some(ShuffleBuffer::new(seed, buffer)),
+            RowOrder::Buffered { seed, buffer } => {
+                Some(ShuffleBuffer::restore(seed, buffer, start.draws, &start.buffer_tokens, &start.buffer_valid, width)?)
+            }
+            _ => None,
+        };
+        let shard_seed = matches!(order, RowOrder::Buffered { .. }).then_some(seed);
+        let mut src = DocSource::new(shards, cfg.on_bad_line, tok, true, shard_seed, (start.epoch, start.shard, start.line))?;
 
         let (doc_tx, doc_rx) = mpsc::sync_channel(2);
         let chunk = chunk_bytes(cfg.seq_len);
@@ -99,12 +181,11 @@ impl TrainStream {
         let mut first_rows = Vec::new();
         packer.emit_carry(start.epoch, start.shard, start.line, 0, &mut first_rows);
         let tok2 = tok.clone();
-        let shards2 = shards.clone();
         let tokenizer = std::thread::Builder::new()
             .name("lowbit-data-tokenize".into())
             .spawn(move || {
                 for msg in doc_rx {
-                    let out = msg.and_then(|docs| pack_chunk(&tok2, &shards2, &docs, &mut packer));
+                    let out = msg.and_then(|docs| pack_chunk(&tok2, docs, &mut packer));
                     let failed = out.is_err();
                     if row_tx.send(out).is_err() || failed {
                         return;
@@ -112,18 +193,10 @@ impl TrainStream {
                 }
             })
             .expect("spawn tokenizer thread");
-
-        Ok(Self {
-            rx: Some(row_rx),
-            pending: first_rows.into(),
-            ready: VecDeque::new(),
-            error: None,
-            seq_len: cfg.seq_len,
-            position: start,
-            bad_lines: 0,
-            shards,
-            workers: vec![reader, tokenizer],
-        })
+        stream.supply = Supply::Threads { rx: Some(row_rx), buffer };
+        stream.workers = vec![reader, tokenizer];
+        stream.absorb(first_rows);
+        Ok(stream)
     }
 
     /// The next `rows` rows as a batch (`[rows, seq_len]`); blocks until they are ready. A
@@ -144,7 +217,7 @@ impl TrainStream {
             _ => {
                 self.unready();
                 let taken = self.take_rows(rows)?;
-                let batch = Batch::from_rows(&taken, self.seq_len);
+                let batch = Batch::from_rows(&taken, self.seq_len, self.order);
                 (taken, batch)
             }
         };
@@ -164,7 +237,7 @@ impl TrainStream {
         }
         match self.take_rows(rows) {
             Ok(taken) => {
-                let batch = Batch::from_rows(&taken, self.seq_len);
+                let batch = Batch::from_rows(&taken, self.seq_len, self.order);
                 self.ready.push_back((taken, batch));
             }
             Err(e) => self.error = Some(e),
@@ -180,33 +253,76 @@ impl TrainStream {
         }
     }
 
-    /// The next `rows` rows from `pending`, receiving chunks from the tokenizer thread as
-    /// needed; a reading error (kept by `prefetch`, or received now) closes the stream.
+    /// The next `rows` rows from `pending`, refilled as needed ([`TrainStream::refill`]); a
+    /// reading error (kept by `prefetch`, or met now) closes the stream.
     fn take_rows(&mut self, rows: usize) -> Result<Vec<Row>> {
         while self.pending.len() < rows {
             if let Some(e) = self.error.take() {
-                self.rx = None;
+                self.close();
                 return Err(e);
             }
-            let rx = self.rx.as_ref().ok_or(DataError::StreamClosed)?;
-            match rx.recv() {
-                Ok(Ok(chunk)) => self.pending.extend(chunk),
-                Ok(Err(e)) => {
-                    self.rx = None;
-                    return Err(e);
-                }
-                Err(_) => {
-                    self.rx = None;
-                    return Err(DataError::StreamClosed);
-                }
+            if let Err(e) = self.refill() {
+                self.close();
+                return Err(e);
             }
         }
         Ok(self.pending.drain(..rows).collect())
     }
 
-    /// Position after the last batch returned (the `start` given to `new` before the first).
-    pub fn position(&self) -> &DataPosition {
-        &self.position
+    /// More rows into `pending`: one from memory, or one chunk's from the tokenizer thread
+    /// (through the shuffle buffer, which gives nothing back until it is full).
+    fn refill(&mut self) -> Result<()> {
+        match &mut self.supply {
+            Supply::Memory(rows) => {
+                let rows = rows.as_mut().ok_or(DataError::StreamClosed)?;
+                self.pending.push_back(rows.next_row());
+                Ok(())
+            }
+            Supply::Threads { rx, .. } => {
+                let chunk = rx.as_ref().ok_or(DataError::StreamClosed)?.recv().map_err(|_| DataError::StreamClosed)??;
+                self.absorb(chunk);
+                Ok(())
+            }
+        }
+    }
+
+    /// Rows from the reader into `pending`, through the shuffle buffer if there is one.
+    fn absorb(&mut self, rows: Vec<Row>) {
+        match &mut self.supply {
+            Supply::Threads { buffer: Some(b), .. } => self.pending.extend(rows.into_iter().filter_map(|r| b.push(r))),
+            _ => self.pending.extend(rows),
+        }
+    }
+
+    /// Ends the supply after an error: later calls get [`DataError::StreamClosed`].
+    fn close(&mut self) {
+        match &mut self.supply {
+            Supply::Threads { rx, .. } => *rx = None,
+            Supply::Memory(rows) => *rows = None,
+        }
+    }
+
+    /// Position after the last batch returned (the `start` given to `new` before the first),
+    /// complete: in streaming mode with the shuffle buffer's rows as they were then (rebuilt
+    /// from the rows drawn since, [`crate::shuffle_buffer`]). What a checkpoint stores.
+    pub fn position(&self) -> DataPosition {
+        let mut p = self.position.clone();
+        if let Supply::Threads { buffer: Some(b), .. } = &self.supply {
+            let later = self.ready.iter().flat_map(|(rows, _)| rows.iter()).chain(self.pending.iter());
+            (p.buffer_tokens, p.buffer_valid) = b.before(later);
+        }
+        p
+    }
+
+    /// The row order this stream reads in.
+    pub fn order(&self) -> RowOrder {
+        self.order
+    }
+
+    /// Target tokens of one pass over the training text (the passes a run makes are its
+    /// target tokens over this).
+    pub fn pass_size(&self) -> PassSize {
+        self.pass
     }
 
     /// Bad lines skipped (`on_bad_line = "skip"`) in the documents consumed so far, counted
@@ -230,7 +346,7 @@ impl Drop for TrainStream {
     fn drop(&mut self) {
         // Closing the receiver makes the tokenizer thread's next send fail; its exit closes
         // the reader thread's channel in turn. Both then end within one chunk of work.
-        self.rx = None;
+        self.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

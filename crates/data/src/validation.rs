@@ -1,11 +1,12 @@
 //! The validation set: a fixed number of target tokens from the start of the validation
-//! shards, packed like the train data.
+//! shards (JSON or token shards), packed like the train data, always in file order.
 
-use crate::batch::{Batch, Packer};
+use crate::batch::{Batch, Packer, RowOrder};
 use crate::config::DataConfig;
 use crate::error::{DataError, Result};
 use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
-use crate::reader::{expand_shards, DocSource};
+use crate::reader::expand_shards;
+use crate::source::DocSource;
 use crate::tokenize::Tokens;
 
 /// The validation batches: rows from the start of the `validation` shards (same `mode` and
@@ -28,12 +29,12 @@ pub fn validation_batches(cfg: &DataConfig, tok: &Tokens, rows: usize) -> Result
         return Ok(Vec::new());
     }
     let shards = expand_shards(&cfg.validation, "validation")?;
-    let mut src = DocSource::new(shards.clone(), cfg.on_bad_line, false, 0, 0, 0)?;
+    let mut src = DocSource::new(shards.clone(), cfg.on_bad_line, tok, false, None, (0, 0, 0))?;
     let mut packer = Packer::new(cfg.mode, cfg.seq_len, tok.pad_id, Vec::new());
     let mut kept = Vec::new();
     let mut targets = 0usize;
     'read: while let Some(docs) = next_chunk(&mut src, chunk_bytes(cfg.seq_len))? {
-        for row in pack_chunk(tok, &shards, &docs, &mut packer)? {
+        for row in pack_chunk(tok, docs, &mut packer)? {
             targets += row.target_tokens();
             kept.push(row);
             if targets >= cfg.val_tokens {
@@ -52,5 +53,5 @@ pub fn validation_batches(cfg: &DataConfig, tok: &Tokens, rows: usize) -> Result
         );
     }
     tracing::info!(rows = kept.len(), targets, bad_lines = src.bad_lines(), "validation set");
-    Ok(kept.chunks(rows).map(|c| Batch::from_rows(c, cfg.seq_len)).collect())
+    Ok(kept.chunks(rows).map(|c| Batch::from_rows(c, cfg.seq_len, RowOrder::FileOrder)).collect())
 }

@@ -30,7 +30,8 @@ fn measure_bundled_sample_tokens_and_throughput() {
         );
     }
     // End to end: gunzip + JSON + tokenize + pack, one epoch of the train sample.
-    let cfg = cfg(&[&sample_train()], &[&sample_validation()], 256);
+    let mut cfg = cfg(&[&sample_train()], &[&sample_validation()], 256);
+    cfg.shuffle = false;
     let t = Instant::now();
     let mut s = TrainStream::new(&cfg, &tok, DataPosition::default()).unwrap();
     let mut tokens = 0usize;

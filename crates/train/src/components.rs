@@ -2,7 +2,7 @@
 //! model's weights (`model.safetensors`, HF LLaMA names, loads in `transformers`), the
 //! optimizer's states (`optimizer.safetensors`: [`LowbitAdamW::state_dict`], stored codes and
 //! block scales as they are, and the adaptive reset rule's state) and the data position's
-//! pending tokens (`data.safetensors`).
+//! pending tokens and shuffle buffer (`data.safetensors`).
 
 use crate::checkpoint::Stateful;
 use anyhow::{bail, Context, Result};
@@ -79,12 +79,16 @@ impl Stateful for LowbitAdamW {
     }
 }
 
-/// Name of the carry tensor in `data.safetensors`.
+/// Names of the data position's tensors in `data.safetensors`: the carry, and the shuffle
+/// buffer's ids and real-token counts (streaming mode; absent in checkpoints written before
+/// shuffling existed, which read in file order).
 const CARRY: &str = "carry";
+const BUFFER_TOKENS: &str = "buffer_tokens";
+const BUFFER_VALID: &str = "buffer_valid";
 
-/// The pending tokens of the data position (`carry`, U32), kept out of `state.json` (a JSON
-/// list of them is tens of MB after one long document); checkpoints written before the file
-/// existed hold them in `state.json`.
+/// The pending tokens of the data position (`carry`, U32) and its shuffle buffer
+/// (`buffer_tokens`, `buffer_valid`, U32), kept out of `state.json` (a JSON list of them is
+/// tens of MB); checkpoints written before the file existed hold the carry in `state.json`.
 impl Stateful for DataPosition {
     fn file(&self) -> &'static str {
         "data.safetensors"
@@ -93,11 +97,21 @@ impl Stateful for DataPosition {
         false
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(vec![(CARRY.into(), Tensor::from_vec(self.carry.clone(), self.carry.len(), &Device::Cpu)?)])
+        let u32s = |v: &Vec<u32>| Tensor::from_vec(v.clone(), v.len(), &Device::Cpu);
+        Ok(vec![
+            (CARRY.into(), u32s(&self.carry)?),
+            (BUFFER_TOKENS.into(), u32s(&self.buffer_tokens)?),
+            (BUFFER_VALID.into(), u32s(&self.buffer_valid)?),
+        ])
     }
     fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
         let t = tensors.get(CARRY).with_context(|| format!("missing tensor {CARRY}"))?;
         self.carry = t.to_vec1::<u32>().with_context(|| CARRY.to_string())?;
+        for (name, v) in [(BUFFER_TOKENS, &mut self.buffer_tokens), (BUFFER_VALID, &mut self.buffer_valid)] {
+            if let Some(t) = tensors.get(name) {
+                *v = t.to_vec1::<u32>().with_context(|| name.to_string())?;
+            }
+        }
         Ok(())
     }
 }

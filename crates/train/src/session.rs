@@ -236,7 +236,7 @@ impl Session {
         let global_batch = state.global_batch;
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
         // (no validation set, as in `train bench training`: nothing to overlap)
-        let shared = if cfg.data.val_tokens == 0 { 0 } else { shared_documents(&cfg.data, OVERLAP_SAMPLE).map_err(data_err)? };
+        let shared = if cfg.data.val_tokens == 0 { 0 } else { shared_documents(&cfg.data, &tok, OVERLAP_SAMPLE).map_err(data_err)? };
         if shared > 0 {
             tracing::warn!(
                 shared,
@@ -246,7 +246,8 @@ impl Session {
                  memorisation; check data.validation"
             );
         }
-        let stream = TrainStream::new(&cfg.data, &tok, state.data.clone()).map_err(data_err)?;
+        let stream = TrainStream::new(&cfg.data_config(), &tok, state.data.clone()).map_err(data_err)?;
+        let passes = passes_planned(&cfg, &stream);
 
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder: a start that fails leaves the folder as it was.
@@ -287,11 +288,19 @@ impl Session {
             spec.describe(),
         );
         banner += &format!("\n{}", weight_decay_line(&infos, cfg.optim.weight_decay));
+        banner += &format!(
+            "\ndata: {} | {} target tokens per pass{}; {} steps make {passes:.2} passes",
+            stream.order().describe(),
+            stream.pass_size().tokens,
+            if stream.pass_size().exact { "" } else { " (estimated from the shards' size)" },
+            cfg.train.max_steps
+        );
         if let Some(p) = theory.v {
             banner += &format!("\ntheory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
         }
         if rank == 0 {
             warn_about_settings(&cfg, &spec);
+            warn_about_passes(&cfg, &stream, passes);
         }
 
         let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every, spec };
@@ -372,6 +381,8 @@ impl Session {
             return Ok(None);
         }
         let check = export_check(&self.model, &self.val, &self.dev, self.dtype)?;
+        // the stream's whole position: in streaming mode with the shuffle buffer's rows
+        self.state.data = self.stream.position();
         let state = &self.state;
         let files = [
             ("config.json", serde_json::to_vec_pretty(&self.hf_config)?),
@@ -424,6 +435,34 @@ impl Session {
     pub fn flush_stalls(&mut self) -> Result<()> {
         self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.logs.as_mut())?;
         Ok(())
+    }
+}
+
+/// Passes over the training text that `train.max_steps` steps of the global batch make.
+fn passes_planned(cfg: &RunConfig, stream: &TrainStream) -> f64 {
+    let tokens = cfg.train.max_steps as f64 * (cfg.train.micro_batch * cfg.train.grad_accum * cfg.data.seq_len) as f64;
+    tokens / stream.pass_size().tokens.max(1) as f64
+}
+
+/// Passes beyond which repeated text starts to cost: Muennighoff et al., "Scaling
+/// Data-Constrained Language Models" (NeurIPS 2023), find up to ~4 epochs about as good as
+/// new data, and returns diminishing quickly after.
+const MAX_GOOD_PASSES: f64 = 4.0;
+
+/// Warns when the run will read its training text more than [`MAX_GOOD_PASSES`] times.
+fn warn_about_passes(cfg: &RunConfig, stream: &TrainStream, passes: f64) {
+    if passes > MAX_GOOD_PASSES {
+        let pass = stream.pass_size();
+        tracing::warn!(
+            "train.max_steps = {} x {} sequences of {} tokens make {passes:.1} passes over the training text ({} target \
+             tokens per pass{}): beyond ~{MAX_GOOD_PASSES} passes repeated text is worth less than new text (Muennighoff \
+             et al. 2023); add text to data.train or shorten the run",
+            cfg.train.max_steps,
+            cfg.train.micro_batch * cfg.train.grad_accum,
+            cfg.data.seq_len,
+            pass.tokens,
+            if pass.exact { "" } else { ", estimated from the shards' size" }
+        );
     }
 }
 

@@ -112,6 +112,10 @@ impl Session {
         let mut summary =
             summary::build(&self.run_dir, self.n_params, self.state_bytes, tokens_per_s, last_val, self.device_peak, status)?;
         summary.state_bytes_per_rank = self.rank_state_bytes;
+        let pass = self.stream.pass_size();
+        summary.epochs = Some(self.state.tokens as f64 / pass.tokens.max(1) as f64);
+        (summary.tokens_per_epoch, summary.tokens_per_epoch_exact) = (Some(pass.tokens), Some(pass.exact));
+        summary.data_order = Some(self.stream.order().describe());
         crate::checkpoint::write_atomic(&self.run_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
         Ok(summary)
     }

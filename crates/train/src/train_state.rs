@@ -81,16 +81,19 @@ impl TrainState {
         }
     }
 
-    /// `state.json`: everything but the data position's carry, which the data position saves
-    /// in its own file (`crate::components`).
+    /// `state.json`: everything but the data position's carry and shuffle buffer, which the
+    /// data position saves in its own file (`crate::components`).
     pub fn to_json(&self) -> Result<Vec<u8>> {
         let mut small = self.clone();
         small.data.carry = Vec::new();
+        small.data.buffer_tokens = Vec::new();
+        small.data.buffer_valid = Vec::new();
         Ok(serde_json::to_vec_pretty(&small)?)
     }
 }
 
-/// Read `state.json` of a checkpoint, with the data position's carry (`data.safetensors`).
+/// Read `state.json` of a checkpoint, with the data position's carry and shuffle buffer
+/// (`data.safetensors`).
 pub fn load_state(dir: &Path) -> Result<TrainState> {
     if !dir.is_dir() {
         bail!("{}: no such checkpoint folder", dir.display());

@@ -138,6 +138,19 @@ fn resume_is_bit_identical_bf16_weights() {
     check_exact_resume("bf16", &sets, 4, 4, "bfloat16");
 }
 
+/// Streaming mode (a text above `data.in_memory_max_tokens`): the checkpoint of step 3 holds
+/// the shuffle buffer's rows and draws, and the run resumed from it reads the same rows.
+#[test]
+fn resume_is_bit_identical_streaming_through_a_shuffle_buffer() {
+    let sets = ["data.in_memory_max_tokens=0", "data.shuffle_buffer=64"];
+    let (_tmp, full) = check_exact_resume("streaming", &sets, 5, 3, "float32");
+    let state: Value = serde_json::from_slice(&read(&checkpoint::latest(&full).unwrap().join("state.json"))).unwrap();
+    assert_eq!(state["data"]["order"], serde_json::json!({"kind": "buffered", "seed": 7, "buffer": 64}));
+    assert!(state["data"]["draws"].as_u64().unwrap() > 0);
+    let data = candle_core::safetensors::load(checkpoint::latest(&full).unwrap().join("data.safetensors"), &candle_core::Device::Cpu).unwrap();
+    assert_eq!(data["buffer_tokens"].dims(), &[64 * 33], "64 rows of seq_len + 1 = 33 ids");
+}
+
 /// The adaptive reset rule (Alg. 2) carries its state in the checkpoint: a run resumed in the
 /// middle of a cycle resets at the same updates, bit for bit. With b2 = 0.9 the threshold E(j)
 /// falls fast and s0 = 0.05 counts the ~half of v's entries that stay unchanged here, so the rule
@@ -288,7 +301,8 @@ fn checkpoint_layout_and_retention() {
 
     let state: TrainState = lowbit_train::train_state::load_state(&ck).unwrap();
     assert_eq!(state.step, 7);
-    assert!(state.tokens > 0 && state.data.line > 0);
+    assert!(state.tokens > 0 && state.data.row > 0, "in memory: rows of the pass taken");
+    assert_eq!(state.data.order, lowbit_data::RowOrder::Permuted { seed: 7 }, "data.seed is train.seed");
     assert_eq!((state.m_format.as_str(), state.v_format.as_str(), state.block_size), ("fp4e2m1", "fp8e4m3", 32));
     let saved = RunConfig::from_toml(&String::from_utf8(read(&ck.join("config.toml"))).unwrap()).unwrap();
     assert_eq!(saved.train.max_steps, 7);
@@ -321,7 +335,11 @@ fn exported_config_json_has_the_tokenizers_special_ids() {
         let tmp = tempfile::tempdir().unwrap();
         let mut sets = vec!["train.max_steps=1".to_string()];
         if let Some(t) = &tokenizer {
+            // the text, not the bundled T5 token shards (refused with another tokenizer)
+            let r = common::root();
             sets.push(format!("data.tokenizer=\"{}\"", t.display()));
+            sets.push(format!("data.train=[\"{}/data/c4-sample/en-train.*.json.gz\"]", r.display()));
+            sets.push(format!("data.validation=[\"{}/data/c4-sample/en-validation.*.json.gz\"]", r.display()));
         }
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
         let out = launch(config(tmp.path(), "ids", &sets), None, None).unwrap();
@@ -602,6 +620,11 @@ fn resume_refuses_checkpoints_of_another_config() {
     one_line_error(
         launch(config(d, "blk", &["optim.states.block_size=64"]), Some(ck.clone()), None),
         &["state.json", "block 64"],
+    );
+    // another data order: the rows would not continue
+    one_line_error(
+        launch(config(d, "order", &["data.shuffle=false"]), Some(ck.clone()), None),
+        &["cannot resume the training data", "rows permuted in memory (data.shuffle = true, data.seed = 7)", "file order (data.shuffle = false)"],
     );
 
     // missing or damaged checkpoint files

@@ -38,8 +38,8 @@ const GOLDEN: &str = "tests/golden/tiny_cpu.txt";
 fn config(runs: &Path) -> RunConfig {
     let r = common::root();
     let sets = [
-        format!("data.train=[\"{}/data/c4-sample/en-train.*.json.gz\"]", r.display()),
-        format!("data.validation=[\"{}/data/c4-sample/en-validation.*.json.gz\"]", r.display()),
+        format!("data.train=[\"{}/data/c4-sample/en-train.*.tokens.zst\"]", r.display()),
+        format!("data.validation=[\"{}/data/c4-sample/en-validation.*.tokens.zst\"]", r.display()),
         format!("data.tokenizer=\"{}/data/tokenizers/t5-tokenizer.json\"", r.display()),
         "data.val_tokens=2048".into(),
         "train.max_steps=12".into(),

@@ -63,3 +63,57 @@ pub fn sample_train() -> PathBuf {
 pub fn sample_validation() -> PathBuf {
     repo_data().join("c4-sample/en-validation.00000-of-00001.json.gz")
 }
+
+/// The first `docs` documents of the bundled train sample (real text of mixed lengths, from
+/// 50 bytes to 35 kB), dealt round-robin into `shards` gzip shards in `dir`: small enough to
+/// load in memory in a fraction of a second.
+pub fn small_corpus(dir: &Path, shards: usize, docs: usize) -> Vec<PathBuf> {
+    let reader = lowbit_data::ShardReader::open(&sample_train(), lowbit_data::BadInput::Fail).unwrap();
+    let texts: Vec<String> = reader.take(docs).map(Result::unwrap).collect();
+    (0..shards)
+        .map(|s| {
+            let lines: Vec<String> = texts.iter().skip(s).step_by(shards).map(|t| c4(t)).collect();
+            write_gz(dir, &format!("c4-train.{s:05}-of-{shards:05}.json.gz"), &lines)
+        })
+        .collect()
+}
+
+/// A config over [`small_corpus`]`(dir, shards, docs)` (train and validation alike), rows of
+/// `seq_len`.
+pub fn small_cfg(dir: &Path, shards: usize, docs: usize, seq_len: usize) -> DataConfig {
+    let paths = small_corpus(dir, shards, docs);
+    let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    cfg(&paths, &paths, seq_len)
+}
+
+/// The three row orders, as settings on a config: file order, in memory, streaming through
+/// a buffer of `buffer` rows.
+pub fn orders(buffer: usize) -> [(&'static str, DataConfig); 3] {
+    let base = DataConfig::default();
+    [
+        ("file order", DataConfig { shuffle: false, ..base.clone() }),
+        ("in memory", base.clone()),
+        ("streaming", DataConfig { in_memory_max_tokens: 0, shuffle_buffer: buffer, ..base }),
+    ]
+}
+
+/// `cfg` read in the order `order` gives (one of [`orders`]).
+pub fn in_order(cfg: &DataConfig, order: &DataConfig) -> DataConfig {
+    DataConfig {
+        shuffle: order.shuffle,
+        in_memory_max_tokens: order.in_memory_max_tokens,
+        shuffle_buffer: order.shuffle_buffer,
+        ..cfg.clone()
+    }
+}
+
+/// `cfg` in every row order ([`orders`]`(buffer)`) and packing mode, each with its name.
+pub fn every_setting(cfg: &DataConfig, buffer: usize) -> Vec<(String, DataConfig)> {
+    let mut out = Vec::new();
+    for (name, order) in orders(buffer) {
+        for mode in [lowbit_data::SeqMode::Concat, lowbit_data::SeqMode::TruncatePad] {
+            out.push((format!("{name}, {mode:?}"), DataConfig { mode, ..in_order(cfg, &order) }));
+        }
+    }
+    out
+}

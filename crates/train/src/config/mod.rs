@@ -360,6 +360,13 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The `[data]` section with `data.seed` resolved: `train.seed` when it is not given.
+    pub fn data_config(&self) -> DataConfig {
+        let mut d = self.data.clone();
+        d.seed.get_or_insert(self.train.seed);
+        d
+    }
+
     /// Point the run at folder `dir` (`run.dir` = its parent, `run.name` = its name): a resumed
     /// run writes into the folder it was resumed from.
     pub fn set_run_dir(&mut self, dir: &Path) -> Result<()> {

@@ -63,6 +63,19 @@ pub struct Summary {
     pub tokens_per_s: f64,
     /// Peak resident memory of the process (CPU) or peak device memory in use (CUDA), bytes.
     pub peak_memory_bytes: Option<u64>,
+    /// Passes over the training text made by the run (epochs, fractional: its target tokens
+    /// over `tokens_per_epoch`); absent in summaries written before it was recorded.
+    #[serde(default)]
+    pub epochs: Option<f64>,
+    /// Target tokens of one pass over the training text, and whether the count is exact
+    /// (in-memory mode and token shards) or estimated from the shards' size.
+    #[serde(default)]
+    pub tokens_per_epoch: Option<u64>,
+    #[serde(default)]
+    pub tokens_per_epoch_exact: Option<bool>,
+    /// The order the training rows were read in ([`lowbit_data::RowOrder::describe`]).
+    #[serde(default)]
+    pub data_order: Option<String>,
 }
 
 /// Mean of the `Some` values.
@@ -119,6 +132,10 @@ pub fn build(
         skipped_steps: train.iter().filter(|t| t.3).count() as u64,
         tokens_per_s,
         peak_memory_bytes: device_peak.or_else(process_peak_memory),
+        epochs: None,
+        tokens_per_epoch: None,
+        tokens_per_epoch_exact: None,
+        data_order: None,
     })
 }
 
@@ -140,7 +157,8 @@ impl Summary {
              validation loss {} -> {} | train loss (mean of last 10 steps) {}\n\
              stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}\n\
              unchanged entries (paper's estimator): m {} | v {} | weights {}\n\
-             params {} | optimizer states {} bytes ({:.3} bytes/param){}\n",
+             params {} | optimizer states {} bytes ({:.3} bytes/param)\n\
+             data: {} passes over the training text ({} tokens each{}), {}{}\n",
             self.steps,
             self.tokens,
             self.tokens_per_s,
@@ -158,6 +176,10 @@ impl Summary {
             self.params,
             self.state_bytes,
             self.state_bytes_per_param,
+            fixed(self.epochs, 2),
+            self.tokens_per_epoch.map_or("-".into(), |t| t.to_string()),
+            if self.tokens_per_epoch_exact == Some(false) { ", estimated" } else { "" },
+            self.data_order.as_deref().unwrap_or("-"),
             if self.skipped_steps > 0 {
                 format!("\nskipped updates (non-finite loss or gradient norm): {}", self.skipped_steps)
             } else {

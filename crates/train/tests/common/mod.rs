@@ -10,7 +10,8 @@ pub fn root() -> PathBuf {
 }
 
 /// A small but complete run config: fp4 m / fp8 v with stochastic rounding, resets shorter
-/// than the run, grad_accum 2, evaluation and checkpoints on intervals.
+/// than the run, grad_accum 2, evaluation and checkpoints on intervals; the bundled sample's
+/// token shards, rows in the default (in-memory, shuffled) order.
 pub fn base_toml(run_dir: &Path, name: &str) -> String {
     let r = root();
     let r = r.display();
@@ -22,8 +23,8 @@ num_layers = 1
 num_heads = 2
 
 [data]
-train = ["{r}/data/c4-sample/en-train.*.json.gz"]
-validation = ["{r}/data/c4-sample/en-validation.*.json.gz"]
+train = ["{r}/data/c4-sample/en-train.*.tokens.zst"]
+validation = ["{r}/data/c4-sample/en-validation.*.tokens.zst"]
 tokenizer = "{r}/data/tokenizers/t5-tokenizer.json"
 seq_len = 32
 val_tokens = 512

@@ -1,0 +1,133 @@
+//! Token shards (`train data tokenize`): the same rows as the text they come from, in every
+//! row order; refused when made with another tokenizer or damaged.
+
+mod common;
+
+use common::*;
+use lowbit_data::token_shard::{read_header, token_shard_path, tokenize_shard};
+use lowbit_data::{load_tokenizer, shared_documents, validation_batches, BadInput, DataError, DataPosition, TrainStream};
+use std::path::{Path, PathBuf};
+
+/// Token shards of `texts` in `out`.
+fn tokenized(texts: &[PathBuf], out: &Path) -> Vec<PathBuf> {
+    let tok = t5();
+    texts
+        .iter()
+        .map(|src| {
+            let dst = token_shard_path(src, out);
+            tokenize_shard(src, &dst, &tok, BadInput::Fail, 3).unwrap();
+            dst
+        })
+        .collect()
+}
+
+#[test]
+fn token_shards_give_the_rows_of_their_text_in_every_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = small_corpus(dir.path(), 3, 45);
+    let out = dir.path().join("tok");
+    std::fs::create_dir(&out).unwrap();
+    let shards = tokenized(&texts, &out);
+    assert_eq!(shards[1].file_name().unwrap(), "c4-train.00001-of-00003.tokens.zst");
+    let tok = t5();
+    let h = read_header(&shards[0]).unwrap();
+    assert_eq!((h.vocab_size, h.eos_id, h.documents, h.source.as_str()), (32100, 1, 15, "c4-train.00000-of-00003.json.gz"));
+    assert_eq!(h.tokenizer, "t5-tokenizer.json");
+    assert_eq!(h.tokenizer_sha256, tok.sha256);
+    let texts_ref: Vec<&Path> = texts.iter().map(PathBuf::as_path).collect();
+    let shards_ref: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
+    for (name, order) in orders(30) {
+        let from_text = in_order(&cfg(&texts_ref, &texts_ref, 32), &order);
+        let from_tokens = in_order(&cfg(&shards_ref, &shards_ref, 32), &order);
+        let mut a = TrainStream::new(&from_text, &tok, DataPosition::default()).unwrap();
+        let mut b = TrainStream::new(&from_tokens, &tok, DataPosition::default()).unwrap();
+        for i in 0..40 {
+            let (x, y) = (a.next_batch(7).unwrap(), b.next_batch(7).unwrap());
+            assert!(x.input == y.input && x.target == y.target && x.mask == y.mask, "{name}: batch {i}");
+        }
+        assert_eq!(a.position(), b.position(), "{name}: the same position (lines count documents)");
+        if name == "in memory" {
+            assert_eq!(a.pass_size(), b.pass_size());
+        } else {
+            assert!(b.pass_size().exact && !a.pass_size().exact, "{name}: a token shard's size is known");
+        }
+    }
+    assert_eq!(
+        validation_batches(&cfg(&texts_ref, &texts_ref, 32), &tok, 8).unwrap(),
+        validation_batches(&cfg(&shards_ref, &shards_ref, 32), &tok, 8).unwrap()
+    );
+    // the text's documents are found among the token shard's, by their ids
+    assert_eq!(shared_documents(&cfg(&shards_ref, &texts_ref, 32), &tok, 100).unwrap(), 45);
+}
+
+#[test]
+fn the_file_is_zstd_around_safetensors_with_u16_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = small_corpus(dir.path(), 1, 5);
+    let shard = &tokenized(&texts, dir.path())[0];
+    let raw = zstd::stream::decode_all(std::fs::File::open(shard).unwrap()).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&raw).unwrap();
+    let t = st.tensor("tokens").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::U16);
+    let tok = t5();
+    let first = lowbit_data::ShardReader::open(&texts[0], BadInput::Fail).unwrap().next_text().unwrap().unwrap();
+    let ids = tok.encode(&first).unwrap();
+    let got: Vec<u32> = t.data().chunks_exact(2).take(ids.len()).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect();
+    assert_eq!(got, ids);
+    let ends = st.tensor("doc_ends").unwrap();
+    assert_eq!((ends.dtype(), ends.shape()), (safetensors::Dtype::U64, &[5][..]));
+    assert_eq!(u64::from_le_bytes(ends.data()[..8].try_into().unwrap()), ids.len() as u64);
+}
+
+#[test]
+fn a_shard_of_another_tokenizer_or_damaged_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = small_corpus(dir.path(), 1, 5);
+    let shard = tokenized(&texts, dir.path()).remove(0);
+    // the same vocabulary in another file: refused too (ids are only safe with the same file)
+    let other = dir.path().join("other-tokenizer.json");
+    let mut json = std::fs::read_to_string(repo_data().join("tokenizers/t5-tokenizer.json")).unwrap();
+    json.push('\n');
+    std::fs::write(&other, json).unwrap();
+    let other_tok = load_tokenizer(other.to_str().unwrap(), false).unwrap();
+    let mut c = cfg(&[&shard], &[&shard], 16);
+    c.tokenizer = other.display().to_string();
+    let e = TrainStream::new(&c, &other_tok, DataPosition::default()).err().unwrap();
+    assert!(matches!(e, DataError::TokenizerMismatch { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("tokenized with t5-tokenizer.json") && msg.contains("other-tokenizer.json") && msg.contains("train data tokenize"), "{msg}");
+    let e = validation_batches(&c, &other_tok, 4).unwrap_err().to_string();
+    assert!(e.contains("tokenized with t5-tokenizer.json"), "{e}");
+
+    // truncated
+    let bytes = std::fs::read(&shard).unwrap();
+    let cut = dir.path().join("cut.tokens.zst");
+    std::fs::write(&cut, &bytes[..bytes.len() - 40]).unwrap();
+    let c = cfg(&[&cut], &[&cut], 16);
+    let e = TrainStream::new(&c, &t5(), DataPosition::default()).err().unwrap().to_string();
+    assert!(e.contains("cut.tokens.zst: not a usable token shard") && e.contains("incomplete frame"), "{e}");
+    // zstd, but not a token shard
+    let plain = dir.path().join("plain.tokens.zst");
+    std::fs::write(&plain, zstd::encode_all(&b"{\"text\": \"hello\"}\n"[..], 3).unwrap()).unwrap();
+    let e = read_header(&plain).unwrap_err().to_string();
+    assert!(e.contains("plain.tokens.zst: not a usable token shard"), "{e}");
+}
+
+/// The token shards bundled in data/c4-sample (what configs/tiny_cpu.toml and the trainer's
+/// tests read) hold exactly the bundled JSON shards' text, tokenized with the bundled T5
+/// tokenizer: remade by `train data tokenize` when either changes (data/README.md).
+#[test]
+fn the_bundled_token_shards_are_the_bundled_text() {
+    let tok = t5();
+    for (json, tokens) in [
+        (sample_train(), repo_data().join("c4-sample/en-train.00000-of-00001.tokens.zst")),
+        (sample_validation(), repo_data().join("c4-sample/en-validation.00000-of-00001.tokens.zst")),
+    ] {
+        let all = |p: &Path| {
+            let mut c = cfg(&[p], &[p], 256);
+            c.val_tokens = usize::MAX;
+            validation_batches(&c, &tok, 64).unwrap()
+        };
+        assert!(all(&json) == all(&tokens), "{} is not {} tokenized", tokens.display(), json.display());
+    }
+}
