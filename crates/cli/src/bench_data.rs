@@ -22,8 +22,8 @@ pub struct DataBench {
 
 /// The `[data]` of the run config `config` (with `sets` overrides and sequences of `seq`
 /// tokens) read as the training step reads it, `batches` batches of `batch` sequences, in
-/// file order, in memory and streaming (the last two whatever the text's size; the config's
-/// seed and buffer).
+/// file order, shuffled as the config says (in memory when the text fits
+/// `data.in_memory_max_tokens`) and streaming (the config's seed and buffer).
 ///
 /// # Errors
 /// A `batch`, `seq` or `batches` that is 0 (or `batches` 1: nothing after the first to time),
@@ -35,15 +35,18 @@ pub fn data(config: &Path, sets: &[String], batch: usize, seq: usize, batches: u
     }
     let mut all = vec![format!("data.seq_len={seq}")];
     all.extend(sets.iter().cloned());
-    let cfg = RunConfig::load(config, &all).with_context(|| format!("bench config {}", config.display()))?;
+    let config = crate::config_path::resolve(config, Path::new(crate::config_path::CONFIG_DIR))?;
+    let cfg = RunConfig::load(&config, &all).with_context(|| format!("bench config {}", config.display()))?;
     let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
     let data = cfg.data_config();
+    // the shuffled order the config gives (in memory, or streaming for a larger text), then
+    // streaming forced
     let orders = [
         DataConfig { shuffle: false, ..data.clone() },
-        DataConfig { shuffle: true, in_memory_max_tokens: u64::MAX, ..data.clone() },
+        DataConfig { shuffle: true, ..data.clone() },
         DataConfig { shuffle: true, in_memory_max_tokens: 0, ..data },
     ];
-    let mut out = Vec::new();
+    let mut out: Vec<DataBench> = Vec::new();
     for d in &orders {
         let t = Instant::now();
         let mut stream = TrainStream::new(d, &tok, DataPosition::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -54,7 +57,11 @@ pub fn data(config: &Path, sets: &[String], batch: usize, seq: usize, batches: u
         for _ in 1..batches {
             tokens += stream.next_batch(batch).map_err(|e| anyhow::anyhow!("{e}"))?.target_tokens();
         }
-        out.push(DataBench { order: stream.order().describe(), first_batch_s, tokens_per_s: tokens as f64 / t.elapsed().as_secs_f64() });
+        let tokens_per_s = tokens as f64 / t.elapsed().as_secs_f64();
+        let order = stream.order().describe();
+        if out.iter().all(|r| r.order != order) {
+            out.push(DataBench { order, first_batch_s, tokens_per_s });
+        }
     }
     Ok(out)
 }

@@ -44,6 +44,9 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     let mut jobs = Vec::new();
     for (what, patterns) in sets {
         for src in expand_shards(patterns, what)? {
+            if read_header(&src).is_ok() {
+                bail!("data.{what} lists {}, a token shard already: point data.{what} at the JSON shards to tokenize", src.display());
+            }
             let dst = token_shard_path(&src, &a.out);
             if let Some((other, _)) = jobs.iter().find(|(_, d): &&(PathBuf, PathBuf)| *d == dst) {
                 bail!("{} and {} would both be tokenized into {}: give them different file names", other.display(), src.display(), dst.display());

@@ -250,6 +250,9 @@ fn data_tokenize_writes_token_shards_a_run_reads() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/x/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["tokens_per_epoch_exact"], true);
+    // a config that reads token shards already: nothing to tokenize
+    let r = train(d, &["data", "tokenize", "--config", "c.toml", "--out", "tok2", "--set", "data.train=[\"tok/a.tokens.zst\"]"]);
+    assert!(r.code == Some(1) && r.stderr.contains("data.train lists tok/a.tokens.zst, a token shard already"), "{}", r.stderr);
 }
 
 /// `train stalls --follow` into a pipe (`| less`, `> file`): no terminal escape codes, each

@@ -80,9 +80,12 @@ pub struct DataPosition {
     /// shuffling existed).
     #[serde(default)]
     pub order: RowOrder,
-    /// In-memory mode: rows of pass `epoch` already taken.
+    /// In-memory mode: rows of pass `epoch` already taken, and the rows of a pass (a resume
+    /// over a text of another row count is refused).
     #[serde(default)]
     pub row: u64,
+    #[serde(default)]
+    pub pass_rows: u64,
     /// Streaming mode: slots drawn from the shuffle buffer so far.
     #[serde(default)]
     pub draws: u64,
@@ -117,7 +120,9 @@ pub struct Batch {
     /// 1.0 where the target counts in the loss, 0.0 on padding (`truncate_pad`); all ones in
     /// `concat`. `rows * seq_len`.
     pub mask: Vec<f32>,
-    /// Stream position after this batch (for exact resume).
+    /// Stream position after this batch: enough to resume in file order and in memory; in
+    /// streaming mode it lacks the shuffle buffer's rows, which [`crate::TrainStream::position`]
+    /// adds.
     pub position: DataPosition,
 }
 
@@ -181,6 +186,7 @@ impl Row {
             carry: self.carry_src.as_ref().map_or_else(Vec::new, |s| s[self.carry_from..].to_vec()),
             order,
             row: self.row,
+            pass_rows: 0,
             draws: self.draws,
             buffer_tokens: Vec::new(),
             buffer_valid: Vec::new(),

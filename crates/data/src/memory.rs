@@ -7,7 +7,9 @@
 //! shard order, packed by `data.mode`); in `concat` mode the tokens left after the last full
 //! row (fewer than `seq_len + 1`) are not used. A pass's permutation is a function of
 //! `data.seed` and the pass number ([`crate::order`]), so the position is `(pass, rows
-//! taken)` and a resume loads the text again and continues.
+//! taken)` and a resume loads the text again and continues; the position also records the
+//! rows per pass, so that a resume over another text (or other rows of it: `data.seq_len`,
+//! `data.mode`) is refused rather than read through another permutation.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -22,12 +24,16 @@ use crate::tokenize::Tokens;
 
 /// All rows of the training text and where a pass through them stands.
 pub(crate) struct MemoryRows {
-    /// Tokens per row (`seq_len + 1`).
+    /// Tokens per row (`seq_len + 1`), and the id padding a short row to it.
     width: usize,
-    /// `[rows, width]` ids, row-major, in file order.
+    pad_id: u32,
+    /// Each row's real (non-pad) ids, one row after the other in file order: a
+    /// `truncate_pad` row of a short document keeps only its document's ids.
     tokens: Vec<u32>,
-    /// Real (non-pad) tokens at the start of each row.
-    valid: Vec<u32>,
+    /// Where each row's ids start in `tokens` (one entry more than rows: the end).
+    starts: Vec<u64>,
+    /// Bad lines skipped while the text was read (`on_bad_line = "skip"`).
+    bad_lines: u64,
     seed: u64,
     /// The pass being read, its permutation, and the rows of it taken.
     epoch: u64,
@@ -37,17 +43,18 @@ pub(crate) struct MemoryRows {
 
 impl MemoryRows {
     /// Reads and tokenizes every training shard (a reader thread beside the tokenizer, which
-    /// runs on every core) and keeps the rows; then stands at `(epoch, row)`.
+    /// runs on every core) and keeps the rows; then stands at `(epoch, row)` of a text of
+    /// `rows` rows per pass (0: not known, a fresh start).
     ///
     /// # Errors
     /// Reading and tokenizing errors, as the stream gives them; [`DataError::NoText`] when the
-    /// text holds no full row; [`DataError::BadPosition`] when `row` is past the pass.
-    pub fn load(shards: &[PathBuf], cfg: &DataConfig, tok: &Tokens, seed: u64, (epoch, row): (u64, u64)) -> Result<Self> {
+    /// text holds no full row; [`DataError::Resume`] when `rows` is not this text's row count
+    /// (the text or `data.seq_len` / `data.mode` changed since the position was taken).
+    pub fn load(shards: &[PathBuf], cfg: &DataConfig, tok: &Tokens, seed: u64, (epoch, row, rows): (u64, u64, u64)) -> Result<Self> {
         let t0 = Instant::now();
-        let width = cfg.seq_len + 1;
         let mut src = DocSource::new(shards.to_vec(), cfg.on_bad_line, tok, false, None, (0, 0, 0))?;
         let mut packer = Packer::new(cfg.mode, cfg.seq_len, tok.pad_id, Vec::new());
-        let (mut tokens, mut valid) = (Vec::new(), Vec::new());
+        let (mut tokens, mut starts) = (Vec::new(), vec![0u64]);
         let chunk = chunk_bytes(cfg.seq_len);
         let bad_lines = std::thread::scope(|s| -> Result<u64> {
             let (tx, rx) = std::sync::mpsc::sync_channel(2);
@@ -61,39 +68,57 @@ impl MemoryRows {
             for docs in rx {
                 let Some(docs) = docs? else { break };
                 for r in pack_chunk(tok, docs, &mut packer)? {
-                    tokens.extend_from_slice(&r.tokens);
-                    valid.push(r.valid as u32);
+                    tokens.extend_from_slice(&r.tokens[..r.valid]);
+                    starts.push(tokens.len() as u64);
                 }
             }
             Ok(reader.join().expect("the reader thread does not panic"))
         })?;
-        if valid.is_empty() {
+        let n = starts.len() as u64 - 1;
+        if n == 0 {
             return Err(DataError::NoText { what: "train", shards: shards.to_vec() });
         }
-        let rows = valid.len() as u64;
-        if row > rows {
-            return Err(DataError::Resume(format!("the position is row {row} of a pass, but the training text holds {rows} rows")));
+        if rows != 0 && rows != n {
+            return Err(DataError::Resume(format!(
+                "the position was taken in a text of {rows} rows per pass, the config's is {n} rows: data.train, \
+                 data.seq_len or data.mode changed since (set them back to continue this run)"
+            )));
         }
+        (tokens.shrink_to_fit(), starts.shrink_to_fit());
         let secs = t0.elapsed().as_secs_f64();
         tracing::info!(
-            rows,
-            tokens = tokens.len(),
+            rows = n,
+            targets = targets(&starts),
             bad_lines,
             seconds = format!("{secs:.1}"),
             "training text in memory; each pass reads its rows in a new random order"
         );
-        let perm = permutation(valid.len(), key(seed, Purpose::Rows, epoch));
-        Ok(Self { width, tokens, valid, seed, epoch, perm, next: row })
+        if tokens.len() as u64 > cfg.in_memory_max_tokens {
+            tracing::warn!(
+                "the training text holds {} tokens, more than data.in_memory_max_tokens = {} (its size was estimated \
+                 from the shards' bytes): it is held in memory all the same; lower data.in_memory_max_tokens to \
+                 stream it",
+                tokens.len(),
+                cfg.in_memory_max_tokens
+            );
+        }
+        let perm = permutation(n as usize, key(seed, Purpose::Rows, epoch));
+        Ok(Self { width: cfg.seq_len + 1, pad_id: tok.pad_id, tokens, starts, bad_lines, seed, epoch, perm, next: row })
     }
 
     /// Rows per pass.
     pub fn rows(&self) -> u64 {
-        self.valid.len() as u64
+        self.starts.len() as u64 - 1
     }
 
     /// Targets that count in the loss, per pass.
     pub fn targets_per_pass(&self) -> u64 {
-        self.valid.iter().map(|&v| v.saturating_sub(1) as u64).sum()
+        targets(&self.starts)
+    }
+
+    /// Bad lines skipped while the text was read.
+    pub fn bad_lines(&self) -> u64 {
+        self.bad_lines
     }
 
     /// The next row of the pass (the first of a new pass, in a new permutation, after the
@@ -101,12 +126,20 @@ impl MemoryRows {
     pub fn next_row(&mut self) -> Row {
         if self.next == self.rows() {
             self.epoch += 1;
-            self.perm = permutation(self.valid.len(), key(self.seed, Purpose::Rows, self.epoch));
+            self.perm = permutation(self.perm.len(), key(self.seed, Purpose::Rows, self.epoch));
             self.next = 0;
         }
         let i = self.perm[self.next as usize] as usize;
         self.next += 1;
-        let tokens = self.tokens[i * self.width..(i + 1) * self.width].to_vec();
-        Row { row: self.next, ..Row::new(tokens, self.valid[i] as usize, self.epoch, 0, 0, 0) }
+        let ids = &self.tokens[self.starts[i] as usize..self.starts[i + 1] as usize];
+        let mut tokens = Vec::with_capacity(self.width);
+        tokens.extend_from_slice(ids);
+        tokens.resize(self.width, self.pad_id);
+        Row { row: self.next, ..Row::new(tokens, ids.len(), self.epoch, 0, 0, self.bad_lines) }
     }
+}
+
+/// Targets of the rows that `starts` delimits (each row's ids but its first).
+fn targets(starts: &[u64]) -> u64 {
+    starts.windows(2).map(|w| (w[1] - w[0]).saturating_sub(1)).sum()
 }

@@ -67,6 +67,28 @@ pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<Path
     Ok(out)
 }
 
+/// Whether the file at `path` starts with the bytes `magic` (gzip's `1f 8b`, zstd's frame
+/// magic): how shards are told apart, whatever their names.
+///
+/// # Errors
+/// [`DataError::Io`] when the file cannot be read.
+pub(crate) fn starts_with(path: &Path, magic: &[u8]) -> Result<bool> {
+    let io_err = |source| DataError::Io { path: path.to_path_buf(), source };
+    let mut head = vec![0u8; magic.len()];
+    let mut f = File::open(path).map_err(io_err)?;
+    let mut got = 0;
+    while got < head.len() {
+        match std::io::Read::read(&mut f, &mut head[got..]).map_err(io_err)? {
+            0 => return Ok(false),
+            n => got += n,
+        }
+    }
+    Ok(head == magic)
+}
+
+/// The first two bytes of every gzip member (RFC 1952, 2.3.1).
+pub(crate) const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
 /// Log `msg` as a warning the first time this process meets `(path, line)`: shards are read
 /// more than once (validation, overlap sample, each epoch, read-ahead), a bad line is one
 /// problem however often it is read.
@@ -114,7 +136,7 @@ impl ShardReader {
         let io_err = |source| DataError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io_err)?;
         let mut raw = BufReader::with_capacity(1 << 16, file);
-        let is_gz = raw.fill_buf().map_err(io_err)?.starts_with(&[0x1f, 0x8b]);
+        let is_gz = raw.fill_buf().map_err(io_err)?.starts_with(&GZIP_MAGIC);
         let reader: Box<dyn BufRead + Send> = if is_gz {
             Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(raw)))
         } else {

@@ -40,7 +40,8 @@ impl ShuffleBuffer {
         if tokens.len() != rows * width || rows > b.capacity || (full && rows != b.capacity) {
             return Err(DataError::Resume(format!(
                 "the position holds {rows} buffered rows of {} tokens after {draws} draws, the config wants a buffer \
-                 of {} rows of {width} tokens (a batch's position has no buffer: save TrainStream::position())",
+                 of {} rows (data.shuffle_buffer) of {width} tokens (data.seq_len + 1): set them back to continue this \
+                 run (a batch's position has no buffer: resume from TrainStream::position())",
                 if rows == 0 { 0 } else { tokens.len() / rows },
                 b.capacity
             )));

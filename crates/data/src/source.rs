@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::config::BadInput;
 use crate::error::{DataError, Result};
 use crate::order::{key, permutation, Purpose};
-use crate::reader::ShardReader;
+use crate::reader::{starts_with, ShardReader, GZIP_MAGIC};
 use crate::token_shard::{check_tokenizer, is_token_shard, read_header, TokenShardDocs};
 use crate::tokenize::Tokens;
 
@@ -54,7 +54,7 @@ enum Open {
 impl Open {
     fn open(path: &Path, on_bad: BadInput, tok: &Tokens) -> Result<Open> {
         Ok(match is_token_shard(path)? {
-            true => Open::Tokens(TokenShardDocs::load(path, tok)?),
+            true => Open::Tokens(TokenShardDocs::open(path, tok)?),
             false => Open::Json(ShardReader::open(path, on_bad)?),
         })
     }
@@ -62,14 +62,14 @@ impl Open {
     fn skip(&mut self, n: u64) -> Result<u64> {
         match self {
             Open::Json(r) => r.skip_lines(n),
-            Open::Tokens(t) => Ok(t.skip(n)),
+            Open::Tokens(t) => t.skip(n),
         }
     }
 
     fn next(&mut self) -> Result<Option<Content>> {
         Ok(match self {
             Open::Json(r) => r.next_text()?.map(Content::Text),
-            Open::Tokens(t) => t.next_doc().map(Content::Ids),
+            Open::Tokens(t) => t.next_doc()?.map(Content::Ids),
         })
     }
 
@@ -98,6 +98,7 @@ impl Open {
 /// [`DataError::NoText`], [`DataError::TokenShard`], [`DataError::TokenizerMismatch`], and
 /// what [`ShardReader::next_text`] returns.
 pub(crate) fn check_train_shards(shards: &[PathBuf], on_bad: BadInput, tok: &Tokens) -> Result<()> {
+    refuse_text_twice(shards, "train")?;
     let mut empty = Vec::new();
     for path in shards {
         if is_token_shard(path)? {
@@ -118,6 +119,30 @@ pub(crate) fn check_train_shards(shards: &[PathBuf], on_bad: BadInput, tok: &Tok
     }
     for (path, lines, bad) in empty {
         tracing::warn!("{}: no usable document ({lines} lines, {bad} bad); the stream skips this train shard", path.display());
+    }
+    Ok(())
+}
+
+/// Refuses a list that holds a token shard beside the text shard it was made from (a glob such
+/// as `en-train.*` over a folder holding both): every document would be read twice.
+///
+/// # Errors
+/// [`DataError::Config`] naming both files and `data.<what>`; a token shard's header errors.
+pub(crate) fn refuse_text_twice(shards: &[PathBuf], what: &str) -> Result<()> {
+    let name = |p: &Path| p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    for path in shards {
+        if !is_token_shard(path)? {
+            continue;
+        }
+        let source = read_header(path)?.source;
+        if let Some(text) = shards.iter().find(|p| *p != path && name(p) == source) {
+            return Err(DataError::Config(format!(
+                "data.{what} lists {} and {}, the text shard it was tokenized from: every document would be read \
+                 twice; keep one of them",
+                path.display(),
+                text.display()
+            )));
+        }
     }
     Ok(())
 }
@@ -259,12 +284,28 @@ pub(crate) fn estimate_tokens(shards: &[PathBuf]) -> Result<(u64, bool)> {
             tokens += read_header(path)?.tokens;
             continue;
         }
-        let io_err = |source| DataError::Io { path: path.clone(), source };
-        let bytes = std::fs::metadata(path).map_err(io_err)?.len();
-        let mut head = [0u8; 2];
-        let gz = std::io::Read::read_exact(&mut std::fs::File::open(path).map_err(io_err)?, &mut head).is_ok() && head == [0x1f, 0x8b];
-        tokens += if gz { bytes } else { bytes / 4 };
+        let bytes = std::fs::metadata(path).map_err(|source| DataError::Io { path: path.clone(), source })?.len();
+        tokens += if starts_with(path, &GZIP_MAGIC)? { bytes } else { bytes / 4 };
         exact = false;
     }
     Ok((tokens, exact))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_pass_reads_the_shards_in_its_own_order() {
+        assert_eq!(pass_order(6, None, 3), vec![0, 1, 2, 3, 4, 5], "file order: sorted, every pass");
+        let passes: Vec<Vec<usize>> = (0..8).map(|e| pass_order(6, Some(0), e)).collect();
+        for p in &passes {
+            let mut sorted = p.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![0, 1, 2, 3, 4, 5], "a permutation: {p:?}");
+        }
+        assert!(passes.windows(2).all(|w| w[0] != w[1]), "a new order each pass: {passes:?}");
+        assert_eq!(passes[5], pass_order(6, Some(0), 5), "a function of the seed and the pass");
+        assert_ne!(passes[5], pass_order(6, Some(1), 5), "another seed, another order");
+    }
 }

@@ -24,7 +24,6 @@
 //! i.e. a few batches of 512x256, besides the shuffle buffer).
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::thread::JoinHandle;
 
@@ -46,6 +45,8 @@ use crate::tokenize::Tokens;
 pub struct PassSize {
     pub tokens: u64,
     pub exact: bool,
+    /// Rows per pass, where they are known (in memory).
+    pub rows: Option<u64>,
 }
 
 /// Where the rows come from.
@@ -65,7 +66,7 @@ enum Supply {
 /// let tok = load_tokenizer(&cfg.tokenizer, cfg.allow_download)?;
 /// let mut stream = TrainStream::new(&cfg, &tok, DataPosition::default())?;
 /// let batch = stream.next_batch(8)?; // 8 rows of cfg.seq_len tokens
-/// // ...store batch.position in the checkpoint; TrainStream::new(&cfg, &tok, pos) resumes.
+/// // ...store stream.position() in the checkpoint; TrainStream::new(&cfg, &tok, pos) resumes.
 /// # Ok(()) }
 /// ```
 pub struct TrainStream {
@@ -82,7 +83,6 @@ pub struct TrainStream {
     seq_len: usize,
     position: DataPosition,
     bad_lines: u64,
-    shards: Vec<PathBuf>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -115,33 +115,34 @@ impl TrainStream {
         if !start.is_start() && start.order != order {
             return Err(DataError::Resume(format!(
                 "the position was written reading {}, the config asks for {} (the text is {}{estimate} tokens, \
-                 data.in_memory_max_tokens = {}): set the data settings back to continue this run",
+                 data.in_memory_max_tokens = {}): set those data settings back to continue this run (data.seed \
+                 defaults to train.seed)",
                 start.order.describe(),
                 order.describe(),
                 if exact { "" } else { "estimated at " },
                 cfg.in_memory_max_tokens
             )));
         }
-        tracing::info!(shards = shards.len(), first = %shards[0].display(), ?cfg.mode, cfg.seq_len, order = order.describe(), "train data");
+        tracing::info!(shards = shards.len(), first = %shards[0].display(), mode = ?cfg.mode, seq_len = cfg.seq_len, order = order.describe(), "train data");
         let width = cfg.seq_len + 1;
         let mut stream = Self {
             supply: Supply::Memory(None),
             order,
             // outside memory, a pass's targets are its tokens in concat mode (the rows run on
             // from pass to pass: every token is a target once), fewer in truncate_pad
-            pass: PassSize { tokens: estimate, exact: exact && cfg.mode == SeqMode::Concat },
+            pass: PassSize { tokens: estimate, exact: exact && cfg.mode == SeqMode::Concat, rows: None },
             pending: VecDeque::new(),
             ready: VecDeque::new(),
             error: None,
             seq_len: cfg.seq_len,
-            position: start.clone(),
+            position: DataPosition { order, ..start.clone() },
             bad_lines: 0,
-            shards: shards.clone(),
             workers: Vec::new(),
         };
         if let RowOrder::Permuted { seed } = order {
-            let rows = MemoryRows::load(&shards, cfg, tok, seed, (start.epoch, start.row))?;
-            stream.pass = PassSize { tokens: rows.targets_per_pass(), exact: true };
+            let rows = MemoryRows::load(&shards, cfg, tok, seed, (start.epoch, start.row, start.pass_rows))?;
+            stream.pass = PassSize { tokens: rows.targets_per_pass(), exact: true, rows: Some(rows.rows()) };
+            stream.bad_lines = rows.bad_lines();
             stream.supply = Supply::Memory(Some(rows));
             return Ok(stream);
         }
@@ -217,7 +218,7 @@ impl TrainStream {
             _ => {
                 self.unready();
                 let taken = self.take_rows(rows)?;
-                let batch = Batch::from_rows(&taken, self.seq_len, self.order);
+                let batch = self.batch(&taken);
                 (taken, batch)
             }
         };
@@ -237,11 +238,19 @@ impl TrainStream {
         }
         match self.take_rows(rows) {
             Ok(taken) => {
-                let batch = Batch::from_rows(&taken, self.seq_len, self.order);
+                let batch = self.batch(&taken);
                 self.ready.push_back((taken, batch));
             }
             Err(e) => self.error = Some(e),
         }
+    }
+
+    /// A batch of `rows`, its position in this stream's order (with the rows per pass, in
+    /// memory).
+    fn batch(&self, rows: &[Row]) -> Batch {
+        let mut b = Batch::from_rows(rows, self.seq_len, self.order);
+        b.position.pass_rows = self.pass.rows.unwrap_or(0);
+        b
     }
 
     /// The rows of every prefetched batch back to the front of `pending`, in order.
@@ -329,16 +338,6 @@ impl TrainStream {
     /// from where this stream started (lines skipped before a resume point are not counted).
     pub fn bad_lines(&self) -> u64 {
         self.bad_lines
-    }
-
-    /// The train shards, in the order they are read.
-    pub fn shards(&self) -> &[PathBuf] {
-        &self.shards
-    }
-
-    /// Tokens per row.
-    pub fn seq_len(&self) -> usize {
-        self.seq_len
     }
 }
 

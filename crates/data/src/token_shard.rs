@@ -26,9 +26,10 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 
 use crate::error::{DataError, Result};
+use crate::reader::starts_with;
 use crate::tokenize::Tokens;
 
 /// The file name ending of a token shard.
@@ -66,28 +67,18 @@ pub struct TokenShardHeader {
 /// # Errors
 /// [`DataError::Io`] when the file cannot be read.
 pub(crate) fn is_token_shard(path: &Path) -> Result<bool> {
-    let io_err = |source| DataError::Io { path: path.to_path_buf(), source };
-    let mut head = [0u8; 4];
-    let mut f = std::fs::File::open(path).map_err(io_err)?;
-    let mut got = 0;
-    while got < 4 {
-        match f.read(&mut head[got..]).map_err(io_err)? {
-            0 => return Ok(false),
-            n => got += n,
-        }
-    }
-    Ok(head == ZSTD_MAGIC)
+    starts_with(path, &ZSTD_MAGIC)
 }
 
 fn bad(path: &Path, msg: impl Into<String>) -> DataError {
     DataError::TokenShard { path: path.to_path_buf(), msg: msg.into() }
 }
 
-/// Reads only the header of a token shard (decompressing its first kilobytes).
-///
-/// # Errors
-/// [`DataError::Io`], or [`DataError::TokenShard`] naming what is wrong.
-pub fn read_header(path: &Path) -> Result<TokenShardHeader> {
+/// A token shard's decoder after its safetensors header, with the parsed header JSON.
+type Opened = (zstd::stream::read::Decoder<'static, std::io::BufReader<std::fs::File>>, serde_json::Value);
+
+/// Opens a token shard and reads its safetensors header (decompressing its first kilobytes).
+fn open(path: &Path) -> Result<Opened> {
     let file = std::fs::File::open(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
     let mut z = zstd::stream::read::Decoder::new(file).map_err(|e| bad(path, format!("not zstd: {e}")))?;
     let mut len = [0u8; 8];
@@ -98,19 +89,27 @@ pub fn read_header(path: &Path) -> Result<TokenShardHeader> {
     }
     let mut json = vec![0u8; n as usize];
     z.read_exact(&mut json).map_err(|e| bad(path, format!("truncated safetensors header ({e})")))?;
-    let v: serde_json::Value = serde_json::from_slice(&json).map_err(|e| bad(path, format!("bad safetensors header ({e})")))?;
-    let meta: HashMap<String, String> = v
+    let v = serde_json::from_slice(&json).map_err(|e| bad(path, format!("bad safetensors header ({e})")))?;
+    Ok((z, v))
+}
+
+/// Reads only the header of a token shard (decompressing its first kilobytes).
+///
+/// # Errors
+/// [`DataError::Io`], or [`DataError::TokenShard`] naming what is wrong.
+pub fn read_header(path: &Path) -> Result<TokenShardHeader> {
+    header_of(path, &open(path)?.1)
+}
+
+/// The header from a safetensors header's `__metadata__` map.
+fn header_of(path: &Path, json: &serde_json::Value) -> Result<TokenShardHeader> {
+    let meta: HashMap<String, String> = json
         .get("__metadata__")
         .cloned()
         .map(serde_json::from_value)
         .transpose()
         .map_err(|e| bad(path, format!("bad header fields ({e})")))?
         .unwrap_or_default();
-    header_of(path, &meta)
-}
-
-/// The header from a safetensors `__metadata__` map.
-fn header_of(path: &Path, meta: &HashMap<String, String>) -> Result<TokenShardHeader> {
     let field = |k: &str| meta.get(k).ok_or_else(|| bad(path, format!("header field `{k}` missing")));
     let number = |k: &str| -> Result<u64> {
         field(k)?.parse().map_err(|_| bad(path, format!("header field `{k}` is not a whole number: {:?}", meta[k])))
@@ -151,73 +150,106 @@ pub fn check_tokenizer(path: &Path, header: &TokenShardHeader, tok: &Tokens) -> 
     })
 }
 
-/// The documents of one token shard, loaded whole (ids widened to `u32`).
+/// Where a tensor's bytes lie in a safetensors file's data, and its dtype and length.
+fn tensor_info(path: &Path, json: &serde_json::Value, name: &str) -> Result<(String, u64, u64, u64)> {
+    let t = json.get(name).ok_or_else(|| bad(path, format!("no `{name}` tensor")))?;
+    let dtype = t["dtype"].as_str().unwrap_or("").to_string();
+    let len = t["shape"].as_array().filter(|s| s.len() == 1).and_then(|s| s[0].as_u64());
+    let off = t["data_offsets"].as_array().filter(|o| o.len() == 2).map(|o| (o[0].as_u64(), o[1].as_u64()));
+    match (len, off) {
+        (Some(len), Some((Some(a), Some(b)))) => Ok((dtype, len, a, b)),
+        _ => Err(bad(path, format!("`{name}` is not a 1-D tensor with data offsets"))),
+    }
+}
+
+/// The documents of one token shard, read as they are asked for: the document ends first
+/// (safetensors puts the `U64` tensor before the ids), then each document's ids, decompressed
+/// as the stream reaches them, so a shard never sits whole in memory and reading its first
+/// documents (the overlap check) decompresses only those.
 pub(crate) struct TokenShardDocs {
-    tokens: Vec<u32>,
+    path: PathBuf,
+    z: zstd::stream::read::Decoder<'static, std::io::BufReader<std::fs::File>>,
     ends: Vec<u64>,
+    /// Bytes per id: 2 (`U16`) or 4 (`U32`).
+    width: usize,
+    vocab: usize,
     next: usize,
+    buf: Vec<u8>,
 }
 
 impl TokenShardDocs {
-    /// Decompresses and checks a token shard: its header against `tok`, its tensors against
-    /// the header.
+    /// Opens a token shard and checks it: its header against `tok`, its document ends
+    /// against the header (the ids are checked as they are read).
     ///
     /// # Errors
     /// [`DataError::Io`], [`DataError::TokenShard`], [`DataError::TokenizerMismatch`].
-    pub fn load(path: &Path, tok: &Tokens) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
-        let bytes = zstd::stream::decode_all(file).map_err(|e| bad(path, format!("corrupt zstd stream ({e})")))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(path, format!("corrupt safetensors ({e})")))?;
-        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(path, format!("corrupt safetensors ({e})")))?;
-        let header = header_of(path, meta.metadata().as_ref().unwrap_or(&HashMap::new()))?;
+    pub fn open(path: &Path, tok: &Tokens) -> Result<Self> {
+        let (mut z, json) = open(path)?;
+        let header = header_of(path, &json)?;
         check_tokenizer(path, &header, tok)?;
-        let t = st.tensor("tokens").map_err(|_| bad(path, "no `tokens` tensor"))?;
-        let tokens: Vec<u32> = match t.dtype() {
-            Dtype::U16 => t.data().chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect(),
-            Dtype::U32 => t.data().chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            d => return Err(bad(path, format!("`tokens` is {d:?}, not U16 or U32"))),
+        let (ends_dtype, docs, ends_at, ends_to) = tensor_info(path, &json, "doc_ends")?;
+        let (ids_dtype, n, ids_at, ids_to) = tensor_info(path, &json, "tokens")?;
+        let width = match ids_dtype.as_str() {
+            "U16" => 2,
+            "U32" => 4,
+            d => return Err(bad(path, format!("`tokens` is {d}, not U16 or U32"))),
         };
-        let e = st.tensor("doc_ends").map_err(|_| bad(path, "no `doc_ends` tensor"))?;
-        if e.dtype() != Dtype::U64 {
-            return Err(bad(path, format!("`doc_ends` is {:?}, not U64", e.dtype())));
+        // the layout `write_token_shard` gives: the ends, then the ids, nothing else
+        if ends_dtype != "U64" || (ends_at, ends_to, ids_at, ids_to) != (0, 8 * docs, 8 * docs, 8 * docs + width as u64 * n) {
+            return Err(bad(path, "not the layout `train data tokenize` writes (U64 `doc_ends`, then the ids)"));
         }
-        let ends: Vec<u64> = e.data().chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        if (n, docs) != (header.tokens, header.documents) {
+            return Err(bad(path, format!("holds {n} tokens in {docs} documents, its header says {} in {}", header.tokens, header.documents)));
+        }
+        let mut bytes = vec![0u8; 8 * docs as usize];
+        z.read_exact(&mut bytes).map_err(|e| bad(path, format!("corrupt zstd stream ({e})")))?;
+        let ends: Vec<u64> = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
         let increasing = ends.windows(2).all(|w| w[0] < w[1]) && ends.first().is_none_or(|&f| f > 0);
-        if !increasing || ends.last().copied().unwrap_or(0) != tokens.len() as u64 {
+        if !increasing || ends.last().copied().unwrap_or(0) != n {
             return Err(bad(path, "`doc_ends` is not an increasing list of offsets ending at the token count"));
         }
-        if (tokens.len() as u64, ends.len() as u64) != (header.tokens, header.documents) {
-            return Err(bad(
-                path,
-                format!(
-                    "holds {} tokens in {} documents, its header says {} in {}",
-                    tokens.len(),
-                    ends.len(),
-                    header.tokens,
-                    header.documents
-                ),
-            ));
-        }
-        let vocab = tok.vocab_size();
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(bad(path, format!("token id {id} is outside the vocabulary of {vocab}")));
-        }
-        Ok(Self { tokens, ends, next: 0 })
+        Ok(Self { path: path.to_path_buf(), z, ends, width, vocab: tok.vocab_size(), next: 0, buf: Vec::new() })
+    }
+
+    /// The ids of the next document as bytes in `self.buf`; false at the end of the shard.
+    fn read_next(&mut self) -> Result<bool> {
+        let Some(&end) = self.ends.get(self.next) else { return Ok(false) };
+        let start = if self.next == 0 { 0 } else { self.ends[self.next - 1] };
+        self.buf.resize((end - start) as usize * self.width, 0);
+        let path = &self.path;
+        self.z.read_exact(&mut self.buf).map_err(|e| bad(path, format!("corrupt zstd stream ({e})")))?;
+        self.next += 1;
+        Ok(true)
     }
 
     /// Skips `n` documents (a resume); returns how many there were to skip.
-    pub fn skip(&mut self, n: u64) -> u64 {
-        let k = (n as usize).min(self.ends.len() - self.next);
-        self.next += k;
-        k as u64
+    ///
+    /// # Errors
+    /// [`DataError::TokenShard`] for a corrupt stream.
+    pub fn skip(&mut self, n: u64) -> Result<u64> {
+        let mut skipped = 0;
+        while skipped < n && self.read_next()? {
+            skipped += 1;
+        }
+        Ok(skipped)
     }
 
     /// The next document's ids, `None` at the end of the shard.
-    pub fn next_doc(&mut self) -> Option<Vec<u32>> {
-        let end = *self.ends.get(self.next)? as usize;
-        let start = if self.next == 0 { 0 } else { self.ends[self.next - 1] as usize };
-        self.next += 1;
-        Some(self.tokens[start..end].to_vec())
+    ///
+    /// # Errors
+    /// [`DataError::TokenShard`] for a corrupt stream or an id outside the vocabulary.
+    pub fn next_doc(&mut self) -> Result<Option<Vec<u32>>> {
+        if !self.read_next()? {
+            return Ok(None);
+        }
+        let ids: Vec<u32> = match self.width {
+            2 => self.buf.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect(),
+            _ => self.buf.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        };
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(bad(&self.path, format!("document {}: token id {id} is outside the vocabulary of {}", self.next, self.vocab)));
+        }
+        Ok(Some(ids))
     }
 
     /// Documents read so far (the resume position's `line` for a token shard).

@@ -99,6 +99,13 @@ fn a_shard_of_another_tokenizer_or_damaged_is_refused() {
     let e = validation_batches(&c, &other_tok, 4).unwrap_err().to_string();
     assert!(e.contains("tokenized with t5-tokenizer.json"), "{e}");
 
+    // beside the text it was made from: every document twice
+    let both = cfg(&[&texts[0], &shard], &[&texts[0]], 16);
+    let e = TrainStream::new(&both, &t5(), DataPosition::default()).err().unwrap().to_string();
+    assert!(e.contains("data.train lists") && e.contains("the text shard it was tokenized from"), "{e}");
+    let e = validation_batches(&cfg(&[&texts[0]], &[&shard, &texts[0]], 16), &t5(), 4).unwrap_err().to_string();
+    assert!(e.contains("data.validation lists"), "{e}");
+
     // truncated
     let bytes = std::fs::read(&shard).unwrap();
     let cut = dir.path().join("cut.tokens.zst");

@@ -59,7 +59,11 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<RunReport> {
         let step = s.state.step + 1;
         let r = s.step(step)?;
         if let Some(epoch) = r.new_epoch {
-            progress.message(&format!("step {step}: the train shards are used up; epoch {epoch} begins"));
+            let reader = match s.stream.order() {
+                lowbit_data::RowOrder::Buffered { .. } => " (the reader's: the shuffle buffer still holds rows of the last)",
+                _ => "",
+            };
+            progress.message(&format!("step {step}: epoch {epoch} of the training text begins{reader}"));
         }
         progress.step(&r, max_steps);
         let last = step == max_steps;

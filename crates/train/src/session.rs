@@ -4,7 +4,7 @@
 //! [`crate::run::run`]'s loop calls.
 
 use crate::checkpoint::{self, Stateful};
-use crate::train_state::{load_state, TrainState};
+use crate::train_state::{load_state, records_data_order, TrainState};
 use crate::components::ModelWeights;
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use crate::distributed::collective::{Collective, Solo};
@@ -119,6 +119,7 @@ impl Session {
         };
         if let Some((dir, saved)) = &resume {
             adopt_unrecorded_scale_kind(&mut cfg, dir, saved)?;
+            adopt_unrecorded_data_order(&mut cfg, dir)?;
         }
         let run_dir = cfg.run_dir();
         let config_toml = cfg.to_toml();
@@ -439,9 +440,15 @@ impl Session {
 }
 
 /// Passes over the training text that `train.max_steps` steps of the global batch make.
+/// By rows where the rows of a pass are known (in memory), else by target tokens (a step's
+/// rows hold at most `seq_len` targets each).
 fn passes_planned(cfg: &RunConfig, stream: &TrainStream) -> f64 {
-    let tokens = cfg.train.max_steps as f64 * (cfg.train.micro_batch * cfg.train.grad_accum * cfg.data.seq_len) as f64;
-    tokens / stream.pass_size().tokens.max(1) as f64
+    let rows = cfg.train.max_steps as f64 * (cfg.train.micro_batch * cfg.train.grad_accum) as f64;
+    let pass = stream.pass_size();
+    match pass.rows {
+        Some(r) => rows / r.max(1) as f64,
+        None => rows * cfg.data.seq_len as f64 / pass.tokens.max(1) as f64,
+    }
 }
 
 /// Passes beyond which repeated text starts to cost: Muennighoff et al., "Scaling
@@ -518,6 +525,21 @@ fn adopt_unrecorded_scale_kind(cfg: &mut RunConfig, dir: &std::path::Path, saved
             dir.join("state.json").display()
         );
         cfg.optim.states.scale = lowbit_optim::ScaleChoice::Pow2;
+    }
+    Ok(())
+}
+
+/// A checkpoint written before the training rows could be shuffled read them in file order:
+/// its run resumes in file order (`data.shuffle = false`, said in the log and in the run's
+/// config.toml), as it ran.
+fn adopt_unrecorded_data_order(cfg: &mut RunConfig, dir: &std::path::Path) -> Result<()> {
+    if cfg.data.shuffle && !records_data_order(dir)? {
+        tracing::info!(
+            "{}: written before the training rows could be shuffled, its run read them in file order: resuming with \
+             data.shuffle = false",
+            dir.join("state.json").display()
+        );
+        cfg.data.shuffle = false;
     }
     Ok(())
 }

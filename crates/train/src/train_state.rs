@@ -114,6 +114,19 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
     Ok(state)
 }
 
+/// Whether the checkpoint's `state.json` records the data's row order (`data.order`): false
+/// for checkpoints written before the training rows could be shuffled, which read them in file
+/// order (and load as such: [`lowbit_data::RowOrder`]'s default).
+///
+/// # Errors
+/// An unreadable or corrupt `state.json`.
+pub fn records_data_order(dir: &Path) -> Result<bool> {
+    let p = dir.join("state.json");
+    let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read the checkpoint state", p.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
+    Ok(v.get("data").and_then(|d| d.get("order")).is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +170,6 @@ mod tests {
         let st = load_state(tmp.path()).unwrap();
         assert_eq!((st.step, st.updates, st.data.carry.clone(), st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
         assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.reset_rule()), ("", "", "periodic"), "pow2 and periodic");
+        assert!(!records_data_order(tmp.path()).unwrap() && st.data.order == lowbit_data::RowOrder::FileOrder, "file order");
     }
 }

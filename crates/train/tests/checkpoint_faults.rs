@@ -186,6 +186,16 @@ fn resume_is_bit_identical_with_adaptive_resets() {
 /// Rewrites checkpoint `ck` as lowbit wrote it before the optimizer saved the adaptive rule's
 /// state: the state in `state.json` (`adaptive_reset`, no `reset`), not in
 /// `optimizer.safetensors`; the manifest rewritten.
+/// Edits checkpoint `ck`'s `state.json` with `edit` and writes its manifest again: a
+/// checkpoint as an older lowbit wrote it.
+fn edit_state_json(ck: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let mut state: Value = serde_json::from_slice(&read(&ck.join("state.json"))).unwrap();
+    edit(state.as_object_mut().unwrap());
+    std::fs::write(ck.join("state.json"), serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+    std::fs::remove_file(ck.join("manifest.json")).unwrap();
+    lowbit_train::manifest::write(ck).unwrap();
+}
+
 fn move_rule_state_to_state_json(ck: &Path) {
     let file = ck.join("optimizer.safetensors");
     let mut opt = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
@@ -200,13 +210,10 @@ fn move_rule_state_to_state_json(ck: &Path) {
         pending: updates.iter().zip(&fractions).map(|(&u, &p)| (u as u64, p)).collect(),
     };
     candle_core::safetensors::save(&opt, &file).unwrap();
-    let mut state: Value = serde_json::from_slice(&read(&ck.join("state.json"))).unwrap();
-    let o = state.as_object_mut().unwrap();
-    assert_eq!(o.remove("reset"), Some("adaptive".into()));
-    o.insert("adaptive_reset".into(), serde_json::to_value(&rule).unwrap());
-    std::fs::write(ck.join("state.json"), serde_json::to_vec_pretty(&state).unwrap()).unwrap();
-    std::fs::remove_file(ck.join("manifest.json")).unwrap();
-    lowbit_train::manifest::write(ck).unwrap();
+    edit_state_json(ck, |o| {
+        assert_eq!(o.remove("reset"), Some("adaptive".into()));
+        o.insert("adaptive_reset".into(), serde_json::to_value(&rule).unwrap());
+    });
 }
 
 /// A checkpoint written before scale kinds were recorded (its `state.json` without `m_scale` /
@@ -221,13 +228,8 @@ fn checkpoints_from_before_scale_kinds_resume_as_pow2() {
     let full = launch(config(d, "full", &pow2), None, None).unwrap();
     let first = launch(config(d, "old", &pow2), None, Some(3)).unwrap();
     let ck = checkpoint::latest(&first.run_dir).unwrap();
-    // make it an old checkpoint: no scale kinds in state.json, the manifest rewritten
-    let mut state: Value = serde_json::from_slice(&read(&ck.join("state.json"))).unwrap();
-    let o = state.as_object_mut().unwrap();
-    assert_eq!((o.remove("m_scale"), o.remove("v_scale")), (Some("pow2".into()), Some("pow2".into())));
-    std::fs::write(ck.join("state.json"), serde_json::to_vec_pretty(&state).unwrap()).unwrap();
-    std::fs::remove_file(ck.join("manifest.json")).unwrap();
-    lowbit_train::manifest::write(&ck).unwrap();
+    // make it an old checkpoint: no scale kinds in state.json
+    edit_state_json(&ck, |o| assert_eq!((o.remove("m_scale"), o.remove("v_scale")), (Some("pow2".into()), Some("pow2".into()))));
     // an explicit amax does not match what the checkpoint holds
     one_line_error(
         launch(config(d, "old", &["optim.states.scale=\"amax\""]), Some(ck.clone()), None),
@@ -238,6 +240,34 @@ fn checkpoints_from_before_scale_kinds_resume_as_pow2() {
     assert_eq!(metrics(&full.run_dir), metrics(&resumed.run_dir));
     let (a, b) = (checkpoint::latest(&full.run_dir).unwrap(), checkpoint::latest(&resumed.run_dir).unwrap());
     assert!(read(&a.join("optimizer.safetensors")) == read(&b.join("optimizer.safetensors")));
+}
+
+/// A checkpoint written before the rows could be shuffled (its `state.json` without the data
+/// order) read them in file order: resumed with today's default (`data.shuffle = true`) it
+/// continues in file order (said in the run's config.toml), as the run that never stopped;
+/// a new file-order checkpoint resumed shuffled is refused, naming the setting.
+#[test]
+fn checkpoints_from_before_shuffling_resume_in_file_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let file_order = ["data.shuffle=false"];
+    let full = launch(config(d, "full", &file_order), None, None).unwrap();
+    let first = launch(config(d, "old", &file_order), None, Some(3)).unwrap();
+    let ck = checkpoint::latest(&first.run_dir).unwrap();
+    one_line_error(
+        launch(config(d, "old", &[]), Some(ck.clone()), None),
+        &["cannot resume the training data", "file order (data.shuffle = false)", "rows permuted in memory"],
+    );
+    // make it an old checkpoint: no data order in state.json
+    edit_state_json(&ck, |o| {
+        let data = o["data"].as_object_mut().unwrap();
+        for k in ["order", "row", "pass_rows", "draws"] {
+            assert!(data.remove(k).is_some(), "{k}");
+        }
+    });
+    let resumed = launch(config(d, "old", &[]), Some(ck), None).unwrap();
+    assert!(std::fs::read_to_string(resumed.run_dir.join("config.toml")).unwrap().contains("shuffle = false"));
+    assert_eq!(metrics(&full.run_dir), metrics(&resumed.run_dir));
 }
 
 #[test]
