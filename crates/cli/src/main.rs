@@ -233,6 +233,36 @@ fn main() {
     }
 }
 
+/// A run that stopped on a fault it can go on from says how: its folder could not take a
+/// write (the disk full, a file size limit, a read-only or unwritable folder: free space or make
+/// it writable), or the GPU ran out of memory (another process took it, or the config needs
+/// more than the up-front check counts: lower the micro-batch); then resume from the newest
+/// checkpoint, which such a stop never damages (a checkpoint is written into `step_N.tmp/` and
+/// renamed when complete). Other errors pass unchanged.
+fn with_way_on(e: anyhow::Error, run_dir: &Path) -> anyhow::Error {
+    use std::io::ErrorKind::{FileTooLarge, PermissionDenied, ReadOnlyFilesystem, StorageFull};
+    let full = e.chain().filter_map(|c| c.downcast_ref::<std::io::Error>()).any(|io| {
+        matches!(io.kind(), StorageFull | FileTooLarge | ReadOnlyFilesystem | PermissionDenied)
+    });
+    let oom = format!("{e:#}").contains("OUT_OF_MEMORY");
+    let what = match (full, oom) {
+        (true, _) => format!(
+            "The run folder {} cannot take this write (the disk full, a file size limit, or a read-only folder): free space \
+             or make it writable",
+            run_dir.display()
+        ),
+        (false, true) => "The GPU ran out of memory (another process took it, or this config needs more than the start's \
+             check counts): free the GPU, or lower train.micro_batch (raising train.grad_accum keeps the batch)"
+            .into(),
+        (false, false) => return e,
+    };
+    let then = match checkpoint::latest(run_dir) {
+        Ok(ck) => format!("`train --resume {}` then continues from its newest checkpoint ({})", run_dir.display(), ck.display()),
+        Err(_) => "the run cannot be continued (it has no checkpoint yet): run its command again with --overwrite".into(),
+    };
+    anyhow::anyhow!("{e:#}. {what}; {then}")
+}
+
 /// `rank N: ` in a data-parallel worker other than rank 0, so that an error every rank hits
 /// reads as rank 0's with the others' copies attributed; empty otherwise.
 fn rank_prefix() -> String {
@@ -374,7 +404,7 @@ fn train(a: TrainArgs) -> Result<i32> {
         (None, true) => FolderUse::Overwrite,
         (None, false) => FolderUse::New,
     };
-    let (plots, max_steps) = (config.run.plots, config.train.max_steps);
+    let (plots, max_steps, run_dir) = (config.run.plots, config.train.max_steps, config.run_dir());
     let launch = Launch {
         config,
         resume_from,
@@ -385,7 +415,7 @@ fn train(a: TrainArgs) -> Result<i32> {
         comm,
         local_rank: world.local_rank,
     };
-    let out = run::run(launch, &mut progress::Bar::new())?;
+    let out = run::run(launch, &mut progress::Bar::new()).map_err(|e| with_way_on(e, &run_dir))?;
     if let Some(done) = out.already_finished.filter(|_| world.rank == 0) {
         lowbit_train::outln!(
             "{}: already finished at step {done} (train.max_steps = {max_steps}); nothing to do (raise \

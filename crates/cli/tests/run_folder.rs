@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, wait_for_rows};
+use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, train_with_file_limit, wait_for_rows};
 
 fn json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
@@ -295,4 +295,50 @@ fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
         assert!(r.stderr.contains("error: this config needs at least ") && r.stderr.contains(part), "{set}: {}", r.stderr);
         assert!(!d.join("runs/x").exists(), "{set}: a refused start created the run folder");
     }
+}
+
+/// Issue 53: the disk fills up while a checkpoint is written, or while the logs are appended
+/// (a file size limit stands in for the full disk): the run stops with a non-zero status and a
+/// message that names the file and says how to go on; the previous checkpoint stays whole (no
+/// partial `step_N.tmp/` left), and a resume once there is room continues bit-exactly.
+#[test]
+fn a_full_disk_stops_the_run_and_a_resume_continues_exactly() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let six = ["--config", "c.toml", "--set", "train.max_steps=6", "--set", "train.checkpoint_every=3", "--set", "train.keep_checkpoints=3"];
+    let straight = train(d, &six);
+    assert_eq!(straight.code, Some(0), "{}", straight.stderr);
+    // the rows without their timings
+    let rows = |d: &Path| -> Vec<Value> {
+        let text = std::fs::read_to_string(d.join("runs/x/metrics.jsonl")).unwrap();
+        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).map(|mut v| {
+            let o = v.as_object_mut().unwrap();
+            (o.remove("step_time"), o.remove("tokens_per_s"));
+            v
+        }).collect()
+    };
+    let want = rows(d);
+    // the same run, "crashed" after its step-3 checkpoint, resumed onto a full disk: steps 4-6
+    // run, the step-6 checkpoint cannot be written (its model.safetensors is ~8 MB)
+    std::fs::remove_dir_all(d.join("runs/x/checkpoints/step_0000006")).unwrap();
+    let r = train_with_file_limit(d, 4096, &["--resume", "runs/x"]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    for needle in [
+        "cannot write runs/x/checkpoints/step_0000006.tmp/model.safetensors: File too large",
+        "free space or make it writable; `train --resume runs/x` then continues from its newest checkpoint (runs/x/checkpoints/step_0000003)",
+    ] {
+        assert!(r.stderr.contains(needle), "{needle}: {}", r.stderr);
+    }
+    assert_eq!(checkpoints(&d.join("runs/x")), ["step_0000003"], "no partial checkpoint left");
+    lowbit_train::manifest::verify(&d.join("runs/x/checkpoints/step_0000003")).unwrap();
+    let r = train(d, &["--resume", "runs/x"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(rows(d), want, "the resumed run's rows");
+
+    // the logs: stalls.jsonl (~700 bytes a step) passes a 3 KiB limit at its fifth row
+    let y = ["--config", "c.toml", "--set", "run.name=y", "--set", "train.max_steps=8", "--set", "train.checkpoint_every=0"];
+    let r = train_with_file_limit(d, 3, &y);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("cannot write runs/y/stalls.jsonl: File too large"), "{}", r.stderr);
+    assert!(r.stderr.contains("the run cannot be continued (it has no checkpoint yet): run its command again with --overwrite"), "{}", r.stderr);
 }

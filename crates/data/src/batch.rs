@@ -97,6 +97,11 @@ pub struct DataPosition {
     /// Streaming mode: the real (non-pad) tokens at the start of each buffered row.
     #[serde(default)]
     pub buffer_valid: Vec<u32>,
+    /// The training shards' identity (their names and sizes, [`crate::TrainStream::new`]):
+    /// a resume over shards that changed since is warned about. Empty in positions written
+    /// before it was recorded.
+    #[serde(default)]
+    pub shards_id: String,
 }
 
 impl DataPosition {
@@ -190,6 +195,7 @@ impl Row {
             draws: self.draws,
             buffer_tokens: Vec::new(),
             buffer_valid: Vec::new(),
+            shards_id: String::new(),
         }
     }
 

@@ -151,6 +151,9 @@ pub(crate) fn refuse_text_twice(shards: &[PathBuf], what: &str) -> Result<()> {
 /// in sorted order or, with a shard seed, in the permutation that seed gives that pass.
 pub(crate) struct DocSource {
     shards: Vec<PathBuf>,
+    /// Each shard's size and modification time when the source was made: a shard changed
+    /// since (replaced while the run reads the list) is said when it is opened.
+    stamps: Vec<Option<Stamp>>,
     on_bad: BadInput,
     tok: Tokens,
     cycle: bool,
@@ -187,6 +190,7 @@ impl DocSource {
         }
         let order = pass_order(shards.len(), shard_seed, epoch);
         Ok(Self {
+            stamps: shards.iter().map(|p| stamp(p)).collect(),
             whole_epoch: shard == 0 && line == 0,
             shards,
             on_bad,
@@ -223,6 +227,14 @@ impl DocSource {
                     tracing::debug!(epoch = self.epoch, shards = self.shards.len(), "reader reached the end of the train shards; next epoch");
                 }
                 let path = &self.shards[self.order[self.shard]];
+                if stamp(path) != self.stamps[self.order[self.shard]] {
+                    tracing::warn!(
+                        "{}: changed since the run started (size or modification time): read as it is now, so the rows \
+                         from it are not those a run reading it before would see",
+                        path.display()
+                    );
+                    self.stamps[self.order[self.shard]] = stamp(path);
+                }
                 let mut r = Open::open(path, self.on_bad, &self.tok)?;
                 if self.skip > 0 {
                     let n = r.skip(self.skip)?;
@@ -259,6 +271,26 @@ impl DocSource {
     pub fn bad_lines(&self) -> u64 {
         self.bad_before_shard + self.current.as_ref().map_or(0, |(r, _)| r.bad_lines())
     }
+}
+
+/// A file's size and modification time.
+type Stamp = (u64, std::time::SystemTime);
+
+/// `path`'s [`Stamp`], `None` when it cannot be read (opening it then says why).
+fn stamp(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
+}
+
+/// An identity of the text in `shards`: CRC-32 of each file's name and size, in order. A
+/// resume compares it with the position's ([`crate::DataPosition::shards_id`]).
+pub(crate) fn shards_id(shards: &[PathBuf]) -> String {
+    let mut h = crc32fast::Hasher::new();
+    for p in shards {
+        let name = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        h.update(format!("{name}\t{}\n", stamp(p).map_or(0, |s| s.0)).as_bytes());
+    }
+    format!("{:08x}", h.finalize())
 }
 
 /// The shard order of pass `epoch`: sorted, or the seed's permutation for that pass.

@@ -34,7 +34,7 @@ use crate::memory::MemoryRows;
 use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
 use crate::reader::expand_shards;
 use crate::shuffle_buffer::ShuffleBuffer;
-use crate::source::{check_train_shards, estimate_tokens, DocSource};
+use crate::source::{check_train_shards, estimate_tokens, shards_id, DocSource};
 use crate::tokenize::Tokens;
 
 /// The size of one pass over the training text, in target tokens (tokens that count in the
@@ -123,6 +123,13 @@ impl TrainStream {
                 cfg.in_memory_max_tokens
             )));
         }
+        let id = shards_id(&shards);
+        if !start.shards_id.is_empty() && start.shards_id != id {
+            tracing::warn!(
+                "the training shards differ from those the position was taken in (their names or sizes: data.train or \
+                 its files changed): the run goes on at the same position of these files, which does not replay it"
+            );
+        }
         tracing::info!(shards = shards.len(), first = %shards[0].display(), mode = ?cfg.mode, seq_len = cfg.seq_len, order = order.describe(), "train data");
         let width = cfg.seq_len + 1;
         let mut stream = Self {
@@ -135,7 +142,7 @@ impl TrainStream {
             ready: VecDeque::new(),
             error: None,
             seq_len: cfg.seq_len,
-            position: DataPosition { order, ..start.clone() },
+            position: DataPosition { order, shards_id: id.clone(), ..start.clone() },
             bad_lines: 0,
             workers: Vec::new(),
         };
@@ -250,6 +257,7 @@ impl TrainStream {
     fn batch(&self, rows: &[Row]) -> Batch {
         let mut b = Batch::from_rows(rows, self.seq_len, self.order);
         b.position.pass_rows = self.pass.rows.unwrap_or(0);
+        b.position.shards_id.clone_from(&self.position.shards_id);
         b
     }
 

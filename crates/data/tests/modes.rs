@@ -79,5 +79,6 @@ fn truncate_pad_pads_with_pad_id_and_masks_exactly_the_padded_targets() {
     assert!(b.mask[2 * seq..3 * seq].iter().all(|&m| m == 1.0));
     let expect: usize = DOCS.iter().map(|d| tok.encode(d).unwrap().len().min(seq + 1) - 1).sum();
     assert_eq!(b.target_tokens(), expect);
-    assert_eq!(b.position, DataPosition { epoch: 0, shard: 0, line: 4, ..DataPosition::default() });
+    assert_eq!(b.position.shards_id.len(), 8, "the shards' identity, a CRC-32 in hex");
+    assert_eq!(b.position, DataPosition { epoch: 0, shard: 0, line: 4, shards_id: b.position.shards_id.clone(), ..DataPosition::default() });
 }

@@ -2,32 +2,8 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use common::*;
 use lowbit_data::{expand_shards, BadInput, DataError, ShardReader};
-
-/// Runs `f` with tracing output captured; returns (f's result, the log text).
-fn with_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf(Arc::new(Mutex::new(Vec::new())));
-    let w = buf.clone();
-    let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || w.clone()).finish();
-    let out = tracing::subscriber::with_default(sub, f);
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-    (out, text)
-}
 
 #[test]
 fn bundled_shards_have_the_documented_document_counts() {

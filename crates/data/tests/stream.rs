@@ -171,6 +171,24 @@ fn streaming_mixes_the_rows_of_a_step() {
     assert!(in_file_order >= 28 && streamed <= 3, "rows following their predecessor: file order {in_file_order}, streaming {streamed} of 31");
 }
 
+/// A resume over training shards that changed since the position was taken (a file edited or
+/// replaced: its size changed) is warned about; unchanged ones are not.
+#[test]
+fn a_resume_over_changed_shards_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = DataConfig { shuffle: false, ..small_cfg(dir.path(), 2, 20, 32) };
+    let (_, positions) = take(&corpus, DataPosition::default(), 3, 4);
+    let warned = |logs: &str| logs.contains("the training shards differ from those the position was taken in");
+    let (_, logs) = with_logs(|| TrainStream::new(&corpus, &t5(), positions[2].clone()).unwrap());
+    assert!(!warned(&logs), "{logs}");
+    let shard = std::path::PathBuf::from(&corpus.train[1]);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes.extend(std::fs::read(&corpus.train[0]).unwrap()); // another gzip member: more documents
+    std::fs::write(&shard, bytes).unwrap();
+    let (_, logs) = with_logs(|| TrainStream::new(&corpus, &t5(), positions[2].clone()).unwrap());
+    assert!(warned(&logs), "{logs}");
+}
+
 #[test]
 fn a_resume_in_another_order_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -237,6 +237,9 @@ impl Default for StatesConfig {
     }
 }
 
+/// The largest `optim.states.block_size`: the CUDA kernel takes it as a 32-bit number.
+pub const MAX_BLOCK_SIZE: usize = u32::MAX as usize;
+
 /// `[optim.states]` after validation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StatesSpec {
@@ -274,12 +277,26 @@ impl StatesConfig {
                 self.block_size
             )));
         }
+        if self.block_size > MAX_BLOCK_SIZE {
+            return Err(OptimError::Config(format!(
+                "optim.states.block_size: at most {MAX_BLOCK_SIZE} elements (the CUDA kernel's block index is 32-bit; \
+                 a block as large as a tensor is one scale per tensor: use 0), got {}",
+                self.block_size
+            )));
+        }
         if !(self.reset_s0 > 0.0 && self.reset_s0 < 1.0) {
             return Err(OptimError::Config(format!("optim.states.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0)));
         }
         let period = |every: ResetEvery, key: &str| -> Result<u64, OptimError> {
             match every {
                 ResetEvery::Steps(k) => Ok(k),
+                ResetEvery::Auto if v_format == StateFormat::Fp32 => Err(OptimError::Config(format!(
+                    "optim.states.{key} = \"auto\" is the paper's K* for a low-precision v (Prop. 5.2: the period \
+                     after which v's stalled updates outweigh what it averaged); with v_format = \"fp32\" v hardly \
+                     ever stalls (theory {:.1e} at b2 = {beta2}), so K* would reset it for no reason: give a number \
+                     of updates, or 0",
+                    theory::p_stall(23, beta2, Rounding::Nearest)
+                ))),
                 ResetEvery::Auto => {
                     let bits = v_format.fraction_bits().ok_or_else(|| {
                         OptimError::Config(format!("optim.states.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name()))
@@ -412,6 +429,15 @@ mod tests {
         assert!(e.contains("\"auto\""), "{e}");
         let e = toml::from_str::<StatesConfig>("v_reset_every = -3").unwrap_err().to_string();
         assert!(e.contains("negative"), "{e}");
+        // K* is about low-precision grids: FP32 v would reset every 1454 updates for nothing
+        for key in ["m_reset_every", "v_reset_every"] {
+            let e = resolve(&format!("{key} = \"auto\"")).unwrap_err();
+            assert!(e.contains(&format!("optim.states.{key} = \"auto\"")) && e.contains("v_format = \"fp32\"") && e.contains("hardly"), "{e}");
+        }
+        assert_eq!(resolve("v_format = \"bf16\"\nv_reset_every = \"auto\"").unwrap().v_reset_every, 1116);
+        // a block past the kernel's 32-bit index (issue 53: 2^40 was taken, as per tensor)
+        let e = resolve("v_format = \"fp8\"\nblock_size = 1099511627776").unwrap_err();
+        assert!(e.contains("optim.states.block_size: at most 4294967295") && e.contains("use 0"), "{e}");
     }
 
     #[test]

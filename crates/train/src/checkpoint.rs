@@ -57,6 +57,22 @@ pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful]
         std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove {}", tmp.display()))?;
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    // a write that fails (a full disk) leaves no partial checkpoint behind, only the error
+    if let Err(e) = write_into(&tmp, components, files) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace {}", dir.display()))?;
+    }
+    std::fs::rename(&tmp, &dir).with_context(|| format!("cannot finalise {}", dir.display()))?;
+    prune(run_dir, keep)?;
+    Ok(dir)
+}
+
+/// The checkpoint's files into the folder `tmp`: the small files, one safetensors file per
+/// component, then the manifest.
+fn write_into(tmp: &Path, components: &[&dyn Stateful], files: &[(&str, Vec<u8>)]) -> Result<()> {
     for (name, bytes) in files {
         let p = tmp.join(name);
         std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
@@ -66,7 +82,7 @@ pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful]
     // others who can read the run can load it
     let mode = {
         use std::os::unix::fs::PermissionsExt;
-        let dir_mode = std::fs::metadata(&tmp).with_context(|| format!("cannot read {}", tmp.display()))?.permissions().mode();
+        let dir_mode = std::fs::metadata(tmp).with_context(|| format!("cannot read {}", tmp.display()))?.permissions().mode();
         std::fs::Permissions::from_mode(dir_mode & 0o666)
     };
     for c in components {
@@ -74,13 +90,7 @@ pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful]
         write_tensors(&c.state_dict().with_context(|| format!("{}: the tensors to write", p.display()))?, &p)?;
         std::fs::set_permissions(&p, mode.clone()).with_context(|| format!("cannot set the permissions of {}", p.display()))?;
     }
-    crate::manifest::write(&tmp)?;
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot replace {}", dir.display()))?;
-    }
-    std::fs::rename(&tmp, &dir).with_context(|| format!("cannot finalise {}", dir.display()))?;
-    prune(run_dir, keep)?;
-    Ok(dir)
+    crate::manifest::write(tmp)
 }
 
 /// Tensors as safetensors with `{"format": "pt"}` metadata (what `transformers` writes and
@@ -89,7 +99,12 @@ fn write_tensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()> {
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    // (the I/O error itself, not safetensors' wrapper, whose message repeats it)
     safetensors::tensor::serialize_to_file(sorted.iter().map(|(k, t)| (k.as_str(), t)), Some(metadata), path)
+        .map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(io) => anyhow::Error::from(io),
+            other => anyhow::Error::from(other),
+        })
         .with_context(|| format!("cannot write {}", path.display()))
 }
 

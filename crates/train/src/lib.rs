@@ -2,8 +2,8 @@
 //!
 //! The loop ([`run`], and how a run ends early: `stop.rs`) over a [`session`] (set-up and
 //! every builder, validation, checkpoints) and one [`step`], reporting through [`progress`];
-//! the validation loss ([`eval`]), the config ([`config`]) and the [`memory`] a run needs at
-//! the least, device policy ([`device`]), learning-rate [`schedule`], run folder
+//! the validation loss ([`eval`]), the config ([`config`]), the settings that run but not as
+//! one may expect ([`setting_warnings`]) and the [`memory`] a run needs at the least, device policy ([`device`]), learning-rate [`schedule`], run folder
 //! ([`run_folder`], [`checkpoint`] of [`components`] and the [`train_state`], [`manifest`],
 //! [`logs`]) and data
 //! parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`) puts the commands,
@@ -31,6 +31,7 @@ pub mod run;
 pub mod run_folder;
 pub mod schedule;
 pub mod session;
+pub mod setting_warnings;
 pub mod step;
 pub mod train_state;
 mod stop;

@@ -15,6 +15,7 @@ use crate::logs::RunLogs;
 use crate::logs::stall_writer::StallWriter;
 use crate::logs::stalls::Theory;
 use crate::run_folder::{self, FolderUse, RunLock};
+use crate::setting_warnings::{passes_planned, passes_warning, setting_warnings};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Var};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
@@ -248,7 +249,7 @@ impl Session {
             );
         }
         let stream = TrainStream::new(&cfg.data_config(), &tok, state.data.clone()).map_err(data_err)?;
-        let passes = passes_planned(&cfg, &stream);
+        let passes = passes_planned(&cfg, stream.pass_size());
 
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder: a start that fails leaves the folder as it was.
@@ -300,8 +301,10 @@ impl Session {
             banner += &format!("\ntheory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
         }
         if rank == 0 {
-            warn_about_settings(&cfg, &spec);
-            warn_about_passes(&cfg, &stream, passes);
+            let largest = infos.iter().map(|i| i.len).max().unwrap_or(0);
+            for w in setting_warnings(&cfg, &spec, largest).into_iter().chain(passes_warning(&cfg, stream.pass_size(), passes)) {
+                tracing::warn!("{w}");
+            }
         }
 
         let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every, spec };
@@ -436,74 +439,6 @@ impl Session {
     pub fn flush_stalls(&mut self) -> Result<()> {
         self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.logs.as_mut())?;
         Ok(())
-    }
-}
-
-/// Passes over the training text that `train.max_steps` steps of the global batch make.
-/// By rows where the rows of a pass are known (in memory), else by target tokens (a step's
-/// rows hold at most `seq_len` targets each).
-fn passes_planned(cfg: &RunConfig, stream: &TrainStream) -> f64 {
-    let rows = cfg.train.max_steps as f64 * (cfg.train.micro_batch * cfg.train.grad_accum) as f64;
-    let pass = stream.pass_size();
-    match pass.rows {
-        Some(r) => rows / r.max(1) as f64,
-        None => rows * cfg.data.seq_len as f64 / pass.tokens.max(1) as f64,
-    }
-}
-
-/// Passes beyond which repeated text starts to cost: Muennighoff et al., "Scaling
-/// Data-Constrained Language Models" (NeurIPS 2023), find up to ~4 epochs about as good as
-/// new data, and returns diminishing quickly after.
-const MAX_GOOD_PASSES: f64 = 4.0;
-
-/// Warns when the run will read its training text more than [`MAX_GOOD_PASSES`] times.
-fn warn_about_passes(cfg: &RunConfig, stream: &TrainStream, passes: f64) {
-    if passes > MAX_GOOD_PASSES {
-        let pass = stream.pass_size();
-        tracing::warn!(
-            "train.max_steps = {} x {} sequences of {} tokens make {passes:.1} passes over the training text ({} target \
-             tokens per pass{}): beyond ~{MAX_GOOD_PASSES} passes repeated text is worth less than new text (Muennighoff \
-             et al. 2023); add text to data.train or shorten the run",
-            cfg.train.max_steps,
-            cfg.train.micro_batch * cfg.train.grad_accum,
-            cfg.data.seq_len,
-            pass.tokens,
-            if pass.exact { "" } else { ", estimated from the shards' size" }
-        );
-    }
-}
-
-/// Settings that run, but not as a user may expect: a warmup as long as the run (cut), v
-/// resets without m resets.
-fn warn_about_settings(cfg: &RunConfig, spec: &lowbit_optim::StatesSpec) {
-    let max_steps = cfg.train.max_steps;
-    if cfg.optim.warmup_steps >= max_steps {
-        tracing::warn!(
-            "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} \
-             steps so that the learning rate still decays",
-            cfg.optim.warmup_steps,
-            max_steps.saturating_sub(1)
-        );
-    }
-    if spec.v_format == lowbit_optim::StateFormat::Fp4E2M1 {
-        tracing::warn!(
-            "optim.states.v_format = \"fp4e2m1\" is signed: v is never negative, so its sign bit is wasted; \
-             `fp4` for v (= fp4ue2m2, unsigned) spends it on one more mantissa bit"
-        );
-    }
-    if spec.weight_rounding == lowbit_optim::Rounding::Stochastic && cfg.model.dtype == crate::config::WeightDtype::F32 {
-        tracing::warn!(
-            "optim.states.weight_rounding = \"stochastic\" does nothing with model.dtype = \"f32\": FP32 weights are \
-             updated exactly, nothing is rounded (it applies to BF16 weights)"
-        );
-    }
-    if spec.resets_v_without_m() {
-        tracing::warn!(
-            "optim.states: v resets every {} updates without an m reset: at each, every element whose gradient is 0 \
-             moves by lr * m / eps (eps = {}); their count is logged at each such reset and in stalls.jsonl (zero_grad)",
-            spec.v_reset_every,
-            cfg.optim.eps
-        );
     }
 }
 

@@ -469,6 +469,31 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
         &[&format!("wrong_type.toml:{line}:"), "invalid type: string \"two\"", "[train]"],
     );
 
+    // a key that takes a name, given a number or a boolean: the names are listed, in a file
+    // and in a --set, for every such key
+    let text = base.replace("seq_len = 32", "seq_len = 32\nmode = 3");
+    let line = nth_line(&text, "mode = 3");
+    one_line_error(
+        load_with(d, "enum.toml", &text, &[]),
+        &[&format!("enum.toml:{line}:"), "`data.mode` takes `truncate_pad` or `concat`"],
+    );
+    for (set, choices) in [
+        ("optim.states.scale=2", "one of `default`, `amax`, `pow2`"),
+        ("optim.states.v_zero=true", "`exclude` or `keep`"),
+        ("optim.states.m_rounding=1.5", "one of `nearest`, `rne`, `sr`, `stochastic`"),
+        ("optim.states.reset=1", "`periodic` or `adaptive`"),
+        ("optim.states.bias_correction=0", "`restart` or `continue`"),
+        ("optim.states.v_reset_idle=1", "`reset` or `keep`"),
+        ("optim.states.weight_rounding=0", "one of `nearest`, `rne`, `sr`, `stochastic`"),
+        ("model.dtype=1", "`f32` or `bf16`"),
+        ("model.kernels=2", "one of `auto`, `fused`, `composed`"),
+        ("model.matmul_precision=1", "`fp32` or `tf32`"),
+        ("data.on_bad_line=1", "`skip` or `fail`"),
+    ] {
+        let key = set.split('=').next().unwrap();
+        one_line_error(load_with(d, "enum_set.toml", &base, &[set]), &[&format!("--set {set}"), &format!("`{key}` takes {choices}")]);
+    }
+
     // unknown key
     let text = base.replace("eval_every = 3", "eval_every = 3\nevall_every = 3");
     let line = nth_line(&text, "evall_every");
@@ -613,6 +638,20 @@ fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
     one_line_error(
         run("tok_bad", &[&format!("data.tokenizer=\"{bad_tok}\"")]),
         &["bad-tokenizer.json", "cannot load tokenizer.json"],
+    );
+    // a tokenizer file cut in the middle (issue 53)
+    let t5 = read(&root().join("data/tokenizers/t5-tokenizer.json"));
+    let cut_tok = shard(d, "cut-tokenizer.json", &t5[..t5.len() / 2]);
+    one_line_error(
+        run("tok_cut", &[&format!("data.tokenizer=\"{cut_tok}\"")]),
+        &["cut-tokenizer.json", "cannot load tokenizer.json", "EOF"],
+    );
+    // a token shard cut in the middle: read document by document, it fails where the cut is
+    let tokens = read(&root().join("data/c4-sample/en-validation.00000-of-00001.tokens.zst"));
+    let cut_shard = shard(d, "cut.tokens.zst", &tokens[..tokens.len() / 2]);
+    one_line_error(
+        run("tokens_cut", &[&format!("data.validation=[\"{cut_shard}\"]"), "data.val_tokens=100000000"]),
+        &["cut.tokens.zst: not a usable token shard: corrupt zstd stream"],
     );
     // a tokenizer whose vocabulary exceeds the model's
     one_line_error(

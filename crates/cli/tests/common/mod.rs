@@ -23,13 +23,28 @@ pub struct Ran {
 
 /// Run `train ARGS` in `cwd` and wait for it.
 pub fn train(cwd: &Path, args: &[&str]) -> Ran {
-    let out = Command::new(train_bin()).args(args).current_dir(cwd).output().unwrap();
+    run(Command::new(train_bin()).args(args).current_dir(cwd), &format!("train {}", args.join(" ")))
+}
+
+/// `train ARGS` in `cwd` with files limited to `kib` KiB (RLIMIT_FSIZE through bash's
+/// `ulimit -f`, in KiB, SIGXFSZ ignored): a write past it fails with EFBIG, as one to a full
+/// disk fails with ENOSPC.
+pub fn train_with_file_limit(cwd: &Path, kib: u64, args: &[&str]) -> Ran {
+    let script = format!("trap '' XFSZ; ulimit -f {kib}; exec \"$0\" \"$@\"");
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(script).arg(train_bin()).args(args).current_dir(cwd);
+    run(&mut cmd, &format!("(ulimit -f {kib}) train {}", args.join(" ")))
+}
+
+/// Runs `cmd` to its end, printing what it did under `label`.
+fn run(cmd: &mut Command, label: &str) -> Ran {
+    let out = cmd.output().unwrap();
     let r = Ran {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     };
-    eprintln!("$ train {}\n-> {:?}\n{}{}", args.join(" "), r.code, r.stdout, r.stderr);
+    eprintln!("$ {label}\n-> {:?}\n{}{}", r.code, r.stdout, r.stderr);
     r
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
 
 use lowbit_data::{load_tokenizer, DataConfig, Tokens};
@@ -117,3 +118,25 @@ pub fn every_setting(cfg: &DataConfig, buffer: usize) -> Vec<(String, DataConfig
     }
     out
 }
+
+/// Runs `f` with this thread's tracing output captured; returns (f's result, the log text).
+pub fn with_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf(Arc::new(Mutex::new(Vec::new())));
+    let w = buf.clone();
+    let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || w.clone()).finish();
+    let out = tracing::subscriber::with_default(sub, f);
+    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+

@@ -117,6 +117,36 @@ pub(super) fn locate_merged<T: DeserializeOwned>(files: &[(PathBuf, String)], ov
     }
 }
 
+/// An error about a key that takes one of a list of names (an enum, such as
+/// `optim.states.scale`) given a number or a boolean reads, from toml, "wanted string or
+/// table" or "invalid type: unit variant, expected string only", which names no choice. Such
+/// an error gets the key's choices appended: the config `value` is read again with a name
+/// that is none of them there, and serde's "unknown variant ..., expected one of ..." gives
+/// them. Other errors pass unchanged.
+pub(super) fn with_choices<T: DeserializeOwned>(e: anyhow::Error, value: &toml::Value) -> anyhow::Error {
+    let msg = e.to_string();
+    if !(msg.contains("wanted string or table") || msg.contains("expected string only")) {
+        return e;
+    }
+    let Err(keyed) = T::deserialize(value.clone()) else { return e };
+    let shown = keyed.to_string();
+    let Some(key) = shown.lines().rev().find_map(|l| l.trim().strip_prefix("in `").and_then(|k| k.strip_suffix('`'))) else {
+        return e;
+    };
+    let mut probe = value.clone();
+    if apply_override(&mut probe, &format!("{key}=\"\u{1}\"")).is_err() {
+        return e;
+    }
+    // serde: "unknown variant `x`, expected `a` or `b`" / "expected one of `a`, `b`, `c`"
+    match T::deserialize(probe) {
+        Err(p) if p.message().starts_with("unknown variant") => match p.message().split_once(", expected ") {
+            Some((_, choices)) => anyhow::anyhow!("{msg}; `{key}` takes {}", choices.trim()),
+            None => e,
+        },
+        _ => e,
+    }
+}
+
 /// `section.key` at the start of a validation message such as "optim.lr: must be ...".
 pub(super) fn key_of_message(msg: &str) -> Option<String> {
     let first = msg.split([':', ' ', ',']).next()?;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 mod load;
 pub use load::apply_override;
-use load::{find_key_line, key_of_message, load_value, locate_merged, located};
+use load::{find_key_line, key_of_message, load_value, locate_merged, located, with_choices};
 
 /// The whole run configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -266,16 +266,17 @@ impl RunConfig {
         let mut files = Vec::new();
         let mut value = load_value(path, 0, &mut files)?;
         let direct = files.len() == 1 && overrides.is_empty();
-        let cfg: RunConfig = if direct {
+        for o in overrides {
+            apply_override(&mut value, o)?;
+        }
+        let parsed = if direct {
             // One file, no overrides: parse the text itself so errors carry the line.
             let (p, text) = &files[0];
-            toml::from_str(text).map_err(|e| located(p, text, &e))?
+            toml::from_str(text).map_err(|e| located(p, text, &e))
         } else {
-            for o in overrides {
-                apply_override(&mut value, o)?;
-            }
-            RunConfig::deserialize(value).map_err(|e| locate_merged::<RunConfig>(&files, overrides, &e))?
+            RunConfig::deserialize(value.clone()).map_err(|e| locate_merged::<RunConfig>(&files, overrides, &e))
         };
+        let cfg: RunConfig = parsed.map_err(|e| with_choices::<RunConfig>(e, &value))?;
         cfg.validate().map_err(|e| {
             let msg = format!("{e:#}");
             match key_of_message(&msg).and_then(|k| find_key_line(&files, overrides, &k)) {

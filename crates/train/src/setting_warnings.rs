@@ -1,0 +1,208 @@
+//! Settings that run, but not as a user may expect: each is said once at start, naming the key
+//! and why. The rule (issue 53): a setting that cannot affect the run is refused (where the
+//! config check can tell: `lowbit_optim::StatesConfig::resolve`) or warned about here.
+
+use crate::config::{RunConfig, WeightDtype};
+use lowbit_data::PassSize;
+use lowbit_optim::{ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
+
+/// The warnings for `cfg` with the resolved states `spec`, on a model whose largest parameter
+/// tensor has `largest` elements; empty when every setting does what it says.
+pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> Vec<String> {
+    let mut w = Vec::new();
+    let states = &cfg.optim.states;
+    let max_steps = cfg.train.max_steps;
+    if cfg.optim.warmup_steps >= max_steps {
+        w.push(format!(
+            "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} steps so \
+             that the learning rate still decays",
+            cfg.optim.warmup_steps,
+            max_steps.saturating_sub(1)
+        ));
+    }
+    if spec.v_format == StateFormat::Fp4E2M1 {
+        w.push(
+            "optim.states.v_format = \"fp4e2m1\" is signed: v is never negative, so its sign bit is wasted; `fp4` for v \
+             (= fp4ue2m2, unsigned) spends it on one more mantissa bit"
+                .into(),
+        );
+    }
+    if spec.weight_rounding == Rounding::Stochastic && cfg.model.dtype == WeightDtype::F32 {
+        w.push(
+            "optim.states.weight_rounding = \"stochastic\" does nothing with model.dtype = \"f32\": FP32 weights are \
+             updated exactly, nothing is rounded (it applies to BF16 weights)"
+                .into(),
+        );
+    }
+    let names = format!("m ({}) and v ({})", spec.m_format.name(), spec.v_format.name());
+    let has_scale_kind = spec.m_format.minifloat().is_some() || spec.v_format.minifloat().is_some();
+    if states.scale != ScaleChoice::Default && !has_scale_kind {
+        w.push(format!(
+            "optim.states.scale = \"{}\" does nothing: {names} have no scale kind to choose (it sets the scale of fp8 and \
+             fp4 states; int8 keeps its absmax scale)",
+            spec.m_scale.as_str()
+        ));
+    }
+    let blocks = spec.m_format.is_scaled() || spec.v_format.is_scaled();
+    let default_block = lowbit_optim::StatesConfig::default().block_size;
+    if !blocks && spec.block_size != default_block {
+        w.push(format!(
+            "optim.states.block_size = {} does nothing: {names} have no scale blocks (they apply to fp8, fp4 and int8 \
+             states)",
+            spec.block_size
+        ));
+    } else if blocks && spec.block_size != 0 && spec.block_size >= largest {
+        w.push(format!(
+            "optim.states.block_size = {} is not smaller than the largest tensor ({largest} elements): every tensor has \
+             one scale, as with block_size = 0, which says so",
+            spec.block_size
+        ));
+    }
+    for (key, every) in [("m_reset_every", spec.m_reset_every), ("v_reset_every", spec.v_reset_every)] {
+        if every > 0 && every >= max_steps {
+            w.push(format!(
+                "optim.states.{key} = {every} is not shorter than train.max_steps = {max_steps}: the first reset would \
+                 come after the run's last update, so {} never resets in this run",
+                &key[..1]
+            ));
+        }
+    }
+    if spec.reset == ResetRule::Adaptive && spec.v_format == StateFormat::Fp32 {
+        w.push(format!(
+            "optim.states.reset = \"adaptive\" with v_format = \"fp32\": the rule resets when v's measured stalled \
+             fraction says so, and FP32 v hardly ever stalls (theory {:.1e}): expect no reset",
+            lowbit_optim::theory::p_stall(23, cfg.optim.beta2, spec.v_rounding)
+        ));
+    }
+    if spec.v_reset_idle == VResetIdle::Keep && !spec.resets_v_without_m() {
+        w.push(
+            "optim.states.v_reset_idle = \"keep\" does nothing: it applies at resets of v without m, and this run has none \
+             (v_reset_every is 0, a multiple of m_reset_every, or the adaptive rule resets both)"
+                .into(),
+        );
+    }
+    if spec.resets_v_without_m() && spec.v_reset_every < max_steps {
+        w.push(format!(
+            "optim.states: v resets every {} updates without an m reset: at each, every element whose gradient is 0 moves \
+             by lr * m / eps (eps = {}); their count is logged at each such reset and in stalls.jsonl (zero_grad)",
+            spec.v_reset_every, cfg.optim.eps
+        ));
+    }
+    w
+}
+
+/// Passes over the training text that `train.max_steps` steps of the global batch make: by
+/// rows where the rows of a pass are known (in memory), else by target tokens (a step's rows
+/// hold at most `seq_len` targets each).
+pub fn passes_planned(cfg: &RunConfig, pass: PassSize) -> f64 {
+    let rows = cfg.train.max_steps as f64 * (cfg.train.micro_batch * cfg.train.grad_accum) as f64;
+    match pass.rows {
+        Some(r) => rows / r.max(1) as f64,
+        None => rows * cfg.data.seq_len as f64 / pass.tokens.max(1) as f64,
+    }
+}
+
+/// Passes beyond which repeated text starts to cost: Muennighoff et al., "Scaling
+/// Data-Constrained Language Models" (NeurIPS 2023), find up to ~4 epochs about as good as
+/// new data, and returns diminishing quickly after.
+pub const MAX_GOOD_PASSES: f64 = 4.0;
+
+/// The warning for a run that will read its training text more than [`MAX_GOOD_PASSES`]
+/// times (`passes` planned, of `pass`).
+pub fn passes_warning(cfg: &RunConfig, pass: PassSize, passes: f64) -> Option<String> {
+    (passes > MAX_GOOD_PASSES).then(|| {
+        format!(
+            "train.max_steps = {} x {} sequences of {} tokens make {passes:.1} passes over the training text ({} target \
+             tokens per pass{}): beyond ~{MAX_GOOD_PASSES} passes repeated text is worth less than new text (Muennighoff \
+             et al. 2023); add text to data.train or shorten the run",
+            cfg.train.max_steps,
+            cfg.train.micro_batch * cfg.train.grad_accum,
+            cfg.data.seq_len,
+            pass.tokens,
+            if pass.exact { "" } else { ", estimated from the shards' size" }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The warnings of the tiny CPU config with `sets`, on a model whose largest tensor has
+    /// 4096 elements.
+    fn warnings(sets: &[&str]) -> Vec<String> {
+        let base = "[model]\npreset = \"tiny\"\n[data]\n[optim]\nwarmup_steps = 10\n[train]\nmax_steps = 100\n";
+        let mut v: toml::Value = toml::from_str(base).unwrap();
+        for s in sets {
+            crate::config::apply_override(&mut v, s).unwrap();
+        }
+        let cfg: RunConfig = serde::Deserialize::deserialize(v).unwrap();
+        let spec = cfg.optim.states.resolve(cfg.optim.beta2).unwrap();
+        setting_warnings(&cfg, &spec, 4096)
+    }
+
+    /// The one warning `sets` give, which must name `key`.
+    fn one(sets: &[&str], key: &str) -> String {
+        let w = warnings(sets);
+        assert_eq!(w.len(), 1, "{sets:?}: {w:?}");
+        assert!(w[0].starts_with(key), "{w:?}");
+        w.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn a_default_config_gets_no_warning() {
+        assert_eq!(warnings(&[]), Vec::<String>::new());
+        let paper_fp8 = ["optim.states.m_format=\"fp8\"", "optim.states.v_format=\"fp8\"", "optim.states.scale=\"amax\"", "optim.states.block_size=0"];
+        assert_eq!(warnings(&paper_fp8), Vec::<String>::new(), "a scale kind and per-tensor scales for fp8 states");
+        assert_eq!(warnings(&["optim.states.v_format=\"int8\"", "optim.states.block_size=256"]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_scale_kind_without_fp8_or_fp4_states() {
+        let w = one(&["optim.states.scale=\"amax\"", "optim.states.v_format=\"bf16\""], "optim.states.scale = \"amax\" does nothing");
+        assert!(w.contains("m (fp32) and v (bf16)"), "{w}");
+        assert_eq!(warnings(&["optim.states.scale=\"pow2\"", "optim.states.v_format=\"fp4\""]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn blocks_that_do_nothing_or_span_every_tensor() {
+        one(&["optim.states.block_size=64"], "optim.states.block_size = 64 does nothing");
+        let w = one(&["optim.states.v_format=\"fp8\"", "optim.states.block_size=1048576"], "optim.states.block_size = 1048576 is not smaller");
+        assert!(w.contains("4096 elements") && w.contains("block_size = 0"), "{w}");
+    }
+
+    #[test]
+    fn resets_after_the_last_update() {
+        let w = one(&["optim.states.v_reset_every=1000000000000000000"], "optim.states.v_reset_every = 1000000000000000000 is not shorter");
+        assert!(w.contains("v never resets"), "{w}");
+        let w = warnings(&["optim.states.m_reset_every=100", "optim.states.v_reset_every=100"]);
+        assert!(w.len() == 2 && w[0].starts_with("optim.states.m_reset_every = 100") && w[1].starts_with("optim.states.v_reset_every = 100"), "{w:?}");
+        assert_eq!(warnings(&["optim.states.m_reset_every=99", "optim.states.v_reset_every=99"]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_adaptive_rule_over_fp32_v() {
+        let w = one(&["optim.states.reset=\"adaptive\""], "optim.states.reset = \"adaptive\" with v_format = \"fp32\"");
+        assert!(w.contains("expect no reset"), "{w}");
+        assert_eq!(warnings(&["optim.states.reset=\"adaptive\"", "optim.states.v_format=\"fp8\""]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn keeping_idle_v_without_v_only_resets() {
+        one(&["optim.states.v_reset_idle=\"keep\""], "optim.states.v_reset_idle = \"keep\" does nothing");
+        let both = ["optim.states.v_reset_idle=\"keep\"", "optim.states.m_reset_every=20", "optim.states.v_reset_every=40"];
+        one(&both, "optim.states.v_reset_idle = \"keep\" does nothing");
+        // with v-only resets it acts: only the note on them
+        let w = warnings(&["optim.states.v_reset_idle=\"keep\"", "optim.states.v_reset_every=30"]);
+        assert!(w.len() == 1 && w[0].starts_with("optim.states: v resets every 30"), "{w:?}");
+    }
+
+    #[test]
+    fn passes_are_counted_by_rows_when_known() {
+        let cfg = RunConfig::from_toml("[model]\npreset = \"tiny\"\n[data]\n[train]\nmax_steps = 100\nmicro_batch = 8\n").unwrap();
+        assert_eq!(passes_planned(&cfg, PassSize { tokens: 1, exact: true, rows: Some(400) }), 2.0);
+        assert_eq!(passes_planned(&cfg, PassSize { tokens: 204_800, exact: false, rows: None }), 1.0);
+        assert!(passes_warning(&cfg, PassSize { tokens: 204_800, exact: false, rows: Some(100) }, 8.0).unwrap().contains("estimated"));
+        assert!(passes_warning(&cfg, PassSize { tokens: 1, exact: true, rows: None }, 4.0).is_none());
+    }
+}
