@@ -10,7 +10,7 @@ use crate::config::BadInput;
 use crate::error::{DataError, Result};
 use crate::order::{key, permutation, Purpose};
 use crate::reader::{starts_with, ShardReader, GZIP_MAGIC};
-use crate::token_shard::{check_tokenizer, is_token_shard, read_header, TokenShardDocs};
+use crate::token_shard::{check_tokenizer, is_token_shard, read_header, TokenShardDocs, TokenShardHeader};
 use crate::tokenize::Tokens;
 
 /// A document's content: text to tokenize, or ids from a token shard (EOS included).
@@ -97,13 +97,12 @@ impl Open {
 /// # Errors
 /// [`DataError::NoText`], [`DataError::TokenShard`], [`DataError::TokenizerMismatch`], and
 /// what [`ShardReader::next_text`] returns.
-pub(crate) fn check_train_shards(shards: &[PathBuf], on_bad: BadInput, tok: &Tokens) -> Result<()> {
-    refuse_text_twice(shards, "train")?;
+pub(crate) fn check_train_shards(shards: &[PathBuf], headers: &[Option<TokenShardHeader>], on_bad: BadInput, tok: &Tokens) -> Result<()> {
+    refuse_text_twice(shards, headers, "train")?;
     let mut empty = Vec::new();
-    for path in shards {
-        if is_token_shard(path)? {
-            let h = read_header(path)?;
-            check_tokenizer(path, &h, tok)?;
+    for (path, header) in shards.iter().zip(headers) {
+        if let Some(h) = header {
+            check_tokenizer(path, h, tok)?;
             if h.documents == 0 {
                 empty.push((path, 0, 0));
             }
@@ -123,19 +122,26 @@ pub(crate) fn check_train_shards(shards: &[PathBuf], on_bad: BadInput, tok: &Tok
     Ok(())
 }
 
-/// Refuses a list that holds a token shard beside the text shard it was made from (a glob such
-/// as `en-train.*` over a folder holding both): every document would be read twice.
+/// The header of each token shard in `shards` (`None` for a JSON shard), read once for the
+/// checks and the size estimate that need them.
 ///
 /// # Errors
-/// [`DataError::Config`] naming both files and `data.<what>`; a token shard's header errors.
-pub(crate) fn refuse_text_twice(shards: &[PathBuf], what: &str) -> Result<()> {
+/// [`DataError::Io`], and a token shard's header errors.
+pub(crate) fn shard_headers(shards: &[PathBuf]) -> Result<Vec<Option<TokenShardHeader>>> {
+    shards.iter().map(|p| Ok(if is_token_shard(p)? { Some(read_header(p)?) } else { None })).collect()
+}
+
+/// Refuses a list that holds a token shard beside the text shard it was made from (a glob such
+/// as `en-train.*` over a folder holding both): every document would be read twice. `headers`
+/// are [`shard_headers`]'s.
+///
+/// # Errors
+/// [`DataError::Config`] naming both files and `data.<what>`.
+pub(crate) fn refuse_text_twice(shards: &[PathBuf], headers: &[Option<TokenShardHeader>], what: &str) -> Result<()> {
     let name = |p: &Path| p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    for path in shards {
-        if !is_token_shard(path)? {
-            continue;
-        }
-        let source = read_header(path)?.source;
-        if let Some(text) = shards.iter().find(|p| *p != path && name(p) == source) {
+    for (path, header) in shards.iter().zip(headers) {
+        let Some(source) = header.as_ref().map(|h| &h.source) else { continue };
+        if let Some(text) = shards.iter().find(|p| *p != path && name(p) == *source) {
             return Err(DataError::Config(format!(
                 "data.{what} lists {} and {}, the text shard it was tokenized from: every document would be read \
                  twice; keep one of them",
@@ -301,19 +307,19 @@ fn pass_order(n: usize, seed: Option<u64>, epoch: u64) -> Vec<usize> {
     }
 }
 
-/// Tokens of the training text in `shards`, and whether the count is exact: a token shard's
-/// header is; a JSON shard is estimated from its size, one token per byte of gzip file
+/// Tokens of the training text in `shards` (with their [`shard_headers`]), and whether the
+/// count is exact: a token shard's header is; a JSON shard is estimated from its size, one token per byte of gzip file
 /// (measured 0.8-0.9 tokens per byte on the offline corpora, ~0.5 on C4, whose lines also
 /// hold a URL and a timestamp) and one per four bytes of plain JSON (English text runs ~4.5
 /// bytes per T5 token).
 ///
 /// # Errors
-/// [`DataError::Io`], and a token shard's header errors.
-pub(crate) fn estimate_tokens(shards: &[PathBuf]) -> Result<(u64, bool)> {
+/// [`DataError::Io`] for a JSON shard's size.
+pub(crate) fn estimate_tokens(shards: &[PathBuf], headers: &[Option<TokenShardHeader>]) -> Result<(u64, bool)> {
     let (mut tokens, mut exact) = (0u64, true);
-    for path in shards {
-        if is_token_shard(path)? {
-            tokens += read_header(path)?.tokens;
+    for (path, header) in shards.iter().zip(headers) {
+        if let Some(h) = header {
+            tokens += h.tokens;
             continue;
         }
         let bytes = std::fs::metadata(path).map_err(|source| DataError::Io { path: path.clone(), source })?.len();

@@ -34,7 +34,7 @@ use crate::memory::MemoryRows;
 use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
 use crate::reader::expand_shards;
 use crate::shuffle_buffer::ShuffleBuffer;
-use crate::source::{check_train_shards, estimate_tokens, shards_id, DocSource};
+use crate::source::{check_train_shards, estimate_tokens, shard_headers, shards_id, DocSource};
 use crate::tokenize::Tokens;
 
 /// The size of one pass over the training text, in target tokens (tokens that count in the
@@ -104,8 +104,9 @@ impl TrainStream {
     pub fn new(cfg: &DataConfig, tok: &Tokens, start: DataPosition) -> Result<Self> {
         cfg.validate()?;
         let shards = expand_shards(&cfg.train, "train")?;
-        check_train_shards(&shards, cfg.on_bad_line, tok)?;
-        let (estimate, exact) = estimate_tokens(&shards)?;
+        let headers = shard_headers(&shards)?;
+        check_train_shards(&shards, &headers, cfg.on_bad_line, tok)?;
+        let (estimate, exact) = estimate_tokens(&shards, &headers)?;
         let seed = cfg.seed.unwrap_or(0);
         let order = match (cfg.shuffle, estimate <= cfg.in_memory_max_tokens) {
             (false, _) => RowOrder::FileOrder,

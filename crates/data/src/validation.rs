@@ -6,7 +6,7 @@ use crate::config::DataConfig;
 use crate::error::{DataError, Result};
 use crate::pipeline::{chunk_bytes, next_chunk, pack_chunk};
 use crate::reader::expand_shards;
-use crate::source::{refuse_text_twice, DocSource};
+use crate::source::{refuse_text_twice, shard_headers, DocSource};
 use crate::tokenize::Tokens;
 
 /// The validation batches: rows from the start of the `validation` shards (same `mode` and
@@ -29,7 +29,7 @@ pub fn validation_batches(cfg: &DataConfig, tok: &Tokens, rows: usize) -> Result
         return Ok(Vec::new());
     }
     let shards = expand_shards(&cfg.validation, "validation")?;
-    refuse_text_twice(&shards, "validation")?;
+    refuse_text_twice(&shards, &shard_headers(&shards)?, "validation")?;
     let mut src = DocSource::new(shards.clone(), cfg.on_bad_line, tok, false, None, (0, 0, 0))?;
     let mut packer = Packer::new(cfg.mode, cfg.seq_len, tok.pad_id, Vec::new());
     let mut kept = Vec::new();
