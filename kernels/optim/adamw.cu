@@ -104,7 +104,7 @@ __device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, V
 }
 
 // Weights: FP32 (written exactly) or BF16 bit patterns (rounded, stalls counted); the zero
-// gradients counted (once per element: here).
+// gradients and the updates with v = 0, m != 0 counted (once per element: here).
 template <bool SR, typename P, int MF, int VF>
 __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorArgs& t, unsigned long long e, int k,
                                                const Inputs<P, MF, VF>& in, const Quad& q, StepCounters& cnt) {
@@ -119,6 +119,7 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     for (int j = 0; j < 4; j++) {
         if (j < k) {
             count_zero_grad(cnt, zero_gradient(g[j], a));
+            count_zero_v(cnt, q.m[j], q.v[j]);
             if constexpr (WF == FMT_F32) {
                 c[j] = __float_as_uint(param_update(__uint_as_float(c[j]), q.m[j], q.v[j], t.decay, a));
             } else {

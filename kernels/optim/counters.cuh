@@ -1,10 +1,10 @@
-// Per-tensor step counters (stalls.rs `Counter` of m, v and BF16 weights, and the zero
-// gradients), summed per lane in registers, per warp with one reduction each, and added to
+// Per-tensor step counters (stalls.rs `Counter` of m, v and BF16 weights, the zero
+// gradients and the updates with v = 0, m != 0), summed per lane in registers, per warp with one reduction each, and added to
 // the tensor's slot of the device ring with one atomicAdd each when the warp leaves the
 // tensor. The slot layout (COUNTERS u64 in this order) is cuda.rs `DeviceCounters`.
 #pragma once
 
-#define COUNTERS 10  // u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad
+#define COUNTERS 11  // u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad, zero_v
 
 // A lane's counts, two 16-bit counts per register (the lower half first) to spare the
 // registers of the step kernels: m and v of each kind; w updated and stalled; w unchanged and
@@ -15,6 +15,7 @@ struct StepCounters {
     unsigned updated, stalled, unchanged;  // m | v << 16
     unsigned w_updated_stalled;            // w updated | w stalled << 16
     unsigned w_unchanged_zero_grad;        // w unchanged | zero gradients << 16
+    unsigned zero_v;                       // updates with v = 0 and m != 0 (stalls.rs `zero_v`)
 };
 
 // Count one element of m and v: `changed` = the FP32 update is non-zero, `same` = the stored
@@ -34,6 +35,9 @@ __device__ __forceinline__ void count_w(StepCounters& c, bool changed, bool same
 // Count one zero gradient.
 __device__ __forceinline__ void count_zero_grad(StepCounters& c, bool zero) { c.w_unchanged_zero_grad += (unsigned)zero << 16; }
 
+// Count one update that used v = 0 with m != 0 (it moved by lr * m / eps).
+__device__ __forceinline__ void count_zero_v(StepCounters& c, float m, float v) { c.zero_v += (unsigned)(v == 0.0f && m != 0.0f); }
+
 // Warp sum: one REDUX on sm_80+, shuffles before.
 __device__ __forceinline__ unsigned warp_sum(unsigned x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -52,7 +56,7 @@ __device__ __forceinline__ void flush_counters(StepCounters& c, unsigned long lo
     const unsigned x[COUNTERS] = {c.updated & lo, c.stalled & lo, c.unchanged & lo,
                                   c.updated >> 16, c.stalled >> 16, c.unchanged >> 16,
                                   c.w_updated_stalled & lo, c.w_updated_stalled >> 16, c.w_unchanged_zero_grad & lo,
-                                  c.w_unchanged_zero_grad >> 16};
+                                  c.w_unchanged_zero_grad >> 16, c.zero_v};
 #pragma unroll
     for (int i = 0; i < COUNTERS; i++) {
         const unsigned s = warp_sum(x[i]);

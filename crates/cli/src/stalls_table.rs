@@ -1,7 +1,9 @@
 //! `train stalls RUN`: the latest and running-mean stalled fractions per group (or tensor)
 //! for m, v and BF16 weights, next to the theory prediction for v and the difference, under
 //! lowbit's estimator (stalled / updated) or the paper's (`--estimator paper`: unchanged / all
-//! entries).
+//! entries); beside v, `v=0 moves`: the mean count per step of elements updated with v = 0 and
+//! m != 0, each moved by lr * m^ / eps (`lowbit_optim::StallCounts::zero_v`; `-` in runs from
+//! before it was counted).
 //! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
@@ -120,6 +122,7 @@ fn mean_fractions<'a>(fs: impl Iterator<Item = &'a Fractions> + Clone) -> Fracti
         m_unchanged: m(|f| f.m_unchanged),
         v_unchanged: m(|f| f.v_unchanged),
         w_unchanged: m(|f| f.w_unchanged),
+        zero_v: m(|f| f.zero_v),
     }
 }
 
@@ -186,7 +189,7 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
         head += "  m latest  m mean";
     }
     if show(State::V) {
-        head += "  v latest  v mean  theory    diff";
+        head += "  v latest  v mean  theory    diff  v=0 moves";
     }
     if show(State::W) {
         head += "  w latest  w mean";
@@ -201,7 +204,7 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
         }
         if show(State::V) {
             let diff = mv.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
-            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}", fixed(lv, 3), fixed(mv, 3), fixed(t.theory_v, 3), diff);
+            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}  {:>9}", fixed(lv, 3), fixed(mv, 3), fixed(t.theory_v, 3), diff, fixed(l.mean.zero_v, 1));
         }
         if show(State::W) {
             s += &format!("  {:>8}  {:>6}", fixed(lw, 3), fixed(mw, 3));

@@ -130,58 +130,77 @@ pub fn step_tensor(
     scratch.v.resize(n, 0.0);
     let (mm, vm) = (&*m, &*v);
     // Pass 1: decode -> m -> v -> bias correction -> decay -> update (weights written here),
-    // counting the zero gradients (g == 0 after grad_scale).
+    // counting the zero gradients (g == 0 after grad_scale) and the updates with v = 0, m != 0.
     let chunks = g.par_chunks(CHUNK).zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)));
-    let (w_count, zero_grad) = match w {
+    let pass1 = match w {
         Weights::F32(p) => p
             .par_chunks_mut(CHUNK)
             .zip(chunks)
             .enumerate()
             .map(|(c, (p, (g, (ms, vs))))| {
-                let mut zero = 0u64;
+                let mut out = Pass1::default();
                 for j in 0..p.len() {
                     let l = c * CHUNK + j;
                     let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
-                    zero += u64::from(g[j] * h.grad_scale == 0.0);
+                    out.count(g[j] * h.grad_scale, m1, v1);
                     ms[j] = m1;
                     vs[j] = v1;
                     p[j] = param_update(p[j], m1, v1, h);
                 }
-                (Counter::default(), zero)
+                out
             })
-            .reduce(|| (Counter::default(), 0), add_pair),
+            .reduce(Pass1::default, Pass1::add),
         Weights::Bf16(p) => p
             .par_chunks_mut(CHUNK)
             .zip(chunks)
             .enumerate()
             .map(|(c, (p, (g, (ms, vs))))| {
-                let (mut cnt, mut zero) = (Counter::default(), 0u64);
+                let mut out = Pass1::default();
                 for j in 0..p.len() {
                     let l = c * CHUNK + j; // index in the slices; `first + l` in the tensor
                     let (m1, v1) = moments(g[j], mm.get(l), vm.get(l), h);
-                    zero += u64::from(g[j] * h.grad_scale == 0.0);
+                    out.count(g[j] * h.grad_scale, m1, v1);
                     ms[j] = m1;
                     vs[j] = v1;
                     let old = bf16::decode(p[j]);
                     let new = param_update(old, m1, v1, h);
                     let code = bf16::encode(new, r.w, element_bits(keys.w, (first + l) as u64, 16));
-                    cnt.add(new != old, code == p[j]);
+                    out.w.add(new != old, code == p[j]);
                     p[j] = code;
                 }
-                (cnt, zero)
+                out
             })
-            .reduce(|| (Counter::default(), 0), add_pair),
+            .reduce(Pass1::default, Pass1::add),
     };
     // Pass 2: encode (rounded write-back) with stall counting.
     let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first);
     let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first);
-    StallCounts { m: m_count, v: v_count, w: w_count, zero_grad }
+    StallCounts { m: m_count, v: v_count, w: pass1.w, zero_grad: pass1.zero_grad, zero_v: pass1.zero_v }
 }
 
-fn add_pair(a: (Counter, u64), b: (Counter, u64)) -> (Counter, u64) {
-    let mut c = a.0;
-    c += b.0;
-    (c, a.1 + b.1)
+/// The counts of pass 1 over a chunk: BF16 weights, zero gradients, updates with v = 0 and
+/// m != 0 ([`StallCounts`]).
+#[derive(Default)]
+struct Pass1 {
+    w: Counter,
+    zero_grad: u64,
+    zero_v: u64,
+}
+
+impl Pass1 {
+    /// Count one element's scaled gradient `g` and new FP32 moments `m`, `v`.
+    #[inline(always)]
+    fn count(&mut self, g: f32, m: f32, v: f32) {
+        self.zero_grad += u64::from(g == 0.0);
+        self.zero_v += u64::from(v == 0.0 && m != 0.0);
+    }
+
+    fn add(mut self, o: Pass1) -> Pass1 {
+        self.w += o.w;
+        self.zero_grad += o.zero_grad;
+        self.zero_v += o.zero_v;
+        self
+    }
 }
 
 fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {

@@ -137,7 +137,8 @@ const _: () = assert!(std::mem::size_of::<TensorArgs>() == 104);
 const _: () = assert!(std::mem::size_of::<LaunchArgs>() == 104 + 104 * MAX_TENSORS);
 
 /// One tensor's slot of the device's step counters (`kernels/optim/counters.cuh`, same order):
-/// updated / stalled / unchanged of m, v and BF16 weights, and the zero gradients.
+/// updated / stalled / unchanged of m, v and BF16 weights, the zero gradients and the updates
+/// with v = 0, m != 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct DeviceCounters {
@@ -151,17 +152,18 @@ struct DeviceCounters {
     w_stalled: u64,
     w_unchanged: u64,
     zero_grad: u64,
+    zero_v: u64,
 }
 
 /// u64 counters per tensor slot: `COUNTERS` of counters.cuh.
 const COUNTERS: usize = std::mem::size_of::<DeviceCounters>() / 8;
-const _: () = assert!(COUNTERS == 10);
+const _: () = assert!(COUNTERS == 11);
 
 impl DeviceCounters {
     fn from_slot(c: &[u64]) -> Self {
-        let [m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad] =
+        let [m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad, zero_v] =
             c.try_into().expect("one slot");
-        DeviceCounters { m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad }
+        DeviceCounters { m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad, zero_v }
     }
 
     /// The counts of a tensor of `len` elements (m and v write every element back; BF16
@@ -173,6 +175,7 @@ impl DeviceCounters {
             v: kind(self.v_updated, self.v_stalled, self.v_unchanged, len),
             w: kind(self.w_updated, self.w_stalled, self.w_unchanged, if bf16_weights { len } else { 0 }),
             zero_grad: self.zero_grad,
+            zero_v: self.zero_v,
         }
     }
 }

@@ -75,6 +75,13 @@ pub struct StallCounts {
     /// Elements whose gradient (times the step's gradient factor) was exactly 0. After a
     /// reset of v without one of m these move by lr * m / eps at the first update.
     pub zero_grad: u64,
+    /// Elements updated with v = 0 and m != 0 (the FP32 moments of the update, after a reset
+    /// or a stored v that decoded to 0, with a zero gradient): each moved by lr * m^ / eps
+    /// (bias-corrected m), the blow-up of a v rounded or reset to 0 (Li et al. 2023, "Memory
+    /// Efficient Optimizers with 4-bit States", the zero-point problem). 0 in rows written
+    /// before it was counted.
+    #[serde(default)]
+    pub zero_v: u64,
 }
 
 impl AddAssign for StallCounts {
@@ -83,27 +90,28 @@ impl AddAssign for StallCounts {
         self.v += o.v;
         self.w += o.w;
         self.zero_grad += o.zero_grad;
+        self.zero_v += o.zero_v;
     }
 }
 
 impl StallCounts {
     /// Number of words of [`Self::to_words`].
-    pub const WORDS: usize = 13;
+    pub const WORDS: usize = 14;
 
     /// Every count as one flat array (m, v, w: updated, stalled, unchanged, elements; then the
-    /// zero gradients), e.g. to sum them over ranks.
+    /// zero gradients and the zero-v moves), e.g. to sum them over ranks.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
         let (m, v, w) = (&self.m, &self.v, &self.w);
         [
             m.updated, m.stalled, m.unchanged, m.elements, v.updated, v.stalled, v.unchanged, v.elements, w.updated,
-            w.stalled, w.unchanged, w.elements, self.zero_grad,
+            w.stalled, w.unchanged, w.elements, self.zero_grad, self.zero_v,
         ]
     }
 
     /// The inverse of [`Self::to_words`].
     pub fn from_words(x: &[u64; Self::WORDS]) -> Self {
         let kind = |a: &[u64]| Counter { updated: a[0], stalled: a[1], unchanged: a[2], elements: a[3] };
-        StallCounts { m: kind(&x[0..4]), v: kind(&x[4..8]), w: kind(&x[8..12]), zero_grad: x[12] }
+        StallCounts { m: kind(&x[0..4]), v: kind(&x[4..8]), w: kind(&x[8..12]), zero_grad: x[12], zero_v: x[13] }
     }
 }
 

@@ -113,10 +113,43 @@ fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
     assert!(s.reset_v && !s.reset_m);
     let c = o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     assert_eq!(c.zero_grad, 3);
+    assert_eq!(c.zero_v, 3, "the three zero-gradient elements moved with v = 0, m != 0");
     for i in 0..3 {
         let m_hat = 0.9 * m_before[i] as f64 / (1.0 - 0.9f64.powi(3));
         let moved = (before[i] - w[i]) as f64;
         assert!((moved - 1e-3 * m_hat / 1e-8).abs() <= 1e-3 * moved.abs(), "{i}: moved {moved}, lr m/eps {}", 1e-3 * m_hat / 1e-8);
+    }
+}
+
+/// The paper's FP8 (E4M3, one amax scale per tensor, zero kept): a v more than 2^-9 / 448 below
+/// the tensor's largest rounds to 0 under nearest rounding (E4M3's smallest subnormal is
+/// 2^-9 of the scale unit amax / 448), so with a zero gradient at the next update the element
+/// moves by lr * m^ / eps: `zero_v` counts exactly those. The zero-free v (`v_zero =
+/// "exclude"`) keeps them at the smallest code: none.
+#[test]
+fn zero_v_counts_the_updates_of_a_v_rounded_to_zero() {
+    let n = 8;
+    // element 0 large, elements 1..4 a gradient 1e-4 of it (v 1e-8 of v0: rounds to 0), 4..8 zero
+    let g1: Vec<f32> = (0..n).map(|i| match i { 0 => 1.0, 1..4 => 1e-4, _ => 0.0 }).collect();
+    let g2: Vec<f32> = (0..n).map(|i| if i == 0 { 1.0 } else { 0.0 }).collect();
+    for (v_zero, want) in [(lowbit_optim::VZero::Keep, 3), (lowbit_optim::VZero::Exclude, 0)] {
+        let mut o = opt("fp8", "fp8", |s| {
+            s.block_size = 0;
+            s.scale = lowbit_optim::ScaleChoice::Amax;
+            s.v_zero = v_zero;
+        }, n);
+        let mut w = vec![0.0f32; n];
+        let c = o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g1);
+        assert_eq!(c.zero_v, 0, "step 1: every element with m != 0 has v != 0");
+        let v = o.tensors[0].v.decode_all();
+        assert_eq!(v[1..4].iter().all(|&x| x == 0.0), want == 3, "{v_zero:?}: stored v {v:?}");
+        let before = w.clone();
+        let c = o.step_cpu(2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g2);
+        assert_eq!((c.zero_v, c.zero_grad), (want, 7), "{v_zero:?}");
+        if want == 3 {
+            let moved = (before[1] - w[1]).abs() as f64;
+            assert!(moved > 1.0, "lr * m^ / eps with m ~ 1e-5 and eps 1e-8: a step of ~1, moved {moved}");
+        }
     }
 }
 
@@ -136,7 +169,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
     let (before, v_before) = (w.clone(), o.tensors[0].v.decode_all());
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
     assert!(o.scalars(3, 1e-3, 1.0, true).keep_idle_v);
-    o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    assert_eq!(o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g).zero_v, 0, "no element moved with v = 0");
     let v = o.tensors[0].v.decode_all();
     for i in 0..n {
         let want = if i < 3 { 0.999 * v_before[i] } else { 0.001 * 1e-4 };

@@ -1,6 +1,7 @@
 //! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v and BF16 weights
 //! under both estimators (`lowbit_optim::stalls`: stalled / updated, and the paper's unchanged
-//! / all entries), per tensor group, the theory prediction for v, the zero gradients, and
+//! / all entries), per tensor group, the theory prediction for v, the zero gradients, the
+//! updates with v = 0 and m != 0 (in total and per group), and
 //! (every `stall_detail_every` steps) per tensor.
 
 use lowbit_optim::{theory, Counter, StallCounts, StatesSpec};
@@ -22,6 +23,11 @@ pub struct Fractions {
     pub v_unchanged: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w_unchanged: Option<f64>,
+    /// A count, not a fraction: elements updated with v = 0 and m != 0, each moved by
+    /// lr * m^ / eps (`lowbit_optim::StallCounts::zero_v`); a mean of it over steps (`train
+    /// stalls`) is fractional. Null in rows written before it was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_v: Option<f64>,
 }
 
 impl Fractions {
@@ -33,6 +39,7 @@ impl Fractions {
             m_unchanged: c.m.unchanged_fraction(),
             v_unchanged: c.v.unchanged_fraction(),
             w_unchanged: c.w.unchanged_fraction(),
+            zero_v: Some(c.zero_v as f64),
         }
     }
 }
@@ -63,6 +70,10 @@ pub struct StallRow {
     /// was counted.
     #[serde(default)]
     pub zero_grad: u64,
+    /// Elements updated with v = 0 and m != 0 (`lowbit_optim::StallCounts::zero_v`); 0 in
+    /// rows written before it was counted.
+    #[serde(default)]
+    pub zero_v: u64,
     /// Global fractions.
     pub frac: Fractions,
     /// Per group (embed, attn, mlp, norm, head).
@@ -97,6 +108,7 @@ impl StallRow {
             v: total.v,
             w: total.w,
             zero_grad: total.zero_grad,
+            zero_v: total.zero_v,
             frac: Fractions::of(&total),
             groups: per_group.iter().map(|(g, c)| (g.clone(), Fractions::of(c))).collect(),
             theory,

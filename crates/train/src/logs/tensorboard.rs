@@ -10,6 +10,7 @@
 //! | `stall_m/all`, `stall_m/<group>` | stalled fraction of m (stalled / updated), over all tensors and per group (`embed`, `attn`, `mlp`, `norm`, `head`) |
 //! | `stall_v/all`, `stall_v/<group>`, `stall_v/theory` | the same for v, and the closed-form prediction for the run's format, b2 and rounding |
 //! | `stall_w/all`, `stall_w/<group>` | the same for BF16 weights (absent with FP32 weights) |
+//! | `zero_v/all`, `zero_v/<group>` | a count: elements updated with v = 0 and m != 0, each moved by lr * m^ / eps (a v rounded or reset to 0 with a zero gradient) |
 //!
 //! A fraction with nothing updated is left out, not written as 0. A resumed run opens a new
 //! event file that starts with a restart marker at the step after its checkpoint, so
@@ -74,14 +75,15 @@ pub fn metric_scalars(row: &MetricsRow) -> (u64, Vec<(String, f32)>) {
     }
 }
 
-/// The tagged stalled fractions of a stall row: m, v and w over all tensors and per group, and
-/// v's theory.
+/// The tagged stalled fractions of a stall row: m, v and w over all tensors and per group,
+/// v's theory, and the count of updates with v = 0 and m != 0 (`zero_v/`, all and per group).
 pub fn stall_scalars(row: &StallRow) -> Vec<(String, f32)> {
-    let states: [(&str, fn(&Fractions) -> Option<f64>); 3] = [("m", |f| f.m), ("v", |f| f.v), ("w", |f| f.w)];
+    let states: [(&str, fn(&Fractions) -> Option<f64>); 4] =
+        [("stall_m", |f| f.m), ("stall_v", |f| f.v), ("stall_w", |f| f.w), ("zero_v", |f| f.zero_v)];
     let mut out = Vec::new();
-    for (state, of) in states {
+    for (tag, of) in states {
         let groups = std::iter::once(("all", &row.frac)).chain(row.groups.iter().map(|(g, f)| (g.as_str(), f)));
-        out.extend(groups.filter_map(|(g, f)| of(f).map(|x| (format!("stall_{state}/{g}"), x as f32))));
+        out.extend(groups.filter_map(|(g, f)| of(f).map(|x| (format!("{tag}/{g}"), x as f32))));
     }
     out.extend(row.theory.v.map(|p| ("stall_v/theory".to_string(), p as f32)));
     out
@@ -102,8 +104,9 @@ mod tests {
             v: Counter::default(),
             w: Counter::default(),
             zero_grad: 0,
-            frac: f(0.25, 0.5),
-            groups: [("attn".to_string(), f(0.125, 0.75)), ("embed".to_string(), Fractions::default())].into(),
+            zero_v: 7,
+            frac: Fractions { zero_v: Some(7.0), ..f(0.25, 0.5) },
+            groups: [("attn".to_string(), f(0.125, 0.75)), ("embed".to_string(), Fractions { zero_v: Some(7.0), ..Fractions::default() })].into(),
             theory: Theory { v: Some(0.989) },
             tensors: None,
         };
@@ -113,6 +116,8 @@ mod tests {
             ("stall_m/attn", 0.125),
             ("stall_v/all", 0.5),
             ("stall_v/attn", 0.75),
+            ("zero_v/all", 7.0),
+            ("zero_v/embed", 7.0),
             ("stall_v/theory", 0.989),
         ];
         assert_eq!(tags, expect.map(|(t, v)| (t.to_string(), v as f32)));
