@@ -228,6 +228,48 @@ fn a_run_reports_its_passes_over_the_text_and_warns_past_four() {
     assert!(r.code == Some(0) && !r.stderr.contains("Muennighoff"), "{}", r.stderr);
 }
 
+/// Per-group state formats: the embedding's states in FP32 beside the config's FP4 m / FP8 v
+/// (32-element blocks) cost 8 bytes per embedding parameter, the rest 1.75 (0.5 + 1 + two FP32
+/// scales per 32); the banner and summary.json say which tensors got which; the FP32 states
+/// never stall; a group the model does not have is refused before the run folder is made.
+#[test]
+fn group_states_keep_the_embedding_in_fp32() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let fp32 = ["--set", "optim.states.groups.embed.m_format=fp32", "--set", "optim.states.groups.embed.v_format=fp32"];
+    let r = train(d, &[&["--config", "c.toml", "--set", "train.max_steps=6"][..], &fp32].concat());
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/x/summary.json")).unwrap()).unwrap();
+    let groups = summary["state_groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{summary}");
+    let (rest, embed) = (&groups[0], &groups[1]);
+    assert_eq!(embed["groups"], serde_json::json!(["embed"]));
+    assert!(embed["states"].as_str().unwrap().starts_with("m fp32 (stochastic) | v fp32 (stochastic)"), "{embed}");
+    let embed_params = embed["params"].as_u64().unwrap();
+    assert_eq!(embed_params, 32100 * 32, "the T5 vocabulary x hidden 32");
+    assert_eq!((embed["state_bytes"].as_u64(), embed["state_bytes_per_param"].as_f64()), (Some(8 * embed_params), Some(8.0)));
+    assert!(rest["groups"].as_array().unwrap().iter().all(|g| g != "embed"), "{rest}");
+    let rest_params = rest["params"].as_u64().unwrap();
+    assert_eq!(rest_params + embed_params, summary["params"].as_u64().unwrap());
+    assert!(rest["state_bytes_per_param"].as_f64().unwrap() >= 1.75, "{rest}");
+    assert_eq!(rest["state_bytes"].as_u64().unwrap() + 8 * embed_params, summary["state_bytes"].as_u64().unwrap());
+    assert!(r.stdout.contains("states for embed (1 tensors, 1027200 params, 8.000 bytes/param): m fp32"), "{}", r.stdout);
+    // the embedding's FP32 states stall nowhere; the FP4/FP8 ones do
+    let rows: Vec<Value> = std::fs::read_to_string(d.join("runs/x/stalls.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 6);
+    for row in &rows {
+        assert!([row["groups"]["embed"]["m"].as_f64(), row["groups"]["embed"]["v"].as_f64()].iter().all(|f| f.is_none_or(|f| f == 0.0)), "{row}");
+    }
+    assert!(rows.iter().any(|r| r["groups"]["mlp"]["v"].as_f64() > Some(0.0)), "the quantized states stall");
+    // a resume with other group states is refused, naming the tensor
+    let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=8", "--resume", "runs/x"]);
+    assert!(r.code != Some(0) && r.stderr.contains("model.embed_tokens.weight") && r.stderr.contains("optim.states.groups"), "{}", r.stderr);
+    // a group the model does not have
+    let r = train(d, &["--config", "c.toml", "--set", "run.name=y", "--set", "optim.states.groups.embedding.m_format=fp32"]);
+    assert!(r.code != Some(0) && r.stderr.contains("optim.states.groups.embedding: the model has no tensor group \"embedding\""), "{}", r.stderr);
+    assert!(!d.join("runs/y").exists());
+}
+
 /// `train data tokenize`: token shards of a config's train and validation shards, which a run
 /// then reads through the `--set` lines the command prints; a second call keeps them.
 #[test]

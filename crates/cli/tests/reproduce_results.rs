@@ -37,6 +37,7 @@ fn summary(initial: f64, last: f64) -> Summary {
         mean_unchanged_v: Some(0.98),
         mean_unchanged_w: None,
         theory_stall_v: Some(0.989),
+        mean_zero_v: None,
         skipped_steps: 0,
         tokens_per_s: 1.0,
         peak_memory_bytes: None,
@@ -44,6 +45,7 @@ fn summary(initial: f64, last: f64) -> Summary {
         tokens_per_epoch: Some(768_000),
         tokens_per_epoch_exact: Some(true),
         data_order: None,
+        state_groups: None,
     }
 }
 
@@ -52,7 +54,7 @@ fn key(states: &str, cell: &str, seed: usize) -> RunKey {
 }
 
 fn record(states: &str, cell: &str, seed: usize, fp: &str, loss: f64) -> Record {
-    Record::from_summary(key(states, cell, seed), fp.into(), &summary(10.0, loss))
+    Record::from_summary(key(states, cell, seed), fp.into(), 1e-3, &summary(10.0, loss))
 }
 
 #[test]
@@ -97,14 +99,14 @@ fn committed_results_match_todays_configs() {
 
 #[test]
 fn records_take_the_summary_and_flag_divergence() {
-    let r = Record::from_summary(key("paper", "fp8_sr", 1), "0badf00d".into(), &summary(10.4, 5.61));
+    let r = Record::from_summary(key("paper", "fp8_sr", 1), "0badf00d".into(), 1e-3, &summary(10.4, 5.61));
     assert_eq!((r.states.as_str(), r.cell.as_str(), r.seed, r.fingerprint.as_str()), ("paper", "fp8_sr", 1, "0badf00d"));
     assert_eq!((r.initial_val_loss, r.final_val_loss, r.steps, r.tokens), (Some(10.4), Some(5.61), 30, 7680));
     assert_eq!((r.mean_stall_m, r.mean_stall_v, r.theory_stall_v), (Some(0.25), Some(0.97), Some(0.989)));
     assert_eq!((r.mean_unchanged_m, r.mean_unchanged_v), (Some(0.4), Some(0.98)));
     assert!(!r.diverged);
-    assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), &summary(10.4, 28410.5)).diverged);
-    assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), &summary(10.4, f64::NAN)).diverged);
+    assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), 1e-3, &summary(10.4, 28410.5)).diverged);
+    assert!(Record::from_summary(key("paper", "fp4_plain", 0), "x".into(), 1e-3, &summary(10.4, f64::NAN)).diverged);
     let res = r.result();
     assert_eq!((res.val_loss, res.stall_v, res.theory_v, res.diverged), (Some(5.61), Some(0.97), Some(0.989), false));
 }

@@ -6,6 +6,7 @@ use crate::format::{Rounding, StateFormat};
 use crate::reset::{reset_at, BiasCorrection};
 use crate::theory;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Whether a block-scaled second moment may decode to 0 in a non-zero block (DESIGN.md,
 /// "Second moment without zero"; the zero-point problem of Li et al., "Memory Efficient
@@ -214,6 +215,75 @@ pub struct StatesConfig {
     pub bias_correction: BiasCorrection,
     /// Rounding of BF16 weights after the update (`model.dtype = "bf16"`).
     pub weight_rounding: Rounding,
+    /// `[optim.states.groups.<group>]`: other settings for the states of one tensor group
+    /// (`embed`, `attn`, `mlp`, `norm`, `head`), e.g. `m_format = "fp32"` and `v_format =
+    /// "fp32"` for the embedding, as torchao's and bitsandbytes' users keep chosen parameters
+    /// in 32-bit states. Unset keys take the values above. Resolved by
+    /// [`crate::plan::StatesPlan`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, GroupStates>,
+    /// Tensors with fewer elements than this keep FP32 m and v, whatever their group's
+    /// formats (bitsandbytes' `min_8bit_size`, 4096 there; 0 = none, the default and the
+    /// paper's setting). Resets and roundings stay as configured.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub min_quantized_numel: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// `[optim.states.groups.<group>]`: the keys of `[optim.states]` a tensor group may set for
+/// its own states; each unset one takes `[optim.states]`'s value. The reset rule
+/// (`reset`, `reset_s0`) and the weights' rounding are the whole model's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupStates {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub m_format: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v_format: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v_zero: Option<VZero>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub m_rounding: Option<Rounding>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v_rounding: Option<Rounding>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub m_reset_every: Option<ResetEvery>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v_reset_every: Option<ResetEvery>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v_reset_idle: Option<VResetIdle>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bias_correction: Option<BiasCorrection>,
+}
+
+impl GroupStates {
+    /// `base` with this group's keys set over it (and no groups of its own).
+    pub fn over(&self, base: &StatesConfig) -> StatesConfig {
+        let b = base.clone();
+        StatesConfig {
+            m_format: self.m_format.clone().unwrap_or(b.m_format),
+            v_format: self.v_format.clone().unwrap_or(b.v_format),
+            v_zero: self.v_zero.unwrap_or(b.v_zero),
+            scale: self.scale.unwrap_or(b.scale),
+            m_rounding: self.m_rounding.unwrap_or(b.m_rounding),
+            v_rounding: self.v_rounding.unwrap_or(b.v_rounding),
+            block_size: self.block_size.unwrap_or(b.block_size),
+            m_reset_every: self.m_reset_every.unwrap_or(b.m_reset_every),
+            v_reset_every: self.v_reset_every.unwrap_or(b.v_reset_every),
+            v_reset_idle: self.v_reset_idle.unwrap_or(b.v_reset_idle),
+            bias_correction: self.bias_correction.unwrap_or(b.bias_correction),
+            groups: BTreeMap::new(),
+            min_quantized_numel: 0,
+            ..b
+        }
+    }
 }
 
 impl Default for StatesConfig {
@@ -233,6 +303,8 @@ impl Default for StatesConfig {
             reset_s0: theory::DEFAULT_RESET_S0,
             bias_correction: BiasCorrection::Restart,
             weight_rounding: Rounding::Nearest,
+            groups: BTreeMap::new(),
+            min_quantized_numel: 0,
         }
     }
 }
@@ -264,34 +336,42 @@ pub struct StatesSpec {
 
 impl StatesConfig {
     /// Validate and resolve format names, scale kinds and `"auto"` reset periods (which need
-    /// the AdamW `beta2`). Errors name the offending key.
+    /// the AdamW `beta2`) of the `[optim.states]` settings themselves: the states of every
+    /// tensor outside [`Self::groups`] and above [`Self::min_quantized_numel`]
+    /// ([`crate::plan::StatesPlan`] resolves those). Errors name the offending key.
     pub fn resolve(&self, beta2: f64) -> Result<StatesSpec, OptimError> {
+        self.resolve_at(beta2, "optim.states")
+    }
+
+    /// [`Self::resolve`] with errors naming the keys under `at` (e.g.
+    /// `optim.states.groups.embed` for a group's merged settings).
+    pub(crate) fn resolve_at(&self, beta2: f64, at: &str) -> Result<StatesSpec, OptimError> {
         let m_format = StateFormat::parse(&self.m_format, false)
-            .map_err(|e| OptimError::Config(format!("optim.states.m_format: {e}")))?;
+            .map_err(|e| OptimError::Config(format!("{at}.m_format: {e}")))?;
         let v_format = StateFormat::parse(&self.v_format, true)
-            .map_err(|e| OptimError::Config(format!("optim.states.v_format: {e}")))?;
+            .map_err(|e| OptimError::Config(format!("{at}.v_format: {e}")))?;
         if !self.block_size.is_multiple_of(4) {
             return Err(OptimError::Config(format!(
-                "optim.states.block_size: must be a multiple of 4 (fp4 packs two codes per byte; the \
+                "{at}.block_size: must be a multiple of 4 (fp4 packs two codes per byte; the \
                  CUDA kernel moves 4 elements at a time), or 0 for one scale per tensor; got {}",
                 self.block_size
             )));
         }
         if self.block_size > MAX_BLOCK_SIZE {
             return Err(OptimError::Config(format!(
-                "optim.states.block_size: at most {MAX_BLOCK_SIZE} elements (the CUDA kernel's block index is 32-bit; \
+                "{at}.block_size: at most {MAX_BLOCK_SIZE} elements (the CUDA kernel's block index is 32-bit; \
                  a block as large as a tensor is one scale per tensor: use 0), got {}",
                 self.block_size
             )));
         }
         if !(self.reset_s0 > 0.0 && self.reset_s0 < 1.0) {
-            return Err(OptimError::Config(format!("optim.states.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0)));
+            return Err(OptimError::Config(format!("{at}.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0)));
         }
         let period = |every: ResetEvery, key: &str| -> Result<u64, OptimError> {
             match every {
                 ResetEvery::Steps(k) => Ok(k),
                 ResetEvery::Auto if v_format == StateFormat::Fp32 => Err(OptimError::Config(format!(
-                    "optim.states.{key} = \"auto\" is the paper's K* for a low-precision v (Prop. 5.2: the period \
+                    "{at}.{key} = \"auto\" is the paper's K* for a low-precision v (Prop. 5.2: the period \
                      after which v's stalled updates outweigh what it averaged); with v_format = \"fp32\" v hardly \
                      ever stalls (theory {:.1e} at b2 = {beta2}), so K* would reset it for no reason: give a number \
                      of updates, or 0",
@@ -299,11 +379,11 @@ impl StatesConfig {
                 ))),
                 ResetEvery::Auto => {
                     let bits = v_format.fraction_bits().ok_or_else(|| {
-                        OptimError::Config(format!("optim.states.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name()))
+                        OptimError::Config(format!("{at}.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name()))
                     })?;
                     theory::reset_period(bits, beta2, self.reset_s0).ok_or_else(|| {
                         OptimError::Config(format!(
-                            "optim.states.{key} = \"auto\": v in {} at b2 = {beta2} has no finite reset period K* \
+                            "{at}.{key} = \"auto\": v in {} at b2 = {beta2} has no finite reset period K* \
                              up to {} updates (Prop. 5.2); give a number of steps or 0",
                             v_format.name(),
                             theory::MAX_RESET_PERIOD
@@ -316,7 +396,7 @@ impl StatesConfig {
         if self.reset == ResetRule::Adaptive && (m_reset_every > 0 || v_reset_every > 0) {
             return Err(OptimError::Config(format!(
                 "optim.states.reset = \"adaptive\" decides when m and v reset from the measured stalled fraction: \
-                 m_reset_every and v_reset_every must be 0, got {m_reset_every} and {v_reset_every}"
+                 {at}.m_reset_every and {at}.v_reset_every must be 0, got {m_reset_every} and {v_reset_every}"
             )));
         }
         Ok(StatesSpec {

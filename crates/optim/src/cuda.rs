@@ -49,6 +49,25 @@ const WEIGHT_VARIANTS: [(DType, DType, &str); 3] =
     [(DType::F32, DType::F32, "f32"), (DType::BF16, DType::F32, "bf16"), (DType::BF16, DType::BF16, "bf16g")];
 
 impl Kernels {
+    /// Load the kernels of the `(m, v)` kernel-name formats `pair` ([`kernel_pair`]).
+    fn load(dev: &CudaDevice, (mf, vf): (&str, &str)) -> Result<Self> {
+        let mut names = vec![
+            format!("adamw_amax_{mf}_{vf}"),
+            format!("adamw_amax_bf16g_{mf}_{vf}"),
+            format!("adamw_set_scales_{mf}_{vf}"),
+        ];
+        for (_, _, w) in WEIGHT_VARIANTS {
+            for sr in ["", "_sr"] {
+                for blocks in ["", "_blocks"] {
+                    names.push(format!("adamw_{w}_{mf}_{vf}{sr}{blocks}"));
+                }
+            }
+        }
+        let mut f = load(dev, ADAMW_BIN, &names)?.into_iter();
+        let amax = [f.next().unwrap(), f.next().unwrap()];
+        Ok(Kernels { amax, set_scales: f.next().unwrap(), step: f.collect() })
+    }
+
     /// `variant` indexes [`WEIGHT_VARIANTS`].
     fn step_index(variant: usize, sr: bool, blocks: bool) -> usize {
         4 * variant + 2 * sr as usize + blocks as usize
@@ -223,6 +242,11 @@ fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static
     Ok((kernel_format(m), kernel_format(v)))
 }
 
+/// Whether `spec`'s scaled states have one scale per tensor (the amax and scale launches).
+fn per_tensor_scales(spec: &crate::config::StatesSpec) -> bool {
+    (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && spec.block_size == 0
+}
+
 /// Thread blocks of 8 warps for a launch over `elements`: at least 2048 elements per warp, at
 /// most `max` (the blocks that fit on the GPU at once).
 fn warp_blocks(elements: u64, max: u32) -> u32 {
@@ -265,6 +289,16 @@ struct DeviceState {
     addr: [u64; 4],
 }
 
+/// The tensors of one state setting (per-group formats: [`LowbitAdamW::spec_groups`]): they
+/// share the launch-wide arguments, so they are stepped by launches of their own.
+struct SpecGroup {
+    spec: crate::config::StatesSpec,
+    /// Tensor indices, in tensor order.
+    tensors: Vec<usize>,
+    /// Index in [`CudaAdamW::kernels`] of its (m, v) format pair's kernels.
+    kernels: usize,
+}
+
 /// The optimizer with states on a CUDA device.
 pub struct CudaAdamW {
     /// Settings, tensor metadata, and the host copy of the states (current after
@@ -272,7 +306,9 @@ pub struct CudaAdamW {
     pub host: LowbitAdamW,
     dev: CudaDevice,
     stream: Arc<CudaStream>,
-    kernels: Kernels,
+    /// The kernels of each (m, v) format pair some tensor has.
+    kernels: Vec<Kernels>,
+    groups: Vec<SpecGroup>,
     states: Vec<DeviceState>,
     counters: CudaSlice<u64>,
     /// Per-tensor scaling: amax of m and v per tensor (ordered FP32 bits).
@@ -321,22 +357,19 @@ impl CudaAdamW {
         assert!(signed[255] == 1.0 && unsigned[255] == 1.0, "int8 maps must end at 1");
         let maps = stream.clone_htod(&[&signed.values()[..], unsigned.values()].concat()).map_err(err)?;
         let buckets = stream.clone_htod(&[signed.bucket_starts(), unsigned.bucket_starts()].concat()).map_err(err)?;
-        let (mf, vf) = kernel_pair(host.spec.m_format, host.spec.v_format)?;
-        let mut names = vec![
-            format!("adamw_amax_{mf}_{vf}"),
-            format!("adamw_amax_bf16g_{mf}_{vf}"),
-            format!("adamw_set_scales_{mf}_{vf}"),
-        ];
-        for (_, _, w) in WEIGHT_VARIANTS {
-            for sr in ["", "_sr"] {
-                for blocks in ["", "_blocks"] {
-                    names.push(format!("adamw_{w}_{mf}_{vf}{sr}{blocks}"));
+        let (mut pairs, mut kernels, mut groups) = (vec![], vec![], vec![]);
+        for (spec, tensors) in host.spec_groups() {
+            let pair = kernel_pair(spec.m_format, spec.v_format)?;
+            let k = match pairs.iter().position(|p| *p == pair) {
+                Some(k) => k,
+                None => {
+                    kernels.push(Kernels::load(dev, pair)?);
+                    pairs.push(pair);
+                    pairs.len() - 1
                 }
-            }
+            };
+            groups.push(SpecGroup { spec, tensors, kernels: k });
         }
-        let mut f = load(dev, ADAMW_BIN, &names)?.into_iter();
-        let amax_kernels = [f.next().unwrap(), f.next().unwrap()];
-        let kernels = Kernels { amax: amax_kernels, set_scales: f.next().unwrap(), step: f.collect() };
         let sms = stream
             .context()
             .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -344,16 +377,22 @@ impl CudaAdamW {
         let full = |f: &CudaFunction| -> Result<u32> {
             Ok(sms * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_err(err)?.max(1))
         };
-        // per weight variant, from its SR kernel (the launch bounds differ by weight dtype)
-        let mut max_blocks = [0u32; WEIGHT_VARIANTS.len()];
-        for (v, m) in max_blocks.iter_mut().enumerate() {
-            *m = full(&kernels.step[Kernels::step_index(v, true, false)])?;
+        // per weight variant, from its SR kernel (the launch bounds differ by weight dtype;
+        // the fewest over the format pairs)
+        let mut max_blocks = [u32::MAX; WEIGHT_VARIANTS.len()];
+        let mut amax_blocks = [u32::MAX; 2];
+        for k in &kernels {
+            for (v, m) in max_blocks.iter_mut().enumerate() {
+                *m = (*m).min(full(&k.step[Kernels::step_index(v, true, false)])?);
+            }
+            // the amax pass fills the GPU on its own terms (32 registers: 8 blocks per SM): 0.70
+            // ms instead of 1.12 ms over LLaMA-350M's states on the H200 with the step's 3 per SM
+            for (g, m) in amax_blocks.iter_mut().enumerate() {
+                *m = (*m).min(full(&k.amax[g])?);
+            }
         }
-        // the amax pass fills the GPU on its own terms (32 registers: 8 blocks per SM): 0.70 ms
-        // instead of 1.12 ms over LLaMA-350M's states on the H200 with the step's 3 per SM
-        let amax_blocks = [full(&kernels.amax[0])?, full(&kernels.amax[1])?];
         let bf16_weights = vec![false; host.tensors.len()];
-        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, states, counters, amax, maps, buckets, max_blocks, amax_blocks, bf16_weights })
+        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, groups, states, counters, amax, maps, buckets, max_blocks, amax_blocks, bf16_weights })
     }
 
     fn device(&self) -> Device {
@@ -404,21 +443,93 @@ impl CudaAdamW {
         let (s, len) = (self.slot(step), count * COUNTERS);
         let mut view = self.counters.slice_mut(s..s + len);
         self.stream.memset_zeros(&mut view).map_err(err)?;
-        let spec = self.host.spec;
-        let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-        let per_tensor = scaled && spec.block_size == 0;
-        // segment length, as `rounds` in adamw.cu: two 128-element rounds
-        // (unscaled), one (128-element blocks or per-tensor scales), else one block
-        let seg = match (scaled, spec.block_size) {
-            (false, _) => 256,
-            (true, 0 | 128) => 128,
-            (true, b) => b,
-        };
-        let r: Roundings = self.host.roundings();
+        // (weight variant, tensor) in optimizer order, checked before anything is launched
+        let mut tensors = Vec::with_capacity(count);
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let info = &self.host.tensors[i].info;
+            let Some(variant) = WEIGHT_VARIANTS.iter().position(|&(w, d, _)| (w, d) == (p.dtype(), g.dtype())) else {
+                candle_core::bail!(
+                    "{}: {:?} weights with {:?} gradients (F32 weights take F32 gradients, BF16 weights F32 or BF16)",
+                    info.name,
+                    p.dtype(),
+                    g.dtype()
+                );
+            };
+            self.bf16_weights[i] = p.dtype() == DType::BF16;
+            // a ZeRO-1 shard: its elements first..first + len of the whole tensor
+            let (first, len) = (self.host.tensors[i].first, self.host.tensors[i].m.len);
+            if g.elem_count() != len || p.elem_count() != len {
+                candle_core::bail!("{}: parameter and gradient must have {len} elements", info.name);
+            }
+            if len == 0 {
+                tensors.push(None); // a shard that owns none of this tensor
+                continue;
+            }
+            if first % 4 != 0 {
+                candle_core::bail!("{}: a shard must start at a multiple of 4 elements, not {first}", info.name);
+            }
+            let k: StepKeys = self.host.keys(step, i);
+            let a = &self.states[i].addr;
+            tensors.push(Some((variant, TensorArgs {
+                p: address(p, &self.stream, &info.name)?,
+                g: address(g, &self.stream, &info.name)?,
+                mc: a[0],
+                ms: a[1],
+                vc: a[2],
+                vs: a[3],
+                n: len as u64,
+                key_m: k.m,
+                key_v: k.v,
+                key_w: k.w,
+                first_segment: 0,
+                offset: first as u64,
+                decay: self.host.scalars(i, step, lr, grad_scale).decay,
+                index: i as u32,
+            })));
+        }
+        if self.groups.iter().any(|g| per_tensor_scales(&g.spec)) {
+            self.stream.memset_zeros(&mut self.amax).map_err(err)?;
+        }
+        // per state setting, one group of launches per weight variant, MAX_TENSORS tensors each
+        for group in &self.groups {
+            let Some(&first) = group.tensors.first() else { continue };
+            let spec = group.spec;
+            let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
+            // segment length, as `rounds` in adamw.cu: two 128-element rounds
+            // (unscaled), one (128-element blocks or per-tensor scales), else one block
+            let seg = match (scaled, spec.block_size) {
+                (false, _) => 256,
+                (true, 0 | 128) => 128,
+                (true, b) => b,
+            };
+            let launch_args = self.step_args(first, step, lr, grad_scale);
+            for variant in 0..WEIGHT_VARIANTS.len() {
+                let of_variant: Vec<TensorArgs> =
+                    group.tensors.iter().filter_map(|&i| tensors[i]).filter(|(v, _)| *v == variant).map(|(_, t)| t).collect();
+                for chunk in of_variant.chunks(MAX_TENSORS) {
+                    let mut args = LaunchArgs { s: launch_args, t: [TensorArgs::default(); MAX_TENSORS] };
+                    let mut segments = 0u64;
+                    for (slot, t) in args.t.iter_mut().zip(chunk) {
+                        *slot = TensorArgs { first_segment: segments, ..*t };
+                        segments += t.n.div_ceil(seg as u64);
+                    }
+                    args.s.segments = segments;
+                    args.s.count = chunk.len() as u32;
+                    self.launch(group, variant, &args, gate, s)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The launch-wide arguments of the setting of tensor `idx` at `step` (every tensor's of
+    /// that setting but its weight decay, which is per tensor).
+    fn step_args(&self, idx: usize, step: u64, lr: f64, grad_scale: f32) -> StepArgs {
+        let spec = self.host.tensors[idx].spec;
+        let r: Roundings = self.host.roundings(idx);
         let zero = |signed| int8::dynamic_map(signed).zero_index() as u32;
-        // the launch-wide scalars (every tensor's but its decay, which depends on weight decay)
-        let h: StepScalars = self.host.scalars(step, lr, grad_scale, false);
-        let launch_args = StepArgs {
+        let h: StepScalars = self.host.scalars(idx, step, lr, grad_scale);
+        StepArgs {
             segments: 0,
             grad_scale: h.grad_scale,
             lr: h.lr,
@@ -440,100 +551,38 @@ impl CudaAdamW {
             count: 0,
             frac_m: spec.m_format.fraction_bits().unwrap_or(0),
             frac_v: spec.v_format.fraction_bits().unwrap_or(0),
-            zero_free: self.host.tensors.first().is_some_and(|t| t.v.zero_free) as u32,
+            zero_free: self.host.tensors[idx].v.zero_free as u32,
             scale_m: scale_id(spec.m_scale),
             scale_v: scale_id(spec.v_scale),
             keep_idle_v: h.keep_idle_v as u32,
-        };
-        let (decay_off, decay_on) = (h.decay, self.host.scalars(step, lr, grad_scale, true).decay);
-        // (weight dtype, gradient dtype, tensor) in optimizer order
-        let mut tensors = Vec::with_capacity(count);
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let info = &self.host.tensors[i].info;
-            let Some(variant) = WEIGHT_VARIANTS.iter().position(|&(w, d, _)| (w, d) == (p.dtype(), g.dtype())) else {
-                candle_core::bail!(
-                    "{}: {:?} weights with {:?} gradients (F32 weights take F32 gradients, BF16 weights F32 or BF16)",
-                    info.name,
-                    p.dtype(),
-                    g.dtype()
-                );
-            };
-            self.bf16_weights[i] = p.dtype() == DType::BF16;
-            // a ZeRO-1 shard: its elements first..first + len of the whole tensor
-            let (first, len) = (self.host.tensors[i].first, self.host.tensors[i].m.len);
-            if g.elem_count() != len || p.elem_count() != len {
-                candle_core::bail!("{}: parameter and gradient must have {len} elements", info.name);
-            }
-            if len == 0 {
-                continue; // a shard that owns none of this tensor
-            }
-            if first % 4 != 0 {
-                candle_core::bail!("{}: a shard must start at a multiple of 4 elements, not {first}", info.name);
-            }
-            let k: StepKeys = self.host.keys(step, i);
-            let a = &self.states[i].addr;
-            tensors.push((variant, TensorArgs {
-                p: address(p, &self.stream, &info.name)?,
-                g: address(g, &self.stream, &info.name)?,
-                mc: a[0],
-                ms: a[1],
-                vc: a[2],
-                vs: a[3],
-                n: len as u64,
-                key_m: k.m,
-                key_v: k.v,
-                key_w: k.w,
-                first_segment: 0,
-                offset: first as u64,
-                decay: if info.weight_decay { decay_on } else { decay_off },
-                index: i as u32,
-            }));
         }
-        if per_tensor {
-            self.stream.memset_zeros(&mut self.amax).map_err(err)?;
-        }
-        // one group of launches per weight variant, MAX_TENSORS tensors per launch
-        for variant in 0..WEIGHT_VARIANTS.len() {
-            let group: Vec<TensorArgs> = tensors.iter().filter(|(v, _)| *v == variant).map(|(_, t)| *t).collect();
-            for chunk in group.chunks(MAX_TENSORS) {
-                let mut args = LaunchArgs { s: launch_args, t: [TensorArgs::default(); MAX_TENSORS] };
-                let mut segments = 0u64;
-                for (slot, t) in args.t.iter_mut().zip(chunk) {
-                    *slot = TensorArgs { first_segment: segments, ..*t };
-                    segments += t.n.div_ceil(seg as u64);
-                }
-                args.s.segments = segments;
-                args.s.count = chunk.len() as u32;
-                self.launch(variant, &args, gate, per_tensor, s)?;
-            }
-        }
-        Ok(())
     }
 
-    /// The step launch of one chunk (with the amax and scale launches of per-tensor scaling).
-    fn launch(&self, variant: usize, args: &LaunchArgs, gate: u64, per_tensor: bool, slot: usize) -> Result<()> {
+    /// The step launch of one chunk of `group`'s tensors (with the amax and scale launches of
+    /// per-tensor scaling).
+    fn launch(&self, group: &SpecGroup, variant: usize, args: &LaunchArgs, gate: u64, slot: usize) -> Result<()> {
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
         let cfg = LaunchConfig { grid_dim: (warp_blocks(elements, self.max_blocks[variant]), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let stream = &self.stream;
+        let (stream, kernels, spec) = (&self.stream, &self.kernels[group.kernels], &group.spec);
+        let per_tensor = per_tensor_scales(spec);
         if per_tensor {
             let g = (WEIGHT_VARIANTS[variant].1 == DType::BF16) as usize;
             let amax_cfg = LaunchConfig { grid_dim: (warp_blocks(elements, self.amax_blocks[g]), 1, 1), ..cfg };
-            let mut b = stream.launch_builder(&self.kernels.amax[g]);
+            let mut b = stream.launch_builder(&kernels.amax[g]);
             b.arg(args).arg(&gate).arg(&self.amax).arg(&self.maps);
             unsafe { b.launch(amax_cfg) }.map_err(err)?;
         }
         let sr = |r: Rounding| r == Rounding::Stochastic;
-        let r = self.host.roundings();
+        let r = self.host.roundings(group.tensors[0]);
         let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
-        let spec = self.host.spec;
         let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
-        let f = &self.kernels.step[Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
+        let f = &kernels.step[Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
         let counters = self.counters.slice(slot..);
         let mut b = stream.launch_builder(f);
         b.arg(args).arg(&gate).arg(&self.amax).arg(&counters).arg(&self.maps).arg(&self.buckets);
         unsafe { b.launch(cfg) }.map_err(err)?;
         if per_tensor {
-            let mut b = stream.launch_builder(&self.kernels.set_scales);
+            let mut b = stream.launch_builder(&kernels.set_scales);
             b.arg(args).arg(&gate).arg(&self.amax);
             let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MAX_TENSORS as u32, 1, 1), shared_mem_bytes: 0 };
             unsafe { b.launch(one) }.map_err(err)?;

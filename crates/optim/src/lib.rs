@@ -3,7 +3,8 @@
 //! The CPU reference of lowbit's optimizer (the oracle the CUDA kernels match bit for bit):
 //! state formats ([`format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
 //! the step ([`adamw`]), the global-norm clip ([`clip`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
-//! stall prediction ([`theory`]), the states as named arrays for checkpoints ([`state_dict`])
+//! stall prediction ([`theory`]), which states each tensor gets ([`plan`]: per-group
+//! formats), the states as named arrays for checkpoints ([`state_dict`])
 //! and the crate's error ([`error`]); the [`Optimizer`] trait over candle parameters with one
 //! adapter per device ([`optimizer`]: [`LowbitAdamW`] on the CPU, `cuda::CudaAdamW` with the
 //! `cuda` feature).
@@ -51,6 +52,7 @@ pub mod format;
 #[cfg(feature = "cuda")]
 pub mod grad_norm;
 pub mod optimizer;
+pub mod plan;
 pub mod reset;
 pub mod rng;
 pub mod stalls;
@@ -59,7 +61,8 @@ pub mod state_dict;
 pub mod theory;
 
 pub use clip::GradScale;
-pub use config::{ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
+pub use config::{GroupStates, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
+pub use plan::StatesPlan;
 pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, Optimizer, ParamInfo, TensorState};

@@ -8,6 +8,7 @@ use crate::error::OptimError;
 use crate::clip::GradScale;
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
 use crate::config::{ResetRule, StatesSpec, VResetIdle, VZero};
+use crate::plan::StatesPlan;
 use crate::reset::{reset_at, AdaptiveReset};
 use crate::rng::{stream_key, StateKind};
 use crate::stalls::StallCounts;
@@ -50,6 +51,9 @@ pub struct TensorState {
     /// Index in the whole tensor of the first element held (0 unsharded); the states hold
     /// elements `first .. first + m.len`.
     pub first: usize,
+    /// This tensor's state settings ([`StatesPlan::for_tensor`]): formats, scales, roundings,
+    /// periods. The reset rule, `reset_s0` and the weights' rounding are [`LowbitAdamW::spec`]'s.
+    pub spec: StatesSpec,
     /// First moment.
     pub m: QuantState,
     /// Second moment.
@@ -60,6 +64,8 @@ pub struct TensorState {
 /// [`Optimizer`] on the CPU.
 pub struct LowbitAdamW {
     pub hyper: Hyper,
+    /// `[optim.states]` itself: the states of every tensor without settings of its own
+    /// ([`TensorState::spec`]), and the whole model's reset rule.
     pub spec: StatesSpec,
     /// Seed of the stochastic-rounding streams.
     pub seed: u64,
@@ -73,22 +79,45 @@ pub struct LowbitAdamW {
 }
 
 impl LowbitAdamW {
-    /// Zero-initialised states for `params`. The index in `params` is the tensor id of the
-    /// RNG stream, so pass parameters in a stable order (e.g. sorted by name).
-    pub fn new(hyper: Hyper, spec: StatesSpec, seed: u64, params: Vec<ParamInfo>) -> Self {
+    /// Zero-initialised states for `params`, each tensor's as `plan` says (a [`StatesSpec`]:
+    /// the same for all). The index in `params` is the tensor id of the RNG stream, so pass
+    /// parameters in a stable order (e.g. sorted by name).
+    pub fn new(hyper: Hyper, plan: impl Into<StatesPlan>, seed: u64, params: Vec<ParamInfo>) -> Self {
+        let plan = plan.into();
         let tensors = params
             .into_iter()
-            .map(|info| TensorState {
-                first: 0,
-                m: QuantState::zeros(spec.m_format, info.len, spec.block_size, true).with_scale_kind(spec.m_scale),
-                v: QuantState::zeros(spec.v_format, info.len, spec.block_size, false)
-                    .with_scale_kind(spec.v_scale)
-                    .with_zero_free(spec.v_zero == VZero::Exclude),
-                info,
+            .map(|info| {
+                let spec = plan.for_tensor(&info.group, info.len);
+                TensorState {
+                    first: 0,
+                    m: QuantState::zeros(spec.m_format, info.len, spec.block_size, true).with_scale_kind(spec.m_scale),
+                    v: QuantState::zeros(spec.v_format, info.len, spec.block_size, false)
+                        .with_scale_kind(spec.v_scale)
+                        .with_zero_free(spec.v_zero == VZero::Exclude),
+                    spec,
+                    info,
+                }
             })
             .collect();
+        let spec = plan.base;
         let adaptive = (spec.reset == ResetRule::Adaptive).then(AdaptiveReset::default);
         LowbitAdamW { hyper, spec, seed, tensors, adaptive, scratch: Scratch::default(), last: None }
+    }
+
+    /// Every state setting some tensor has, [`Self::spec`] first, each once, with the indices
+    /// of its tensors (in tensor order).
+    pub fn spec_groups(&self) -> Vec<(StatesSpec, Vec<usize>)> {
+        let mut out: Vec<(StatesSpec, Vec<usize>)> = vec![(self.spec, vec![])];
+        for (i, t) in self.tensors.iter().enumerate() {
+            match out.iter_mut().find(|(s, _)| *s == t.spec) {
+                Some((_, ids)) => ids.push(i),
+                None => out.push((t.spec, vec![i])),
+            }
+        }
+        if out[0].1.is_empty() && out.len() > 1 {
+            out.remove(0);
+        }
+        out
     }
 
     /// Decide the resets of update `step` (1-based, updates in increasing order) before its
@@ -113,14 +142,16 @@ impl LowbitAdamW {
         }
     }
 
-    /// FP32 constants of step `step` (1-based) at learning rate `lr` for a tensor with or
-    /// without weight decay; the raw gradient is multiplied by `grad_scale` first. With the
-    /// adaptive rule, the resets are those [`Self::begin_update`] decided.
-    pub fn scalars(&self, step: u64, lr: f64, grad_scale: f32, decay: bool) -> StepScalars {
+    /// FP32 constants of step `step` (1-based) at learning rate `lr` for tensor `idx` (its
+    /// periods, bias correction and weight decay); the raw gradient is multiplied by
+    /// `grad_scale` first. With the adaptive rule, the resets are those
+    /// [`Self::begin_update`] decided.
+    pub fn scalars(&self, idx: usize, step: u64, lr: f64, grad_scale: f32) -> StepScalars {
         let h = &self.hyper;
-        let bc = self.spec.bias_correction;
+        let (spec, decay) = (&self.tensors[idx].spec, self.tensors[idx].info.weight_decay);
+        let bc = spec.bias_correction;
         let ((reset_m, tm), (reset_v, tv)) = match &self.adaptive {
-            None => (reset_at(step, self.spec.m_reset_every, bc), reset_at(step, self.spec.v_reset_every, bc)),
+            None => (reset_at(step, spec.m_reset_every, bc), reset_at(step, spec.v_reset_every, bc)),
             Some(a) => {
                 let now = (step == a.cycle_start && step > 1, a.bias_t(step, bc));
                 (now, now)
@@ -140,7 +171,7 @@ impl LowbitAdamW {
             inv_bias_correction2: (1.0 / (1.0 - h.beta2.powi(tv.min(i32::MAX as u64) as i32))) as f32,
             reset_m,
             reset_v,
-            keep_idle_v: reset_v && !reset_m && self.spec.v_reset_idle == VResetIdle::Keep,
+            keep_idle_v: reset_v && !reset_m && spec.v_reset_idle == VResetIdle::Keep,
         }
     }
 
@@ -150,9 +181,10 @@ impl LowbitAdamW {
         StepKeys { m: k(StateKind::M), v: k(StateKind::V), w: k(StateKind::W) }
     }
 
-    /// Write-back roundings.
-    pub fn roundings(&self) -> Roundings {
-        Roundings { m: self.spec.m_rounding, v: self.spec.v_rounding, w: self.spec.weight_rounding }
+    /// Write-back roundings of tensor `idx` (the weights' is the whole model's).
+    pub fn roundings(&self, idx: usize) -> Roundings {
+        let spec = &self.tensors[idx].spec;
+        Roundings { m: spec.m_rounding, v: spec.v_rounding, w: self.spec.weight_rounding }
     }
 
     /// One CPU step on tensor `idx`: `w` updated in place from the FP32 gradient `g`
@@ -168,9 +200,9 @@ impl LowbitAdamW {
         w: Weights,
         g: &[f32],
     ) -> StallCounts {
-        let h = self.scalars(step, lr, grad_scale, self.tensors[idx].info.weight_decay);
+        let h = self.scalars(idx, step, lr, grad_scale);
         let keys = self.keys(step, idx);
-        let r = self.roundings();
+        let r = self.roundings(idx);
         let t = &mut self.tensors[idx];
         step_tensor(w, g, &mut t.m, &mut t.v, &h, &r, &keys, t.first, &mut self.scratch)
     }
@@ -205,7 +237,7 @@ impl LowbitAdamW {
             .map(|(t, r)| {
                 let (a, b) = (r.start - t.first, r.end - t.first);
                 let cut = |s: &QuantState| s.slice(a..b).map_err(|e| OptimError::State(format!("{}: {e}", t.info.name)));
-                Ok(TensorState { info: t.info.clone(), first: r.start, m: cut(&t.m)?, v: cut(&t.v)? })
+                Ok(TensorState { info: t.info.clone(), first: r.start, spec: t.spec, m: cut(&t.m)?, v: cut(&t.v)? })
             })
             .collect::<Result<_, OptimError>>()?;
         Ok(LowbitAdamW { tensors, ..self.clone_states() })
@@ -224,7 +256,7 @@ impl LowbitAdamW {
             let (ms, vs): (Vec<_>, Vec<_>) = parts.iter().map(|p| (&p.m, &p.v)).unzip();
             let mut at = 0;
             for p in &parts {
-                if p.info != t.info || p.first != at {
+                if p.info != t.info || p.spec != t.spec || p.first != at {
                     return Err(OptimError::State(format!("{}: shard at element {} does not continue at {at}", t.info.name, p.first)));
                 }
                 at += p.m.len;
@@ -232,7 +264,7 @@ impl LowbitAdamW {
             if at != t.info.len {
                 return Err(OptimError::State(format!("{}: shards hold {at} of {} elements", t.info.name, t.info.len)));
             }
-            tensors.push(TensorState { info: t.info.clone(), first: 0, m: QuantState::concat(&ms)?, v: QuantState::concat(&vs)? });
+            tensors.push(TensorState { info: t.info.clone(), first: 0, spec: t.spec, m: QuantState::concat(&ms)?, v: QuantState::concat(&vs)? });
         }
         Ok(LowbitAdamW { tensors, ..head.clone_states() })
     }

@@ -65,7 +65,7 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
         assert_eq!(m[i], want_m, "m[{i}]");
         assert_eq!(v[i], want_v, "v[{i}]");
     }
-    let s = o.scalars(4, 1e-3, 1.0, true);
+    let s = o.scalars(0, 4, 1e-3, 1.0);
     assert!(s.reset_m && s.reset_v);
     assert_eq!(s.inv_bias_correction1, 10.0f32);
 }
@@ -109,7 +109,7 @@ fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
     let before = w.clone();
     let m_before = o.tensors[0].m.decode_all();
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
-    let s = o.scalars(3, 1e-3, 1.0, true);
+    let s = o.scalars(0, 3, 1e-3, 1.0);
     assert!(s.reset_v && !s.reset_m);
     let c = o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     assert_eq!(c.zero_grad, 3);
@@ -168,7 +168,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
     }
     let (before, v_before) = (w.clone(), o.tensors[0].v.decode_all());
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
-    assert!(o.scalars(3, 1e-3, 1.0, true).keep_idle_v);
+    assert!(o.scalars(0, 3, 1e-3, 1.0).keep_idle_v);
     assert_eq!(o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g).zero_v, 0, "no element moved with v = 0");
     let v = o.tensors[0].v.decode_all();
     for i in 0..n {
@@ -183,7 +183,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
         s.v_reset_every = 2.into();
         s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
     }, n);
-    assert!(!o.scalars(3, 1e-3, 1.0, true).keep_idle_v);
+    assert!(!o.scalars(0, 3, 1e-3, 1.0).keep_idle_v);
 }
 
 /// The adaptive rule (Alg. 2) inside the optimizer: with v stalled entirely (fraction 1) the
@@ -204,13 +204,13 @@ fn adaptive_resets_follow_the_observed_stalled_fraction() {
     };
     for t in 1..=ADAPTIVE_LAG + 1 {
         o.begin_update(t).unwrap();
-        assert!(!o.scalars(t, 1e-3, 1.0, true).reset_v);
+        assert!(!o.scalars(0, t, 1e-3, 1.0).reset_v);
         o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
         o.observe(t, &stalled(n as u64));
     }
     let t = ADAPTIVE_LAG + 2;
     o.begin_update(t).unwrap();
-    let s = o.scalars(t, 1e-3, 1.0, true);
+    let s = o.scalars(0, t, 1e-3, 1.0);
     assert!(s.reset_m && s.reset_v);
     assert_eq!((s.inv_bias_correction1, s.inv_bias_correction2), (10.0, (1.0 / (1.0 - 0.999f64)) as f32));
     // a missing measurement is an error

@@ -25,6 +25,8 @@ pub struct Job {
     /// The run folder, and the steps a finished run reports.
     pub run_dir: PathBuf,
     pub max_steps: u64,
+    /// Its peak learning rate (`optim.lr`), for the record.
+    pub lr: f64,
     /// The run trains on a CUDA device (gets a GPU of its own).
     pub cuda: bool,
 }
@@ -95,6 +97,7 @@ pub fn plan(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> 
                 config,
                 run_dir: cfg.run_dir(),
                 max_steps: cfg.train.max_steps,
+                lr: cfg.optim.lr,
                 cuda: cfg.train.device.starts_with("cuda"),
                 overrides,
             });
@@ -108,7 +111,7 @@ pub fn plan(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> 
 pub fn read_record(job: &Job) -> Option<Record> {
     let text = std::fs::read_to_string(job.run_dir.join("summary.json")).ok()?;
     let s: Summary = serde_json::from_str(&text).ok()?;
-    (s.steps >= job.max_steps).then(|| Record::from_summary(job.planned.key.clone(), job.planned.fingerprint.clone(), &s))
+    (s.steps >= job.max_steps).then(|| Record::from_summary(job.planned.key.clone(), job.planned.fingerprint.clone(), job.lr, &s))
 }
 
 // ───────────────────────────── GPUs ─────────────────────────────

@@ -72,11 +72,23 @@ pub struct Record {
     pub steps: u64,
     pub tokens: u64,
     pub params: usize,
+    /// The run's setting: peak learning rate, target tokens per optimizer step, passes over
+    /// the training text (absent in records made before they were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_step: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passes: Option<f64>,
+    /// Mean per step over the second half of the updates made with v = 0 and m != 0 (each
+    /// moved by lr * m^ / eps; absent in records made before it was counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_zero_v: Option<f64>,
 }
 
 impl Record {
-    /// The record of a run from its `summary.json`.
-    pub fn from_summary(key: RunKey, fingerprint: String, s: &Summary) -> Record {
+    /// The record of a run of peak learning rate `lr` from its `summary.json`.
+    pub fn from_summary(key: RunKey, fingerprint: String, lr: f64, s: &Summary) -> Record {
         let diverged = match (s.final_val_loss, s.initial_val_loss) {
             (Some(f), Some(i)) => !f.is_finite() || f > i,
             (Some(f), None) => !f.is_finite(),
@@ -99,6 +111,10 @@ impl Record {
             steps: s.steps,
             tokens: s.tokens,
             params: s.params,
+            lr: Some(lr),
+            tokens_per_step: (s.steps > 0).then(|| s.tokens / s.steps),
+            passes: s.epochs,
+            mean_zero_v: s.mean_zero_v,
         }
     }
     /// The record's key.

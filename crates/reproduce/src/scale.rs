@@ -12,6 +12,9 @@ pub enum Scale {
     /// LLaMA-20M on the shared offline corpus, sized from the measured H200 speed; data read
     /// in file order (the setting the committed h200 tables ran in, before shuffling existed).
     H200,
+    /// LLaMA-20M on both offline corpora, shuffled, at 128 x 256 tokens per step and the
+    /// learning rate tuned for FP32 states (issue 50's setting; [`H200S_STEPS`]).
+    H200Shuffled,
     /// The paper's LLaMA-100M setting, as the config files hold it.
     Full,
 }
@@ -30,12 +33,21 @@ pub const COMMAND_RUN_S: f64 = 510.0;
 /// Steps of one `h200` run: 4000 x 4096 tokens = 16.4M tokens.
 pub const H200_STEPS: u64 = 4000;
 
+/// Steps of one `h200-shuffled` run: 2400 x 32,768 tokens = 78.6M tokens, 1.97 passes over
+/// the 40.0M target tokens of the two offline corpora.
+pub const H200S_STEPS: u64 = 2400;
+
+/// Peak learning rate of the `h200-shuffled` scale: the best of the FP32-state sweep
+/// (`bench/lr_sweep_h200.md`: 1e-3 3.615, 2e-3 3.520, 4e-3 3.501, 6e-3 3.489, 8e-3 3.495).
+pub const H200S_LR: f64 = 6e-3;
+
 impl Scale {
     /// The `--scale` value, also part of the table's file names.
     pub fn as_str(self) -> &'static str {
         match self {
             Scale::Smoke => "smoke",
             Scale::H200 => "h200",
+            Scale::H200Shuffled => "h200-shuffled",
             Scale::Full => "full",
         }
     }
@@ -46,6 +58,9 @@ impl Scale {
         match self {
             Scale::Smoke => 2,
             Scale::H200 => (H200_STEPS_PER_S * COMMAND_RUN_S / H200_STEPS as f64) as usize,
+            // one run fills the GPU at 128 x 256 (bench/lr_sweep_h200.md: 3.3M tokens/s with
+            // 4 or 6 at once); a second one overlaps start-up and validation
+            Scale::H200Shuffled => 2,
             Scale::Full => 1,
         }
     }
@@ -58,14 +73,15 @@ impl Scale {
         match self {
             Scale::Smoke => 1,
             Scale::H200 => 2,
+            Scale::H200Shuffled => 3,
             Scale::Full => 1,
         }
     }
-    /// The paper's reset periods are divided by this (smoke 50, h200 and full 1).
+    /// The paper's reset periods are divided by this (smoke 50, the others 1).
     pub fn reset_divisor(self) -> u64 {
         match self {
             Scale::Smoke => 50,
-            Scale::H200 | Scale::Full => 1,
+            Scale::H200 | Scale::H200Shuffled | Scale::Full => 1,
         }
     }
 }
@@ -123,6 +139,29 @@ pub fn scale_overrides(scale: Scale, (fmt, fix): Cell) -> Vec<String> {
         .map(String::from)
         .into_iter()
         .chain([format!("train.max_steps={H200_STEPS}")])
+        .collect(),
+        Scale::H200Shuffled => [
+            "model.preset=\"llama20m\"",
+            "data.train=[\"data/local/tok/corpus/en-train.*.tokens.zst\", \"data/local/tok/extra/en-train.*.tokens.zst\"]",
+            "data.validation=[\"data/local/tok/corpus/en-validation.*.tokens.zst\"]",
+            "data.seq_len=256",
+            "data.val_tokens=250000",
+            "train.micro_batch=128",
+            "train.grad_accum=1",
+            "train.eval_every=600",
+            "train.device=\"cuda\"",
+            "train.checkpoint_every=0",
+            "train.keep_checkpoints=1",
+            "run.plots=false",
+            "run.stall_detail_every=600",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([
+            format!("optim.lr={H200S_LR}"),
+            format!("optim.warmup_steps={}", H200S_STEPS / 10),
+            format!("train.max_steps={H200S_STEPS}"),
+        ])
         .collect(),
     };
     let (m, v) = fix.reset_periods(reset_period(scale, fmt));
@@ -199,6 +238,29 @@ pub fn scale_description(scale: Scale) -> String {
             run_s = COMMAND_RUN_S,
             per_gpu = H200_STEPS_PER_S * COMMAND_RUN_S,
             jobs = Scale::H200.jobs_per_gpu(),
+        ),
+        Scale::H200Shuffled => format!(
+            "**h200-shuffled** — issue 50's setting. `llama20m` preset (19.6M parameters, BF16 or \
+             FP32 model as the table says) on both offline corpora, `data/local/tok/corpus` + \
+             `data/local/tok/extra` (token shards of `../shared/data/corpus` and `corpus-extra`, \
+             `train data tokenize`: 40.0M target tokens at seq 256, real English text, *not C4*), \
+             rows **shuffled** in memory with `train.seed`, seq 256, batch 128 sequences (32,768 \
+             tokens/step, 1/4 of the paper's), {steps} steps (78.6M tokens per run, **1.97 passes** \
+             over the text), warmup {warmup} and cosine to 10% as the paper, peak lr {lr:e} (the best \
+             of the FP32-state sweep, `bench/lr_sweep_h200.md`, kept for every cell as the paper \
+             keeps its lr across precisions), validation every 600 steps on 250k tokens of the \
+             corpus's validation shard, CUDA, {jobs} runs at once. Reset periods: the paper's, {}.\n\
+             Why this shape: at 128 x 256 one run fills the H200 (~3.3M tokens/s, ~24 s per run); \
+             2400 steps is above the issue's 2000-step floor and stays under 2 passes, so a table \
+             of 13 cells x 3 seeds fits one session's device time; the paper's 512 x 256 would \
+             leave ~1250 steps within 4 passes. Still 5x smaller than the paper's model and \
+             ~30x fewer tokens: expect smaller gaps than the paper's, and call an ordering only \
+             when it holds in every seed.",
+            periods(Scale::H200Shuffled),
+            steps = H200S_STEPS,
+            warmup = H200S_STEPS / 10,
+            lr = H200S_LR,
+            jobs = Scale::H200Shuffled.jobs_per_gpu(),
         ),
         Scale::Full => format!(
             "**full** — the paper's setting as configured (`configs/paper/base_llama100m.toml`): \

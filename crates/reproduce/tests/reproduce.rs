@@ -155,12 +155,21 @@ fn scales_override_the_run_and_reset_periods() {
     assert!(h.data.train[0].starts_with("data/local/corpus/"));
     // the paper's own periods: 4000 steps leave BF16 3 resets, FP8 13, FP4 19
     assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (300.into(), 300.into()));
+    // issue 50's setting: both corpora shuffled, 128 x 256 tokens per step, 2400 steps,
+    // warmup 10%, the tuned lr, the paper's periods
+    let s = load(Scale::H200Shuffled);
+    assert_eq!((s.model.preset.as_deref(), s.train.device.as_str()), (Some("llama20m"), "cuda"));
+    assert_eq!((s.train.max_steps, s.data.seq_len, s.train.micro_batch, s.optim.warmup_steps, s.optim.lr), (2400, 256, 128, 240, 6e-3));
+    assert_eq!(s.train.max_steps * (s.data.seq_len * s.train.micro_batch) as u64, 78_643_200);
+    assert!(s.data.shuffle && s.data.train.len() == 2 && s.data.train[1].starts_with("data/local/tok/extra/"), "{:?}", s.data.train);
+    assert_eq!((s.optim.states.m_reset_every, s.optim.states.v_reset_every), (300.into(), 300.into()));
+    assert_eq!(Scale::H200Shuffled.as_str(), "h200-shuffled");
     let full = load(Scale::Full);
     assert_eq!(full.model.preset.as_deref(), Some("llama100m"));
     assert_eq!(full.optim.states.v_reset_every, 300.into());
     assert_eq!(full.train.max_steps, RunConfig::load(&path, &[]).unwrap().train.max_steps);
     // non-resetting cells stay non-resetting at every scale
-    for scale in [Scale::Smoke, Scale::H200, Scale::Full] {
+    for scale in [Scale::Smoke, Scale::H200, Scale::H200Shuffled, Scale::Full] {
         assert!(!scale_overrides(scale, (Fmt::Fp4, Fix::Sr)).iter().any(|o| o.contains("reset_every")));
     }
     // Table 6's policies: v only every period, or the adaptive rule's own timing (no period)

@@ -13,7 +13,7 @@
 use crate::config::{RunConfig, WeightDtype};
 use anyhow::{bail, Result};
 use lowbit_model::LlamaConfig;
-use lowbit_optim::StatesSpec;
+use lowbit_optim::StatesPlan;
 
 /// Bytes a run needs at the least, by part.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,24 +27,41 @@ pub struct MemoryFloor {
 }
 
 impl MemoryFloor {
-    /// The floor of one rank of `ranks` in a run of `cfg` with model `m` and states `spec`
-    /// (with `train.zero = 1` a rank holds `1 / ranks` of the states).
-    pub fn of(cfg: &RunConfig, m: &LlamaConfig, spec: &StatesSpec, ranks: usize) -> Self {
+    /// The floor of one rank of `ranks` in a run of `cfg` with model `m` and the states of
+    /// `plan` (per tensor group; with `train.zero = 1` a rank holds `1 / ranks` of the states).
+    pub fn of(cfg: &RunConfig, m: &LlamaConfig, plan: &StatesPlan, ranks: usize) -> Self {
         let f = |x: usize| x as f64;
         let (h, i, v, layers) = (f(m.hidden_size), f(m.intermediate_size), f(m.vocab_size), f(m.num_layers));
-        let kv = f(m.num_kv_heads) * f(m.head_dim());
-        // embedding and untied head, per layer q/o (h x h), k/v (h x kv), gate/up/down, 2 norms
-        let params = 2.0 * v * h + layers * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i + 2.0 * h) + h;
+        let kv = m.num_kv_heads * m.head_dim();
+        // (group, elements, tensors): embedding and untied head, per layer q/o (h x h), k/v
+        // (h x kv), gate/up/down, 2 norms, and the final norm
+        let (hs, is) = (m.hidden_size, m.intermediate_size);
+        let tensors = [
+            ("embed", m.vocab_size * hs, 1.0),
+            ("head", m.vocab_size * hs, 1.0),
+            ("attn", hs * hs, 2.0 * layers),
+            ("attn", hs * kv, 2.0 * layers),
+            ("mlp", hs * is, 3.0 * layers),
+            ("norm", hs, 2.0 * layers + 1.0),
+        ];
+        let params = 2.0 * v * h + layers * (2.0 * h * h + 2.0 * h * f(kv) + 3.0 * h * i + 2.0 * h) + h;
         let weight_bytes = match cfg.model.dtype {
             WeightDtype::F32 => 4.0,
             WeightDtype::Bf16 => 2.0,
         };
         let shards = if cfg.train.zero == 1 { ranks.max(1) as f64 } else { 1.0 };
-        let state_bytes = f64::from(spec.m_format.bits() + spec.v_format.bits()) / 8.0 / shards;
+        let state_bytes: f64 = tensors
+            .iter()
+            .map(|&(group, len, count)| {
+                let s = plan.for_tensor(group, len);
+                count * f(len) * f64::from(s.m_format.bits() + s.v_format.bits()) / 8.0
+            })
+            .sum::<f64>()
+            / shards;
         let tokens = f(cfg.train.micro_batch) * f(cfg.data.seq_len);
         let seq = f(cfg.data.seq_len);
         MemoryFloor {
-            model_and_states: params * (weight_bytes + 4.0 + state_bytes),
+            model_and_states: params * (weight_bytes + 4.0) + state_bytes,
             activations: tokens * v * weight_bytes + f(cfg.train.micro_batch) * f(m.num_heads) * seq * seq * 4.0,
             mask: f(m.max_seq_len) * f(m.max_seq_len) * 4.0,
         }
@@ -94,12 +111,26 @@ pub fn host_available() -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn tiny() -> (RunConfig, LlamaConfig, StatesSpec) {
+    fn tiny() -> (RunConfig, LlamaConfig, StatesPlan) {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tiny_cpu.toml");
         let cfg = RunConfig::load(&path, &[]).unwrap();
         let m = cfg.model_config(32100).unwrap();
-        let spec = cfg.optim.states.resolve(cfg.optim.beta2).unwrap();
-        (cfg, m, spec)
+        let plan = StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
+        (cfg, m, plan)
+    }
+
+    /// Per-group states count at their own width: FP32 embedding and head states beside FP8
+    /// ones add (8 - 2) bytes for each of their parameters.
+    #[test]
+    fn group_states_count_at_their_width() {
+        let (mut cfg, m, plan) = tiny();
+        let base = MemoryFloor::of(&cfg, &m, &plan, 1).model_and_states;
+        let fp32 = lowbit_optim::GroupStates { m_format: Some("fp32".into()), v_format: Some("fp32".into()), ..Default::default() };
+        cfg.optim.states.groups = [("embed".to_string(), fp32.clone()), ("head".to_string(), fp32)].into();
+        let plan = StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
+        let grouped = MemoryFloor::of(&cfg, &m, &plan, 1).model_and_states;
+        assert_eq!(plan.base.m_format.bits() + plan.base.v_format.bits(), 16, "tiny_cpu's states are fp8");
+        assert_eq!(grouped - base, 2.0 * (m.vocab_size * m.hidden_size) as f64 * 6.0);
     }
 
     /// The shipped CPU config fits in 1 GiB; the sizes of the issue do not fit anywhere, and

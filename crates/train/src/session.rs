@@ -14,13 +14,14 @@ use crate::logs::metrics::MetricsRow;
 use crate::logs::RunLogs;
 use crate::logs::stall_writer::StallWriter;
 use crate::logs::stalls::Theory;
+use crate::logs::summary::StateGroup;
 use crate::run_folder::{self, FolderUse, RunLock};
 use crate::setting_warnings::{passes_planned, passes_warning, setting_warnings};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Var};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
 use lowbit_model::{init_params, try_param_group, Kernels, Llama, LlamaConfig};
-use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo};
+use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo, StatesPlan};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -100,6 +101,8 @@ pub struct Session {
     pub state_bytes: usize,
     /// Optimizer state bytes this rank holds (its shard with `train.zero = 1`).
     pub rank_state_bytes: usize,
+    /// Which tensors got which states (`summary.json`'s `state_groups`).
+    pub state_groups: Vec<StateGroup>,
     /// CUDA pool high-water mark, bytes.
     pub device_peak: Option<u64>,
     pub last_checkpoint: Option<PathBuf>,
@@ -130,7 +133,8 @@ impl Session {
         let comm = distributed::for_device(launch.comm.clone(), &dev)?;
         let (rank, world) = (comm.rank(), comm.world_size());
         let accum_per_rank = cfg.train.accum_per_rank(world)?;
-        let spec = cfg.optim.states.resolve(cfg.optim.beta2).map_err(anyhow::Error::msg)?;
+        let plan = StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).map_err(anyhow::Error::msg)?;
+        let spec = plan.base;
 
         // Data and model.
         let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(data_err)?;
@@ -140,7 +144,7 @@ impl Session {
         // before anything of the model's size is allocated (on the CPU an allocation that
         // fails aborts the process) or the run folder is claimed
         let refused = match crate::device::available_memory(&dev) {
-            Some((available, place)) => crate::memory::MemoryFloor::of(&cfg, &mcfg, &spec, world).check(available, place).err(),
+            Some((available, place)) => crate::memory::MemoryFloor::of(&cfg, &mcfg, &plan, world).check(available, place).err(),
             None => None,
         };
         // every rank takes the same way (a rank that went on would wait in a collective)
@@ -161,6 +165,7 @@ impl Session {
         let model = build_model(&cfg, &mcfg, &varmap, dtype, &dev)?;
         let params = ParamSet::from_varmap(&varmap);
         let infos = param_infos(&params)?;
+        plan.check_groups(infos.iter().map(|i| i.group.as_str())).map_err(anyhow::Error::msg)?;
         let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
         let hyper = Hyper {
             beta1: cfg.optim.beta1,
@@ -168,7 +173,8 @@ impl Session {
             eps: cfg.optim.eps,
             weight_decay: cfg.optim.weight_decay,
         };
-        let mut host = LowbitAdamW::new(hyper, spec, cfg.train.seed, infos.clone());
+        let mut host = LowbitAdamW::new(hyper, plan, cfg.train.seed, infos.clone());
+        let state_groups = StateGroup::of(&host);
 
         // Resume.
         let mut state = TrainState {
@@ -189,6 +195,7 @@ impl Session {
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: world as u64,
             global_batch: cfg.train.micro_batch.saturating_mul(cfg.train.grad_accum) as u64,
+            tensor_states: host.tensors.iter().filter(|t| t.spec != spec).map(|t| (t.info.name.clone(), t.spec.describe())).collect(),
         };
         if let Some((dir, saved)) = resume {
             check_compatible(dir, &saved, &state)?;
@@ -289,6 +296,9 @@ impl Session {
             cfg.train.device,
             spec.describe(),
         );
+        if state_groups.len() > 1 {
+            banner += &state_groups.iter().map(|g| format!("\n{}", g.line())).collect::<String>();
+        }
         banner += &format!("\n{}", weight_decay_line(&infos, cfg.optim.weight_decay));
         banner += &format!(
             "\ndata: {} | {} target tokens per pass{}; {} steps make {passes:.2} passes",
@@ -331,6 +341,7 @@ impl Session {
             n_params,
             state_bytes,
             rank_state_bytes,
+            state_groups,
             device_peak: None,
             last_checkpoint: None,
             _lock: lock,

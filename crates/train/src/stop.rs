@@ -116,6 +116,7 @@ impl Session {
         summary.epochs = Some(self.state.tokens as f64 / pass.tokens.max(1) as f64);
         (summary.tokens_per_epoch, summary.tokens_per_epoch_exact) = (Some(pass.tokens), Some(pass.exact));
         summary.data_order = Some(self.stream.order().describe());
+        summary.state_groups = Some(self.state_groups.clone());
         crate::checkpoint::write_atomic(&self.run_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
         Ok(summary)
     }

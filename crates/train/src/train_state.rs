@@ -64,6 +64,12 @@ pub struct TrainState {
     /// `x ranks`), to warn when a resume changes it; 0 (unknown) in older checkpoints.
     #[serde(default)]
     pub global_batch: u64,
+    /// The states of the tensors whose states differ from `[optim.states]`'s
+    /// (`[optim.states.groups.*]`, `optim.states.min_quantized_numel`): tensor name ->
+    /// `lowbit_optim::StatesSpec::describe`; empty when every tensor has `[optim.states]`'s
+    /// (and in checkpoints written before per-group states existed).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tensor_states: std::collections::BTreeMap<String, String>,
 }
 
 fn one_rank() -> u64 {
@@ -153,6 +159,7 @@ mod tests {
             rng: lowbit_optim::rng::SCHEME.into(),
             ranks: 2,
             global_batch: 16,
+            tensor_states: Default::default(),
         })
         .unwrap();
         v.as_object_mut().unwrap().remove("rng");

@@ -94,6 +94,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         rng: lowbit_optim::rng::SCHEME.into(),
         ranks: 1,
         global_batch: 2,
+        tensor_states: Default::default(),
     };
     (varmap, opt, state)
 }

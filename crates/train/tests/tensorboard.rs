@@ -56,9 +56,9 @@ fn every_curve_is_a_tensorboard_scalar_equal_to_the_jsonl_rows() {
 
     let groups = ["attn", "embed", "head", "mlp", "norm"];
     let mut want: Vec<String> = ["train/grad_norm", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/ppl"].map(String::from).to_vec();
-    for state in ["m", "v", "w"] {
-        want.push(format!("stall_{state}/all"));
-        want.extend(groups.iter().map(|g| format!("stall_{state}/{g}")));
+    for tag in ["stall_m", "stall_v", "stall_w", "zero_v"] {
+        want.push(format!("{tag}/all"));
+        want.extend(groups.iter().map(|g| format!("{tag}/{g}")));
     }
     want.push("stall_v/theory".into());
     want.sort();
@@ -81,6 +81,8 @@ fn every_curve_is_a_tensorboard_scalar_equal_to_the_jsonl_rows() {
         .collect();
     assert_eq!(s["stall_v/attn"], v_attn);
     assert_eq!(v_attn.len(), 8);
+    let zero_v: Vec<(i64, f32)> = stalls.iter().map(|r| (r["step"].as_i64().unwrap(), r["zero_v"].as_u64().unwrap() as f32)).collect();
+    assert_eq!(s["zero_v/all"], zero_v);
     let theory = stalls[0]["theory"]["v"].as_f64().unwrap() as f32;
     assert!(s["stall_v/theory"].iter().all(|p| p.1 == theory) && (0.9..1.0).contains(&theory), "{theory}");
 }

@@ -6,7 +6,10 @@ use lowbit_optim::adamw::Weights;
 use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::format::bf16 as bf;
 use lowbit_optim::rng::{random_bits, stream_key, StateKind};
-use lowbit_optim::{GradScale, Hyper, LowbitAdamW, Optimizer, ParamInfo, Rounding, ScaleKind, StatesConfig, VResetIdle, VZero};
+use lowbit_optim::{
+    GradScale, GroupStates, Hyper, LowbitAdamW, Optimizer, ParamInfo, Rounding, ScaleChoice, ScaleKind, StatesConfig, StatesPlan,
+    VResetIdle, VZero,
+};
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
 fn gpu() -> Device {
@@ -53,6 +56,33 @@ struct Case {
     /// A v-only reset at step 3 that keeps the v of zero-gradient elements
     /// (`v_reset_idle = "keep"`).
     keep_idle: bool,
+    /// Per-group states over the case's: tensors in turn of the groups mlp (the case's
+    /// states), embed (FP32 m and v), head (FP4 in 128-blocks with amax scales and a v-only
+    /// reset at step 3), norm (BF16 with stochastic m); tensors under 10 elements in FP32.
+    groups: bool,
+}
+
+/// The group of tensor `i` in a `groups` case, and its settings.
+const GROUPS: [&str; 4] = ["mlp", "embed", "head", "norm"];
+
+fn group_states() -> std::collections::BTreeMap<String, GroupStates> {
+    let s = |m: &str, v: &str| GroupStates { m_format: Some(m.into()), v_format: Some(v.into()), ..Default::default() };
+    [
+        ("embed", s("fp32", "fp32")),
+        (
+            "head",
+            GroupStates {
+                block_size: Some(128),
+                scale: Some(ScaleChoice::Amax),
+                m_reset_every: Some(0.into()),
+                v_reset_every: Some(2.into()),
+                ..s("fp4e2m1", "fp4ue2m2")
+            },
+        ),
+        ("norm", GroupStates { m_rounding: Some(Rounding::Stochastic), ..s("bf16", "bf16") }),
+    ]
+    .map(|(g, s)| (g.to_string(), s))
+    .into()
 }
 
 fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
@@ -84,14 +114,19 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         states.v_reset_every = 2.into();
         states.v_reset_idle = if c.keep_idle { VResetIdle::Keep } else { VResetIdle::Reset };
     }
-    let spec = states.resolve(0.999).map_err(|e| e.to_string())?;
+    if c.groups {
+        states.groups = group_states();
+        states.min_quantized_numel = 10;
+    }
+    let plan = StatesPlan::resolve(&states, 0.999).map_err(|e| e.to_string())?;
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
+    let group = |i: usize| if c.groups { GROUPS[i % 4] } else { "mlp" };
     let infos: Vec<ParamInfo> = sizes
         .iter()
         .enumerate()
-        .map(|(i, &n)| ParamInfo { name: format!("t{i}"), group: "mlp".into(), len: n, weight_decay: i % 2 == 0 })
+        .map(|(i, &n)| ParamInfo { name: format!("t{i}"), group: group(i).into(), len: n, weight_decay: i % 2 == 0 })
         .collect();
-    let mut cpu = LowbitAdamW::new(hyper, spec, 7, infos);
+    let mut cpu = LowbitAdamW::new(hyper, plan, 7, infos);
     // random non-zero states: two CPU warm-up steps on random gradients
     let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
     let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
@@ -350,7 +385,7 @@ fn kernels_match_cpu_reference_bit_for_bit() {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 64, 256, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale, keep_idle: false };
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale, keep_idle: false, groups: false };
                     cases += 1;
                     if let Err(e) = run_case(&dev, &c) {
                         failures.push(format!(
@@ -376,9 +411,32 @@ fn v_reset_keep_idle_matches_cpu() {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 256, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block, v_zero: VZero::Exclude, scale, keep_idle: true };
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero: VZero::Exclude, scale, keep_idle: true, groups: false };
                     if let Err(e) = run_case(&dev, &c) {
                         failures.push(format!("m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Per-group state formats (`[optim.states.groups.*]`, `min_quantized_numel`): tensors of
+/// four settings in one optimizer, each setting stepped by launches of its own (with one scale
+/// per tensor in the base beside 128-blocks in a group), match the CPU bit for bit; every
+/// other check as `kernels_match_cpu_reference_bit_for_bit`.
+#[test]
+fn per_group_formats_match_cpu() {
+    let dev = gpu();
+    let mut failures = vec![];
+    for (m, v, scale) in [("fp8e4m3", "fp8e4m3", ScaleKind::Amax), ("int8", "int8", ScaleKind::Pow2), ("e8m3", "e8m2", ScaleKind::Pow2)] {
+        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+            for bf16_weights in [false, true] {
+                for block in [128usize, 0] {
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero: VZero::Keep, scale, keep_idle: false, groups: true };
+                    if let Err(e) = run_case(&dev, &c) {
+                        failures.push(format!("groups over m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
                     }
                 }
             }

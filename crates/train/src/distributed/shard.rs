@@ -60,6 +60,19 @@ pub fn granule(spec: &StatesSpec) -> Option<usize> {
     }
 }
 
+/// The shard unit of an optimizer whose tensors have the settings `specs` (per-group
+/// formats): the least common multiple of their [`granule`]s, `None` (whole tensors) when any
+/// state has one scale per tensor.
+pub fn common_granule<'a>(specs: impl IntoIterator<Item = &'a StatesSpec>) -> Option<usize> {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    specs.into_iter().try_fold(1, |acc, s| granule(s).map(|g| acc / gcd(acc, g) * g))
+}
+
 /// ZeRO-1 ownership: `out[r][t]` is the element range of tensor `t` (of `lens[t]` elements)
 /// that rank `r` of `world_size` updates. Each tensor's `ceil(len / granule)` units are split
 /// into `world_size` consecutive runs whose sizes differ by at most one unit (so the
@@ -148,5 +161,7 @@ mod tests {
         assert_eq!(granule(&spec("bf16", "bf16", 128)), Some(1));
         assert_eq!(granule(&spec("bf16", "fp8", 2048)), Some(2048));
         assert_eq!(granule(&spec("fp4", "fp4", 0)), None);
+        assert_eq!(common_granule(&[spec("bf16", "bf16", 128), spec("fp8", "fp8", 96), spec("fp4", "fp8", 128)]), Some(384));
+        assert_eq!(common_granule(&[spec("fp8", "fp8", 128), spec("fp4", "fp4", 0)]), None);
     }
 }

@@ -46,10 +46,11 @@ impl Zero1 {
     /// Ranges that cut a scale block; the device's optimizer refusing the states.
     pub fn new(whole: &LowbitAdamW, comm: Arc<dyn Collective>, dev: &Device) -> Result<Zero1> {
         let lens: Vec<usize> = whole.tensors.iter().map(|t| t.info.len).collect();
+        let specs: Vec<_> = whole.spec_groups().into_iter().map(|(s, _)| s).collect();
         let granule = match dev {
             // block sizes are multiples of 4 (StatesConfig::resolve); unscaled states cut anywhere
-            Device::Cuda(_) => shard::granule(&whole.spec).map(|g| g.max(4)),
-            _ => shard::granule(&whole.spec),
+            Device::Cuda(_) => shard::common_granule(&specs).map(|g| g.max(4)),
+            _ => shard::common_granule(&specs),
         };
         let ranges = shard::zero_ranges(&lens, granule, comm.world_size());
         let local = whole.shard(&ranges[comm.rank()]).context("train.zero = 1")?;
@@ -179,7 +180,7 @@ fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn C
         for ((t, r), (mut m, mut v)) in shard.tensors.iter_mut().zip(rs).zip(states) {
             at = fill(&mut m, &all, at)?;
             at = fill(&mut v, &all, at)?;
-            *t = TensorState { info: t.info.clone(), first: r.start, m, v };
+            *t = TensorState { info: t.info.clone(), first: r.start, spec: t.spec, m, v };
         }
         shards.push(shard);
     }

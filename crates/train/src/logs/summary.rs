@@ -56,6 +56,11 @@ pub struct Summary {
     #[serde(default)]
     pub mean_unchanged_w: Option<f64>,
     pub theory_stall_v: Option<f64>,
+    /// Mean per step, over the second half, of the updates made with v = 0 and m != 0 (each
+    /// moved by lr * m^ / eps, `lowbit_optim::StallCounts::zero_v`); absent in summaries
+    /// written before it was counted.
+    #[serde(default)]
+    pub mean_zero_v: Option<f64>,
     /// Steps whose update was skipped (non-finite loss or gradient norm).
     #[serde(default)]
     pub skipped_steps: u64,
@@ -76,6 +81,62 @@ pub struct Summary {
     /// The order the training rows were read in ([`lowbit_data::RowOrder::describe`]).
     #[serde(default)]
     pub data_order: Option<String>,
+    /// Which tensors got which states (`[optim.states.groups.*]`, `min_quantized_numel`):
+    /// one entry per state setting, `[optim.states]`'s first; absent in summaries written
+    /// before it was recorded.
+    #[serde(default)]
+    pub state_groups: Option<Vec<StateGroup>>,
+}
+
+/// The tensors of one state setting and what their states cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateGroup {
+    /// The setting ([`lowbit_optim::StatesSpec::describe`]).
+    pub states: String,
+    /// The tensor groups (`embed`, `attn`, `mlp`, `norm`, `head`) with tensors in it.
+    pub groups: Vec<String>,
+    pub tensors: usize,
+    pub params: usize,
+    /// State bytes (codes + scales) of its tensors, and per parameter.
+    pub state_bytes: usize,
+    pub state_bytes_per_param: f64,
+}
+
+impl StateGroup {
+    /// One entry per state setting of `opt` ([`lowbit_optim::LowbitAdamW::spec_groups`]).
+    pub fn of(opt: &lowbit_optim::LowbitAdamW) -> Vec<StateGroup> {
+        opt.spec_groups()
+            .into_iter()
+            .map(|(spec, ids)| {
+                let ts: Vec<_> = ids.iter().map(|&i| &opt.tensors[i]).collect();
+                let mut groups: Vec<String> = ts.iter().map(|t| t.info.group.clone()).collect();
+                groups.sort();
+                groups.dedup();
+                let params: usize = ts.iter().map(|t| t.info.len).sum();
+                let bytes: usize = ts.iter().map(|t| t.m.bytes() + t.v.bytes()).sum();
+                StateGroup {
+                    states: spec.describe(),
+                    groups,
+                    tensors: ts.len(),
+                    params,
+                    state_bytes: bytes,
+                    state_bytes_per_param: bytes as f64 / params.max(1) as f64,
+                }
+            })
+            .collect()
+    }
+
+    /// The banner's line: `states for embed (2 tensors, 1.6M params, 8.000 bytes/param): ...`.
+    pub fn line(&self) -> String {
+        format!(
+            "states for {} ({} tensors, {} params, {:.3} bytes/param): {}",
+            self.groups.join(", "),
+            self.tensors,
+            self.params,
+            self.state_bytes_per_param,
+            self.states
+        )
+    }
 }
 
 /// Mean of the `Some` values.
@@ -129,6 +190,7 @@ pub fn build(
         mean_unchanged_v: mean(half.iter().map(|r| r.frac.v_unchanged)),
         mean_unchanged_w: mean(half.iter().map(|r| r.frac.w_unchanged)),
         theory_stall_v: stalls.last().and_then(|r| r.theory.v),
+        mean_zero_v: mean(half.iter().map(|r| r.frac.zero_v)),
         skipped_steps: train.iter().filter(|t| t.3).count() as u64,
         tokens_per_s,
         peak_memory_bytes: device_peak.or_else(process_peak_memory),
@@ -136,6 +198,7 @@ pub fn build(
         tokens_per_epoch: None,
         tokens_per_epoch_exact: None,
         data_order: None,
+        state_groups: None,
     })
 }
 
