@@ -93,10 +93,8 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
     let n: usize = specs.iter().map(|s| s.shape.iter().product::<usize>()).sum();
     let copy = copy_bandwidth(&cuda, 20)?;
     lowbit_train::outln!("preset {preset}: {n} parameters in {} tensors; device copy bandwidth {copy:.0} GB/s", specs.len());
-    let grads: Vec<Tensor> = specs
-        .iter()
-        .map(|s| Tensor::randn(0f32, 1e-3, s.shape.as_slice(), &dev))
-        .collect::<candle_core::Result<_>>()?;
+    let grads: Vec<Tensor> =
+        specs.iter().map(|s| Tensor::randn(0f32, 1e-3, s.shape.as_slice(), &dev)).collect::<candle_core::Result<_>>()?;
     let mut rows = vec![];
     // int8 twice: bitsandbytes' block of 2048 and the FP8/FP4 block of 128; FP8/FP4 with both
     // scale kinds, E4M3 also per tensor (the paper's FP8: a global amax pass first)

@@ -145,7 +145,14 @@ pub fn render_header() -> String {
 /// The run config for the benchmark: `config` with `--set` overrides, the device forced to
 /// CUDA and the batch given as `batch` sequences of `seq` tokens in micro-batches of
 /// `micro_batch` (batch a multiple of it).
-pub fn bench_config(config: &std::path::Path, sets: &[String], batch: usize, micro_batch: usize, seq: usize, dtype: &str) -> Result<RunConfig> {
+pub fn bench_config(
+    config: &std::path::Path,
+    sets: &[String],
+    batch: usize,
+    micro_batch: usize,
+    seq: usize,
+    dtype: &str,
+) -> Result<RunConfig> {
     if micro_batch == 0 || batch % micro_batch != 0 {
         anyhow::bail!("--batch {batch} must be a multiple of --micro-batch {micro_batch}");
     }

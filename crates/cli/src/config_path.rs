@@ -26,8 +26,7 @@ pub fn resolve(given: &Path, configs_dir: &Path) -> Result<PathBuf> {
     if bare {
         let name = given.to_string_lossy();
         let stem = name.strip_suffix(".toml").unwrap_or(&name);
-        let hits: Vec<&PathBuf> =
-            all.iter().filter(|p| p.file_stem().is_some_and(|s| s.to_string_lossy() == stem)).collect();
+        let hits: Vec<&PathBuf> = all.iter().filter(|p| p.file_stem().is_some_and(|s| s.to_string_lossy() == stem)).collect();
         match hits.as_slice() {
             [one] => return Ok(one.to_path_buf()),
             [] => {}
@@ -39,10 +38,8 @@ pub fn resolve(given: &Path, configs_dir: &Path) -> Result<PathBuf> {
         }
     }
     let wanted = given.file_stem().map_or(String::new(), |s| s.to_string_lossy().into_owned());
-    let mut near: Vec<(f64, &PathBuf)> = all
-        .iter()
-        .map(|p| (strsim::jaro_winkler(&wanted, &p.file_stem().unwrap_or_default().to_string_lossy()), p))
-        .collect();
+    let mut near: Vec<(f64, &PathBuf)> =
+        all.iter().map(|p| (strsim::jaro_winkler(&wanted, &p.file_stem().unwrap_or_default().to_string_lossy()), p)).collect();
     near.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
     let names: Vec<String> = near.iter().filter(|(score, _)| *score >= SIMILAR).take(3).map(|(_, p)| p.display().to_string()).collect();
     let looked = if bare { format!(" nor under {}/", configs_dir.display()) } else { String::new() };
@@ -55,7 +52,13 @@ pub fn resolve(given: &Path, configs_dir: &Path) -> Result<PathBuf> {
     if top.is_empty() {
         bail!("--config {}: no such file{looked}", given.display());
     }
-    bail!("--config {}: no such file{looked}, and no config has a similar name; in {}/: {} ({} configs in all, with its sub-folders)", given.display(), configs_dir.display(), top.join(", "), all.len())
+    bail!(
+        "--config {}: no such file{looked}, and no config has a similar name; in {}/: {} ({} configs in all, with its sub-folders)",
+        given.display(),
+        configs_dir.display(),
+        top.join(", "),
+        all.len()
+    )
 }
 
 /// Jaro-Winkler similarity of file stems from which a config counts as a near miss (a typo

@@ -201,7 +201,10 @@ mod tests {
     #[test]
     fn gpus_flag_is_removed_from_the_workers_arguments() {
         let a = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
-        assert_eq!(worker_args(&a(&["--config", "c.toml", "--gpus", "2", "--device", "cpu"])), a(&["--config", "c.toml", "--device", "cpu"]));
+        assert_eq!(
+            worker_args(&a(&["--config", "c.toml", "--gpus", "2", "--device", "cpu"])),
+            a(&["--config", "c.toml", "--device", "cpu"])
+        );
         assert_eq!(worker_args(&a(&["--gpus=4", "--config", "x"])), a(&["--config", "x"]));
     }
 
@@ -260,10 +263,7 @@ mod tests {
         let status = children[0].wait().unwrap();
         children[1].wait().unwrap();
         let msg = fail(&mut children, &[Some(status), None, None], 0, status);
-        assert_eq!(
-            msg,
-            "worker rank 0 failed (exit status: 1); rank 1 failed (exit status: 2); the other workers were stopped"
-        );
+        assert_eq!(msg, "worker rank 0 failed (exit status: 1); rank 1 failed (exit status: 2); the other workers were stopped");
         assert!(children[2].try_wait().unwrap().is_some(), "rank 2 was reaped");
     }
 

@@ -14,15 +14,15 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use lowbit_optim::Rounding;
-use lowbit_train::run_folder::FolderUse;
 use lowbit_train::config::{RunConfig, RunSection};
 use lowbit_train::distributed::{self, world::World};
+use lowbit_train::run_folder::FolderUse;
 use lowbit_train::session::Launch;
 use lowbit_train::{checkpoint, run};
 
-use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, signals, stalls_table, tokenize};
 #[cfg(feature = "cuda")]
 use lowbit_cli::{bench, bench_training};
+use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, signals, stalls_table, tokenize};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -215,9 +215,7 @@ enum BenchCmd {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         // a closed stderr (`train ... 2>&1 | head`) must not stop the run: tracing's own
@@ -241,9 +239,10 @@ fn main() {
 /// renamed when complete). Other errors pass unchanged.
 fn with_way_on(e: anyhow::Error, run_dir: &Path) -> anyhow::Error {
     use std::io::ErrorKind::{FileTooLarge, PermissionDenied, ReadOnlyFilesystem, StorageFull};
-    let full = e.chain().filter_map(|c| c.downcast_ref::<std::io::Error>()).any(|io| {
-        matches!(io.kind(), StorageFull | FileTooLarge | ReadOnlyFilesystem | PermissionDenied)
-    });
+    let full = e
+        .chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| matches!(io.kind(), StorageFull | FileTooLarge | ReadOnlyFilesystem | PermissionDenied));
     let oom = format!("{e:#}").contains("OUT_OF_MEMORY");
     let what = match (full, oom) {
         (true, _) => format!(
@@ -277,9 +276,7 @@ fn rank_prefix() -> String {
 fn real_main() -> Result<i32> {
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::Predict { format, beta2, rounding, reset_period, json }) => {
-            predict::print(&format, beta2, rounding, reset_period, json)?
-        }
+        Some(Cmd::Predict { format, beta2, rounding, reset_period, json }) => predict::print(&format, beta2, rounding, reset_period, json)?,
         Some(Cmd::Stalls(args)) => stalls_table::run(&args)?,
         Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref())?,
         Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args)?,
@@ -320,7 +317,10 @@ fn bench(b: BenchCmd) -> Result<()> {
             lowbit_train::outln!("{}\n{}", bench_training::render_header(), bench_training::render_row(&row));
             if let Some(path) = json {
                 use std::io::Write;
-                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
                     .with_context(|| format!("cannot open {}", path.display()))?;
                 writeln!(f, "{}", serde_json::to_string(&row)?)?;
             }
@@ -438,10 +438,7 @@ fn train(a: TrainArgs) -> Result<i32> {
 /// `--resume DIR`: DIR must be a run folder (written by `train`).
 fn run_folder(dir: &Path) -> Result<PathBuf> {
     if !dir.is_dir() {
-        anyhow::bail!(
-            "--resume {}: no such run folder (give a folder written by train, e.g. runs/NAME, or `latest`)",
-            dir.display()
-        );
+        anyhow::bail!("--resume {}: no such run folder (give a folder written by train, e.g. runs/NAME, or `latest`)", dir.display());
     }
     if !dir.join("config.toml").is_file() {
         anyhow::bail!(
@@ -456,8 +453,8 @@ fn run_folder(dir: &Path) -> Result<PathBuf> {
 /// moved aside (`<name>.old-<N>`) is never one.
 fn latest_run(runs: &Path) -> Result<PathBuf> {
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    let entries = std::fs::read_dir(runs)
-        .with_context(|| format!("--resume latest: cannot list the run folders in {} (run.dir)", runs.display()))?;
+    let entries =
+        std::fs::read_dir(runs).with_context(|| format!("--resume latest: cannot list the run folders in {} (run.dir)", runs.display()))?;
     for e in entries {
         let p = e?.path();
         if lowbit_train::run_folder::is_moved_aside(&p) {

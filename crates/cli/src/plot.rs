@@ -10,11 +10,11 @@
 //! fractions crowd the top of their panels near 1.0); PNG text goes through
 //! [`crate::text_backend`] so its letters are evenly set.
 
+use crate::text_backend::{register_font, Glyphs, FONT};
+use anyhow::{Context, Result};
+use lowbit_optim::theory;
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_train::logs::stalls::StallRow;
-use anyhow::{Context, Result};
-use crate::text_backend::{register_font, Glyphs, FONT};
-use lowbit_optim::theory;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -174,12 +174,8 @@ fn load(run: &Path) -> Result<RunData> {
     let rows: Vec<MetricsRow> = read_rows(&metrics)?;
     let stall_path = run.join("stalls.jsonl");
     let stalls = if stall_path.exists() { read_rows(&stall_path)? } else { vec![] };
-    let mut d = RunData {
-        name: run.file_name().map_or("run".into(), |n| n.to_string_lossy().into_owned()),
-        train: vec![],
-        eval: vec![],
-        stalls,
-    };
+    let mut d =
+        RunData { name: run.file_name().map_or("run".into(), |n| n.to_string_lossy().into_owned()), train: vec![], eval: vec![], stalls };
     for r in rows {
         match r {
             MetricsRow::Train { step, tokens, loss, skipped: false, .. } => d.train.push((step as f64, tokens as f64, loss)),
@@ -197,7 +193,11 @@ fn loss_panels(d: &RunData) -> Vec<Panel> {
         y_label: "loss (nats/token)".into(),
         series: vec![
             Series { name: "train".into(), points: d.train.iter().map(|t| (if x == 0 { t.0 } else { t.1 }, t.2)).collect(), dashed: false },
-            Series { name: "validation".into(), points: d.eval.iter().map(|t| (if x == 0 { t.0 } else { t.1 }, t.2)).collect(), dashed: false },
+            Series {
+                name: "validation".into(),
+                points: d.eval.iter().map(|t| (if x == 0 { t.0 } else { t.1 }, t.2)).collect(),
+                dashed: false,
+            },
         ],
     };
     vec![mk(0, "step"), mk(1, "tokens")]
@@ -292,7 +292,10 @@ pub fn plot_compare(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
         title: "validation loss".into(),
         x_label: "step".into(),
         y_label: "loss (nats/token)".into(),
-        series: data.iter().map(|d| Series { name: d.name.clone(), points: d.eval.iter().map(|e| (e.0, e.2)).collect(), dashed: false }).collect(),
+        series: data
+            .iter()
+            .map(|d| Series { name: d.name.clone(), points: d.eval.iter().map(|e| (e.0, e.2)).collect(), dashed: false })
+            .collect(),
     };
     let stall = Panel {
         title: "v stalled fraction (all tensors)".into(),
@@ -313,8 +316,7 @@ pub fn plot_compare(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
 
 /// Create the output folder of the plots, or fail naming it.
 fn create_out(out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create the plot folder {} (--out names a folder)", out.display()))
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create the plot folder {} (--out names a folder)", out.display()))
 }
 
 /// `train plot RUN...`.

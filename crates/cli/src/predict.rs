@@ -8,9 +8,9 @@ use lowbit_optim::{theory, Rounding, StateFormat};
 pub fn predict(format: &str, beta2: f64) -> Result<(StateFormat, u32, f64, f64)> {
     anyhow::ensure!((0.0..1.0).contains(&beta2), "--beta2 must be in [0, 1), got {beta2}");
     let f = StateFormat::parse(format, true).map_err(anyhow::Error::msg)?;
-    let bits = f.fraction_bits().ok_or_else(|| {
-        anyhow::anyhow!("{}: the theory assumes a uniform relative grid; int8's dynamic map has none", f.name())
-    })?;
+    let bits = f
+        .fraction_bits()
+        .ok_or_else(|| anyhow::anyhow!("{}: the theory assumes a uniform relative grid; int8's dynamic map has none", f.name()))?;
     Ok((f, bits, theory::p_stall_nearest(bits, beta2), theory::p_stall_stochastic(bits, beta2)))
 }
 

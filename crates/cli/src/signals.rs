@@ -52,8 +52,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
     if let Some(flag) = FLAG.get() {
         flag.store(true, Ordering::SeqCst);
     }
-    let msg: &[u8] =
-        b"\ninterrupt: finishing this step, writing a checkpoint (signal again, a second or more later, to abort)\n";
+    let msg: &[u8] = b"\ninterrupt: finishing this step, writing a checkpoint (signal again, a second or more later, to abort)\n";
     // SAFETY: write(2) on stderr with a valid buffer is async-signal-safe.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }

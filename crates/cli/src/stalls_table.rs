@@ -7,11 +7,11 @@
 //! `--follow` redraws while the run writes (on a terminal in place; into a file or a pipe one
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
-use lowbit_train::output::fixed;
+use anyhow::Result;
 use lowbit_train::logs::metrics::read_rows;
 use lowbit_train::logs::stalls::{Fractions, StallRow};
 use lowbit_train::logs::summary::mean;
-use anyhow::Result;
+use lowbit_train::output::fixed;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -143,11 +143,7 @@ pub fn table(rows: &[StallRow], by: By, window: usize) -> Table {
     let latest = detailed.last().cloned().unwrap_or_default();
     let mut lines: Vec<Line> = latest
         .iter()
-        .map(|(name, f)| Line {
-            name: name.clone(),
-            latest: f.clone(),
-            mean: mean_fractions(detailed.iter().filter_map(|d| d.get(name))),
-        })
+        .map(|(name, f)| Line { name: name.clone(), latest: f.clone(), mean: mean_fractions(detailed.iter().filter_map(|d| d.get(name))) })
         .collect();
     // "all" last, as a total line
     if let Some(i) = lines.iter().position(|l| l.name == "all") {
@@ -174,11 +170,7 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
     } else {
         format!("the last {} steps", t.window_steps)
     };
-    let over = if t.averaged == t.window_steps {
-        steps
-    } else {
-        format!("the {} per-tensor rows of {steps}", t.averaged)
-    };
+    let over = if t.averaged == t.window_steps { steps } else { format!("the {} per-tensor rows of {steps}", t.averaged) };
     let what = match estimator {
         Estimator::Updated => "stalled / updated elements",
         Estimator::Paper => "the paper's estimator: unchanged / all entries",
@@ -204,7 +196,14 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
         }
         if show(State::V) {
             let diff = mv.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
-            s += &format!("  {:>8}  {:>6}  {:>6}  {:>6}  {:>9}", fixed(lv, 3), fixed(mv, 3), fixed(t.theory_v, 3), diff, fixed(l.mean.zero_v, 1));
+            s += &format!(
+                "  {:>8}  {:>6}  {:>6}  {:>6}  {:>9}",
+                fixed(lv, 3),
+                fixed(mv, 3),
+                fixed(t.theory_v, 3),
+                diff,
+                fixed(l.mean.zero_v, 1)
+            );
         }
         if show(State::W) {
             s += &format!("  {:>8}  {:>6}", fixed(lw, 3), fixed(mw, 3));
@@ -275,10 +274,7 @@ pub fn run(a: &StallsArgs) -> Result<()> {
         let now = standing(&a.run);
         if !path.is_file() {
             if !a.follow {
-                anyhow::bail!(
-                    "{}: no stalls.jsonl (not a run folder, or its run has not written a step yet)",
-                    a.run.display()
-                );
+                anyhow::bail!("{}: no stalls.jsonl (not a run folder, or its run has not written a step yet)", a.run.display());
             }
             // the run may be starting: it loads data and model before it claims the folder
             if !std::mem::replace(&mut waited, true) {

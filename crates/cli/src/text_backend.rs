@@ -66,7 +66,12 @@ impl<B: DrawingBackend> DrawingBackend for Glyphs<B> {
     fn draw_pixel(&mut self, point: BackendCoord, color: BackendColor) -> Result<(), DrawingErrorKind<B::ErrorType>> {
         self.inner.draw_pixel(point, color)
     }
-    fn draw_line<S: BackendStyle>(&mut self, from: BackendCoord, to: BackendCoord, style: &S) -> Result<(), DrawingErrorKind<B::ErrorType>> {
+    fn draw_line<S: BackendStyle>(
+        &mut self,
+        from: BackendCoord,
+        to: BackendCoord,
+        style: &S,
+    ) -> Result<(), DrawingErrorKind<B::ErrorType>> {
         self.inner.draw_line(from, to, style)
     }
     fn draw_rect<S: BackendStyle>(

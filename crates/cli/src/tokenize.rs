@@ -49,7 +49,12 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
             }
             let dst = token_shard_path(&src, &a.out);
             if let Some((other, _)) = jobs.iter().find(|(_, d): &&(PathBuf, PathBuf)| *d == dst) {
-                bail!("{} and {} would both be tokenized into {}: give them different file names", other.display(), src.display(), dst.display());
+                bail!(
+                    "{} and {} would both be tokenized into {}: give them different file names",
+                    other.display(),
+                    src.display(),
+                    dst.display()
+                );
             }
             jobs.push((src, dst));
         }

@@ -14,13 +14,7 @@ use common::{cli_dir, root, train, train_bin};
 fn with_closed_stdout(cwd: &Path, args: &[&str]) -> (Option<i32>, String) {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let out = Command::new(train_bin())
-        .args(args)
-        .current_dir(cwd)
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let out = Command::new(train_bin()).args(args).current_dir(cwd).stdout(writer).stderr(Stdio::piped()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("$ train {} | (closed)\n-> {:?}\n{err}", args.join(" "), out.status.code());
     (out.status.code(), err)
@@ -28,7 +22,9 @@ fn with_closed_stdout(cwd: &Path, args: &[&str]) -> (Option<i32>, String) {
 
 /// A hand-made `stalls.jsonl` row for `step`: half of m and v stalled.
 fn stall_row(step: u64) -> String {
-    format!(r#"{{"step":{step},"m":{{"updated":10,"stalled":5}},"v":{{"updated":10,"stalled":5}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":0.5,"v":0.5}},"groups":{{}},"theory":{{"v":0.9}}}}"#)
+    format!(
+        r#"{{"step":{step},"m":{{"updated":10,"stalled":5}},"v":{{"updated":10,"stalled":5}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":0.5,"v":0.5}},"groups":{{}},"theory":{{"v":0.9}}}}"#
+    )
 }
 
 #[test]
@@ -49,7 +45,8 @@ fn a_closed_stdout_pipe_panics_no_subcommand_and_training_still_plots() {
     assert!(err.contains("step 0: validation loss of the initial model (8 batches of the validation set)"), "{err}");
     // every train row of metrics.jsonl says whether it was skipped
     let metrics = std::fs::read_to_string(d.join("runs/x/metrics.jsonl")).unwrap();
-    let train_rows: Vec<Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).filter(|r: &Value| r["kind"] == "train").collect();
+    let train_rows: Vec<Value> =
+        metrics.lines().map(|l| serde_json::from_str(l).unwrap()).filter(|r: &Value| r["kind"] == "train").collect();
     assert_eq!(train_rows.len(), 2);
     assert!(train_rows.iter().all(|r| r["skipped"] == false), "{metrics}");
     for args in [vec!["stalls", "runs/x"], vec!["plot", "runs/x"]] {
@@ -68,13 +65,8 @@ fn a_closed_stderr_pipe_stops_nothing() {
     let run = |args: &[&str]| {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
-        let status = Command::new(train_bin())
-            .args(args)
-            .current_dir(d)
-            .stdout(writer.try_clone().unwrap())
-            .stderr(writer)
-            .status()
-            .unwrap();
+        let status =
+            Command::new(train_bin()).args(args).current_dir(d).stdout(writer.try_clone().unwrap()).stderr(writer).status().unwrap();
         status.code()
     };
     assert_eq!(run(&["--config", "c.toml", "--set", "train.max_steps=2"]), Some(0));
@@ -124,7 +116,10 @@ fn errors_name_the_file_or_field_and_what_to_do() {
     assert!(e.contains("error: --resume missing_dir: no such run folder (give a folder written by train"), "{e}");
     std::fs::create_dir_all(d.join("shards")).unwrap();
     let e = err(&["--config", "c.toml", "--set", "data.train=[\"shards\"]"]);
-    assert!(e.contains("train shard 'shards' is a folder, not a shard file: list its files, or use a glob such as 'shards/*.json.gz'"), "{e}");
+    assert!(
+        e.contains("train shard 'shards' is a folder, not a shard file: list its files, or use a glob such as 'shards/*.json.gz'"),
+        "{e}"
+    );
     let e = err(&["predict", "--format", "bf16", "--beta2", "-0.5"]);
     assert!(e.contains("--beta2 must be in [0, 1), got -0.5"), "{e}");
     let e = err(&["bench", "optimizer"]);
@@ -170,7 +165,11 @@ fn bare_config_names_resolve_under_configs_and_print_config_shows_the_result() {
     assert!(!d.join("runs").exists(), "--print-config started a run");
     let r = train(d, &["--config", "tiny_tset", "--print-config"]);
     assert_eq!(r.code, Some(1));
-    assert!(r.stderr.contains("error: --config tiny_tset: no such file nor under configs/; nearest: configs/tiny_test.toml"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("error: --config tiny_tset: no such file nor under configs/; nearest: configs/tiny_test.toml"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -193,10 +192,19 @@ fn reader_warns_once_per_bad_line_and_skips_blank_lines_silently() {
     }
     std::fs::write(d.join("bad.json"), shard).unwrap();
     // the same shard for training and validation, several epochs: read many times over
-    let r = train(d, &[
-        "--config", "c.toml", "--set", "data.train=[\"bad.json\"]", "--set", "data.validation=[\"bad.json\"]",
-        "--set", "train.max_steps=3",
-    ]);
+    let r = train(
+        d,
+        &[
+            "--config",
+            "c.toml",
+            "--set",
+            "data.train=[\"bad.json\"]",
+            "--set",
+            "data.validation=[\"bad.json\"]",
+            "--set",
+            "train.max_steps=3",
+        ],
+    );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(r.stderr.matches("skipping bad C4 line").count(), 2, "{}", r.stderr);
     assert!(r.stderr.contains("bad.json:5: skipping bad C4 line: not JSON"), "{}", r.stderr);
@@ -209,7 +217,8 @@ fn reader_warns_once_per_bad_line_and_skips_blank_lines_silently() {
 fn a_run_reports_its_passes_over_the_text_and_warns_past_four() {
     let tmp = cli_dir("x");
     let d = tmp.path();
-    let docs: String = (0..6).map(|i| format!("{{\"text\": \"{}\"}}\n", format!("document {i} of a tiny corpus, one of six. ").repeat(12))).collect();
+    let docs: String =
+        (0..6).map(|i| format!("{{\"text\": \"{}\"}}\n", format!("document {i} of a tiny corpus, one of six. ").repeat(12))).collect();
     std::fs::write(d.join("tiny.json"), docs).unwrap();
     let r = train(d, &["--config", "c.toml", "--set", "data.train=[\"tiny.json\"]", "--set", "train.max_steps=40"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
@@ -221,8 +230,19 @@ fn a_run_reports_its_passes_over_the_text_and_warns_past_four() {
     assert_eq!(summary["data_order"], "rows permuted in memory (data.shuffle = true, data.seed = 7)");
     let planned = format!("{per_epoch} target tokens per pass; 40 steps make {epochs:.2} passes");
     assert!(r.stdout.contains(&planned), "{}", r.stdout);
-    assert!(epochs > 4.0 && r.stderr.contains("train.max_steps = 40 x 4 sequences of 32 tokens make") && r.stderr.contains("passes over the training text") && r.stderr.contains("Muennighoff"), "{}", r.stderr);
-    assert!(r.stdout.contains(&format!("data: {epochs:.2} passes over the training text ({per_epoch} tokens each), rows permuted in memory")), "{}", r.stdout);
+    assert!(
+        epochs > 4.0
+            && r.stderr.contains("train.max_steps = 40 x 4 sequences of 32 tokens make")
+            && r.stderr.contains("passes over the training text")
+            && r.stderr.contains("Muennighoff"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains(&format!("data: {epochs:.2} passes over the training text ({per_epoch} tokens each), rows permuted in memory")),
+        "{}",
+        r.stdout
+    );
     // a run within 4 passes is not warned about
     let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=2", "--set", "run.name=y"]);
     assert!(r.code == Some(0) && !r.stderr.contains("Muennighoff"), "{}", r.stderr);
@@ -255,18 +275,30 @@ fn group_states_keep_the_embedding_in_fp32() {
     assert_eq!(rest["state_bytes"].as_u64().unwrap() + 8 * embed_params, summary["state_bytes"].as_u64().unwrap());
     assert!(r.stdout.contains("states for embed (1 tensors, 1027200 params, 8.000 bytes/param): m fp32"), "{}", r.stdout);
     // the embedding's FP32 states stall nowhere; the FP4/FP8 ones do
-    let rows: Vec<Value> = std::fs::read_to_string(d.join("runs/x/stalls.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<Value> =
+        std::fs::read_to_string(d.join("runs/x/stalls.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 6);
     for row in &rows {
-        assert!([row["groups"]["embed"]["m"].as_f64(), row["groups"]["embed"]["v"].as_f64()].iter().all(|f| f.is_none_or(|f| f == 0.0)), "{row}");
+        assert!(
+            [row["groups"]["embed"]["m"].as_f64(), row["groups"]["embed"]["v"].as_f64()].iter().all(|f| f.is_none_or(|f| f == 0.0)),
+            "{row}"
+        );
     }
     assert!(rows.iter().any(|r| r["groups"]["mlp"]["v"].as_f64() > Some(0.0)), "the quantized states stall");
     // a resume with other group states is refused, naming the tensor
     let r = train(d, &["--config", "c.toml", "--set", "train.max_steps=8", "--resume", "runs/x"]);
-    assert!(r.code != Some(0) && r.stderr.contains("model.embed_tokens.weight") && r.stderr.contains("optim.states.groups"), "{}", r.stderr);
+    assert!(
+        r.code != Some(0) && r.stderr.contains("model.embed_tokens.weight") && r.stderr.contains("optim.states.groups"),
+        "{}",
+        r.stderr
+    );
     // a group the model does not have
     let r = train(d, &["--config", "c.toml", "--set", "run.name=y", "--set", "optim.states.groups.embedding.m_format=fp32"]);
-    assert!(r.code != Some(0) && r.stderr.contains("optim.states.groups.embedding: the model has no tensor group \"embedding\""), "{}", r.stderr);
+    assert!(
+        r.code != Some(0) && r.stderr.contains("optim.states.groups.embedding: the model has no tensor group \"embedding\""),
+        "{}",
+        r.stderr
+    );
     assert!(!d.join("runs/y").exists());
 }
 
@@ -288,7 +320,19 @@ fn data_tokenize_writes_token_shards_a_run_reads() {
     assert!(r.stdout.contains(hint), "{}", r.stdout);
     let again = train(d, &args);
     assert!(again.code == Some(0) && again.stdout.contains("tok/a.tokens.zst: already there"), "{}", again.stdout);
-    let r = train(d, &["--config", "c.toml", "--set", "data.train=[\"tok/a.tokens.zst\"]", "--set", "data.validation=[\"tok/v.tokens.zst\"]", "--set", "train.max_steps=2"]);
+    let r = train(
+        d,
+        &[
+            "--config",
+            "c.toml",
+            "--set",
+            "data.train=[\"tok/a.tokens.zst\"]",
+            "--set",
+            "data.validation=[\"tok/v.tokens.zst\"]",
+            "--set",
+            "train.max_steps=2",
+        ],
+    );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(d.join("runs/x/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["tokens_per_epoch_exact"], true);
@@ -398,9 +442,18 @@ fn one_rounding_vocabulary_warnings_and_validation_progress() {
     let r = train(
         d,
         &[
-            "--config", "c.toml", "--set", "train.max_steps=1",
-            "--set", "optim.states.m_rounding=\"sr\"", "--set", "optim.states.v_rounding=\"rne\"",
-            "--set", "optim.states.v_format=\"fp4e2m1\"", "--set", "optim.states.weight_rounding=\"stochastic\"",
+            "--config",
+            "c.toml",
+            "--set",
+            "train.max_steps=1",
+            "--set",
+            "optim.states.m_rounding=\"sr\"",
+            "--set",
+            "optim.states.v_rounding=\"rne\"",
+            "--set",
+            "optim.states.v_format=\"fp4e2m1\"",
+            "--set",
+            "optim.states.weight_rounding=\"stochastic\"",
         ],
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);

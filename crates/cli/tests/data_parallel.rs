@@ -113,7 +113,10 @@ fn a_run_checkpointed_on_two_ranks_resumes_on_one() {
     // resumed with half the accumulation: the global batch halves, and it says so
     ok(&["--config", "c.toml", "--set", "run.name=\"halved\"", "--set", "train.max_steps=1", "--gpus", "2"]);
     let halved = ok(&["--resume", "runs/halved", "--set", "train.max_steps=2", "--set", "train.grad_accum=1"]);
-    assert!(halved.contains("the global batch changes from 4 sequences per step to 2 (train.micro_batch 2 x train.grad_accum 1)"), "{halved}");
+    assert!(
+        halved.contains("the global batch changes from 4 sequences per step to 2 (train.micro_batch 2 x train.grad_accum 1)"),
+        "{halved}"
+    );
 }
 
 #[test]
@@ -174,9 +177,20 @@ fn adaptive_resets_on_zero1_shards_match_the_unsharded_run() {
     let dir = cli_dir("dpa");
     let d = dir.path();
     let sets = [
-        "--set", "optim.states.reset=\"adaptive\"", "--set", "optim.states.m_reset_every=0",
-        "--set", "optim.states.v_reset_every=0", "--set", "optim.states.reset_s0=0.05", "--set", "optim.beta2=0.9",
-        "--set", "train.max_steps=24", "--gpus", "2",
+        "--set",
+        "optim.states.reset=\"adaptive\"",
+        "--set",
+        "optim.states.m_reset_every=0",
+        "--set",
+        "optim.states.v_reset_every=0",
+        "--set",
+        "optim.states.reset_s0=0.05",
+        "--set",
+        "optim.beta2=0.9",
+        "--set",
+        "train.max_steps=24",
+        "--gpus",
+        "2",
     ];
     for (name, zero) in [("plain", "train.zero=0"), ("zero1", "train.zero=1")] {
         let name_set = format!("run.name=\"{name}\"");
@@ -215,12 +229,17 @@ fn a_rank_count_that_does_not_divide_the_accumulation_is_refused_before_any_work
     let d = dir.path();
     let r = train(d, &["--config", "c.toml", "--device", "cpu", "--gpus", "3"]);
     assert_eq!(r.code, Some(1));
-    assert!(r.stderr.contains(
-        "error: --gpus 3: train.grad_accum = 2 cannot be split over 3 ranks (the global batch is train.micro_batch 2 x \
+    assert!(
+        r.stderr.contains(
+            "error: --gpus 3: train.grad_accum = 2 cannot be split over 3 ranks (the global batch is train.micro_batch 2 x \
          train.grad_accum 2 = 4 sequences per step, and each rank accumulates grad_accum / ranks micro-batches): use a \
          rank count that divides 2, or the global batch of 4 is not a multiple of 3: change it or the rank count"
-    ), "{}", r.stderr);
-    let r = train(d, &["--config", "c.toml", "--device", "cpu", "--gpus", "4", "--set", "train.micro_batch=4", "--set", "train.grad_accum=2"]);
+        ),
+        "{}",
+        r.stderr
+    );
+    let r =
+        train(d, &["--config", "c.toml", "--device", "cpu", "--gpus", "4", "--set", "train.micro_batch=4", "--set", "train.grad_accum=2"]);
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("or e.g. --set train.micro_batch=2 --set train.grad_accum=4 (the same global batch)"), "{}", r.stderr);
     assert!(!d.join("runs").exists(), "a refused start wrote nothing");

@@ -108,9 +108,12 @@ fn files_arrive_byte_identical_and_a_second_call_fetches_nothing() {
     let to_hub: Vec<_> = seen.iter().filter(|s| !s.url.starts_with("/cdn/")).collect();
     assert!(!to_hub.is_empty() && to_hub.iter().all(|s| s.auth.as_deref() == Some("Bearer hf_test")), "{seen:?}");
     // only the hub's URL layout was asked for
-    assert!(seen.iter().all(|s| s.url.starts_with("/datasets/allenai/c4/resolve/main/en/")
-        || s.url == "/google-t5/t5-base/resolve/main/tokenizer.json"
-        || s.url.starts_with("/cdn/")), "{seen:?}");
+    assert!(
+        seen.iter().all(|s| s.url.starts_with("/datasets/allenai/c4/resolve/main/en/")
+            || s.url == "/google-t5/t5-base/resolve/main/tokenizer.json"
+            || s.url.starts_with("/cdn/")),
+        "{seen:?}"
+    );
 
     let before = hub.seen().len();
     let r = fetch(tmp.path(), &hub.url, &args, &[]);
@@ -150,7 +153,11 @@ fn an_interrupted_download_leaves_no_final_file_and_the_next_call_resumes_it() {
     let args = ["--train-shards", "1", "--val-shards", "0", "--no-tokenizer", "--out", "c4", "--retries", "0"];
     let r = fetch(tmp.path(), &hub.url, &args, &[]);
     assert_eq!(r.code, Some(1));
-    assert!(r.stderr.contains(&format!("cannot fetch {TRAIN0}")) && r.stderr.contains("run the same command again to resume"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!("cannot fetch {TRAIN0}")) && r.stderr.contains("run the same command again to resume"),
+        "{}",
+        r.stderr
+    );
     let out = tmp.path().join("c4");
     assert!(!out.join(TRAIN0).exists(), "no truncated file under the final name");
     let partial: Vec<String> = tree(&out).into_iter().filter(|p| p.ends_with(".part")).collect();
@@ -171,11 +178,7 @@ fn a_file_the_hub_lacks_is_refused_before_anything_is_written() {
     let tmp = tempfile::tempdir().unwrap();
     let r = fetch(tmp.path(), &hub.url, &["--train-shards", "3", "--val-shards", "1", "--out", "c4"], &[]);
     assert_eq!(r.code, Some(1));
-    assert!(
-        r.stderr.contains("cannot fetch en/c4-train.00002-of-01024.json.gz") && r.stderr.contains("not found (404)"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("cannot fetch en/c4-train.00002-of-01024.json.gz") && r.stderr.contains("not found (404)"), "{}", r.stderr);
     assert!(r.stderr.contains("no token was sent") || !r.stderr.contains("401"));
     assert!(!tmp.path().join("c4").exists(), "nothing written: {:?}", tree(&tmp.path().join("c4")));
     assert!(hub.seen().iter().all(|s| !s.url.starts_with("/cdn/") || s.range.as_deref() == Some("bytes=0-0")));

@@ -2,12 +2,12 @@
 //! (group aggregation, theory column, a truncated last line), `train predict`'s numbers,
 //! and determinism of the logs (same seed and config: identical stalls.jsonl and losses).
 
-use lowbit_train::config::RunConfig;
-use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_cli::predict::{predict, reset_periods};
 use lowbit_cli::stalls_table::Estimator;
-use lowbit_train::logs::stalls::StallRow;
 use lowbit_cli::stalls_table::{render, table, By, State};
+use lowbit_train::config::RunConfig;
+use lowbit_train::logs::metrics::{read_rows, MetricsRow};
+use lowbit_train::logs::stalls::StallRow;
 use lowbit_train::progress::Logs;
 use lowbit_train::run;
 use lowbit_train::session::Launch;
@@ -21,7 +21,12 @@ fn row(step: u64, m: (u64, u64), v: (u64, u64), groups: &str, tensors: Option<&s
     let t = tensors.map_or(String::new(), |t| format!(r#","tensors":{t}"#));
     format!(
         r#"{{"step":{step},"m":{{"updated":{},"stalled":{}}},"v":{{"updated":{},"stalled":{}}},"w":{{"updated":0,"stalled":0}},"frac":{{"m":{},"v":{}}},"groups":{groups},"theory":{{"v":0.946}}{t}}}"#,
-        m.0, m.1, v.0, v.1, frac(m), frac(v)
+        m.0,
+        m.1,
+        v.0,
+        v.1,
+        frac(m),
+        frac(v)
     )
 }
 
@@ -162,10 +167,7 @@ fn stalls_headers_say_what_the_mean_is_over() {
     assert!((table(&rows, By::Group, 0).lines[0].mean.v.unwrap() - 0.6).abs() < 1e-12);
     assert_eq!(head(By::Group, 1), "step 2 (2 rows; mean over the last 1 steps; stalled / updated elements)");
     // --by tensor: only the per-tensor rows are averaged
-    assert_eq!(
-        head(By::Tensor, 100),
-        "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps; stalled / updated elements)"
-    );
+    assert_eq!(head(By::Tensor, 100), "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps; stalled / updated elements)");
 }
 
 /// Issue 33: `--follow --interval inf` (or 1e20) exited 101 on a panic converting the seconds;

@@ -14,8 +14,18 @@ use std::time::{Duration, Instant};
 /// An endless CPU run (on 2 ranks: one micro-batch each), checkpointed only when stopped.
 fn endless(name: &str) -> Vec<String> {
     [
-        "--config", "c.toml", "--device", "cpu", "--set", &format!("run.name=\"{name}\""), "--set", "train.max_steps=100000",
-        "--set", "train.checkpoint_every=0", "--set", "train.eval_every=0",
+        "--config",
+        "c.toml",
+        "--device",
+        "cpu",
+        "--set",
+        &format!("run.name=\"{name}\""),
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        "train.checkpoint_every=0",
+        "--set",
+        "train.eval_every=0",
     ]
     .map(String::from)
     .to_vec()

@@ -3,8 +3,8 @@
 //! subsets of a table (`--cells`, `--seeds`, `--seed-list`), spreading runs over GPUs, and a
 //! report rendered from a results file with seed-by-seed verdicts.
 
-use lowbit_train::config::RunConfig;
 use lowbit_reproduce::*;
+use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::Summary;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -131,10 +131,7 @@ fn results_files_merge_across_commands() {
     merged.merge(second); // merging the same file twice changes nothing
     assert_eq!(merged.commands.len(), 2);
     let keys: Vec<_> = merged.runs.iter().map(|r| (r.states.as_str(), r.cell.as_str(), r.seed)).collect();
-    assert_eq!(
-        keys,
-        [("blockwise", "fp8_sr", 0), ("paper", "fp8_sr", 0), ("shared", "fp32_plain", 0), ("shared", "fp32_plain", 1)]
-    );
+    assert_eq!(keys, [("blockwise", "fp8_sr", 0), ("paper", "fp8_sr", 0), ("shared", "fp32_plain", 0), ("shared", "fp32_plain", 1)]);
     assert_eq!(merged.runs[1].final_val_loss, Some(5.58), "the later command's record wins");
     assert_eq!(merged.seeds(), [0, 1]);
     // round trip through the file, and errors that name it
@@ -259,7 +256,16 @@ fn h200_scale_is_sized_from_the_measured_speed() {
     let steps = 4000.0;
     assert!(10.0 * steps / 81.0 <= 510.0 && 11.0 * steps / 81.0 > 510.0);
     let d = scale_description(Scale::H200);
-    for s in ["16.4M tokens per run", "~81 optimizer steps/s", "345 s", "41310 FP32-model steps per GPU", "10 runs at once per GPU", "~176", "54 runs", "FP4 19"] {
+    for s in [
+        "16.4M tokens per run",
+        "~81 optimizer steps/s",
+        "345 s",
+        "41310 FP32-model steps per GPU",
+        "10 runs at once per GPU",
+        "~176",
+        "54 runs",
+        "FP4 19",
+    ] {
         assert!(d.contains(s), "{s:?} missing from: {d}");
     }
 }
@@ -300,9 +306,22 @@ fn report_only_renders_from_the_merged_results_file() {
     file.save(&committed.join("fp32-model-smoke-results.json")).unwrap();
     let out = tmp.path().join("out");
     let args = [
-        "reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--seed-list", "0",
-        "--configs", cfgs.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
-        "--out", out.to_str().unwrap(), "--merge", committed.to_str().unwrap(),
+        "reproduce",
+        "--table",
+        "fp32-model",
+        "--scale",
+        "smoke",
+        "--report-only",
+        "--seed-list",
+        "0",
+        "--configs",
+        cfgs.to_str().unwrap(),
+        "--runs",
+        runs.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--merge",
+        committed.to_str().unwrap(),
     ];
     let (ok, md, err) = train(&args, tmp.path());
     assert!(ok, "{err}");
@@ -312,7 +331,10 @@ fn report_only_renders_from_the_merged_results_file() {
         file,
         "the merged file goes beside the report"
     );
-    assert!(md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 8 of 28 runs (14 cells x seeds 0, 1)"), "seed 1 is in the file: {md}");
+    assert!(
+        md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 8 of 28 runs (14 cells x seeds 0, 1)"),
+        "seed 1 is in the file: {md}"
+    );
     assert!(md.contains("1 record(s) of the results file with another config"), "{md}");
     let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert!(row.contains("| 5.9750 ± 0.1061 | 2 |"), "{row}");
@@ -356,9 +378,22 @@ fn reset_policies_borrow_the_main_tables_runs() {
     own.save(&committed.join("reset-policies-smoke-results.json")).unwrap();
     let out = tmp.path().join("out");
     let args = [
-        "reproduce", "--table", "reset-policies", "--scale", "smoke", "--report-only", "--seed-list", "0",
-        "--configs", cfgs.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
-        "--out", out.to_str().unwrap(), "--merge", committed.to_str().unwrap(),
+        "reproduce",
+        "--table",
+        "reset-policies",
+        "--scale",
+        "smoke",
+        "--report-only",
+        "--seed-list",
+        "0",
+        "--configs",
+        cfgs.to_str().unwrap(),
+        "--runs",
+        runs.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--merge",
+        committed.to_str().unwrap(),
     ];
     let (ok, md, err) = train(&args, tmp.path());
     assert!(ok, "{err}");
@@ -384,8 +419,21 @@ fn commands_fill_the_file_and_never_rerun_a_finished_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cmd = |seeds: &str| {
         let args = [
-            "reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", seeds,
-            "--set", "train.max_steps=2", "--out", out.to_str().unwrap(), "--runs", runs.to_str().unwrap(),
+            "reproduce",
+            "--table",
+            "fp32-model",
+            "--scale",
+            "smoke",
+            "--cells",
+            "fp32_plain",
+            "--seed-list",
+            seeds,
+            "--set",
+            "train.max_steps=2",
+            "--out",
+            out.to_str().unwrap(),
+            "--runs",
+            runs.to_str().unwrap(),
         ];
         let (ok, _, err) = train(&args, &repo);
         assert!(ok, "{err}");
@@ -438,4 +486,3 @@ fn a_second_runner_on_the_same_results_file_is_refused() {
     assert!(ok, "{err}");
     assert!(!lock_path.exists(), "the command's lock is gone with it");
 }
-

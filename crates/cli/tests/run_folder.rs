@@ -128,10 +128,7 @@ fn a_live_run_locks_its_folder_and_signals_checkpoint_and_exit_128_plus_signal()
     wait_for_rows(&run, 0);
     let r = train(d, &long);
     assert_eq!(r.code, Some(1));
-    let want = format!(
-        "error: run folder runs/x is in use by another training run (process {}, lock file runs/x/train.lock)",
-        first.id()
-    );
+    let want = format!("error: run folder runs/x is in use by another training run (process {}, lock file runs/x/train.lock)", first.id());
     assert!(r.stderr.contains(&want), "{}", r.stderr);
 
     signal(&[first.id()], "-TERM");
@@ -305,17 +302,21 @@ fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
 fn a_full_disk_stops_the_run_and_a_resume_continues_exactly() {
     let tmp = cli_dir("x");
     let d = tmp.path();
-    let six = ["--config", "c.toml", "--set", "train.max_steps=6", "--set", "train.checkpoint_every=3", "--set", "train.keep_checkpoints=3"];
+    let six =
+        ["--config", "c.toml", "--set", "train.max_steps=6", "--set", "train.checkpoint_every=3", "--set", "train.keep_checkpoints=3"];
     let straight = train(d, &six);
     assert_eq!(straight.code, Some(0), "{}", straight.stderr);
     // the rows without their timings
     let rows = |d: &Path| -> Vec<Value> {
         let text = std::fs::read_to_string(d.join("runs/x/metrics.jsonl")).unwrap();
-        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).map(|mut v| {
-            let o = v.as_object_mut().unwrap();
-            (o.remove("step_time"), o.remove("tokens_per_s"));
-            v
-        }).collect()
+        text.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|mut v| {
+                let o = v.as_object_mut().unwrap();
+                (o.remove("step_time"), o.remove("tokens_per_s"));
+                v
+            })
+            .collect()
     };
     let want = rows(d);
     // the same run, "crashed" after its step-3 checkpoint, resumed onto a full disk: steps 4-6
@@ -340,5 +341,9 @@ fn a_full_disk_stops_the_run_and_a_resume_continues_exactly() {
     let r = train_with_file_limit(d, 3, &y);
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(r.stderr.contains("cannot write runs/y/stalls.jsonl: File too large"), "{}", r.stderr);
-    assert!(r.stderr.contains("the run cannot be continued (it has no checkpoint yet): run its command again with --overwrite"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the run cannot be continued (it has no checkpoint yet): run its command again with --overwrite"),
+        "{}",
+        r.stderr
+    );
 }

@@ -49,9 +49,9 @@ impl RowOrder {
         match self {
             RowOrder::FileOrder => "file order (data.shuffle = false)".into(),
             RowOrder::Permuted { seed } => format!("rows permuted in memory (data.shuffle = true, data.seed = {seed})"),
-            RowOrder::Buffered { seed, buffer } => format!(
-                "streamed through a shuffle buffer (data.shuffle = true, data.seed = {seed}, data.shuffle_buffer = {buffer})"
-            ),
+            RowOrder::Buffered { seed, buffer } => {
+                format!("streamed through a shuffle buffer (data.shuffle = true, data.seed = {seed}, data.shuffle_buffer = {buffer})")
+            }
         }
     }
 }

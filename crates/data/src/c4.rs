@@ -5,8 +5,8 @@
 //! paper configs' globs look) and `<out>/tokenizer.json` (the T5 tokenizer, the same as
 //! `data/tokenizers/t5-tokenizer.json`).
 
-use crate::hub::HubFile;
 use crate::error::{DataError, Result};
+use crate::hub::HubFile;
 use hf_hub::RepoType;
 use std::path::Path;
 

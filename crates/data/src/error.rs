@@ -29,12 +29,21 @@ pub enum DataError {
 
     /// A shard could not be opened or read (permissions, I/O error before any decoding).
     #[error("cannot read {}: {source}", path.display())]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 
     /// The gzip stream of a shard is corrupt or truncated (raised with `on_bad_line = "fail"`;
     /// with `"skip"` the rest of the shard is skipped with a warning).
     #[error("corrupt or truncated gzip stream in {} after line {line}: {source}", path.display())]
-    Corrupt { path: PathBuf, line: u64, #[source] source: std::io::Error },
+    Corrupt {
+        path: PathBuf,
+        line: u64,
+        #[source]
+        source: std::io::Error,
+    },
 
     /// A line is not a JSON object with a string `text` field (raised with
     /// `on_bad_line = "fail"`; `line` is 1-based).

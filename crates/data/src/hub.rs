@@ -183,10 +183,9 @@ impl Hub {
                     self.env.endpoint
                 ),
             ),
-            e => fetch_err(
-                &f.path,
-                format!("{e}; run the same command again to resume (the partial file is in {})", self.staging.display()),
-            ),
+            e => {
+                fetch_err(&f.path, format!("{e}; run the same command again to resume (the partial file is in {})", self.staging.display()))
+            }
         })?;
         let blob = std::fs::canonicalize(&pointer).map_err(|e| fetch_err(&f.path, format!("{}: {e}", pointer.display())))?;
         let got = std::fs::metadata(&blob).map(|m| m.len()).unwrap_or(0);
@@ -238,10 +237,7 @@ impl Hub {
                      shared corpus (README \"Data\")",
                     self.env.endpoint
                 ),
-                _ => format!(
-                    "{url}: {t}; run the same command again to resume (the partial file is in {})",
-                    self.staging.display()
-                ),
+                _ => format!("{url}: {t}; run the same command again to resume (the partial file is in {})", self.staging.display()),
             },
         };
         fetch_err(&f.path, msg)

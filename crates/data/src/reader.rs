@@ -8,9 +8,9 @@
 //! concatenated gzip members (as written by `cat a.gz b.gz`) are read as one stream.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -43,11 +43,7 @@ pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<Path
             out.push(p);
             continue;
         }
-        let paths = glob::glob(pattern).map_err(|e| DataError::BadPattern {
-            what,
-            pattern: pattern.clone(),
-            msg: e.to_string(),
-        })?;
+        let paths = glob::glob(pattern).map_err(|e| DataError::BadPattern { what, pattern: pattern.clone(), msg: e.to_string() })?;
         let before = out.len();
         for entry in paths {
             let p = entry.map_err(|e| DataError::Io {
@@ -137,21 +133,9 @@ impl ShardReader {
         let file = File::open(path).map_err(io_err)?;
         let mut raw = BufReader::with_capacity(1 << 16, file);
         let is_gz = raw.fill_buf().map_err(io_err)?.starts_with(&GZIP_MAGIC);
-        let reader: Box<dyn BufRead + Send> = if is_gz {
-            Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(raw)))
-        } else {
-            Box::new(raw)
-        };
-        Ok(Self {
-            path: path.to_path_buf(),
-            reader,
-            on_bad,
-            line: 0,
-            bad_lines: 0,
-            docs: 0,
-            buf: Vec::with_capacity(1 << 14),
-            done: false,
-        })
+        let reader: Box<dyn BufRead + Send> =
+            if is_gz { Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(raw))) } else { Box::new(raw) };
+        Ok(Self { path: path.to_path_buf(), reader, on_bad, line: 0, bad_lines: 0, docs: 0, buf: Vec::with_capacity(1 << 14), done: false })
     }
 
     /// The shard's path.
@@ -207,9 +191,7 @@ impl ShardReader {
             Err(source) => {
                 self.done = true;
                 match self.on_bad {
-                    BadInput::Fail => {
-                        Err(DataError::Corrupt { path: self.path.clone(), line: self.line, source })
-                    }
+                    BadInput::Fail => Err(DataError::Corrupt { path: self.path.clone(), line: self.line, source }),
                     BadInput::Skip => {
                         warn_once(
                             &self.path,
@@ -255,9 +237,7 @@ impl ShardReader {
                     return Ok(Some(text.into_owned()));
                 }
                 Err(msg) => match self.on_bad {
-                    BadInput::Fail => {
-                        return Err(DataError::BadLine { path: self.path.clone(), line: self.line, msg })
-                    }
+                    BadInput::Fail => return Err(DataError::BadLine { path: self.path.clone(), line: self.line, msg }),
                     BadInput::Skip => {
                         self.bad_lines += 1;
                         warn_once(

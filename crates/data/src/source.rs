@@ -230,7 +230,11 @@ impl DocSource {
                     self.whole_epoch = true;
                     self.docs_this_epoch = 0;
                     // (debug: the reader runs megabytes ahead; the trainer logs when training reaches the epoch)
-                    tracing::debug!(epoch = self.epoch, shards = self.shards.len(), "reader reached the end of the train shards; next epoch");
+                    tracing::debug!(
+                        epoch = self.epoch,
+                        shards = self.shards.len(),
+                        "reader reached the end of the train shards; next epoch"
+                    );
                 }
                 let path = &self.shards[self.order[self.shard]];
                 if stamp(path) != self.stamps[self.order[self.shard]] {

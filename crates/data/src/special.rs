@@ -77,8 +77,7 @@ pub(crate) fn unknown_id(json: &Value) -> Option<u32> {
 /// Errors with the token and its ids.
 pub(crate) fn check_specials_stay_text(tokenizer: &Tokenizer, unknown: Option<u32>) -> Result<(), String> {
     let specials = tokenizer.get_added_tokens_decoder();
-    let special_ids: Vec<u32> =
-        specials.iter().filter(|(&id, t)| t.special && Some(id) != unknown).map(|(&id, _)| id).collect();
+    let special_ids: Vec<u32> = specials.iter().filter(|(&id, t)| t.special && Some(id) != unknown).map(|(&id, _)| id).collect();
     for t in specials.values().filter(|t| t.special) {
         let enc = tokenizer.encode_fast(format!("a {} b", t.content), false).map_err(|e| e.to_string())?;
         if let Some(id) = enc.get_ids().iter().find(|id| special_ids.contains(id)) {
@@ -120,8 +119,8 @@ mod tests {
         assert!(min_score < -10.0 && min_score > -100.0, "{min_score}");
         assert_eq!(demoted["model"]["vocab"][1][1].as_f64(), Some(UNREACHABLE_SCORE)); // </s>
         assert_eq!(demoted["model"]["vocab"][3], json["model"]["vocab"][3]); // ▁
-        // Demoted but with the unknown penalty below the demoted score: `<` (not in T5's
-        // vocabulary) costs more as an unknown piece than `</s>` as a special piece.
+                                                                             // Demoted but with the unknown penalty below the demoted score: `<` (not in T5's
+                                                                             // vocabulary) costs more as an unknown piece than `</s>` as a special piece.
         let err = check_specials_stay_text(&splitting_off(demoted), Some(2)).unwrap_err();
         assert!(err.contains("encodes to the special id"), "{err}");
         text_tokenizer(json).unwrap();

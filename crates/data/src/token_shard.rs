@@ -199,7 +199,10 @@ impl TokenShardDocs {
             return Err(bad(path, "not the layout `train data tokenize` writes (U64 `doc_ends`, then the ids)"));
         }
         if (n, docs) != (header.tokens, header.documents) {
-            return Err(bad(path, format!("holds {n} tokens in {docs} documents, its header says {} in {}", header.tokens, header.documents)));
+            return Err(bad(
+                path,
+                format!("holds {n} tokens in {docs} documents, its header says {} in {}", header.tokens, header.documents),
+            ));
         }
         let mut bytes = vec![0u8; 8 * docs as usize];
         z.read_exact(&mut bytes).map_err(|e| bad(path, format!("corrupt zstd stream ({e})")))?;

@@ -75,15 +75,9 @@ pub fn load_tokenizer(spec: &str, allow_download: bool) -> Result<Tokens> {
         }
         return Err(tok_err(spec, format!("folder {} has no tokenizer.json", path.display())));
     }
-    let looks_like_path = spec.ends_with(".json")
-        || spec.starts_with('.')
-        || spec.starts_with('/')
-        || spec.matches('/').count() > 1;
+    let looks_like_path = spec.ends_with(".json") || spec.starts_with('.') || spec.starts_with('/') || spec.matches('/').count() > 1;
     if looks_like_path {
-        return Err(tok_err(
-            spec,
-            "file not found (for the bundled T5 tokenizer use data/tokenizers/t5-tokenizer.json)".into(),
-        ));
+        return Err(tok_err(spec, "file not found (for the bundled T5 tokenizer use data/tokenizers/t5-tokenizer.json)".into()));
     }
     // A hub id: the local cache first, so a previously downloaded tokenizer works offline.
     let cache = hf_hub::Cache::from_env();
@@ -103,9 +97,7 @@ pub fn load_tokenizer(spec: &str, allow_download: bool) -> Result<Tokens> {
         ));
     }
     tracing::info!(model = spec, "downloading tokenizer.json from the Hugging Face hub");
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .build()
-        .map_err(|e| tok_err(spec, format!("cannot start the hub client: {e}")))?;
+    let api = hf_hub::api::sync::ApiBuilder::from_env().build().map_err(|e| tok_err(spec, format!("cannot start the hub client: {e}")))?;
     let fetched = api
         .model(spec.to_string())
         .get("tokenizer.json")
@@ -133,13 +125,9 @@ impl Tokens {
         let text = std::fs::read_to_string(path).map_err(|e| tok_err(&spec, format!("cannot read tokenizer.json: {e}")))?;
         let json = serde_json::from_str(&text).map_err(|e| tok_err(&spec, format!("cannot load tokenizer.json: {e}")))?;
         let mut tokenizer = text_tokenizer(json).map_err(|msg| tok_err(&spec, msg))?;
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| tok_err(&spec, format!("cannot disable truncation: {e}")))?;
+        tokenizer.with_truncation(None).map_err(|e| tok_err(&spec, format!("cannot disable truncation: {e}")))?;
         tokenizer.with_padding(None);
-        let eos_id = tokenizer
-            .token_to_id("</s>")
-            .ok_or_else(|| tok_err(&spec, "the vocabulary has no `</s>` (EOS) token".into()))?;
+        let eos_id = tokenizer.token_to_id("</s>").ok_or_else(|| tok_err(&spec, "the vocabulary has no `</s>` (EOS) token".into()))?;
         let pad_id = tokenizer.token_to_id("<pad>").unwrap_or(eos_id);
         let bos_id = tokenizer.token_to_id("<s>");
         let sha256 = Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
@@ -186,11 +174,7 @@ impl Tokens {
     /// [`DataError::Encode`] with origin `<text>` and `line` the 1-based index of the failing
     /// text.
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
-        self.encode_texts(texts).map_err(|(i, msg)| DataError::Encode {
-            origin: "<text>".into(),
-            line: i as u64 + 1,
-            msg,
-        })
+        self.encode_texts(texts).map_err(|(i, msg)| DataError::Encode { origin: "<text>".into(), line: i as u64 + 1, msg })
     }
 
     /// Encodes; on failure returns the 0-based index of the failing text and the message. A
@@ -234,9 +218,7 @@ impl Tokens {
     /// # Errors
     /// [`DataError::Tokenizer`] if an id is out of range.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer
-            .decode(ids, true)
-            .map_err(|e| tok_err(&self.source.display().to_string(), format!("decode failed: {e}")))
+        self.tokenizer.decode(ids, true).map_err(|e| tok_err(&self.source.display().to_string(), format!("decode failed: {e}")))
     }
 }
 

@@ -41,8 +41,8 @@ fn concat_rows_are_contiguous_and_targets_are_inputs_shifted() {
         }
         // The carry is exactly the part of the documents read so far not yet in a row.
         let p = &b.position;
-        let consumed = p.epoch as usize * one_epoch.len()
-            + DOCS[..p.line as usize].iter().map(|d| tok.encode(d).unwrap().len()).sum::<usize>();
+        let consumed =
+            p.epoch as usize * one_epoch.len() + DOCS[..p.line as usize].iter().map(|d| tok.encode(d).unwrap().len()).sum::<usize>();
         assert_eq!(p.carry, stream[row * seq..consumed].to_vec());
     }
     assert!(s.position().epoch >= 2, "144 tokens of stream cover several epochs of {}", one_epoch.len());
@@ -80,5 +80,8 @@ fn truncate_pad_pads_with_pad_id_and_masks_exactly_the_padded_targets() {
     let expect: usize = DOCS.iter().map(|d| tok.encode(d).unwrap().len().min(seq + 1) - 1).sum();
     assert_eq!(b.target_tokens(), expect);
     assert_eq!(b.position.shards_id.len(), 8, "the shards' identity, a CRC-32 in hex");
-    assert_eq!(b.position, DataPosition { epoch: 0, shard: 0, line: 4, shards_id: b.position.shards_id.clone(), ..DataPosition::default() });
+    assert_eq!(
+        b.position,
+        DataPosition { epoch: 0, shard: 0, line: 4, shards_id: b.position.shards_id.clone(), ..DataPosition::default() }
+    );
 }

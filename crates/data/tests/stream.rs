@@ -3,15 +3,21 @@
 mod common;
 
 use common::*;
-use lowbit_data::{validation_batches, Batch, BadInput, DataConfig, DataError, DataPosition, SeqMode, TrainStream};
+use lowbit_data::{validation_batches, BadInput, Batch, DataConfig, DataError, DataPosition, SeqMode, TrainStream};
 
 /// Batch-by-batch equality with a short message (a full `Batch` debug print is huge).
 fn assert_same(got: &[Batch], want: &[Batch], ctx: &str) {
     assert_eq!(got.len(), want.len(), "{ctx}: batch count");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(g.input == w.input && g.target == w.target && g.mask == w.mask, "{ctx}: batch {i} data differs");
-        assert!(g.position == w.position, "{ctx}: batch {i} position differs (line {} vs {}, carry {} vs {})",
-            g.position.line, w.position.line, g.position.carry.len(), w.position.carry.len());
+        assert!(
+            g.position == w.position,
+            "{ctx}: batch {i} position differs (line {} vs {}, carry {} vs {})",
+            g.position.line,
+            w.position.line,
+            g.position.carry.len(),
+            w.position.carry.len()
+        );
     }
 }
 
@@ -49,7 +55,11 @@ fn resume_from_any_batch_position_continues_exactly() {
 #[test]
 fn resume_across_an_epoch_boundary_with_several_shards() {
     let dir = tempfile::tempdir().unwrap();
-    let a = write_gz(dir.path(), "c4-train.00000-of-00002.json.gz", &(0..7).map(|i| c4(&format!("alpha document {i} says hello to the world"))).collect::<Vec<_>>());
+    let a = write_gz(
+        dir.path(),
+        "c4-train.00000-of-00002.json.gz",
+        &(0..7).map(|i| c4(&format!("alpha document {i} says hello to the world"))).collect::<Vec<_>>(),
+    );
     let b = write_gz(dir.path(), "c4-train.00001-of-00002.json.gz", &(0..5).map(|i| c4(&format!("beta text {i}"))).collect::<Vec<_>>());
     for (name, order) in orders(5) {
         let cfg = in_order(&cfg(&[&b, &a], &[&a], 16), &order); // listed out of order: read sorted
@@ -168,7 +178,10 @@ fn streaming_mixes_the_rows_of_a_step() {
         (1..32).filter(|&r| b.input[r * 64] == b.target[r * 64 - 1]).count()
     };
     let (in_file_order, streamed) = (contiguous(&file), contiguous(&streaming));
-    assert!(in_file_order >= 28 && streamed <= 3, "rows following their predecessor: file order {in_file_order}, streaming {streamed} of 31");
+    assert!(
+        in_file_order >= 28 && streamed <= 3,
+        "rows following their predecessor: file order {in_file_order}, streaming {streamed} of 31"
+    );
 }
 
 /// A resume over training shards that changed since the position was taken (a file edited or
@@ -196,7 +209,10 @@ fn a_resume_in_another_order_is_refused() {
     let [(_, file), (_, memory), (_, streaming)] = orders(20);
     let (_, positions) = take(&in_order(&corpus, &file), DataPosition::default(), 3, 4);
     let e = TrainStream::new(&in_order(&corpus, &memory), &t5(), positions[2].clone()).err().unwrap().to_string();
-    assert!(e.contains("file order (data.shuffle = false)") && e.contains("rows permuted in memory (data.shuffle = true, data.seed = 0)"), "{e}");
+    assert!(
+        e.contains("file order (data.shuffle = false)") && e.contains("rows permuted in memory (data.shuffle = true, data.seed = 0)"),
+        "{e}"
+    );
     let (_, positions) = take(&in_order(&corpus, &streaming), DataPosition::default(), 3, 4);
     let other_seed = DataConfig { seed: Some(1), ..in_order(&corpus, &streaming) };
     let e = TrainStream::new(&other_seed, &t5(), positions[2].clone()).err().unwrap().to_string();
@@ -210,7 +226,11 @@ fn a_resume_in_another_order_is_refused() {
 #[test]
 fn stream_counts_skipped_bad_lines_and_fails_on_them_in_fail_mode() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_gz(dir.path(), "c4-train.00000-of-00001.json.gz", &[c4("one two three four five six seven"), "{oops".into(), c4("eight nine ten eleven twelve")]);
+    let path = write_gz(
+        dir.path(),
+        "c4-train.00000-of-00001.json.gz",
+        &[c4("one two three four five six seven"), "{oops".into(), c4("eight nine ten eleven twelve")],
+    );
     let mut cfg = cfg(&[&path], &[&path], 4);
     cfg.shuffle = false;
     let tok = t5();
@@ -250,7 +270,8 @@ fn corrupt_shard_is_skipped_and_reading_goes_on_with_the_next() {
     let bad = write_gz(dir.path(), "c4-train.00000-of-00002.json.gz", &lines);
     let bytes = std::fs::read(&bad).unwrap();
     std::fs::write(&bad, &bytes[..bytes.len() / 2]).unwrap();
-    let good_docs: Vec<String> = (0..10).map(|i| c4(&format!("the good shard holds this longer document number {i}, read after the corrupt one"))).collect();
+    let good_docs: Vec<String> =
+        (0..10).map(|i| c4(&format!("the good shard holds this longer document number {i}, read after the corrupt one"))).collect();
     let good = write_gz(dir.path(), "c4-train.00001-of-00002.json.gz", &good_docs);
     let mut cfg = cfg(&[&bad, &good], &[&good], 32);
     cfg.shuffle = false;

@@ -96,7 +96,10 @@ fn a_shard_of_another_tokenizer_or_damaged_is_refused() {
     let e = TrainStream::new(&c, &other_tok, DataPosition::default()).err().unwrap();
     assert!(matches!(e, DataError::TokenizerMismatch { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(msg.contains("tokenized with t5-tokenizer.json") && msg.contains("other-tokenizer.json") && msg.contains("train data tokenize"), "{msg}");
+    assert!(
+        msg.contains("tokenized with t5-tokenizer.json") && msg.contains("other-tokenizer.json") && msg.contains("train data tokenize"),
+        "{msg}"
+    );
     let e = validation_batches(&c, &other_tok, 4).unwrap_err().to_string();
     assert!(e.contains("tokenized with t5-tokenizer.json"), "{e}");
 

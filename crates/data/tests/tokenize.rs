@@ -42,21 +42,15 @@ fn missing_file_and_undownloadable_hub_id_say_how_to_fix() {
 /// vocabulary lacks, such as T5's `<`, as it would anywhere in text).
 fn special_tokens_in_text_stay_text(tok: &Tokens) {
     let unk = tok.tokenizer().token_to_id("<unk>");
-    let specials: Vec<(u32, String)> = tok
-        .tokenizer()
-        .get_added_tokens_decoder()
-        .into_iter()
-        .filter(|(_, t)| t.special)
-        .map(|(id, t)| (id, t.content))
-        .collect();
+    let specials: Vec<(u32, String)> =
+        tok.tokenizer().get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, t)| (id, t.content)).collect();
     assert!(specials.len() >= 3, "{} special tokens", specials.len());
     for (_, text) in &specials {
         for doc in [format!("a {text} b"), format!("a{text}b"), text.clone()] {
             let ids = tok.encode(&doc).unwrap();
             let (last, body) = ids.split_last().unwrap();
             assert_eq!(*last, tok.eos_id, "{doc:?}: {ids:?}");
-            let control: Vec<&u32> =
-                body.iter().filter(|&&i| Some(i) != unk && specials.iter().any(|(s, _)| *s == i)).collect();
+            let control: Vec<&u32> = body.iter().filter(|&&i| Some(i) != unk && specials.iter().any(|(s, _)| *s == i)).collect();
             assert!(control.is_empty(), "{doc:?} encodes control ids {control:?} inside the text: {ids:?}");
             // The text is kept (decoding skips special ids, so a leading `<` may be lost).
             let decoded = tok.decode(&ids).unwrap();

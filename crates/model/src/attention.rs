@@ -9,9 +9,7 @@ use crate::rope::Rope;
 
 /// Additive causal mask `[t, t]` (f32): 0 on and below the diagonal, `-inf` above.
 pub fn causal_mask(t: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
+    let mask: Vec<f32> = (0..t).flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
     Tensor::from_vec(mask, (t, t), device)
 }
 
@@ -66,9 +64,8 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let dtype = x.dtype();
-        let heads = |w: &Tensor, n: usize| -> Result<Tensor> {
-            linear(x, w)?.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous()
-        };
+        let heads =
+            |w: &Tensor, n: usize| -> Result<Tensor> { linear(x, w)?.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous() };
         let q = rope.apply(&heads(&self.q, self.num_heads)?)?;
         let k = self.repeat_kv(rope.apply(&heads(&self.k, self.num_kv_heads)?)?)?;
         let v = self.repeat_kv(heads(&self.v, self.num_kv_heads)?)?;

@@ -165,16 +165,10 @@ impl LlamaConfig {
             }
         }
         if !self.hidden_size.is_multiple_of(self.num_heads) {
-            return bad(format!(
-                "hidden_size {} is not divisible by num_heads {}",
-                self.hidden_size, self.num_heads
-            ));
+            return bad(format!("hidden_size {} is not divisible by num_heads {}", self.hidden_size, self.num_heads));
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return bad(format!(
-                "num_heads {} is not divisible by num_kv_heads {}",
-                self.num_heads, self.num_kv_heads
-            ));
+            return bad(format!("num_heads {} is not divisible by num_kv_heads {}", self.num_heads, self.num_kv_heads));
         }
         if !self.head_dim().is_multiple_of(2) {
             return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));

@@ -19,8 +19,7 @@ pub enum ParamGroup {
 
 impl ParamGroup {
     /// All groups, in network order.
-    pub const ALL: [ParamGroup; 5] =
-        [ParamGroup::Embedding, ParamGroup::Attention, ParamGroup::Mlp, ParamGroup::Norm, ParamGroup::Head];
+    pub const ALL: [ParamGroup; 5] = [ParamGroup::Embedding, ParamGroup::Attention, ParamGroup::Mlp, ParamGroup::Norm, ParamGroup::Head];
 
     /// Short name: `"embed"`, `"attn"`, `"mlp"`, `"norm"`, `"head"`.
     pub fn as_str(&self) -> &'static str {

@@ -101,9 +101,7 @@ pub fn init_params(cfg: &LlamaConfig, seed: u64, dtype: DType, device: &Device) 
     {
         let mut data = varmap.data().lock().unwrap();
         for (spec, values) in specs.into_iter().zip(host) {
-            let t = Tensor::from_vec(values, spec.shape.as_slice(), &Device::Cpu)?
-                .to_dtype(dtype)?
-                .to_device(device)?;
+            let t = Tensor::from_vec(values, spec.shape.as_slice(), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?;
             data.insert(spec.name, Var::from_tensor(&t)?);
         }
     }

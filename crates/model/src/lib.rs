@@ -79,10 +79,10 @@ pub mod rope;
 
 pub use config::{LlamaConfig, INIT_STD};
 pub use error::ModelError;
+pub use grad_sum::GradSum;
 pub use groups::{try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec};
 pub use kernels::{Kernels, FUSED_MAX_HIDDEN};
-pub use grad_sum::GradSum;
 pub use llama::Llama;
-pub use passes::TrainingPass;
 pub use loss::masked_cross_entropy;
+pub use passes::TrainingPass;

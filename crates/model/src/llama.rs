@@ -6,10 +6,10 @@ use candle_nn::VarBuilder;
 
 use crate::attention::{causal_mask, Attention};
 use crate::config::LlamaConfig;
+use crate::kernels::Kernels;
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use crate::rope::Rope;
-use crate::kernels::Kernels;
 
 /// One HF `LlamaDecoderLayer`.
 #[derive(Debug, Clone)]
@@ -62,9 +62,7 @@ impl Llama {
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let device = vb.device().clone();
         let m = vb.pp("model");
-        let layers = (0..cfg.num_layers)
-            .map(|i| Block::new(cfg, m.pp(format!("layers.{i}"))))
-            .collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_layers).map(|i| Block::new(cfg, m.pp(format!("layers.{i}")))).collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg: cfg.clone(),
             embed_tokens: m.pp("embed_tokens").get((v, h), "weight")?,

@@ -167,26 +167,23 @@ impl CustomOp3 for WeightedNllGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let (x, tgt, w, v) = ce_inputs(s1, l1, s2, l2, s3, l3)?;
         let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(v)
-            .zip(x.par_chunks(v))
-            .zip(tgt.par_iter().zip(w.par_iter()))
-            .for_each(|((o, row), (&t, &m))| {
-                if m == 0.0 {
-                    return;
-                }
-                let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut s = 0f32;
-                for (oi, &xi) in o.iter_mut().zip(row) {
-                    let e = (xi - mx).exp();
-                    *oi = e;
-                    s += e;
-                }
-                let scale = m / s;
-                for oi in o.iter_mut() {
-                    *oi *= scale;
-                }
-                o[t as usize] -= m;
-            });
+        out.par_chunks_mut(v).zip(x.par_chunks(v)).zip(tgt.par_iter().zip(w.par_iter())).for_each(|((o, row), (&t, &m))| {
+            if m == 0.0 {
+                return;
+            }
+            let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut s = 0f32;
+            for (oi, &xi) in o.iter_mut().zip(row) {
+                let e = (xi - mx).exp();
+                *oi = e;
+                s += e;
+            }
+            let scale = m / s;
+            for oi in o.iter_mut() {
+                *oi *= scale;
+            }
+            o[t as usize] -= m;
+        });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

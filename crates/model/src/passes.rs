@@ -6,11 +6,11 @@
 //! each op's backward in reverse order.
 
 use crate::grad_sum::GradSum;
+#[cfg(feature = "cuda")]
+use crate::kernels::Kernels;
 use crate::llama::{Block, Llama};
 use crate::mlp::linear;
 use crate::rope::Rope;
-#[cfg(feature = "cuda")]
-use crate::kernels::Kernels;
 use candle_core::backprop::GradStore;
 use candle_core::{Module, Result, Tensor};
 
@@ -65,7 +65,14 @@ impl Llama {
     /// (a wait at the start of every pass); the composed path does not need them. They must
     /// equal `input`'s values: other ids give the embedding wrong gradients. Errors: a
     /// length other than `B * T`.
-    pub fn training_pass(&self, input: &Tensor, target: &Tensor, mask: &Tensor, input_ids: Option<&[u32]>, scale: f64) -> Result<TrainingPass<'_>> {
+    pub fn training_pass(
+        &self,
+        input: &Tensor,
+        target: &Tensor,
+        mask: &Tensor,
+        input_ids: Option<&[u32]>,
+        scale: f64,
+    ) -> Result<TrainingPass<'_>> {
         if let Some(ids) = input_ids {
             if ids.len() != input.elem_count() {
                 candle_core::bail!("training_pass: {} host input ids for an input of shape {:?}", ids.len(), input.shape());
@@ -172,8 +179,8 @@ impl TrainingPass<'_> {
 #[cfg(feature = "cuda")]
 mod explicit {
     use crate::fused::{alloc, attention, cuda_device, embedding, linear, lm_head, mlp, norm, rope, wrap, Columns, WeightGrad};
-    use crate::llama::Llama;
     use crate::grad_sum::GradSum;
+    use crate::llama::Llama;
     use candle_core::backprop::GradStore;
     use candle_core::{Result, Tensor};
 
@@ -260,7 +267,14 @@ mod explicit {
         /// the mean loss; `input_ids`: `input`'s values on the host, if the caller has them
         /// (else read back here). The LM head's gradients are computed here
         /// ([`lm_head::loss_and_grads`]).
-        pub(crate) fn run(model: &'a Llama, input: &Tensor, target: &Tensor, mask: &Tensor, input_ids: Option<&[u32]>, scale: f64) -> Result<Self> {
+        pub(crate) fn run(
+            model: &'a Llama,
+            input: &Tensor,
+            target: &Tensor,
+            mask: &Tensor,
+            input_ids: Option<&[u32]>,
+            scale: f64,
+        ) -> Result<Self> {
             let (b, t) = input.dims2()?;
             let h = model.cfg.hidden_size;
             let ids = input.flatten_all()?.contiguous()?;
@@ -307,7 +321,8 @@ mod explicit {
                 let to: Vec<WeightGrad> = prev.iter().map(|p| out.target(p)).collect();
                 // x_out = mid + down(act); mid = x + o(attn)
                 let (d_act, dw_down) = linear::backward(&s.act, &m.down, &dx, to[0])?;
-                let (d_h2, dw_gate, dw_up) = mlp::backward(&s.h2, &s.packed, model.cfg.intermediate_size, &s.gate_up, &d_act, [to[1], to[2]])?;
+                let (d_h2, dw_gate, dw_up) =
+                    mlp::backward(&s.h2, &s.packed, model.cfg.intermediate_size, &s.gate_up, &d_act, [to[1], to[2]])?;
                 let (d_mid, dw_norm2) = norm::backward(&s.mid, &n2.weight, &d_h2, Some(&dx), n2.eps)?;
                 let (d_attn, dw_o) = linear::backward(&s.attn, &a.o, &d_mid, to[3])?;
                 // the q, k, v projections' output gradients side by side: [B, T, 3 · heads · d]

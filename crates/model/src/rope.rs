@@ -28,8 +28,7 @@ impl Rope {
             candle_core::bail!("rope: head_dim {head_dim} must be even");
         }
         let half = head_dim / 2;
-        let inv_freq: Vec<f64> =
-            (0..half).map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64)).collect();
+        let inv_freq: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64)).collect();
         let mut cos = Vec::with_capacity(max_seq_len * head_dim);
         let mut sin = Vec::with_capacity(max_seq_len * head_dim);
         for p in 0..max_seq_len {

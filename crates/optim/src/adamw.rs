@@ -221,46 +221,38 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
     let kind = state.scale_kind;
     let block = state.block_len();
     match &mut state.codes {
-        Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).map(
-            |(c, x)| {
-                let mut cnt = Counter::default();
-                for (c, &x) in c.iter_mut().zip(x) {
-                    // written back exactly: unchanged when the bits are (a NaN never is)
-                    cnt.add(x != *c, x.to_bits() == c.to_bits() && !x.is_nan());
-                    *c = x;
-                }
-                cnt
-            },
-        )),
-        Codes::Bf16(c) => sum_counters(
-            c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
-                let mut cnt = Counter::default();
-                for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
-                    let i = (first + k * CHUNK + j) as u64;
-                    let code = match format {
-                        StateFormat::E8m(bits) => precision::encode(x, bits as u32, rounding, element_bits(key, i, 32)),
-                        _ => bf16::encode(x, rounding, element_bits(key, i, 16)),
-                    };
-                    cnt.add(x != bf16::decode(*c), code == *c);
-                    *c = code;
-                }
-                cnt
-            }),
-        ),
+        Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).map(|(c, x)| {
+            let mut cnt = Counter::default();
+            for (c, &x) in c.iter_mut().zip(x) {
+                // written back exactly: unchanged when the bits are (a NaN never is)
+                cnt.add(x != *c, x.to_bits() == c.to_bits() && !x.is_nan());
+                *c = x;
+            }
+            cnt
+        })),
+        Codes::Bf16(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
+            let mut cnt = Counter::default();
+            for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
+                let i = (first + k * CHUNK + j) as u64;
+                let code = match format {
+                    StateFormat::E8m(bits) => precision::encode(x, bits as u32, rounding, element_bits(key, i, 32)),
+                    _ => bf16::encode(x, rounding, element_bits(key, i, 16)),
+                };
+                cnt.add(x != bf16::decode(*c), code == *c);
+                *c = code;
+            }
+            cnt
+        })),
         Codes::Bytes(c) => {
             let bytes_per_block = if format.bits() == 4 { block.div_ceil(2) } else { block };
             assert!(format.bits() != 4 || block.is_multiple_of(2) || block >= new.len(), "fp4 block must be even");
             assert!(first.is_multiple_of(block), "a shard of a block-scaled state starts on a block boundary");
-            sum_counters(
-                c.par_chunks_mut(bytes_per_block)
-                    .zip(state.scales.par_iter_mut())
-                    .zip(new.par_chunks(block))
-                    .enumerate()
-                    .map(|(b, ((codes, scale), x))| {
-                        let at = (first + b * block) as u64;
-                        encode_block(format, signed, zero_free, kind, codes, scale, x, rounding, key, at)
-                    }),
-            )
+            sum_counters(c.par_chunks_mut(bytes_per_block).zip(state.scales.par_iter_mut()).zip(new.par_chunks(block)).enumerate().map(
+                |(b, ((codes, scale), x))| {
+                    let at = (first + b * block) as u64;
+                    encode_block(format, signed, zero_free, kind, codes, scale, x, rounding, key, at)
+                },
+            ))
         }
     }
 }

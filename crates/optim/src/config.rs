@@ -346,10 +346,8 @@ impl StatesConfig {
     /// [`Self::resolve`] with errors naming the keys under `at` (e.g.
     /// `optim.states.groups.embed` for a group's merged settings).
     pub(crate) fn resolve_at(&self, beta2: f64, at: &str) -> Result<StatesSpec, OptimError> {
-        let m_format = StateFormat::parse(&self.m_format, false)
-            .map_err(|e| OptimError::Config(format!("{at}.m_format: {e}")))?;
-        let v_format = StateFormat::parse(&self.v_format, true)
-            .map_err(|e| OptimError::Config(format!("{at}.v_format: {e}")))?;
+        let m_format = StateFormat::parse(&self.m_format, false).map_err(|e| OptimError::Config(format!("{at}.m_format: {e}")))?;
+        let v_format = StateFormat::parse(&self.v_format, true).map_err(|e| OptimError::Config(format!("{at}.v_format: {e}")))?;
         if !self.block_size.is_multiple_of(4) {
             return Err(OptimError::Config(format!(
                 "{at}.block_size: must be a multiple of 4 (fp4 packs two codes per byte; the \
@@ -379,7 +377,10 @@ impl StatesConfig {
                 ))),
                 ResetEvery::Auto => {
                     let bits = v_format.fraction_bits().ok_or_else(|| {
-                        OptimError::Config(format!("{at}.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}", v_format.name()))
+                        OptimError::Config(format!(
+                            "{at}.{key} = \"auto\": the reset period K* needs a floating-point v format, not {}",
+                            v_format.name()
+                        ))
                     })?;
                     theory::reset_period(bits, beta2, self.reset_s0).ok_or_else(|| {
                         OptimError::Config(format!(
@@ -433,7 +434,9 @@ impl StatesSpec {
             let scale = match (f.minifloat(), self.block_size) {
                 (Some(_), 0) => format!(", {} scale per tensor", kind.as_str()),
                 (Some(_), b) => format!(", {} scales per {b}", kind.as_str()),
-                (None, _) if f.is_scaled() => format!(", absmax scales per {}", if self.block_size == 0 { "tensor".to_string() } else { self.block_size.to_string() }),
+                (None, _) if f.is_scaled() => {
+                    format!(", absmax scales per {}", if self.block_size == 0 { "tensor".to_string() } else { self.block_size.to_string() })
+                }
                 _ => String::new(),
             };
             format!("{} ({}{scale})", f.name(), r.as_str())
@@ -478,7 +481,8 @@ mod tests {
         assert_eq!((s.m_reset_every, s.v_reset_every), (320, 320));
         assert_eq!((s.m_scale, s.v_scale), (ScaleKind::Pow2, ScaleKind::Pow2));
         // FP4: v's E2M2 eps for both, m takes v's period
-        let s = resolve("m_format = \"fp4\"\nv_format = \"fp4\"\nm_reset_every = \"auto\"\nv_reset_every = \"auto\"\nreset_s0 = 0.5").unwrap();
+        let s =
+            resolve("m_format = \"fp4\"\nv_format = \"fp4\"\nm_reset_every = \"auto\"\nv_reset_every = \"auto\"\nreset_s0 = 0.5").unwrap();
         assert_eq!((s.m_reset_every, s.v_reset_every), (206, 206));
         assert_eq!((s.m_scale, s.v_scale), (ScaleKind::Amax, ScaleKind::Amax));
         let s = resolve("m_format = \"fp4\"\nv_format = \"bf16\"\nscale = \"pow2\"\nv_reset_every = 300").unwrap();
@@ -489,7 +493,9 @@ mod tests {
             s.describe(),
             "m fp4e2m1 (nearest, pow2 scales per 128) | v bf16 (nearest) | resets: m every 0, v every 300 updates (0 = never)"
         );
-        let s = resolve("m_format = \"fp8\"\nv_format = \"fp8\"\nblock_size = 0\nscale = \"amax\"\nv_zero = \"keep\"\nreset = \"adaptive\"").unwrap();
+        let s =
+            resolve("m_format = \"fp8\"\nv_format = \"fp8\"\nblock_size = 0\nscale = \"amax\"\nv_zero = \"keep\"\nreset = \"adaptive\"")
+                .unwrap();
         assert_eq!(
             s.describe(),
             "m fp8e4m3 (nearest, amax scale per tensor) | v fp8e4m3 (nearest, amax scale per tensor) | resets: adaptive (Alg. 2, s0 = 0.6)"
@@ -512,7 +518,10 @@ mod tests {
         // K* is about low-precision grids: FP32 v would reset every 1454 updates for nothing
         for key in ["m_reset_every", "v_reset_every"] {
             let e = resolve(&format!("{key} = \"auto\"")).unwrap_err();
-            assert!(e.contains(&format!("optim.states.{key} = \"auto\"")) && e.contains("v_format = \"fp32\"") && e.contains("hardly"), "{e}");
+            assert!(
+                e.contains(&format!("optim.states.{key} = \"auto\"")) && e.contains("v_format = \"fp32\"") && e.contains("hardly"),
+                "{e}"
+            );
         }
         assert_eq!(resolve("v_format = \"bf16\"\nv_reset_every = \"auto\"").unwrap().v_reset_every, 1116);
         // a block past the kernel's 32-bit index (issue 53: 2^40 was taken, as per tensor)

@@ -15,15 +15,15 @@
 
 use crate::adamw::{Roundings, StepKeys, StepScalars};
 use crate::clip::GradScale;
+use crate::error::OptimError;
 use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
-use crate::error::OptimError;
 use crate::optimizer::{LowbitAdamW, Optimizer};
 use crate::stalls::{Counter, StallCounts};
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
-use std::sync::Arc;
 use candle_core::{CudaDevice, DType, Device, Result, Tensor, Var};
+use std::sync::Arc;
 
 const ADAMW_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"));
 
@@ -51,11 +51,7 @@ const WEIGHT_VARIANTS: [(DType, DType, &str); 3] =
 impl Kernels {
     /// Load the kernels of the `(m, v)` kernel-name formats `pair` ([`kernel_pair`]).
     fn load(dev: &CudaDevice, (mf, vf): (&str, &str)) -> Result<Self> {
-        let mut names = vec![
-            format!("adamw_amax_{mf}_{vf}"),
-            format!("adamw_amax_bf16g_{mf}_{vf}"),
-            format!("adamw_set_scales_{mf}_{vf}"),
-        ];
+        let mut names = vec![format!("adamw_amax_{mf}_{vf}"), format!("adamw_amax_bf16g_{mf}_{vf}"), format!("adamw_set_scales_{mf}_{vf}")];
         for (_, _, w) in WEIGHT_VARIANTS {
             for sr in ["", "_sr"] {
                 for blocks in ["", "_blocks"] {
@@ -83,7 +79,11 @@ pub const COUNTER_RING: usize = 64;
 /// one synchronisation is at its end, in the trainer's step).
 pub const COUNT_LAG: usize = {
     let lag = crate::reset::ADAPTIVE_LAG as usize;
-    if COUNTER_RING / 2 < lag { COUNTER_RING / 2 } else { lag }
+    if COUNTER_RING / 2 < lag {
+        COUNTER_RING / 2
+    } else {
+        lag
+    }
 };
 
 /// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
@@ -182,7 +182,19 @@ impl DeviceCounters {
     fn from_slot(c: &[u64]) -> Self {
         let [m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad, zero_v] =
             c.try_into().expect("one slot");
-        DeviceCounters { m_updated, m_stalled, m_unchanged, v_updated, v_stalled, v_unchanged, w_updated, w_stalled, w_unchanged, zero_grad, zero_v }
+        DeviceCounters {
+            m_updated,
+            m_stalled,
+            m_unchanged,
+            v_updated,
+            v_stalled,
+            v_unchanged,
+            w_updated,
+            w_stalled,
+            w_unchanged,
+            zero_grad,
+            zero_v,
+        }
     }
 
     /// The counts of a tensor of `len` elements (m and v write every element back; BF16
@@ -392,7 +404,21 @@ impl CudaAdamW {
             }
         }
         let bf16_weights = vec![false; host.tensors.len()];
-        Ok(CudaAdamW { host, dev: dev.clone(), stream, kernels, groups, states, counters, amax, maps, buckets, max_blocks, amax_blocks, bf16_weights })
+        Ok(CudaAdamW {
+            host,
+            dev: dev.clone(),
+            stream,
+            kernels,
+            groups,
+            states,
+            counters,
+            amax,
+            maps,
+            buckets,
+            max_blocks,
+            amax_blocks,
+            bf16_weights,
+        })
     }
 
     fn device(&self) -> Device {
@@ -434,7 +460,10 @@ impl CudaAdamW {
             GradScale::Device(g) => {
                 crate::clip::check_gate(g).map_err(err)?;
                 if !g.device().same_device(&self.device()) {
-                    candle_core::bail!("lowbit-adamw: the device clip gate is on {:?}, not on the parameters' device", g.device().location());
+                    candle_core::bail!(
+                        "lowbit-adamw: the device clip gate is on {:?}, not on the parameters' device",
+                        g.device().location()
+                    );
                 }
                 (1.0, element_address(g, &self.stream, "the device clip gate")?)
             }
@@ -470,22 +499,25 @@ impl CudaAdamW {
             }
             let k: StepKeys = self.host.keys(step, i);
             let a = &self.states[i].addr;
-            tensors.push(Some((variant, TensorArgs {
-                p: address(p, &self.stream, &info.name)?,
-                g: address(g, &self.stream, &info.name)?,
-                mc: a[0],
-                ms: a[1],
-                vc: a[2],
-                vs: a[3],
-                n: len as u64,
-                key_m: k.m,
-                key_v: k.v,
-                key_w: k.w,
-                first_segment: 0,
-                offset: first as u64,
-                decay: self.host.scalars(i, step, lr, grad_scale).decay,
-                index: i as u32,
-            })));
+            tensors.push(Some((
+                variant,
+                TensorArgs {
+                    p: address(p, &self.stream, &info.name)?,
+                    g: address(g, &self.stream, &info.name)?,
+                    mc: a[0],
+                    ms: a[1],
+                    vc: a[2],
+                    vs: a[3],
+                    n: len as u64,
+                    key_m: k.m,
+                    key_v: k.v,
+                    key_w: k.w,
+                    first_segment: 0,
+                    offset: first as u64,
+                    decay: self.host.scalars(i, step, lr, grad_scale).decay,
+                    index: i as u32,
+                },
+            )));
         }
         if self.groups.iter().any(|g| per_tensor_scales(&g.spec)) {
             self.stream.memset_zeros(&mut self.amax).map_err(err)?;
@@ -562,7 +594,8 @@ impl CudaAdamW {
     /// per-tensor scaling).
     fn launch(&self, group: &SpecGroup, variant: usize, args: &LaunchArgs, gate: u64, slot: usize) -> Result<()> {
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
-        let cfg = LaunchConfig { grid_dim: (warp_blocks(elements, self.max_blocks[variant]), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (warp_blocks(elements, self.max_blocks[variant]), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (stream, kernels, spec) = (&self.stream, &self.kernels[group.kernels], &group.spec);
         let per_tensor = per_tensor_scales(spec);
         if per_tensor {

@@ -93,7 +93,11 @@ impl DeviceClip {
 pub fn clip_on_device(grads: &[Tensor], loss: &Tensor, max_norm: f32) -> Result<DeviceClip> {
     let Some(first) = grads.first() else { candle_core::bail!("clip_on_device: no gradients") };
     if loss.dtype() != DType::F32 || loss.elem_count() != 1 || !loss.device().same_device(first.device()) {
-        candle_core::bail!("clip_on_device: the loss must be one F32 element on the gradients' device, not {:?} {:?}", loss.dtype(), loss.shape());
+        candle_core::bail!(
+            "clip_on_device: the loss must be one F32 element on the gradients' device, not {:?} {:?}",
+            loss.dtype(),
+            loss.shape()
+        );
     }
     let candle_core::Device::Cuda(dev) = first.device() else { candle_core::bail!("clip_on_device: not on a CUDA device") };
     let stream = dev.cuda_stream();
@@ -130,7 +134,8 @@ fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f
     for (dtype, tensors) in &groups {
         let f = if *dtype == DType::F32 { &f32_squares } else { &bf16_squares };
         for group in tensors.chunks(NORM_TENSORS) {
-            let mut args = NormArgs { ptr: [0; NORM_TENSORS], len: [0; NORM_TENSORS], first_chunk: [0; NORM_TENSORS + 1], count: group.len() as u64 };
+            let mut args =
+                NormArgs { ptr: [0; NORM_TENSORS], len: [0; NORM_TENSORS], first_chunk: [0; NORM_TENSORS + 1], count: group.len() as u64 };
             let mut at = 0u64;
             for (i, &(p, n)) in group.iter().enumerate() {
                 (args.ptr[i], args.len[i], args.first_chunk[i]) = (p, n, at);

@@ -44,9 +44,9 @@
 
 pub mod adamw;
 pub mod clip;
+pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod config;
 pub mod error;
 pub mod format;
 #[cfg(feature = "cuda")]
@@ -62,13 +62,13 @@ pub mod theory;
 
 pub use clip::GradScale;
 pub use config::{GroupStates, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
-pub use plan::StatesPlan;
 pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, Optimizer, ParamInfo, TensorState};
+pub use plan::StatesPlan;
+pub use reset::BiasCorrection;
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;
-pub use reset::BiasCorrection;
 
 use candle_core::Device;
 

@@ -4,10 +4,10 @@
 //! one per device: [`LowbitAdamW`] itself on the CPU and `cuda::CudaAdamW` (`cuda` feature),
 //! which uses the same constants and keys; [`crate::for_device`] picks one.
 
-use crate::error::OptimError;
-use crate::clip::GradScale;
 use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
+use crate::clip::GradScale;
 use crate::config::{ResetRule, StatesSpec, VResetIdle, VZero};
+use crate::error::OptimError;
 use crate::plan::StatesPlan;
 use crate::reset::{reset_at, AdaptiveReset};
 use crate::rng::{stream_key, StateKind};
@@ -191,15 +191,7 @@ impl LowbitAdamW {
     /// (multiplied by `grad_scale` inside the step). In a sharded optimizer `w` and `g` are
     /// the held shard's elements (`first .. first + len` of the tensor). Call
     /// [`Self::begin_update`] once per update first.
-    pub fn step_cpu(
-        &mut self,
-        step: u64,
-        lr: f64,
-        grad_scale: f32,
-        idx: usize,
-        w: Weights,
-        g: &[f32],
-    ) -> StallCounts {
+    pub fn step_cpu(&mut self, step: u64, lr: f64, grad_scale: f32, idx: usize, w: Weights, g: &[f32]) -> StallCounts {
         let h = self.scalars(idx, step, lr, grad_scale);
         let keys = self.keys(step, idx);
         let r = self.roundings(idx);
@@ -252,7 +244,11 @@ impl LowbitAdamW {
         let head = shards.first().ok_or_else(|| OptimError::State("no shards".into()))?;
         let mut tensors = Vec::with_capacity(head.tensors.len());
         for (i, t) in head.tensors.iter().enumerate() {
-            let parts: Vec<&TensorState> = shards.iter().map(|s| s.tensors.get(i)).collect::<Option<_>>().ok_or_else(|| OptimError::State("shards hold different tensor lists".into()))?;
+            let parts: Vec<&TensorState> = shards
+                .iter()
+                .map(|s| s.tensors.get(i))
+                .collect::<Option<_>>()
+                .ok_or_else(|| OptimError::State("shards hold different tensor lists".into()))?;
             let (ms, vs): (Vec<_>, Vec<_>) = parts.iter().map(|p| (&p.m, &p.v)).unzip();
             let mut at = 0;
             for p in &parts {
@@ -264,7 +260,13 @@ impl LowbitAdamW {
             if at != t.info.len {
                 return Err(OptimError::State(format!("{}: shards hold {at} of {} elements", t.info.name, t.info.len)));
             }
-            tensors.push(TensorState { info: t.info.clone(), first: 0, spec: t.spec, m: QuantState::concat(&ms)?, v: QuantState::concat(&vs)? });
+            tensors.push(TensorState {
+                info: t.info.clone(),
+                first: 0,
+                spec: t.spec,
+                m: QuantState::concat(&ms)?,
+                v: QuantState::concat(&vs)?,
+            });
         }
         Ok(LowbitAdamW { tensors, ..head.clone_states() })
     }
@@ -385,7 +387,12 @@ impl Optimizer for LowbitAdamW {
                     var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
                     c
                 }
-                d => return Err(OptimError::State(format!("parameter {} has unsupported dtype {d:?} (F32 or BF16)", self.tensors[i].info.name))),
+                d => {
+                    return Err(OptimError::State(format!(
+                        "parameter {} has unsupported dtype {d:?} (F32 or BF16)",
+                        self.tensors[i].info.name
+                    )))
+                }
             };
             out.push(counts);
         }
@@ -396,9 +403,7 @@ impl Optimizer for LowbitAdamW {
     fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError> {
         match self.last.take() {
             Some((s, c)) if s == step => Ok(c),
-            _ => Err(OptimError::State(format!(
-                "stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"
-            ))),
+            _ => Err(OptimError::State(format!("stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"))),
         }
     }
 

@@ -68,7 +68,6 @@ impl StatesPlan {
             false => spec,
         }
     }
-
 }
 
 #[cfg(test)]

@@ -103,7 +103,9 @@ impl AdaptiveReset {
         while self.next <= last {
             let t = self.next;
             let at = self.pending.iter().position(|&(u, _)| u == t).ok_or_else(|| {
-                OptimError::Reset(format!("adaptive reset: the stalled fraction of v at update {t} was not observed (needed before update {update})"))
+                OptimError::Reset(format!(
+                    "adaptive reset: the stalled fraction of v at update {t} was not observed (needed before update {update})"
+                ))
             })?;
             let (_, p) = self.pending.swap_remove(at);
             self.next += 1;

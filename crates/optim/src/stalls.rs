@@ -103,8 +103,20 @@ impl StallCounts {
     pub fn to_words(&self) -> [u64; Self::WORDS] {
         let (m, v, w) = (&self.m, &self.v, &self.w);
         [
-            m.updated, m.stalled, m.unchanged, m.elements, v.updated, v.stalled, v.unchanged, v.elements, w.updated,
-            w.stalled, w.unchanged, w.elements, self.zero_grad, self.zero_v,
+            m.updated,
+            m.stalled,
+            m.unchanged,
+            m.elements,
+            v.updated,
+            v.stalled,
+            v.unchanged,
+            v.elements,
+            w.updated,
+            w.stalled,
+            w.unchanged,
+            w.elements,
+            self.zero_grad,
+            self.zero_v,
         ]
     }
 

@@ -89,9 +89,7 @@ impl QuantState {
     /// A zero state of `len` elements with this one's settings (format, block, scale kind,
     /// signedness, floor): e.g. the layout of a peer's ZeRO-1 shard.
     pub fn zeros_like(&self, len: usize) -> Self {
-        QuantState::zeros(self.format, len, self.block, self.signed)
-            .with_scale_kind(self.scale_kind)
-            .with_zero_free(self.zero_free)
+        QuantState::zeros(self.format, len, self.block, self.signed).with_scale_kind(self.scale_kind).with_zero_free(self.zero_free)
     }
 
     /// The scale of an all-zero block: 0 for `amax` FP8/FP4 states, else 1.
@@ -118,9 +116,7 @@ impl QuantState {
         match &mut self.codes {
             Codes::F32(c) => c.fill(0.0),
             Codes::Bf16(c) => c.fill(0),
-            Codes::Bytes(c) if self.format == StateFormat::Int8 => {
-                c.fill(int8::dynamic_map(self.signed).zero_index())
-            }
+            Codes::Bytes(c) if self.format == StateFormat::Int8 => c.fill(int8::dynamic_map(self.signed).zero_index()),
             Codes::Bytes(c) => c.fill(0),
         }
         let zero = self.zero_scale();
@@ -194,12 +190,10 @@ impl QuantState {
             )));
         }
         self.codes = match self.format {
-            StateFormat::Fp32 => Codes::F32(
-                bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
-            ),
-            StateFormat::Bf16 | StateFormat::E8m(_) => Codes::Bf16(
-                bytes.chunks_exact(2).map(|b| u16::from_le_bytes(b.try_into().unwrap())).collect(),
-            ),
+            StateFormat::Fp32 => Codes::F32(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
+            StateFormat::Bf16 | StateFormat::E8m(_) => {
+                Codes::Bf16(bytes.chunks_exact(2).map(|b| u16::from_le_bytes(b.try_into().unwrap())).collect())
+            }
             _ => Codes::Bytes(bytes.to_vec()),
         };
         Ok(())
@@ -257,10 +251,17 @@ impl QuantState {
         let mut out = QuantState { codes: head.empty_codes(), ..head.clone_settings() };
         for (k, p) in parts.iter().enumerate() {
             if (p.format, p.block, p.signed, p.scale_kind) != (head.format, head.block, head.signed, head.scale_kind) {
-                return Err(OptimError::State(format!("cannot concatenate a {} state with a {} state", p.format.name(), head.format.name())));
+                return Err(OptimError::State(format!(
+                    "cannot concatenate a {} state with a {} state",
+                    p.format.name(),
+                    head.format.name()
+                )));
             }
             if head.format.bits() == 4 && k + 1 < parts.len() && p.len % 2 == 1 {
-                return Err(OptimError::State(format!("fp4 part {k} has an odd length {}: its successor would not start on a byte", p.len)));
+                return Err(OptimError::State(format!(
+                    "fp4 part {k} has an odd length {}: its successor would not start on a byte",
+                    p.len
+                )));
             }
             match (&mut out.codes, &p.codes) {
                 (Codes::F32(o), Codes::F32(c)) => o.extend_from_slice(c),
@@ -307,4 +308,3 @@ pub fn decode_code(format: StateFormat, code: u8, scale: f32, signed_map: bool) 
         None => int8::dynamic_map(signed_map)[code as usize] * scale,
     }
 }
-

@@ -68,12 +68,7 @@ fn adaptive_from(get: &mut dyn FnMut(&str) -> Option<Array>) -> Result<Option<Ad
     let Some(Array::I64(updates)) = get(&key("pending_updates")) else { return Err(bad("pending_updates", "I64 values")) };
     let Some(Array::F64(fractions)) = get(&key("pending_fractions")) else { return Err(bad("pending_fractions", "F64 values")) };
     if updates.len() != fractions.len() {
-        return Err(OptimError::State(format!(
-            "{}: {} updates for {} fractions",
-            key("pending_updates"),
-            updates.len(),
-            fractions.len()
-        )));
+        return Err(OptimError::State(format!("{}: {} updates for {} fractions", key("pending_updates"), updates.len(), fractions.len())));
     }
     let pending = updates.iter().zip(&fractions).map(|(&u, &p)| Ok((uint("pending_updates", u)?, p))).collect::<Result<_, OptimError>>()?;
     Ok(Some(AdaptiveReset {

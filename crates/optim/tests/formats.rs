@@ -10,11 +10,7 @@ fn spec_value(f: &MiniFloat, code: u8) -> f64 {
     let e = (code >> m_bits) as i32 & ((1 << e_bits) - 1);
     let m = (code & ((1 << m_bits) - 1)) as f64;
     let frac = m / (1u32 << m_bits) as f64;
-    sign * if e == 0 {
-        frac * 2f64.powi(1 - f.bias)
-    } else {
-        (1.0 + frac) * 2f64.powi(e - f.bias)
-    }
+    sign * if e == 0 { frac * 2f64.powi(1 - f.bias) } else { (1.0 + frac) * 2f64.powi(e - f.bias) }
 }
 
 fn check_table(f: &MiniFloat, is_nan: impl Fn(u8) -> bool, is_inf: impl Fn(u8) -> bool) {
@@ -69,15 +65,9 @@ fn e5m2_table() {
 #[test]
 fn fp4_tables() {
     let e2m1: Vec<f32> = (0..16).map(|c| fp4::E2M1.decode(c)).collect();
-    assert_eq!(
-        e2m1,
-        [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-    );
+    assert_eq!(e2m1, [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]);
     let ue2m2: Vec<f32> = (0..16).map(|c| fp4::UE2M2.decode(c)).collect();
-    assert_eq!(
-        ue2m2,
-        [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0]
-    );
+    assert_eq!(ue2m2, [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0]);
     check_table(&fp4::E2M1, |_| false, |_| false);
     check_table(&fp4::UE2M2, |_| false, |_| false);
     assert_eq!(fp4::E2M1.encode(f32::INFINITY, Rounding::Nearest, 0), 0x7);
@@ -88,10 +78,8 @@ fn fp4_tables() {
 #[test]
 fn nearest_ties_to_even() {
     for f in [fp8::E4M3, fp8::E5M2, fp4::E2M1, fp4::UE2M2] {
-        let mut vals: Vec<(f32, u8)> = (0..f.num_codes() as u8)
-            .map(|c| (f.decode(c), c))
-            .filter(|(d, _)| d.is_finite() && *d >= 0.0)
-            .collect();
+        let mut vals: Vec<(f32, u8)> =
+            (0..f.num_codes() as u8).map(|c| (f.decode(c), c)).filter(|(d, _)| d.is_finite() && *d >= 0.0).collect();
         vals.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
         vals.dedup_by(|a, b| a.0 == b.0);
         for w in vals.windows(2) {

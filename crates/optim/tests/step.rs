@@ -46,10 +46,15 @@ fn fp32_states_match_textbook_adamw_in_f64() {
 #[test]
 fn reset_zeroes_the_state_and_restarts_bias_correction() {
     let n = 256;
-    let mut o = opt("bf16", "bf16", |s| {
-        s.m_reset_every = 3.into();
-        s.v_reset_every = 3.into();
-    }, n);
+    let mut o = opt(
+        "bf16",
+        "bf16",
+        |s| {
+            s.m_reset_every = 3.into();
+            s.v_reset_every = 3.into();
+        },
+        n,
+    );
     let mut w = vec![0.25f32; n];
     for t in 1..=3 {
         o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
@@ -130,14 +135,25 @@ fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
 fn zero_v_counts_the_updates_of_a_v_rounded_to_zero() {
     let n = 8;
     // element 0 large, elements 1..4 a gradient 1e-4 of it (v 1e-8 of v0: rounds to 0), 4..8 zero
-    let g1: Vec<f32> = (0..n).map(|i| match i { 0 => 1.0, 1..4 => 1e-4, _ => 0.0 }).collect();
+    let g1: Vec<f32> = (0..n)
+        .map(|i| match i {
+            0 => 1.0,
+            1..4 => 1e-4,
+            _ => 0.0,
+        })
+        .collect();
     let g2: Vec<f32> = (0..n).map(|i| if i == 0 { 1.0 } else { 0.0 }).collect();
     for (v_zero, want) in [(lowbit_optim::VZero::Keep, 3), (lowbit_optim::VZero::Exclude, 0)] {
-        let mut o = opt("fp8", "fp8", |s| {
-            s.block_size = 0;
-            s.scale = lowbit_optim::ScaleChoice::Amax;
-            s.v_zero = v_zero;
-        }, n);
+        let mut o = opt(
+            "fp8",
+            "fp8",
+            |s| {
+                s.block_size = 0;
+                s.scale = lowbit_optim::ScaleChoice::Amax;
+                s.v_zero = v_zero;
+            },
+            n,
+        );
         let mut w = vec![0.0f32; n];
         let c = o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g1);
         assert_eq!(c.zero_v, 0, "step 1: every element with m != 0 has v != 0");
@@ -158,10 +174,15 @@ fn zero_v_counts_the_updates_of_a_v_rounded_to_zero() {
 #[test]
 fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
     let n = 8;
-    let mut o = opt("fp32", "fp32", |s| {
-        s.v_reset_every = 2.into();
-        s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
-    }, n);
+    let mut o = opt(
+        "fp32",
+        "fp32",
+        |s| {
+            s.v_reset_every = 2.into();
+            s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
+        },
+        n,
+    );
     let mut w = vec![0.0f32; n];
     for t in 1..=2 {
         o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
@@ -178,11 +199,16 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
         assert!(moved < 2e-3, "{i}: moved {moved}, a normal step (lr 1e-3 x about 1)");
     }
     // m and v reset together: every element restarts (the guard only acts on v-only resets)
-    let o = opt("fp32", "fp32", |s| {
-        s.m_reset_every = 2.into();
-        s.v_reset_every = 2.into();
-        s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
-    }, n);
+    let o = opt(
+        "fp32",
+        "fp32",
+        |s| {
+            s.m_reset_every = 2.into();
+            s.v_reset_every = 2.into();
+            s.v_reset_idle = lowbit_optim::VResetIdle::Keep;
+        },
+        n,
+    );
     assert!(!o.scalars(0, 3, 1e-3, 1.0).keep_idle_v);
 }
 
@@ -232,10 +258,15 @@ fn state_memory_matches_the_format() {
 fn stochastic_rounding_is_deterministic_per_seed_and_step() {
     let n = 5000;
     let run = |seed: u64| {
-        let mut o = opt("fp8", "fp4", |s| {
-            s.m_rounding = lowbit_optim::Rounding::Stochastic;
-            s.v_rounding = lowbit_optim::Rounding::Stochastic;
-        }, n);
+        let mut o = opt(
+            "fp8",
+            "fp4",
+            |s| {
+                s.m_rounding = lowbit_optim::Rounding::Stochastic;
+                s.v_rounding = lowbit_optim::Rounding::Stochastic;
+            },
+            n,
+        );
         o.seed = seed;
         let mut w = vec![0.1f32; n];
         let mut counts = vec![];

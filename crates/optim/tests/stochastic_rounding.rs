@@ -20,19 +20,12 @@ fn check_unbiased(x: f64, lo: f64, hi: f64, width: u32, round: impl Fn(u64) -> f
     let mean = sum / DRAWS as f64;
     let p = (x - lo) / (hi - lo);
     let se = (hi - lo) * (p * (1.0 - p) / DRAWS as f64).sqrt();
-    assert!(
-        (mean - x).abs() <= 4.0 * se + 1e-300,
-        "{what}: mean {mean} vs x {x} (4 SE = {})",
-        4.0 * se
-    );
+    assert!((mean - x).abs() <= 4.0 * se + 1e-300, "{what}: mean {mean} vs x {x} (4 SE = {})", 4.0 * se);
 }
 
 /// Points strictly between neighbours lo < hi of a grid, at several fractions.
 fn between(lo: f32, hi: f32) -> impl Iterator<Item = f32> {
-    [0.1f64, 0.37, 0.5, 0.83]
-        .into_iter()
-        .map(move |t| (lo as f64 + t * (hi as f64 - lo as f64)) as f32)
-        .filter(move |&x| x > lo && x < hi)
+    [0.1f64, 0.37, 0.5, 0.83].into_iter().map(move |t| (lo as f64 + t * (hi as f64 - lo as f64)) as f32).filter(move |&x| x > lo && x < hi)
 }
 
 /// Every point `between` grid neighbours `lo < hi` rounds to one of them without bias, where
@@ -90,7 +83,10 @@ fn precision_only_formats_are_unbiased() {
     for k in precision::FRACTION_BITS {
         let step = 2f32.powi(-(k as i32));
         for (lo, hi) in [(1.0f32, 1.0 + step), (-2.0 * (1.0 + step), -2.0), (1.5e-40, 1.5e-40 + 2f32.powi(-126) * step)] {
-            let (lo, hi) = (precision::decode(precision::encode(lo, k, Rounding::Nearest, 0)), precision::decode(precision::encode(hi, k, Rounding::Nearest, 0)));
+            let (lo, hi) = (
+                precision::decode(precision::encode(lo, k, Rounding::Nearest, 0)),
+                precision::decode(precision::encode(hi, k, Rounding::Nearest, 0)),
+            );
             assert!(lo < hi, "e8m{k}: {lo} {hi}");
             let round = |x, r| precision::decode(precision::encode(x, k, Rounding::Stochastic, r));
             grid_case(lo, hi, round, &format!("e8m{k}"));

@@ -35,17 +35,14 @@ pub mod states;
 pub mod stats;
 pub mod subset;
 
-pub use paper::{
-    cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, Cell, Claim, Fix, Fmt, Relation,
-    Table,
-};
+pub use paper::{cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, Cell, Claim, Fix, Fmt, Relation, Table};
 pub use pool::{detect_gpus, gpus_from, pick_gpu, plan, read_record, run_overrides, Job, PlanSpec};
 pub use report::{render, RunInfo};
 pub use results::{fingerprint, results_name, CommandLog, Planned, Record, ResultsFile, RunKey};
 pub use scale::{reset_period, scale_description, scale_overrides, Scale};
 pub use states::{States, StatesArg, SHARED, THEORY_EPS, THEORY_FP4_M};
 pub use stats::{any_diverged, delta, evaluate_claim, loss_stat, paired_diffs, Outcome, Results, RunResult, Stat, Verdict};
-pub use subset::{parse_seed_list, select_cells, seeds_to_run};
+pub use subset::{parse_seed_list, seeds_to_run, select_cells};
 
 use anyhow::{bail, Context, Result};
 use lowbit_train::run_folder::{lock_file, RunLock};
@@ -291,13 +288,7 @@ pub fn run(a: &ReproduceArgs) -> Result<()> {
 
 /// The report of one states kind: every cell of the table over the command's seeds and the
 /// seeds the results file holds runs of (with today's configs).
-fn report_for(
-    a: &ReproduceArgs,
-    spec: PlanSpec,
-    kind: States,
-    seeds: &[usize],
-    file: &ResultsFile,
-) -> Result<(String, RunInfo)> {
+fn report_for(a: &ReproduceArgs, spec: PlanSpec, kind: States, seeds: &[usize], file: &ResultsFile) -> Result<(String, RunInfo)> {
     let mut candidates: Vec<usize> = seeds.iter().copied().chain(file.seeds()).collect();
     candidates.sort_unstable();
     candidates.dedup();

@@ -7,9 +7,9 @@ use super::paper::{cell_config, cell_name, Cell, Table};
 use super::results::{fingerprint, run_key, Planned, Record};
 use super::scale::{scale_overrides, Scale};
 use super::states::States;
+use anyhow::{Context, Result};
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::Summary;
-use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,15 +40,7 @@ impl Job {
 
 /// The overrides of one (cell, seed) run: scale, state formats, then folder and seed, then
 /// the user's.
-pub fn run_overrides(
-    scale: Scale,
-    states: States,
-    cell: Cell,
-    runs_dir: &Path,
-    name: &str,
-    seed: usize,
-    extra: &[String],
-) -> Vec<String> {
+pub fn run_overrides(scale: Scale, states: States, cell: Cell, runs_dir: &Path, name: &str, seed: usize, extra: &[String]) -> Vec<String> {
     let mut o = scale_overrides(scale, cell);
     o.extend(states.overrides(cell.0));
     o.push(format!("run.dir={}", toml_str(&runs_dir.to_string_lossy())));
@@ -86,14 +78,10 @@ pub fn plan(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> 
             let name = format!("{}-s{seed}", cell_name(spec.table, cell));
             let runs_dir = states.runs_dir(spec.runs_root, spec.table, spec.scale, cell.0);
             let overrides = run_overrides(spec.scale, states, cell, &runs_dir, &name, seed, spec.extra);
-            let cfg = RunConfig::load(&config, &overrides)
-                .with_context(|| format!("cell {} (seed {seed})", cell_name(spec.table, cell)))?;
+            let cfg =
+                RunConfig::load(&config, &overrides).with_context(|| format!("cell {} (seed {seed})", cell_name(spec.table, cell)))?;
             jobs.push(Job {
-                planned: Planned {
-                    key: run_key(states.tag(cell.0), cell, seed),
-                    cell,
-                    fingerprint: fingerprint(&cfg),
-                },
+                planned: Planned { key: run_key(states.tag(cell.0), cell, seed), cell, fingerprint: fingerprint(&cfg) },
                 config,
                 run_dir: cfg.run_dir(),
                 max_steps: cfg.train.max_steps,
@@ -234,7 +222,15 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
             said = Instant::now();
             let steps: Vec<String> = running
                 .iter()
-                .map(|(j, _, t0, _)| format!("{} step {}/{} ({:.0}s)", j.run_dir.file_name().unwrap_or_default().to_string_lossy(), step_reached(j), j.max_steps, t0.elapsed().as_secs_f64()))
+                .map(|(j, _, t0, _)| {
+                    format!(
+                        "{} step {}/{} ({:.0}s)",
+                        j.run_dir.file_name().unwrap_or_default().to_string_lossy(),
+                        step_reached(j),
+                        j.max_steps,
+                        t0.elapsed().as_secs_f64()
+                    )
+                })
                 .collect();
             lowbit_train::errln!("reproduce: running {}", steps.join(", "));
         }

@@ -7,8 +7,8 @@ use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, Cell, Fi
 use super::results::CommandLog;
 use super::scale::Scale;
 use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat};
-use std::fmt::Write as _;
 use lowbit_train::output::fixed_or;
+use std::fmt::Write as _;
 
 /// What the report says about how it was made.
 #[derive(Debug, Clone, Default)]
@@ -59,12 +59,7 @@ fn seeds_text(seeds: &[usize]) -> String {
 fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     let _ = writeln!(w, "# Reproduction of the paper's {}, scale `{}`\n", table.title(), scale.as_str());
     let found = info.runs_total - info.runs_missing.len();
-    let mut facts = vec![format!(
-        "{found} of {} runs ({} cells x {})",
-        info.runs_total,
-        cells(table).len(),
-        seeds_text(&info.seeds)
-    )];
+    let mut facts = vec![format!("{found} of {} runs ({} cells x {})", info.runs_total, cells(table).len(), seeds_text(&info.seeds))];
     if let Some(p) = info.params {
         facts.push(format!("{:.1}M parameters", p as f64 / 1e6));
     }
@@ -76,14 +71,7 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
         let _ = writeln!(w, "Made by {} command(s):\n", info.commands.len());
         for c in &info.commands {
             let gpus = if c.gpus == 0 { "CPU".to_string() } else { format!("{} GPU(s)", c.gpus) };
-            let _ = writeln!(
-                w,
-                "- `{}`: {} run(s) in {}, up to {} at once on {gpus}",
-                c.command,
-                c.runs,
-                fmt_time(c.wall_s),
-                c.jobs
-            );
+            let _ = writeln!(w, "- `{}`: {} run(s) in {}, up to {} at once on {gpus}", c.command, c.runs, fmt_time(c.wall_s), c.jobs);
         }
     }
     let _ = writeln!(w);
@@ -178,8 +166,7 @@ fn grid(w: &mut String, table: Table, r: &Results) {
                 row.push_str(" — |");
                 continue;
             }
-            let ours = loss_stat(r, c).map_or("—".into(), |s| format!("{:.4}", s.mean))
-                + if any_diverged(r, c) { " diverged" } else { "" };
+            let ours = loss_stat(r, c).map_or("—".into(), |s| format!("{:.4}", s.mean)) + if any_diverged(r, c) { " diverged" } else { "" };
             let paper = paper_loss(table, c).map_or(String::new(), |p| format!(" ({p:.3})"));
             let _ = write!(row, " {ours}{paper} |");
         }
@@ -222,8 +209,7 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
         counts[2],
         n - counts.iter().sum::<usize>()
     );
-    let diverged: Vec<String> =
-        cells(table).into_iter().filter(|&c| any_diverged(r, c)).map(|c| cell_name(table, c)).collect();
+    let diverged: Vec<String> = cells(table).into_iter().filter(|&c| any_diverged(r, c)).map(|c| cell_name(table, c)).collect();
     if !diverged.is_empty() {
         let _ = writeln!(
             w,

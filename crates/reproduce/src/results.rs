@@ -9,9 +9,9 @@ use super::paper::{cell_short, Cell, Table};
 use super::scale::Scale;
 use super::states::{States, SHARED};
 use super::stats::{Results, RunResult};
+use anyhow::{bail, Context, Result};
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::summary::Summary;
-use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -159,8 +159,7 @@ impl CommandLog {
     /// for `paper` and `blockwise` the [`SHARED`] FP32/BF16 runs); a command of unknown kinds
     /// counts.
     pub fn made_runs_of(&self, kind: States) -> bool {
-        self.states.is_empty()
-            || self.states.iter().any(|s| s == kind.as_str() || (kind != States::Theory && s == SHARED))
+        self.states.is_empty() || self.states.iter().any(|s| s == kind.as_str() || (kind != States::Theory && s == SHARED))
     }
 }
 
@@ -201,8 +200,7 @@ impl ResultsFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::new(table, scale)),
             Err(e) => return Err(e).with_context(|| format!("cannot read results file {}", path.display())),
         };
-        let f: ResultsFile =
-            serde_json::from_str(&text).with_context(|| format!("results file {} does not parse", path.display()))?;
+        let f: ResultsFile = serde_json::from_str(&text).with_context(|| format!("results file {} does not parse", path.display()))?;
         if (f.table.as_str(), f.scale.as_str()) != (table.as_str(), scale.as_str()) {
             bail!(
                 "results file {} holds table {} at scale {}, not {} at {}",

@@ -73,12 +73,7 @@ pub fn loss_stat(r: &Results, c: Cell) -> Option<Stat> {
 /// Per-seed differences `a - b`, as `(seed, difference)`, over the seeds where both cells
 /// have a loss.
 pub fn paired_diffs(r: &Results, a: Cell, b: Cell) -> Vec<(usize, f64)> {
-    losses(r, a)
-        .into_iter()
-        .zip(losses(r, b))
-        .enumerate()
-        .filter_map(|(seed, (x, y))| Some((seed, x? - y?)))
-        .collect()
+    losses(r, a).into_iter().zip(losses(r, b)).enumerate().filter_map(|(seed, (x, y))| Some((seed, x? - y?))).collect()
 }
 
 /// Seed-paired `a - b`: mean and spread over the paired seeds.

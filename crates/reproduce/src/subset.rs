@@ -36,9 +36,7 @@ pub fn select_cells(table: Table, items: &[String]) -> Result<Vec<Cell>> {
 /// Parse `--seed-list`: comma-separated seeds and inclusive ranges (`1`, `2,3`, `0-2`,
 /// `0-1,4`), returned sorted without repeats.
 pub fn parse_seed_list(s: &str) -> Result<Vec<usize>> {
-    let num = |t: &str| {
-        t.trim().parse::<usize>().with_context(|| format!("--seed-list {s:?}: {t:?} is not a seed (a whole number >= 0)"))
-    };
+    let num = |t: &str| t.trim().parse::<usize>().with_context(|| format!("--seed-list {s:?}: {t:?} is not a seed (a whole number >= 0)"));
     let mut seeds = Vec::new();
     for item in s.split(',') {
         match item.split_once('-') {

@@ -2,8 +2,8 @@
 //! scale overrides, and the pure statistics / ordering checks / rendering on hand-made numbers.
 
 use lowbit_optim::{ResetRule, Rounding, ScaleKind, StateFormat, VZero};
-use lowbit_train::config::{RunConfig, WeightDtype};
 use lowbit_reproduce::*;
+use lowbit_train::config::{RunConfig, WeightDtype};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -205,10 +205,7 @@ fn plan_is_seed_major_with_one_folder_per_run() {
     assert!(jobs[..14].iter().all(|j| j.planned.key.seed == 0) && jobs[14..].iter().all(|j| j.planned.key.seed == 1));
     let dirs: std::collections::BTreeSet<_> = jobs.iter().map(|j| j.run_dir.clone()).collect();
     assert_eq!(dirs.len(), 28);
-    assert_eq!(
-        jobs[15].run_dir,
-        tmp.path().join("fp32-model-smoke").join("llama100m_f32model_fp32_reset-s1")
-    );
+    assert_eq!(jobs[15].run_dir, tmp.path().join("fp32-model-smoke").join("llama100m_f32model_fp32_reset-s1"));
     assert!(jobs.iter().all(|j| resolved(j).contains("weight_rounding = \"stochastic\"")));
 }
 
@@ -235,7 +232,10 @@ fn states_kinds_pick_formats_and_folders() {
         match p.planned.cell.0 {
             Fmt::Fp8 => {
                 assert_eq!((ps.m_format, ps.block_size, ps.m_scale, ps.v_zero), (StateFormat::Fp8E4M3, 0, ScaleKind::Amax, VZero::Keep));
-                assert_eq!((bs.m_format, bs.block_size, bs.m_scale, bs.v_zero), (StateFormat::Fp8E4M3, 128, ScaleKind::Pow2, VZero::Exclude));
+                assert_eq!(
+                    (bs.m_format, bs.block_size, bs.m_scale, bs.v_zero),
+                    (StateFormat::Fp8E4M3, 128, ScaleKind::Pow2, VZero::Exclude)
+                );
                 assert_eq!((ts.m_format, ts.v_format), (StateFormat::E8m(3), StateFormat::E8m(3)));
                 assert_eq!((folder(p), folder(b)), ("fp32-model-smoke-paper".into(), "fp32-model-smoke-blockwise".into()));
             }
@@ -393,7 +393,10 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     assert!(md.lines().any(|l| l.starts_with("| SR |") && l.contains("| — |")));
     // the states kinds side by side: loss (paired delta vs fp32 states of the kind), a kind
     // without runs shows dashes
-    assert!(md.contains("## The states kinds, cell by cell") && md.contains("| states | fix | paper | theory |"), "kinds without runs left out");
+    assert!(
+        md.contains("## The states kinds, cell by cell") && md.contains("| states | fix | paper | theory |"),
+        "kinds without runs left out"
+    );
     let row = md.lines().rfind(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert_eq!(row, "| fp8 | SR + resets | 3.6595 ± 0.0064 (+0.0045 ± 0.0064) | — |");
     let alone = RunInfo { kinds: vec![("paper", r.clone()), ("theory", BTreeMap::new())], ..info.clone() };

@@ -149,16 +149,13 @@ fn prune(run_dir: &Path, keep: usize) -> Result<()> {
 
 /// The newest complete checkpoint of a run.
 pub fn latest(run_dir: &Path) -> Result<PathBuf> {
-    list(run_dir)?
-        .pop()
-        .map(|(_, p)| p)
-        .with_context(|| {
-            format!(
-                "{}: no checkpoint to resume from (the run stopped before its first checkpoint; start it \
+    list(run_dir)?.pop().map(|(_, p)| p).with_context(|| {
+        format!(
+            "{}: no checkpoint to resume from (the run stopped before its first checkpoint; start it \
                  again with --overwrite)",
-                run_dir.join("checkpoints").display()
-            )
-        })
+            run_dir.join("checkpoints").display()
+        )
+    })
 }
 
 /// [`crate::manifest::verify`] checkpoint `dir` of a run; when it fails, the error also offers

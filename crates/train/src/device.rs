@@ -3,9 +3,9 @@
 //! what a step frees), and the pool's statistics ([`memory`]).
 
 use anyhow::{bail, Result};
-use candle_core::Device;
 #[cfg(feature = "cuda")]
 use candle_core::cuda::cudarc::driver::{result, sys};
+use candle_core::Device;
 #[cfg(feature = "cuda")]
 use candle_core::{backend::BackendDevice, CudaDevice};
 

@@ -33,5 +33,5 @@ pub mod schedule;
 pub mod session;
 pub mod setting_warnings;
 pub mod step;
-pub mod train_state;
 mod stop;
+pub mod train_state;

@@ -85,7 +85,11 @@ impl MemoryFloor {
         let gib = |b: f64| b / f64::from(1u32 << 30);
         let parts = [
             (self.model_and_states, "the weights, gradients and states", "model.preset or model.hidden_size / num_layers / vocab_size"),
-            (self.activations, "one micro-batch's logits and attention scores", "train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len"),
+            (
+                self.activations,
+                "one micro-batch's logits and attention scores",
+                "train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len",
+            ),
             (self.mask, "the causal mask", "data.seq_len or model.max_seq_len"),
         ];
         let (bytes, what, keys) = parts.iter().copied().fold(parts[0], |a, b| if b.0 > a.0 { b } else { a });

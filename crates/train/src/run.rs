@@ -87,7 +87,11 @@ pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<RunReport> {
     let status = stop.as_ref().map_or(RunStatus::Finished, |s| s.status);
     let error = stop.and_then(|s| s.error);
     let summary = match leader {
-        true => Some(s.write_summary((s.state.tokens - tokens_at_start) as f64 / started.elapsed().as_secs_f64().max(1e-9), last_val, status)?),
+        true => Some(s.write_summary(
+            (s.state.tokens - tokens_at_start) as f64 / started.elapsed().as_secs_f64().max(1e-9),
+            last_val,
+            status,
+        )?),
         false => None,
     };
     if let Some(e) = error {

@@ -148,12 +148,8 @@ pub fn is_moved_aside(dir: &Path) -> bool {
 /// Rename `dir` to the first free `<dir>.old-<N>` and return that path.
 pub fn move_aside(dir: &Path) -> Result<PathBuf> {
     let name = dir.file_name().context("run folder has no name")?.to_string_lossy().into_owned();
-    let aside = (1..)
-        .map(|n| dir.with_file_name(format!("{name}.old-{n}")))
-        .find(|p| !p.exists())
-        .expect("a free name");
-    std::fs::rename(dir, &aside)
-        .with_context(|| format!("cannot move {} aside to {}", dir.display(), aside.display()))?;
+    let aside = (1..).map(|n| dir.with_file_name(format!("{name}.old-{n}"))).find(|p| !p.exists()).expect("a free name");
+    std::fs::rename(dir, &aside).with_context(|| format!("cannot move {} aside to {}", dir.display(), aside.display()))?;
     Ok(aside)
 }
 
@@ -205,7 +201,9 @@ mod tests {
 
     #[test]
     fn moved_aside_names_are_recognised() {
-        for (name, aside) in [("x.old-1", true), ("run.old-12", true), ("x", false), ("x.old-", false), (".old-1", false), ("x.old-1a", false)] {
+        for (name, aside) in
+            [("x.old-1", true), ("run.old-12", true), ("x", false), ("x.old-", false), (".old-1", false), ("x.old-1a", false)]
+        {
             assert_eq!(is_moved_aside(Path::new("runs").join(name).as_path()), aside, "{name}");
         }
     }

@@ -4,19 +4,19 @@
 //! [`crate::run::run`]'s loop calls.
 
 use crate::checkpoint::{self, Stateful};
-use crate::train_state::{load_state, records_data_order, TrainState};
 use crate::components::ModelWeights;
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
-use crate::distributed::collective::{Collective, Solo};
 use crate::distributed;
+use crate::distributed::collective::{Collective, Solo};
 use crate::eval::{evaluate_until, export_check, EXPORT_CHECK};
 use crate::logs::metrics::MetricsRow;
-use crate::logs::RunLogs;
 use crate::logs::stall_writer::StallWriter;
 use crate::logs::stalls::Theory;
 use crate::logs::summary::StateGroup;
+use crate::logs::RunLogs;
 use crate::run_folder::{self, FolderUse, RunLock};
 use crate::setting_warnings::{passes_planned, passes_warning, setting_warnings};
+use crate::train_state::{load_state, records_data_order, TrainState};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Var};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
@@ -138,9 +138,7 @@ impl Session {
 
         // Data and model.
         let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(data_err)?;
-        let mcfg = cfg
-            .model_config(tok.vocab_size())
-            .with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
+        let mcfg = cfg.model_config(tok.vocab_size()).with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
         // before anything of the model's size is allocated (on the CPU an allocation that
         // fails aborts the process) or the run folder is claimed
         let refused = match crate::device::available_memory(&dev) {
@@ -167,12 +165,7 @@ impl Session {
         let infos = param_infos(&params)?;
         plan.check_groups(infos.iter().map(|i| i.group.as_str())).map_err(anyhow::Error::msg)?;
         let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
-        let hyper = Hyper {
-            beta1: cfg.optim.beta1,
-            beta2: cfg.optim.beta2,
-            eps: cfg.optim.eps,
-            weight_decay: cfg.optim.weight_decay,
-        };
+        let hyper = Hyper { beta1: cfg.optim.beta1, beta2: cfg.optim.beta2, eps: cfg.optim.eps, weight_decay: cfg.optim.weight_decay };
         let mut host = LowbitAdamW::new(hyper, plan, cfg.train.seed, infos.clone());
         let state_groups = StateGroup::of(&host);
 
@@ -370,7 +363,7 @@ impl Session {
         let dir = self.run_dir.clone();
         let lock = self._lock.take();
         drop(self); // closes the logs
-        // with the lock still held: no other run can claim the folder meanwhile
+                    // with the lock still held: no other run can claim the folder meanwhile
         if lock.is_some() {
             crate::run_folder::remove_run_files(&dir)?;
         }
@@ -493,7 +486,11 @@ fn adopt_unrecorded_data_order(cfg: &mut RunConfig, dir: &std::path::Path) -> Re
 /// The scale kind a checkpoint records for a state: its name for fp8/fp4 states, empty for
 /// formats without one.
 fn scale_name(format: lowbit_optim::StateFormat, kind: lowbit_optim::ScaleKind) -> String {
-    if format.minifloat().is_some() { kind.as_str().into() } else { String::new() }
+    if format.minifloat().is_some() {
+        kind.as_str().into()
+    } else {
+        String::new()
+    }
 }
 
 /// Whether `flag` is true on any rank of `comm` (every rank must call it).
@@ -539,10 +536,7 @@ fn same_config_as_rank0(comm: &dyn Collective, config_toml: &str) -> Result<()> 
         }
         at += n;
     }
-    anyhow::bail!(
-        "the ranks resolved different configs (every rank needs the same --config and --set): {}",
-        diffs.join("; ")
-    )
+    anyhow::bail!("the ranks resolved different configs (every rank needs the same --config and --set): {}", diffs.join("; "))
 }
 
 /// Model parameters in the optimizer's order (sorted by name; the index is the tensor id of
@@ -580,7 +574,8 @@ pub fn param_infos(params: &ParamSet) -> Result<Vec<ParamInfo>> {
         .iter()
         .zip(&params.vars)
         .map(|(n, v)| {
-            let group = try_param_group(n).with_context(|| format!("parameter {n}: not a LLaMA tensor name (embed, attn, mlp, norm or head)"))?;
+            let group =
+                try_param_group(n).with_context(|| format!("parameter {n}: not a LLaMA tensor name (embed, attn, mlp, norm or head)"))?;
             Ok(ParamInfo { name: n.clone(), group: group.as_str().to_string(), len: v.elem_count(), weight_decay: v.rank() >= 2 })
         })
         .collect()
@@ -661,11 +656,9 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
     if saved.params != now.params {
         let first = saved.params.iter().zip(&now.params).find(|(a, b)| a != b);
         let what = match first {
-            _ if saved.params.len() != now.params.len() => format!(
-                "the checkpoint has {} parameter tensors, the config {} (model.num_layers?)",
-                saved.params.len(),
-                now.params.len()
-            ),
+            _ if saved.params.len() != now.params.len() => {
+                format!("the checkpoint has {} parameter tensors, the config {} (model.num_layers?)", saved.params.len(), now.params.len())
+            }
             Some(((sn, sl), (nn, nl))) if sn == nn => {
                 format!("{sn} has {sl} elements in the checkpoint, {nl} in the config")
             }
@@ -679,10 +672,9 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
     }
     // (v_zero: a checkpoint without the field was written as "keep"; scale kinds: as pow2)
     let saved_v_zero = if saved.v_zero.is_empty() { "keep" } else { saved.v_zero.as_str() };
-    for (key, format, saved_kind, kind) in [
-        ("m", &saved.m_format, &saved.m_scale, &now.m_scale),
-        ("v", &saved.v_format, &saved.v_scale, &now.v_scale),
-    ] {
+    for (key, format, saved_kind, kind) in
+        [("m", &saved.m_format, &saved.m_scale, &now.m_scale), ("v", &saved.v_format, &saved.v_scale, &now.v_scale)]
+    {
         let saved_kind = if saved_kind.is_empty() && !kind.is_empty() { "pow2" } else { saved_kind.as_str() };
         if saved_kind != kind.as_str() && format == if key == "m" { &now.m_format } else { &now.v_format } {
             bail!(
@@ -720,4 +712,3 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
     }
     Ok(())
 }
-

@@ -152,7 +152,8 @@ mod tests {
     #[test]
     fn a_default_config_gets_no_warning() {
         assert_eq!(warnings(&[]), Vec::<String>::new());
-        let paper_fp8 = ["optim.states.m_format=\"fp8\"", "optim.states.v_format=\"fp8\"", "optim.states.scale=\"amax\"", "optim.states.block_size=0"];
+        let paper_fp8 =
+            ["optim.states.m_format=\"fp8\"", "optim.states.v_format=\"fp8\"", "optim.states.scale=\"amax\"", "optim.states.block_size=0"];
         assert_eq!(warnings(&paper_fp8), Vec::<String>::new(), "a scale kind and per-tensor scales for fp8 states");
         assert_eq!(warnings(&["optim.states.v_format=\"int8\"", "optim.states.block_size=256"]), Vec::<String>::new());
     }
@@ -167,7 +168,8 @@ mod tests {
     #[test]
     fn blocks_that_do_nothing_or_span_every_tensor() {
         one(&["optim.states.block_size=64"], "optim.states.block_size = 64 does nothing");
-        let w = one(&["optim.states.v_format=\"fp8\"", "optim.states.block_size=1048576"], "optim.states.block_size = 1048576 is not smaller");
+        let w =
+            one(&["optim.states.v_format=\"fp8\"", "optim.states.block_size=1048576"], "optim.states.block_size = 1048576 is not smaller");
         assert!(w.contains("4096 elements") && w.contains("block_size = 0"), "{w}");
     }
 
@@ -176,7 +178,10 @@ mod tests {
         let w = one(&["optim.states.v_reset_every=1000000000000000000"], "optim.states.v_reset_every = 1000000000000000000 is not shorter");
         assert!(w.contains("v never resets"), "{w}");
         let w = warnings(&["optim.states.m_reset_every=100", "optim.states.v_reset_every=100"]);
-        assert!(w.len() == 2 && w[0].starts_with("optim.states.m_reset_every = 100") && w[1].starts_with("optim.states.v_reset_every = 100"), "{w:?}");
+        assert!(
+            w.len() == 2 && w[0].starts_with("optim.states.m_reset_every = 100") && w[1].starts_with("optim.states.v_reset_every = 100"),
+            "{w:?}"
+        );
         assert_eq!(warnings(&["optim.states.m_reset_every=99", "optim.states.v_reset_every=99"]), Vec::<String>::new());
     }
 

@@ -67,13 +67,7 @@ impl StepReport {
     pub fn line(&self) -> String {
         let frac = |f: Option<f64>| crate::output::fixed(f, 3);
         let (m, v) = self.stalls.unwrap_or((None, None));
-        format!(
-            "loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s",
-            self.loss,
-            frac(m),
-            frac(v),
-            self.tokens as f64 / self.seconds
-        )
+        format!("loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s", self.loss, frac(m), frac(v), self.tokens as f64 / self.seconds)
     }
 }
 
@@ -111,7 +105,12 @@ impl Session {
         }
         if let Some((used, peak)) = crate::device::memory(&self.dev) {
             self.device_peak = Some(peak);
-            tracing::debug!(step, used_gib = used as f64 / (1u64 << 30) as f64, peak_gib = peak as f64 / (1u64 << 30) as f64, "device memory");
+            tracing::debug!(
+                step,
+                used_gib = used as f64 / (1u64 << 30) as f64,
+                peak_gib = peak as f64 / (1u64 << 30) as f64,
+                "device memory"
+            );
         }
         out.new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
         self.state.step = step;

@@ -109,8 +109,7 @@ impl Session {
 
     /// `summary.json` of the run (rank 0), from its files and this invocation's throughput.
     pub(crate) fn write_summary(&self, tokens_per_s: f64, last_val: Option<f64>, status: RunStatus) -> Result<Summary> {
-        let mut summary =
-            summary::build(&self.run_dir, self.n_params, self.state_bytes, tokens_per_s, last_val, self.device_peak, status)?;
+        let mut summary = summary::build(&self.run_dir, self.n_params, self.state_bytes, tokens_per_s, last_val, self.device_peak, status)?;
         summary.state_bytes_per_rank = self.rank_state_bytes;
         let pass = self.stream.pass_size();
         summary.epochs = Some(self.state.tokens as f64 / pass.tokens.max(1) as f64);

@@ -114,8 +114,7 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
             o.entry("updates").or_insert(step);
         }
     }
-    let mut state: TrainState =
-        serde_json::from_value(v).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
+    let mut state: TrainState = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
     load(dir, &mut [&mut state.data])?;
     Ok(state)
 }
@@ -129,7 +128,8 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
 pub fn records_data_order(dir: &Path) -> Result<bool> {
     let p = dir.join("state.json");
     let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read the checkpoint state", p.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint state: {e}", p.display()))?;
     Ok(v.get("data").and_then(|d| d.get("order")).is_some())
 }
 

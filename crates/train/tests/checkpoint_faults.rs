@@ -8,13 +8,13 @@
 //! blows up a run this small (embedding rows of tokens absent from the batch).
 
 use lowbit_train::checkpoint;
-use lowbit_train::eval::ExportCheck;
-use lowbit_train::train_state::TrainState;
 use lowbit_train::config::RunConfig;
+use lowbit_train::eval::ExportCheck;
 use lowbit_train::logs::summary::RunStatus;
 use lowbit_train::progress::Logs;
 use lowbit_train::run::{self, RunReport};
 use lowbit_train::session::Launch;
+use lowbit_train::train_state::TrainState;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -43,12 +43,7 @@ fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u6
 }
 
 fn rows(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    std::fs::read_to_string(path).unwrap().lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 /// metrics.jsonl rows without the wall-clock fields.
@@ -147,7 +142,8 @@ fn resume_is_bit_identical_streaming_through_a_shuffle_buffer() {
     let state: Value = serde_json::from_slice(&read(&checkpoint::latest(&full).unwrap().join("state.json"))).unwrap();
     assert_eq!(state["data"]["order"], serde_json::json!({"kind": "buffered", "seed": 7, "buffer": 64}));
     assert!(state["data"]["draws"].as_u64().unwrap() > 0);
-    let data = candle_core::safetensors::load(checkpoint::latest(&full).unwrap().join("data.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let data =
+        candle_core::safetensors::load(checkpoint::latest(&full).unwrap().join("data.safetensors"), &candle_core::Device::Cpu).unwrap();
     assert_eq!(data["buffer_tokens"].dims(), &[64 * 33], "64 rows of seq_len + 1 = 33 ids");
 }
 
@@ -421,8 +417,7 @@ fn non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint() {
     );
     let m = rows(&run_dir.join("metrics.jsonl"));
     let train: Vec<&Value> = m.iter().filter(|r| r["kind"] == "train").collect();
-    let skipped: Vec<u64> =
-        train.iter().filter(|r| r["skipped"] == true).map(|r| r["step"].as_u64().unwrap()).collect();
+    let skipped: Vec<u64> = train.iter().filter(|r| r["skipped"] == true).map(|r| r["step"].as_u64().unwrap()).collect();
     let last = *skipped.last().unwrap();
     assert_eq!(skipped.len(), 3, "{err}");
     assert_eq!(skipped, vec![last - 2, last - 1, last], "consecutive");
@@ -473,10 +468,7 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
     // and in a --set, for every such key
     let text = base.replace("seq_len = 32", "seq_len = 32\nmode = 3");
     let line = nth_line(&text, "mode = 3");
-    one_line_error(
-        load_with(d, "enum.toml", &text, &[]),
-        &[&format!("enum.toml:{line}:"), "`data.mode` takes `truncate_pad` or `concat`"],
-    );
+    one_line_error(load_with(d, "enum.toml", &text, &[]), &[&format!("enum.toml:{line}:"), "`data.mode` takes `truncate_pad` or `concat`"]);
     for (set, choices) in [
         ("optim.states.scale=2", "one of `default`, `amax`, `pow2`"),
         ("optim.states.v_zero=true", "`exclude` or `keep`"),
@@ -497,10 +489,7 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
     // unknown key
     let text = base.replace("eval_every = 3", "eval_every = 3\nevall_every = 3");
     let line = nth_line(&text, "evall_every");
-    one_line_error(
-        load_with(d, "unknown.toml", &text, &[]),
-        &[&format!("unknown.toml:{line}:"), "unknown field `evall_every`"],
-    );
+    one_line_error(load_with(d, "unknown.toml", &text, &[]), &[&format!("unknown.toml:{line}:"), "unknown field `evall_every`"]);
 
     // syntax error
     let text = base.replace("lr = 3e-3", "lr = 3e-3 x");
@@ -510,22 +499,13 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
     // unknown key in a file that `extends` a base: named in the child, with its line
     std::fs::write(d.join("base.toml"), &base).unwrap();
     let child = "extends = \"base.toml\"\n\n[optim.states]\nm_format = \"bf16\"\nm_rese_every = 5\n";
-    one_line_error(
-        load_with(d, "child.toml", child, &[]),
-        &["child.toml:5:", "unknown field `m_rese_every`"],
-    );
+    one_line_error(load_with(d, "child.toml", child, &[]), &["child.toml:5:", "unknown field `m_rese_every`"]);
     // wrong type in the base of an `extends` chain
     std::fs::write(d.join("base_bad.toml"), base.replace("seed = 7", "seed = -7.5")).unwrap();
     let line = nth_line(&base, "seed");
-    one_line_error(
-        load_with(d, "child2.toml", "extends = \"base_bad.toml\"\n", &[]),
-        &[&format!("base_bad.toml:{line}:"), "seed"],
-    );
+    one_line_error(load_with(d, "child2.toml", "extends = \"base_bad.toml\"\n", &[]), &[&format!("base_bad.toml:{line}:"), "seed"]);
     // a missing base
-    one_line_error(
-        load_with(d, "child3.toml", "extends = \"gone.toml\"\n", &[]),
-        &["child3.toml:1:", "gone.toml", "does not exist"],
-    );
+    one_line_error(load_with(d, "child3.toml", "extends = \"gone.toml\"\n", &[]), &["child3.toml:1:", "gone.toml", "does not exist"]);
 
     // unknown key / wrong type through --set: the override is named
     std::fs::write(d.join("ok.toml"), &base).unwrap();
@@ -544,16 +524,10 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
     // bad values: the key and where it was set
     let text = base.replace("lr = 3e-3", "lr = -1.0");
     let line = nth_line(&text, "lr =");
-    one_line_error(
-        load_with(d, "neg_lr.toml", &text, &[]),
-        &[&format!("neg_lr.toml:{line}"), "optim.lr: must be a positive number"],
-    );
+    one_line_error(load_with(d, "neg_lr.toml", &text, &[]), &[&format!("neg_lr.toml:{line}"), "optim.lr: must be a positive number"]);
     let text = base.replace("v_format = \"fp8\"", "v_format = \"fp5\"");
     let line = nth_line(&text, "v_format");
-    one_line_error(
-        load_with(d, "fmt.toml", &text, &[]),
-        &[&format!("fmt.toml:{line}"), "optim.states.v_format"],
-    );
+    one_line_error(load_with(d, "fmt.toml", &text, &[]), &[&format!("fmt.toml:{line}"), "optim.states.v_format"]);
     one_line_error(
         RunConfig::load(&d.join("ok.toml"), &sets(&["train.grad_accum=0"])),
         &["--set train.grad_accum=0", "train.grad_accum: must be > 0"],
@@ -611,10 +585,7 @@ fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
 
     // non-JSON lines
     let nonjson = shard(d, "nonjson.json", b"{\"text\": \"fine line\"}\nthis is not json\n");
-    one_line_error(
-        run("nonjson", &[&set_train(&nonjson), "data.on_bad_line=\"fail\""]),
-        &["nonjson.json:2", "not JSON"],
-    );
+    one_line_error(run("nonjson", &[&set_train(&nonjson), "data.on_bad_line=\"fail\""]), &["nonjson.json:2", "not JSON"]);
     one_line_error(
         run("nonjson_val", &[&format!("data.validation=[\"{nonjson}\"]"), "data.on_bad_line=\"fail\""]),
         &["nonjson.json:2", "not JSON"],
@@ -626,19 +597,13 @@ fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
     let empty = shard(d, "empty.json", b"");
     one_line_error(run("empty", &[&set_train(&empty)]), &["empty.json", "no train text"]);
     let empty_gz = shard(d, "empty-val.json.gz", b"");
-    one_line_error(
-        run("empty_val", &[&format!("data.validation=[\"{empty_gz}\"]")]),
-        &["empty-val.json.gz", "no validation text"],
-    );
+    one_line_error(run("empty_val", &[&format!("data.validation=[\"{empty_gz}\"]")]), &["empty-val.json.gz", "no validation text"]);
 
     // tokenizer
     let tok = d.join("missing-tokenizer.json").display().to_string();
     one_line_error(run("tok_missing", &[&format!("data.tokenizer=\"{tok}\"")]), &["missing-tokenizer.json", "not found"]);
     let bad_tok = shard(d, "bad-tokenizer.json", b"{\"not\": \"a tokenizer\"}");
-    one_line_error(
-        run("tok_bad", &[&format!("data.tokenizer=\"{bad_tok}\"")]),
-        &["bad-tokenizer.json", "cannot load tokenizer.json"],
-    );
+    one_line_error(run("tok_bad", &[&format!("data.tokenizer=\"{bad_tok}\"")]), &["bad-tokenizer.json", "cannot load tokenizer.json"]);
     // a tokenizer file cut in the middle (issue 53)
     let t5 = read(&root().join("data/tokenizers/t5-tokenizer.json"));
     let cut_tok = shard(d, "cut-tokenizer.json", &t5[..t5.len() / 2]);
@@ -654,10 +619,7 @@ fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
         &["cut.tokens.zst: not a usable token shard: corrupt zstd stream"],
     );
     // a tokenizer whose vocabulary exceeds the model's
-    one_line_error(
-        run("vocab", &["model.vocab_size=1000"]),
-        &["model.vocab_size = 1000", "32100", "t5-tokenizer.json"],
-    );
+    one_line_error(run("vocab", &["model.vocab_size=1000"]), &["model.vocab_size = 1000", "32100", "t5-tokenizer.json"]);
 }
 
 #[test]
@@ -686,21 +648,19 @@ fn resume_refuses_checkpoints_of_another_config() {
         launch(config(d, "fmt", &["optim.states.v_format=\"bf16\""]), Some(ck.clone()), None),
         &["state.json", "m=fp4e2m1 v=fp8e4m3 block 32", "m=fp4e2m1 v=bf16", "optim.states"],
     );
-    one_line_error(
-        launch(config(d, "blk", &["optim.states.block_size=64"]), Some(ck.clone()), None),
-        &["state.json", "block 64"],
-    );
+    one_line_error(launch(config(d, "blk", &["optim.states.block_size=64"]), Some(ck.clone()), None), &["state.json", "block 64"]);
     // another data order: the rows would not continue
     one_line_error(
         launch(config(d, "order", &["data.shuffle=false"]), Some(ck.clone()), None),
-        &["cannot resume the training data", "rows permuted in memory (data.shuffle = true, data.seed = 7)", "file order (data.shuffle = false)"],
+        &[
+            "cannot resume the training data",
+            "rows permuted in memory (data.shuffle = true, data.seed = 7)",
+            "file order (data.shuffle = false)",
+        ],
     );
 
     // missing or damaged checkpoint files
-    one_line_error(
-        launch(config(d, "gone", &[]), Some(d.join("no-checkpoint")), None),
-        &["no-checkpoint", "no such checkpoint folder"],
-    );
+    one_line_error(launch(config(d, "gone", &[]), Some(d.join("no-checkpoint")), None), &["no-checkpoint", "no such checkpoint folder"]);
     one_line_error(checkpoint::latest(&d.join("runs/none")), &["no checkpoint to resume from"]);
     let copy = d.join("damaged");
     std::fs::create_dir_all(&copy).unwrap();

@@ -9,8 +9,8 @@ use lowbit_data::DataPosition;
 use lowbit_optim::adamw::Weights;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
 use lowbit_train::checkpoint::{self, Stateful};
-use lowbit_train::train_state::{load_state, TrainState};
 use lowbit_train::components::ModelWeights;
+use lowbit_train::train_state::{load_state, TrainState};
 use std::path::{Path, PathBuf};
 
 fn committed() -> PathBuf {
@@ -61,7 +61,12 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
     let spec = s.resolve(0.999).unwrap();
     let infos: Vec<ParamInfo> = shapes
         .iter()
-        .map(|(n, d)| ParamInfo { name: n.to_string(), group: if n.contains("mlp") { "mlp" } else { "norm" }.into(), len: d.iter().product(), weight_decay: d.len() >= 2 })
+        .map(|(n, d)| ParamInfo {
+            name: n.to_string(),
+            group: if n.contains("mlp") { "mlp" } else { "norm" }.into(),
+            len: d.iter().product(),
+            weight_decay: d.len() >= 2,
+        })
         .collect();
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
     let mut opt = LowbitAdamW::new(hyper, spec, 11, infos.clone());

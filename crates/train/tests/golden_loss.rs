@@ -131,7 +131,14 @@ fn out_of_tolerance(got: &str, want: &str) -> Option<String> {
             && match a.first() {
                 Some(&"#") => g == w,
                 Some(&"eval") => a.len() == 3 && b[0] == "eval" && a[1] == b[1] && near(a[2], b[2], LOSS_REL),
-                _ => a.len() == 5 && a[0] == b[0] && near(a[1], b[1], LOSS_REL) && near(a[2], b[2], NORM_REL) && counts(a[3], b[3]) && counts(a[4], b[4]),
+                _ => {
+                    a.len() == 5
+                        && a[0] == b[0]
+                        && near(a[1], b[1], LOSS_REL)
+                        && near(a[2], b[2], NORM_REL)
+                        && counts(a[3], b[3])
+                        && counts(a[4], b[4])
+                }
             };
         if !ok {
             return Some(format!("got `{g}`, the golden curve has `{w}`"));
@@ -159,7 +166,8 @@ fn tiny_cpu_matches_its_golden_curve() {
     }
     let file = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (first, want) = file.split_once('\n').unwrap_or_else(|| panic!("{}: empty", path.display()));
-    let recorded = first.strip_prefix(RECORDED_ON).unwrap_or_else(|| panic!("{}: its first line is not `{RECORDED_ON}...`", path.display()));
+    let recorded =
+        first.strip_prefix(RECORDED_ON).unwrap_or_else(|| panic!("{}: its first line is not `{RECORDED_ON}...`", path.display()));
     if recorded == kind {
         assert_eq!(
             got, want,

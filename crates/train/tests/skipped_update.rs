@@ -11,10 +11,8 @@ use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StatesConfig};
 /// Applies updates `1..=updates` to a one-element weight with gradient 1 and lr 1; returns
 /// the last update's size and m after it.
 fn run(steps: &[u64]) -> (f32, f32) {
-    let states: StatesConfig = toml::from_str(
-        "m_format = \"fp32\"\nv_format = \"fp32\"\nm_reset_every = 10\nv_reset_every = 10\n",
-    )
-    .unwrap();
+    let states: StatesConfig =
+        toml::from_str("m_format = \"fp32\"\nv_format = \"fp32\"\nm_reset_every = 10\nv_reset_every = 10\n").unwrap();
     let spec = states.resolve(0.999).unwrap();
     let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 1, weight_decay: false };
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };

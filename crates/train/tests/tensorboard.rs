@@ -55,7 +55,8 @@ fn every_curve_is_a_tensorboard_scalar_equal_to_the_jsonl_rows() {
     let s = scalars(&events);
 
     let groups = ["attn", "embed", "head", "mlp", "norm"];
-    let mut want: Vec<String> = ["train/grad_norm", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/ppl"].map(String::from).to_vec();
+    let mut want: Vec<String> =
+        ["train/grad_norm", "train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/ppl"].map(String::from).to_vec();
     for tag in ["stall_m", "stall_v", "stall_w", "zero_v"] {
         want.push(format!("{tag}/all"));
         want.extend(groups.iter().map(|g| format!("{tag}/{g}")));
@@ -65,20 +66,26 @@ fn every_curve_is_a_tensorboard_scalar_equal_to_the_jsonl_rows() {
     assert_eq!(s.keys().cloned().collect::<Vec<_>>(), want);
 
     let metrics = jsonl(&out.run_dir.join("metrics.jsonl"));
-    let train: Vec<(i64, f32)> = metrics.iter().filter(|r| r["kind"] == "train").map(|r| (r["step"].as_i64().unwrap(), r["loss"].as_f64().unwrap() as f32)).collect();
+    let train: Vec<(i64, f32)> = metrics
+        .iter()
+        .filter(|r| r["kind"] == "train")
+        .map(|r| (r["step"].as_i64().unwrap(), r["loss"].as_f64().unwrap() as f32))
+        .collect();
     assert_eq!(s["train/loss"], train);
     assert_eq!(train.len(), 8);
     let lr: Vec<f32> = metrics.iter().filter(|r| r["kind"] == "train").map(|r| r["lr"].as_f64().unwrap() as f32).collect();
     assert_eq!(s["train/lr"].iter().map(|p| p.1).collect::<Vec<_>>(), lr);
-    let val: Vec<(i64, f32)> = metrics.iter().filter(|r| r["kind"] == "eval").map(|r| (r["step"].as_i64().unwrap(), r["val_loss"].as_f64().unwrap() as f32)).collect();
+    let val: Vec<(i64, f32)> = metrics
+        .iter()
+        .filter(|r| r["kind"] == "eval")
+        .map(|r| (r["step"].as_i64().unwrap(), r["val_loss"].as_f64().unwrap() as f32))
+        .collect();
     assert_eq!(s["val/loss"], val);
     assert_eq!(val.iter().map(|v| v.0).collect::<Vec<_>>(), [0, 3, 6, 8]);
 
     let stalls = jsonl(&out.run_dir.join("stalls.jsonl"));
-    let v_attn: Vec<(i64, f32)> = stalls
-        .iter()
-        .filter_map(|r| r["groups"]["attn"]["v"].as_f64().map(|v| (r["step"].as_i64().unwrap(), v as f32)))
-        .collect();
+    let v_attn: Vec<(i64, f32)> =
+        stalls.iter().filter_map(|r| r["groups"]["attn"]["v"].as_f64().map(|v| (r["step"].as_i64().unwrap(), v as f32))).collect();
     assert_eq!(s["stall_v/attn"], v_attn);
     assert_eq!(v_attn.len(), 8);
     let zero_v: Vec<(i64, f32)> = stalls.iter().map(|r| (r["step"].as_i64().unwrap(), r["zero_v"].as_u64().unwrap() as f32)).collect();

@@ -57,13 +57,7 @@ pub fn cli_dir(name: &str) -> tempfile::TempDir {
 
 /// Spawn `train ARGS` in `cwd` with stderr to `log`.
 pub fn spawn(cwd: &Path, args: &[&str], log: &Path) -> Child {
-    Command::new(train_bin())
-        .args(args)
-        .current_dir(cwd)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+    Command::new(train_bin()).args(args).current_dir(cwd).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap()).spawn().unwrap()
 }
 
 /// Wait until `metrics.jsonl` of `run` has more than `rows` train rows; returns the count.

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use lowbit_data::{load_tokenizer, DataConfig, Tokens};
 
@@ -139,4 +139,3 @@ pub fn with_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
     let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     (out, text)
 }
-

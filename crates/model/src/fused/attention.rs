@@ -6,7 +6,7 @@
 //! scores by cuBLAS, a fused causal softmax, and a backward that recomputes the scores
 //! instead of keeping them (the `[T, T]` matrices exist only inside one pass of one layer).
 
-use super::{args, alloc, cuda_device, flash, grid, launch, tensor_ptr, wrap, Columns, Gemm, THREADS};
+use super::{alloc, args, cuda_device, flash, grid, launch, tensor_ptr, wrap, Columns, Gemm, THREADS};
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Shape, Tensor};
 
 /// Shape `[B, heads, T, d]` as (batch entries B·heads, T, d).
@@ -27,10 +27,24 @@ fn relayout(dev: &CudaDevice, name: &str, dtype: DType, src: u64, shape: &Shape)
 
 /// `P = causal_softmax(scale · q kᵀ)` for every batch entry: returns P (`dtype`) and the
 /// FP32 scores buffer (reused by the backward for dP).
-fn probabilities(dev: &CudaDevice, dtype: DType, q: u64, k: u64, (bh, t, d): (usize, usize, usize), scale: f32) -> Result<((CudaStorage, u64), (CudaStorage, u64))> {
+fn probabilities(
+    dev: &CudaDevice,
+    dtype: DType,
+    q: u64,
+    k: u64,
+    (bh, t, d): (usize, usize, usize),
+    scale: f32,
+) -> Result<((CudaStorage, u64), (CudaStorage, u64))> {
     let s = alloc(dev, DType::F32, bh * t * t)?;
-    Gemm { m: t, n: t, k: d, a_t: false, b_t: true, batch: bh, stride_a: t * d, stride_b: t * d, stride_c: t * t }
-        .run(dev, dtype, DType::F32, q, k, s.1, false)?;
+    Gemm { m: t, n: t, k: d, a_t: false, b_t: true, batch: bh, stride_a: t * d, stride_b: t * d, stride_c: t * t }.run(
+        dev,
+        dtype,
+        DType::F32,
+        q,
+        k,
+        s.1,
+        false,
+    )?;
     let p = alloc(dev, dtype, bh * t * t)?;
     let (rows, ti, sp, pp) = ((bh * t) as i32, t as i32, s.1, p.1);
     launch(dev, "causal_softmax_fwd", dtype, grid((bh * t).div_ceil(8), 0), &args![sp, pp, rows, ti, scale])?;
@@ -54,7 +68,12 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor
     let dims4 = q.dims4()?;
     let (b, h, t, d) = dims4;
     if q.dims() != k.dims() || v.dims() != [b, t, h * d] || k.dtype() != q.dtype() || v.dtype() != q.dtype() {
-        candle_core::bail!("causal attention: q {:?}, k {:?} [B, heads, T, d] and v {:?} [B, T, heads * d] do not match", q.shape(), k.shape(), v.shape());
+        candle_core::bail!(
+            "causal attention: q {:?}, k {:?} [B, heads, T, d] and v {:?} [B, T, heads * d] do not match",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        );
     }
     let (dev, dtype, scale) = (cuda_device(q)?, q.dtype(), scale as f32);
     let (qp, kp, vp) = (tensor_ptr(q, "q")?, tensor_ptr(k, "k")?, tensor_ptr(v, "v")?);
@@ -78,11 +97,25 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor
 /// is not read. v's gradient is returned, or (`dv_into`) written into columns of a wider
 /// `[B, T, W]` buffer (`None` returned).
 #[allow(clippy::too_many_arguments)]
-pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Tensor>, d_out: &Tensor, scale: f64, dv_into: Option<Columns>) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+pub fn backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: Option<&Tensor>,
+    d_out: &Tensor,
+    scale: f64,
+    dv_into: Option<Columns>,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let dev = cuda_device(q)?;
     let (dtype, scale) = (q.dtype(), scale as f32);
     if d_out.dims() != v.dims() || d_out.dtype() != dtype {
-        candle_core::bail!("causal attention backward: output gradient {:?} {:?} for v {:?} {dtype:?}", d_out.shape(), d_out.dtype(), v.shape());
+        candle_core::bail!(
+            "causal attention backward: output gradient {:?} {:?} for v {:?} {dtype:?}",
+            d_out.shape(),
+            d_out.dtype(),
+            v.shape()
+        );
     }
     let target = dv_into.map(|cols| cols.target(v.dims(), dtype)).transpose()?;
     // v's gradient where the caller wants it: written there by the kernels, or copied
@@ -115,8 +148,15 @@ pub fn backward(q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, lse: Option<&Ten
     let ((_p, p), (_dp, dp)) = probabilities(&dev, dtype, qp, kp, (bh, t, d), scale)?;
     let (tt, td) = (t * t, t * d);
     // dP = dO vᵀ (FP32, into the scores' buffer), dS = scale · P ∘ (dP − rowsum(P ∘ dP))
-    Gemm { m: t, n: t, k: d, a_t: false, b_t: true, batch: bh, stride_a: td, stride_b: td, stride_c: tt }
-        .run(&dev, dtype, DType::F32, gp, vp, dp, false)?;
+    Gemm { m: t, n: t, k: d, a_t: false, b_t: true, batch: bh, stride_a: td, stride_b: td, stride_c: tt }.run(
+        &dev,
+        dtype,
+        DType::F32,
+        gp,
+        vp,
+        dp,
+        false,
+    )?;
     let (_ds, ds) = alloc(&dev, dtype, bh * tt)?;
     let (rows, ti) = ((bh * t) as i32, t as i32);
     launch(&dev, "causal_softmax_bwd", dtype, grid((bh * t).div_ceil(8), 0), &args![p, dp, ds, rows, ti, scale])?;

@@ -4,7 +4,7 @@
 //! interleaved sums over its positions (the 1st, 9th, ...; the 2nd, 10th, ...), added in
 //! turn, so that a frequent token's thousands of rows are read eight at a time.
 
-use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
+use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
 use crate::fused_sizes::group_by_id;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
@@ -24,7 +24,6 @@ pub fn forward(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
     launch(&dev, "embedding_fwd", w.dtype(), grid((rows * h).div_ceil(THREADS as usize), 0), &args![wp, ip, y, r, hh])?;
     Ok(wrap(out, (rows, h)))
 }
-
 
 /// Positions grouped by token id, on the device: the input of [`backward`]. Made on the
 /// host from the ids ([`Grouping::new`]), so a training pass can make it while the device
@@ -67,7 +66,12 @@ pub fn backward(w: &Tensor, grouping: &Grouping, dy: &Tensor) -> Result<Tensor> 
     let (v, h) = w.dims2()?;
     let dy = dy.contiguous()?;
     if dy.dims() != [grouping.order.dims1()?, h] || dy.dtype() != w.dtype() {
-        candle_core::bail!("embedding backward: gradient {:?} for {} ids and table {:?}", dy.shape(), grouping.order.elem_count(), w.shape());
+        candle_core::bail!(
+            "embedding backward: gradient {:?} for {} ids and table {:?}",
+            dy.shape(),
+            grouping.order.elem_count(),
+            w.shape()
+        );
     }
     let n_unique = grouping.unique.elem_count();
     let dw = Tensor::zeros((v, h), w.dtype(), w.device())?;

@@ -49,7 +49,13 @@ fn flat(kernels: FlashKernels, blocks: usize) -> LaunchConfig {
 /// addresses, BF16 or F32, `dims` = (B, heads, T, d), scores times `scale`): O
 /// `[B, T, heads · d]` (`dtype`) and the rows' log-sum-exp of the scaled scores
 /// `[B · heads, T]` (F32), which the backward needs.
-pub(crate) fn forward(dev: &CudaDevice, dtype: DType, (q, k, v): (u64, u64, u64), dims: (usize, usize, usize, usize), scale: f32) -> Result<(CudaStorage, CudaStorage)> {
+pub(crate) fn forward(
+    dev: &CudaDevice,
+    dtype: DType,
+    (q, k, v): (u64, u64, u64),
+    dims: (usize, usize, usize, usize),
+    scale: f32,
+) -> Result<(CudaStorage, CudaStorage)> {
     let (b, h, t, d) = dims;
     let (kern, module) = kernels(dtype)?;
     let (o_s, o) = alloc(dev, dtype, b * t * h * d)?;

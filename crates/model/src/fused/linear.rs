@@ -3,7 +3,9 @@
 //! one input and whose output gradients lie side by side in one buffer (q, k, v) runs as one
 //! layer of the weights stacked, and one layer's backward is that of a stack of one.
 
-use super::{aligned, alloc, copy_padded, cuda_device, same_storage, sum_buffer, tensor_ptr, unpadded, wrap, zero_padded, Gemm, WeightGrad};
+use super::{
+    aligned, alloc, copy_padded, cuda_device, same_storage, sum_buffer, tensor_ptr, unpadded, wrap, zero_padded, Gemm, WeightGrad,
+};
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
 /// `x · wᵀ` (nn.Linear without bias): `x` `[..., in]` or `[..., aligned(in)]` (the padded
@@ -68,10 +70,20 @@ pub fn backward_stacked(x: &Tensor, ws: &[&Tensor], dy: &Tensor, into: &[WeightG
     let outs = ws.iter().map(|w| Ok(w.dims2()?.0)).collect::<Result<Vec<usize>>>()?;
     let total: usize = outs.iter().sum();
     let fits = (xin == inp || xin == aligned(inp)) && ws.iter().all(|w| w.dim(1).ok() == Some(inp) && w.dtype() == dtype);
-    if ws.is_empty() || ws.len() != into.len() || !fits || dy.dim(candle_core::D::Minus1)? != total || dy.elem_count() != rows * total || dy.dtype() != dtype {
+    if ws.is_empty()
+        || ws.len() != into.len()
+        || !fits
+        || dy.dim(candle_core::D::Minus1)? != total
+        || dy.elem_count() != rows * total
+        || dy.dtype() != dtype
+    {
         candle_core::bail!(
             "linear backward: weights {:?}, {} destinations and the stacked gradient {:?} {:?} for input {:?} {dtype:?}",
-            ws.iter().map(|w| w.dims().to_vec()).collect::<Vec<_>>(), into.len(), dy.shape(), dy.dtype(), x.shape()
+            ws.iter().map(|w| w.dims().to_vec()).collect::<Vec<_>>(),
+            into.len(),
+            dy.shape(),
+            dy.dtype(),
+            x.shape()
         );
     }
     let dy = dy.contiguous()?;
@@ -121,7 +133,9 @@ pub fn backward_stacked(x: &Tensor, ws: &[&Tensor], dy: &Tensor, into: &[WeightG
 /// weights' shapes `[outs[i], inp]` lying one after another in one buffer (as
 /// [`backward_stacked`] returned them), so that one product accumulates into all in place.
 fn stacked_sums(into: &[WeightGrad], outs: &[usize], inp: usize) -> Result<Option<(u64, Vec<Tensor>)>> {
-    let Some(sums) = into.iter().map(|to| if let WeightGrad::Sum(Some(s)) = to { Some((*s).clone()) } else { None }).collect::<Option<Vec<Tensor>>>() else {
+    let Some(sums) =
+        into.iter().map(|to| if let WeightGrad::Sum(Some(s)) = to { Some((*s).clone()) } else { None }).collect::<Option<Vec<Tensor>>>()
+    else {
         return Ok(None);
     };
     let total: usize = outs.iter().sum();

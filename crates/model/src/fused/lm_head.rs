@@ -18,7 +18,13 @@ const CHUNK_ROWS: usize = 4096;
 fn check(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Result<()> {
     let (n, h) = hidden.dims2()?;
     let (_, wh) = w.dims2()?;
-    if wh != h || w.dtype() != hidden.dtype() || target.dims1()? != n || weight.dims1()? != n || target.dtype() != DType::U32 || weight.dtype() != DType::F32 {
+    if wh != h
+        || w.dtype() != hidden.dtype()
+        || target.dims1()? != n
+        || weight.dims1()? != n
+        || target.dtype() != DType::U32
+        || weight.dtype() != DType::F32
+    {
         candle_core::bail!(
             "fused lm_head: hidden {:?}, w {:?}, target {:?} {:?}, weight {:?} {:?}",
             hidden.shape(),
@@ -102,7 +108,15 @@ impl Chunks {
     /// `dtype`), zero-padded here to `aligned(v)` rows, with the rows' targets and loss
     /// coefficients (F32) at `target` and `coef`.
     #[allow(clippy::too_many_arguments)]
-    fn new(dev: &CudaDevice, dtype: DType, hidden: u64, w: u64, target: u64, coef: u64, (n, h, v): (usize, usize, usize)) -> Result<Chunks> {
+    fn new(
+        dev: &CudaDevice,
+        dtype: DType,
+        hidden: u64,
+        w: u64,
+        target: u64,
+        coef: u64,
+        (n, h, v): (usize, usize, usize),
+    ) -> Result<Chunks> {
         let av = aligned(v);
         let (_w_buf, w_pad) = zero_padded(dev, dtype, w, (v, h), (av, h))?;
         Ok(Chunks { dev: dev.clone(), dtype, _w_buf, hidden, w_pad, target, coef, n, h, v, av })
@@ -118,18 +132,47 @@ impl Chunks {
         let (vi, ld, elt) = (self.v as i32, av as i32, dtype.size_in_bytes());
         for (r0, rows) in row_chunks(n, CHUNK_ROWS) {
             let hid = self.hidden + (r0 * h * elt) as u64;
-            Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(dev, dtype, dtype, hid, self.w_pad, logits, false)?;
+            Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+                .run(dev, dtype, dtype, hid, self.w_pad, logits, false)?;
             let (off, nll_r) = ((r0 * 4) as u64, nll + (r0 * 4) as u64);
             let Some((dh, dw)) = grads else {
-                launch_rows(dev, "cross_entropy_fwd", dtype, (rows, av), &[logits], &args![logits, self.target + off, self.coef + off, nll_r, vi, ld])?;
+                launch_rows(
+                    dev,
+                    "cross_entropy_fwd",
+                    dtype,
+                    (rows, av),
+                    &[logits],
+                    &args![logits, self.target + off, self.coef + off, nll_r, vi, ld],
+                )?;
                 continue;
             };
             // the padding columns of dlogits become 0
-            launch_rows(dev, "cross_entropy_bwd", dtype, (rows, av), &[logits], &args![logits, self.target + off, self.coef + off, logits, nll_r, vi, ld])?;
-            Gemm { m: rows, n: h, k: av, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-                .run(dev, dtype, dtype, logits, self.w_pad, dh + (r0 * h * elt) as u64, false)?;
-            Gemm { m: av, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
-                .run(dev, dtype, DType::F32, logits, hid, dw, r0 > 0)?;
+            launch_rows(
+                dev,
+                "cross_entropy_bwd",
+                dtype,
+                (rows, av),
+                &[logits],
+                &args![logits, self.target + off, self.coef + off, logits, nll_r, vi, ld],
+            )?;
+            Gemm { m: rows, n: h, k: av, a_t: false, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(
+                dev,
+                dtype,
+                dtype,
+                logits,
+                self.w_pad,
+                dh + (r0 * h * elt) as u64,
+                false,
+            )?;
+            Gemm { m: av, n: h, k: rows, a_t: true, b_t: false, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }.run(
+                dev,
+                dtype,
+                DType::F32,
+                logits,
+                hid,
+                dw,
+                r0 > 0,
+            )?;
         }
         Ok(())
     }

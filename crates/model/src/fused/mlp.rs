@@ -4,7 +4,9 @@
 //! (see [`super::aligned`]). The packed product's output is the backward's input (as the
 //! composed ops keep `g` and `u`).
 
-use super::{aligned, alloc, args, copy_padded, cuda_device, grid, launch, same_storage, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS};
+use super::{
+    aligned, alloc, args, copy_padded, cuda_device, grid, launch, same_storage, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS,
+};
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
 /// `[w_gate; w_up]` packed into `[2 · aligned(I), H]`, zero rows after each: the weight of
@@ -13,7 +15,13 @@ use candle_core::{CudaDevice, DType, Result, Tensor};
 pub fn pack(w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
     let (i, h) = w_gate.dims2()?;
     if w_up.dims() != [i, h] || w_up.dtype() != w_gate.dtype() {
-        candle_core::bail!("fused mlp: w_gate {:?} {:?} and w_up {:?} {:?} differ", w_gate.shape(), w_gate.dtype(), w_up.shape(), w_up.dtype());
+        candle_core::bail!(
+            "fused mlp: w_gate {:?} {:?} and w_up {:?} {:?} differ",
+            w_gate.shape(),
+            w_gate.dtype(),
+            w_up.shape(),
+            w_up.dtype()
+        );
     }
     let (dev, dtype, ip) = (cuda_device(w_gate)?, w_gate.dtype(), aligned(i));
     let (out, p) = alloc(&dev, dtype, 2 * ip * h)?;
@@ -26,7 +34,13 @@ pub fn pack(w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
 fn dims(x: &Tensor, packed: &Tensor, i: usize) -> Result<(usize, usize, usize)> {
     let (two_ip, h) = packed.dims2()?;
     if two_ip != 2 * aligned(i) || x.dim(candle_core::D::Minus1)? != h || x.dtype() != packed.dtype() {
-        candle_core::bail!("fused mlp: x {:?} {:?}, packed weight {:?} {:?} of width {i}", x.shape(), x.dtype(), packed.shape(), packed.dtype());
+        candle_core::bail!(
+            "fused mlp: x {:?} {:?}, packed weight {:?} {:?} of width {i}",
+            x.shape(),
+            x.dtype(),
+            packed.shape(),
+            packed.dtype()
+        );
     }
     Ok((i, aligned(i), h))
 }
@@ -66,7 +80,14 @@ pub fn forward(x: &Tensor, packed: &Tensor, i: usize) -> Result<(Tensor, Tensor)
 /// (each a view of it, no copy) and are written as `into` says (both the same kind): new
 /// tensors in the weights' dtype, or added to FP32 sums, in place where the sums are the
 /// views an earlier pass returned.
-pub fn backward(x: &Tensor, packed: &Tensor, i: usize, gu: &Tensor, dh: &Tensor, into: [WeightGrad; 2]) -> Result<(Tensor, Tensor, Tensor)> {
+pub fn backward(
+    x: &Tensor,
+    packed: &Tensor,
+    i: usize,
+    gu: &Tensor,
+    dh: &Tensor,
+    into: [WeightGrad; 2],
+) -> Result<(Tensor, Tensor, Tensor)> {
     let (_, ip, h) = dims(x, packed, i)?;
     let (dev, dtype) = (cuda_device(x)?, x.dtype());
     let dh = dh.contiguous()?;

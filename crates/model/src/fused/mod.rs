@@ -170,9 +170,7 @@ pub(crate) fn aligned16(ptrs: &[u64]) -> bool {
 
 /// Device address of a contiguous buffer (its layout's start offset applied).
 fn storage_ptr(s: &CudaStorage, l: &Layout, what: &str) -> Result<u64> {
-    let Some((start, _)) = l.contiguous_offsets() else {
-        candle_core::bail!("fused {what}: the tensor must be contiguous")
-    };
+    let Some((start, _)) = l.contiguous_offsets() else { candle_core::bail!("fused {what}: the tensor must be contiguous") };
     let stream = s.device().cuda_stream();
     let (base, size) = match s.dtype() {
         DType::BF16 => (s.as_cuda_slice::<bf16>()?.device_ptr(&stream).0, 2),
@@ -255,7 +253,11 @@ impl Columns<'_> {
         let (bd, (&w, lead)) = (self.buf.dims(), self.buf.dims().split_last().unwrap_or((&0, &[])));
         let (&width, out_lead) = dims.split_last().unwrap_or((&0, &[]));
         if lead != out_lead || self.first + width > w || self.buf.dtype() != dtype {
-            candle_core::bail!("fused op: an output {dims:?} {dtype:?} does not fit columns {}.. of {bd:?} {:?}", self.first, self.buf.dtype());
+            candle_core::bail!(
+                "fused op: an output {dims:?} {dtype:?} does not fit columns {}.. of {bd:?} {:?}",
+                self.first,
+                self.buf.dtype()
+            );
         }
         Ok((tensor_ptr(self.buf, "output columns")? + (self.first * dtype.size_in_bytes()) as u64, w))
     }
@@ -389,8 +391,18 @@ pub(crate) use crate::fused_sizes::aligned;
 /// Writes the `[rows_out, dst_ld]` matrix at `dst` from the `[rows, cols]` one at `src` (row
 /// stride `src_ld`), zeros in the rows and columns past it (`rows <= rows_out`, `cols <=
 /// dst_ld`): one launch, 16 bytes per thread where every width and both addresses allow it.
-pub(crate) fn copy_padded(dev: &CudaDevice, dtype: DType, src: u64, dst: u64, (rows, cols, src_ld): (usize, usize, usize), (rows_out, dst_ld): (usize, usize)) -> Result<()> {
-    debug_assert!(rows <= rows_out && cols <= src_ld.min(dst_ld), "copy_padded: [{rows}, {cols}] (stride {src_ld}) into [{rows_out}, {dst_ld}]");
+pub(crate) fn copy_padded(
+    dev: &CudaDevice,
+    dtype: DType,
+    src: u64,
+    dst: u64,
+    (rows, cols, src_ld): (usize, usize, usize),
+    (rows_out, dst_ld): (usize, usize),
+) -> Result<()> {
+    debug_assert!(
+        rows <= rows_out && cols <= src_ld.min(dst_ld),
+        "copy_padded: [{rows}, {cols}] (stride {src_ld}) into [{rows_out}, {dst_ld}]"
+    );
     let per = 16 / dtype.size_in_bytes();
     let unit = if aligned16(&[src, dst]) && [cols, src_ld, dst_ld].iter().all(|w| w % per == 0) { per } else { 1 };
     let a = args![src, dst, rows as i32, (cols / unit) as i32, (src_ld / unit) as i32, rows_out as i32, (dst_ld / unit) as i32];
@@ -399,7 +411,13 @@ pub(crate) fn copy_padded(dev: &CudaDevice, dtype: DType, src: u64, dst: u64, (r
 
 /// A `[rows, cols]` matrix copied into a `[rows_out, cols_out]` one (each at least as large)
 /// whose other elements are 0: a weight padded with zero rows and columns.
-pub(crate) fn zero_padded(dev: &CudaDevice, dtype: DType, src: u64, (rows, cols): (usize, usize), (rows_out, cols_out): (usize, usize)) -> Result<(CudaStorage, u64)> {
+pub(crate) fn zero_padded(
+    dev: &CudaDevice,
+    dtype: DType,
+    src: u64,
+    (rows, cols): (usize, usize),
+    (rows_out, cols_out): (usize, usize),
+) -> Result<(CudaStorage, u64)> {
     let out = alloc(dev, dtype, rows_out * cols_out)?;
     copy_padded(dev, dtype, src, out.1, (rows, cols, cols), (rows_out, cols_out))?;
     Ok(out)

@@ -3,7 +3,7 @@
 //! (both gradients in one pass, the gain's as per-block partial sums), then a column sum of
 //! the partials (no atomics).
 
-use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap};
+use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap};
 use candle_core::{DType, Result, Tensor};
 
 /// Rows each block of the backward kernel takes (one partial row of the gain gradient per
@@ -37,7 +37,13 @@ pub fn forward(x: &Tensor, delta: Option<&Tensor>, w: &Tensor, eps: f64) -> Resu
     let dtype = x.dtype();
     let (rows, h) = rows_and_width(x)?;
     if delta.is_some_and(|d| d.dims() != x.dims() || d.dtype() != dtype) || w.elem_count() != h || w.dtype() != dtype {
-        candle_core::bail!("rms_norm: x {:?} {dtype:?}, delta {:?}, gain {:?} {:?}", x.shape(), delta.map(|d| d.shape()), w.shape(), w.dtype());
+        candle_core::bail!(
+            "rms_norm: x {:?} {dtype:?}, delta {:?}, gain {:?} {:?}",
+            x.shape(),
+            delta.map(|d| d.shape()),
+            w.shape(),
+            w.dtype()
+        );
     }
     let (xp, wp) = (tensor_ptr(x, "rms_norm x")?, tensor_ptr(w, "rms_norm w")?);
     let (y_s, y) = alloc(&dev, dtype, rows * h)?;
@@ -65,7 +71,10 @@ pub fn backward(x: &Tensor, w: &Tensor, dy: &Tensor, d_residual: Option<&Tensor>
     let dy = dy.contiguous()?;
     let (rows, h) = rows_and_width(x)?;
     if h == 0 || h > crate::kernels::FUSED_MAX_HIDDEN {
-        candle_core::bail!("fused rms_norm backward: hidden size {h} (1 to {}: the gain partials fill shared memory)", crate::kernels::FUSED_MAX_HIDDEN);
+        candle_core::bail!(
+            "fused rms_norm backward: hidden size {h} (1 to {}: the gain partials fill shared memory)",
+            crate::kernels::FUSED_MAX_HIDDEN
+        );
     }
     if dy.dims() != x.dims() || dy.dtype() != dtype {
         candle_core::bail!("rms_norm backward: gradient {:?} {:?} for input {:?} {dtype:?}", dy.shape(), dy.dtype(), x.shape());

@@ -1,7 +1,7 @@
 //! Rotary position embedding fused with the head transpose, forward and backward
 //! (reference: [`crate::rope::Rope::apply`] after splitting the heads).
 
-use super::{args, alloc, cuda_device, grid, launch, tensor_ptr, wrap, Columns, THREADS};
+use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, Columns, THREADS};
 use candle_core::{DType, Result, Tensor};
 
 /// Launches `rope_fwd` or `rope_bwd` (same signature) on `dims` = (B, T, heads, d) whose
@@ -10,7 +10,17 @@ use candle_core::{DType, Result, Tensor};
 /// and `ld` are multiples of 8 elements and every buffer is 16-byte aligned, else one per
 /// element pair.
 #[allow(clippy::too_many_arguments)]
-fn run(dev: &candle_core::CudaDevice, name: &str, dtype: DType, src: u64, cos: u64, sin: u64, dst: u64, dims: (usize, usize, usize, usize), ld: usize) -> Result<()> {
+fn run(
+    dev: &candle_core::CudaDevice,
+    name: &str,
+    dtype: DType,
+    src: u64,
+    cos: u64,
+    sin: u64,
+    dst: u64,
+    dims: (usize, usize, usize, usize),
+    ld: usize,
+) -> Result<()> {
     let (b, t, n, d) = dims;
     let vector = (d / 2) % 8 == 0 && ld % 8 == 0 && super::aligned16(&[src, cos, sin, dst]);
     let per_thread = if vector { 8 } else { 1 };

@@ -3,9 +3,9 @@
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarBuilder;
 use lowbit_model::attention::{causal_mask, softmax_last_dim};
+use lowbit_model::fused::{self, attention, embedding, linear, lm_head, mlp, norm, WeightGrad};
 use lowbit_model::norm::RmsNorm;
 use lowbit_model::rope::Rope;
-use lowbit_model::fused::{self, attention, embedding, linear, lm_head, mlp, norm, WeightGrad};
 use lowbit_model::{init_params, masked_cross_entropy, GradSum, Kernels, Llama, LlamaConfig};
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
@@ -61,7 +61,13 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
 /// `fused(inputs, dy)` returns the fused forward's output and the input gradients its
 /// backward gives for the output gradient `dy` (`R` in the output's dtype, as autograd hands
 /// it to the composed op).
-fn check(name: &str, dtype: DType, inputs: &[Var], fused: impl Fn(&[Tensor], &Tensor) -> (Tensor, Vec<Tensor>), composed: impl Fn(&[Tensor]) -> Tensor) {
+fn check(
+    name: &str,
+    dtype: DType,
+    inputs: &[Var],
+    fused: impl Fn(&[Tensor], &Tensor) -> (Tensor, Vec<Tensor>),
+    composed: impl Fn(&[Tensor]) -> Tensor,
+) {
     let ts: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
     let yc = composed(&ts);
     let r = Tensor::from_vec(randn(yc.dims(), 1.0, 99), yc.dims(), &Device::Cpu).unwrap().to_device(yc.device()).unwrap();
@@ -113,7 +119,8 @@ fn rms_norm_matches_composed() {
         // every kernel width, 1 to 6 chunks of 8 per lane: 16-byte accesses (96, 264, 640,
         // 1024, 1280, 1536) and, for widths not a multiple of 8, element by element (20, 100,
         // 300, 777, 1500)
-        let widths = [(37, 96), (5, 640), (129, 1024), (70, 100), (9, 20), (33, 264), (17, 1280), (11, 1536), (23, 300), (13, 777), (7, 1500)];
+        let widths =
+            [(37, 96), (5, 640), (129, 1024), (70, 100), (9, 20), (33, 264), (17, 1280), (11, 1536), (23, 300), (13, 777), (7, 1500)];
         for (rows, h) in widths {
             let x = var(&[rows, h], 1.0, 1, dtype, &dev);
             let w = var(&[h], 0.3, 2, dtype, &dev);
@@ -181,10 +188,17 @@ fn rms_norm_backward_reads_only_its_rows() {
                 let (dx, dw) = norm::backward(&x, &w, &dy, res, 1e-6).unwrap();
                 let (dx_v, dw_v) = norm::backward(&xv, &wv, &dyv, res_v, 1e-6).unwrap();
                 for (name, a, b) in [("dx", &dx, &dx_v), ("dw", &dw, &dw_v)] {
-                    let (a, b) = (a.to_dtype(DType::F32).unwrap().flatten_all().unwrap(), b.to_dtype(DType::F32).unwrap().flatten_all().unwrap());
+                    let (a, b) =
+                        (a.to_dtype(DType::F32).unwrap().flatten_all().unwrap(), b.to_dtype(DType::F32).unwrap().flatten_all().unwrap());
                     let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
-                    assert!(b.iter().all(|v| v.is_finite()), "{dtype:?} h = {h} start {start} residual {residual}: {name} of the views is not finite");
-                    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{dtype:?} h = {h} start {start} residual {residual}: {name} differs");
+                    assert!(
+                        b.iter().all(|v| v.is_finite()),
+                        "{dtype:?} h = {h} start {start} residual {residual}: {name} of the views is not finite"
+                    );
+                    assert!(
+                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{dtype:?} h = {h} start {start} residual {residual}: {name} differs"
+                    );
                 }
             }
         }
@@ -202,14 +216,20 @@ fn rope_matches_composed() {
                 "rope",
                 dtype,
                 &[x],
-                |v, dy| (fused::rope::forward(&v[0], rope.cos(), rope.sin(), n).unwrap(), vec![fused::rope::backward(dy, rope.cos(), rope.sin(), None).unwrap().unwrap()]),
+                |v, dy| {
+                    (
+                        fused::rope::forward(&v[0], rope.cos(), rope.sin(), n).unwrap(),
+                        vec![fused::rope::backward(dy, rope.cos(), rope.sin(), None).unwrap().unwrap()],
+                    )
+                },
                 |v| rope.apply(&v[0].reshape((b, t, n, d)).unwrap().transpose(1, 2).unwrap().contiguous().unwrap()).unwrap(),
             );
             // the backward into the middle columns of a wider buffer: the same bits, nothing else written
             let dy = var(&[b, n, t, d], 1.0, 9, dtype, &dev);
             let own = fused::rope::backward(dy.as_tensor(), rope.cos(), rope.sin(), None).unwrap().unwrap();
             let stack = nan_stack(b, t, n * d, dtype, &dev);
-            let wrote = fused::rope::backward(dy.as_tensor(), rope.cos(), rope.sin(), Some(fused::Columns { buf: &stack, first: n * d })).unwrap();
+            let wrote =
+                fused::rope::backward(dy.as_tensor(), rope.cos(), rope.sin(), Some(fused::Columns { buf: &stack, first: n * d })).unwrap();
             assert!(wrote.is_none());
             only_columns_written(&stack, n * d, &own, &format!("rope {dtype:?} {:?}", (b, t, n, d)));
         }
@@ -242,7 +262,10 @@ fn attention_matches_composed() {
                         let stack = nan_stack(b, t, h * d, dtype, &dev);
                         let into = Some(fused::Columns { buf: &stack, first });
                         let (dq2, dk2, none) = attention::backward(&x[0], &x[1], &x[2], &o, lse.as_ref(), dy, scale, into).unwrap();
-                        assert!(none.is_none() && same_bits(&dq2, &dq) && same_bits(&dk2, &dk), "attention {dtype:?}: dq, dk differ run to run");
+                        assert!(
+                            none.is_none() && same_bits(&dq2, &dq) && same_bits(&dk2, &dk),
+                            "attention {dtype:?}: dq, dk differ run to run"
+                        );
                         only_columns_written(&stack, first, &dv, &format!("attention {dtype:?} {:?} from column {first}", (b, h, t, d)));
                     }
                     (o, vec![dq, dk, dv])
@@ -278,13 +301,21 @@ fn linear_matches_composed() {
                 |t| lowbit_model::mlp::linear(&t[0], &t[1]).unwrap(),
             );
             // the weight gradient added into an FP32 sum: a new one, then in place
-            let dy = Tensor::from_vec(randn(&[3, 7, out], 1.0, 18), (3, 7, out), &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let dy = Tensor::from_vec(randn(&[3, 7, out], 1.0, 18), (3, 7, out), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+                .to_device(&dev)
+                .unwrap();
             let (xt, wt) = (x.as_tensor(), w.as_tensor());
             let (_, own) = linear::backward(xt, wt, &dy, WeightGrad::New).unwrap();
             let (_, first) = linear::backward(xt, wt, &dy, WeightGrad::Sum(None)).unwrap();
             let (_, second) = linear::backward(xt, wt, &dy, WeightGrad::Sum(Some(&first))).unwrap();
             assert_eq!(first.dtype(), DType::F32);
-            assert!(std::ptr::eq(&*first.storage_and_layout().0, &*second.storage_and_layout().0), "linear {dtype:?}: the sum was not added into in place");
+            assert!(
+                std::ptr::eq(&*first.storage_and_layout().0, &*second.storage_and_layout().0),
+                "linear {dtype:?}: the sum was not added into in place"
+            );
             let e = rel_err(&second, &(own.to_dtype(DType::F32).unwrap() * 2.0).unwrap());
             assert!(e <= tol(dtype), "linear {dtype:?}: two summed gradients, relative error {e}");
             let w2 = var(&[out + 5, inp], 0.1, 16, dtype, &dev);
@@ -296,21 +327,32 @@ fn linear_matches_composed() {
                 |t, dy| {
                     let ys: Vec<Tensor> = t[1..].iter().map(|w| linear::forward(&t[0], w).unwrap()).collect();
                     let (dx, dws) = linear::backward_stacked(&t[0], &[&t[1], &t[2], &t[3]], dy, &[WeightGrad::New; 3]).unwrap();
-                    assert!(std::ptr::eq(&*dws[0].storage_and_layout().0, &*dws[2].storage_and_layout().0), "linear {dtype:?}: the stacked gradients are not views of one product");
+                    assert!(
+                        std::ptr::eq(&*dws[0].storage_and_layout().0, &*dws[2].storage_and_layout().0),
+                        "linear {dtype:?}: the stacked gradients are not views of one product"
+                    );
                     (Tensor::cat(&ys, 2).unwrap(), [vec![dx], dws].concat())
                 },
                 |t| Tensor::cat(&t[1..].iter().map(|w| lowbit_model::mlp::linear(&t[0], w).unwrap()).collect::<Vec<_>>(), 2).unwrap(),
             );
             // the stacked gradients added in place into the FP32 sums that the first call returned
             let wide = 3 * out + 5;
-            let dy = Tensor::from_vec(randn(&[3, 7, wide], 1.0, 19), (3, 7, wide), &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let dy = Tensor::from_vec(randn(&[3, 7, wide], 1.0, 19), (3, 7, wide), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+                .to_device(&dev)
+                .unwrap();
             let ws = [w.as_tensor(), w2.as_tensor(), w3.as_tensor()];
             let (_, own) = linear::backward_stacked(xt, &ws, &dy, &[WeightGrad::New; 3]).unwrap();
             let (_, first) = linear::backward_stacked(xt, &ws, &dy, &[WeightGrad::Sum(None); 3]).unwrap();
             let sums: Vec<WeightGrad> = first.iter().map(|f| WeightGrad::Sum(Some(f))).collect();
             let (_, second) = linear::backward_stacked(xt, &ws, &dy, &sums).unwrap();
             for i in 0..3 {
-                assert!(std::ptr::eq(&*first[0].storage_and_layout().0, &*second[i].storage_and_layout().0), "linear {dtype:?}: stacked sum {i} not added into in place");
+                assert!(
+                    std::ptr::eq(&*first[0].storage_and_layout().0, &*second[i].storage_and_layout().0),
+                    "linear {dtype:?}: stacked sum {i} not added into in place"
+                );
                 let e = rel_err(&second[i], &(own[i].to_dtype(DType::F32).unwrap() * 2.0).unwrap());
                 assert!(e <= tol(dtype), "linear {dtype:?}: stacked sum {i}, relative error {e}");
             }
@@ -369,7 +411,17 @@ fn pack_is_the_weights_with_zero_rows() {
             assert_eq!(packed.dims(), &[2 * ip, h]);
             let zeros = Tensor::zeros((ip - i, h), dtype, &dev).unwrap();
             let expected = Tensor::cat(&[wg.as_tensor(), &zeros, wu.as_tensor(), &zeros], 0).unwrap();
-            let bits = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let bits = |t: &Tensor| {
+                t.to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            };
             assert!(bits(&packed) == bits(&expected), "pack {dtype:?} I = {i}, H = {h}");
         }
     }
@@ -514,7 +566,11 @@ fn model_matches_composed() {
         let eval = fused.loss(&input, &target, &mask).unwrap().to_scalar::<f32>().unwrap();
         let pass = fused.training_pass(&input, &target, &mask, None, 0.3).unwrap();
         let loss_f = pass.loss().to_scalar::<f32>().unwrap();
-        assert!((eval * 0.3 - loss_f).abs() <= 1e-6 * loss_f.abs(), "model {dtype:?}: evaluation loss x 0.3 = {} vs training {loss_f}", eval * 0.3);
+        assert!(
+            (eval * 0.3 - loss_f).abs() <= 1e-6 * loss_f.abs(),
+            "model {dtype:?}: evaluation loss x 0.3 = {} vs training {loss_f}",
+            eval * 0.3
+        );
         let gf = pass.backward().unwrap();
         let loss_c = composed.loss(&input, &target, &mask).unwrap().affine(0.3, 0.0).unwrap();
         let gc = loss_c.backward().unwrap();
@@ -536,7 +592,19 @@ fn model_matches_composed() {
         assert_eq!(pass.loss().to_scalar::<f32>().unwrap().to_bits(), loss_f.to_bits(), "model {dtype:?}: loss with host ids");
         let gh = pass.backward().unwrap();
         for (name, v) in varmap.data().lock().unwrap().iter() {
-            let bits = |g: &candle_core::backprop::GradStore| g.get(v.as_tensor()).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let bits = |g: &candle_core::backprop::GradStore| {
+                g.get(v.as_tensor())
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            };
             assert!(bits(&gh) == bits(&gf), "model {dtype:?} gradient of {name}: host ids and views differ");
         }
     }

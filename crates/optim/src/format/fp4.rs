@@ -14,26 +14,12 @@
 use super::minifloat::{MiniFloat, Specials};
 
 /// OCP MX FP4 E2M1 (signed).
-pub const E2M1: MiniFloat = MiniFloat {
-    exp_bits: 2,
-    man_bits: 1,
-    bias: 1,
-    signed: true,
-    max_finite: 6.0,
-    specials: Specials::None,
-    max_code: 0x7,
-};
+pub const E2M1: MiniFloat =
+    MiniFloat { exp_bits: 2, man_bits: 1, bias: 1, signed: true, max_finite: 6.0, specials: Specials::None, max_code: 0x7 };
 
 /// Unsigned E2M2 (for v).
-pub const UE2M2: MiniFloat = MiniFloat {
-    exp_bits: 2,
-    man_bits: 2,
-    bias: 1,
-    signed: false,
-    max_finite: 7.0,
-    specials: Specials::None,
-    max_code: 0xF,
-};
+pub const UE2M2: MiniFloat =
+    MiniFloat { exp_bits: 2, man_bits: 2, bias: 1, signed: false, max_finite: 7.0, specials: Specials::None, max_code: 0xF };
 
 #[cfg(test)]
 mod tests {

@@ -13,26 +13,12 @@
 use super::minifloat::{MiniFloat, Specials};
 
 /// OCP FP8 E4M3 (finite, max 448, subnormals kept).
-pub const E4M3: MiniFloat = MiniFloat {
-    exp_bits: 4,
-    man_bits: 3,
-    bias: 7,
-    signed: true,
-    max_finite: 448.0,
-    specials: Specials::NanOnly(0x7F),
-    max_code: 0x7E,
-};
+pub const E4M3: MiniFloat =
+    MiniFloat { exp_bits: 4, man_bits: 3, bias: 7, signed: true, max_finite: 448.0, specials: Specials::NanOnly(0x7F), max_code: 0x7E };
 
 /// OCP FP8 E5M2 (IEEE-like, max 57344, Inf and NaN).
-pub const E5M2: MiniFloat = MiniFloat {
-    exp_bits: 5,
-    man_bits: 2,
-    bias: 15,
-    signed: true,
-    max_finite: 57344.0,
-    specials: Specials::Ieee,
-    max_code: 0x7B,
-};
+pub const E5M2: MiniFloat =
+    MiniFloat { exp_bits: 5, man_bits: 2, bias: 15, signed: true, max_finite: 57344.0, specials: Specials::Ieee, max_code: 0x7B };
 
 #[cfg(test)]
 mod tests {

@@ -78,11 +78,13 @@ impl MiniFloat {
             Specials::NanOnly(c) if mag == c => f32::NAN,
             Specials::Ieee if e == all_ones && f == 0 => f32::INFINITY,
             Specials::Ieee if e == all_ones => f32::NAN,
-            _ => if e == 0 {
-                f as f32 * pow2(self.emin() - self.man_bits as i32)
-            } else {
-                ((1u32 << self.man_bits) + f) as f32 * pow2(e - self.bias - self.man_bits as i32)
-            },
+            _ => {
+                if e == 0 {
+                    f as f32 * pow2(self.emin() - self.man_bits as i32)
+                } else {
+                    ((1u32 << self.man_bits) + f) as f32 * pow2(e - self.bias - self.man_bits as i32)
+                }
+            }
         };
         if neg {
             -v
@@ -132,11 +134,7 @@ impl MiniFloat {
         let mut te = exp.max(self.emin());
         // |x| in units of the target ULP 2^(te - M) is mant >> dropped.
         let dropped = (23 - self.man_bits as i32 + te - exp) as u32;
-        let (kept, rem) = if dropped >= 64 {
-            (0, mant)
-        } else {
-            (mant >> dropped, mant & ((1u64 << dropped) - 1))
-        };
+        let (kept, rem) = if dropped >= 64 { (0, mant) } else { (mant >> dropped, mant & ((1u64 << dropped) - 1)) };
         let mut q = kept + round_up(kept, rem, dropped, rounding, rand) as u64;
         if q == 0 {
             return 0;

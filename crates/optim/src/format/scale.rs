@@ -20,8 +20,8 @@
 //!
 //! Int8: `absmax` itself (8-bit Adam), 1 for an all-zero block ([`super::int8`]).
 
-use crate::error::OptimError;
 use super::minifloat::pow2;
+use crate::error::OptimError;
 use serde::{Deserialize, Serialize};
 
 /// How the scale of an FP8/FP4 block follows its largest value (`optim.states.scale`).
@@ -136,8 +136,8 @@ mod tests {
         for &(amax, maxf, k) in &[
             (448.0f32, 448.0f32, 0),
             (449.0, 448.0, 1),
-            (1.0, 448.0, -8),   // 448 * 2^-8 = 1.75 >= 1, 448 * 2^-9 < 1
-            (1e-3, 6.0, -12),   // 6 * 2^-12 = 0.00146 >= 1e-3
+            (1.0, 448.0, -8), // 448 * 2^-8 = 1.75 >= 1, 448 * 2^-9 < 1
+            (1e-3, 6.0, -12), // 6 * 2^-12 = 0.00146 >= 1e-3
             (7.0, 7.0, 0),
             (0.0, 6.0, 0),
         ] {

@@ -43,7 +43,8 @@ fn sum_of_squares_matches_an_fp64_host_sum() {
     assert_eq!(sum_of_squares(&grads).unwrap().to_bits(), got.to_bits());
     // the tiny BF16 gradients alone: about 1e-60 per element, not 0
     let tiny: Vec<Tensor> = grads[..300].iter().step_by(15).cloned().collect();
-    let expected: f64 = tiny.iter().map(|t| t.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap().iter().map(|x| x * x).sum::<f64>()).sum();
+    let expected: f64 =
+        tiny.iter().map(|t| t.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap().iter().map(|x| x * x).sum::<f64>()).sum();
     let got = sum_of_squares(&tiny).unwrap();
     assert!(expected > 0.0 && expected < 1e-50, "the test's tiny set: {expected:e}");
     assert!(((got - expected) / expected).abs() < 1e-12, "tiny: device {got:e} vs host {expected:e}");
@@ -67,7 +68,11 @@ fn the_device_clip_is_the_host_rule() {
                     g[17] = f32::NAN;
                 }
                 let t = Tensor::from_vec(g, 1000 + 77 * i as usize, &dev).unwrap();
-                if i % 2 == 0 { t.to_dtype(DType::BF16).unwrap() } else { t }
+                if i % 2 == 0 {
+                    t.to_dtype(DType::BF16).unwrap()
+                } else {
+                    t
+                }
             })
             .collect()
     };

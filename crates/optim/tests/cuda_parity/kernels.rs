@@ -208,9 +208,9 @@ fn same_states(step: u64, gpu: &LowbitAdamW, cpu: &LowbitAdamW) -> Result<(), St
         for (kind, a, b) in [("m", &tg.m, &tc.m), ("v", &tg.v, &tc.v)] {
             let (ga, cb) = (a.code_bytes(), b.code_bytes());
             let differ = if a.format.bits() == 32 {
-                ga.chunks(4).zip(cb.chunks(4)).any(|(x, y)| {
-                    !same_f32(f32::from_le_bytes(x.try_into().unwrap()), f32::from_le_bytes(y.try_into().unwrap()))
-                })
+                ga.chunks(4)
+                    .zip(cb.chunks(4))
+                    .any(|(x, y)| !same_f32(f32::from_le_bytes(x.try_into().unwrap()), f32::from_le_bytes(y.try_into().unwrap())))
             } else {
                 ga != cb
             };
@@ -287,8 +287,7 @@ fn sharded_step_matches_whole_tensor_step() {
                 .collect();
             let mut cpu = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 7, infos);
             let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
-            let mut w16: Vec<Vec<u16>> =
-                w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
+            let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
             let step_cpu = |cpu: &mut LowbitAdamW, step: u64, i: usize, w16: &mut Vec<u16>, w32: &mut Vec<f32>, g: &[f32]| {
                 if bf16_weights {
                     cpu.step_cpu(step, 1e-3, 1.0, i, Weights::Bf16(w16), g)
@@ -304,8 +303,7 @@ fn sharded_step_matches_whole_tensor_step() {
             let ranges = |r: usize| -> Vec<std::ops::Range<usize>> {
                 sizes.iter().zip(&cuts).map(|(&n, &c)| if r == 0 { 0..c } else { c..n }).collect()
             };
-            let mut shards: Vec<CudaAdamW> =
-                (0..2).map(|r| CudaAdamW::new(cpu.shard(&ranges(r)).unwrap(), cuda_dev).unwrap()).collect();
+            let mut shards: Vec<CudaAdamW> = (0..2).map(|r| CudaAdamW::new(cpu.shard(&ranges(r)).unwrap(), cuda_dev).unwrap()).collect();
             let params: Vec<Tensor> = (0..sizes.len())
                 .map(|i| match bf16_weights {
                     true => Tensor::from_vec(w16[i].iter().map(|&b| bf16::from_bits(b)).collect::<Vec<_>>(), sizes[i], &dev),
@@ -315,8 +313,7 @@ fn sharded_step_matches_whole_tensor_step() {
                 .unwrap();
             let step = 2;
             let g: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(320 + i as u64, n, 1e-2, true)).collect();
-            let cpu_counts: Vec<_> =
-                (0..sizes.len()).map(|i| step_cpu(&mut cpu, step, i, &mut w16[i], &mut w32[i], &g[i])).collect();
+            let cpu_counts: Vec<_> = (0..sizes.len()).map(|i| step_cpu(&mut cpu, step, i, &mut w16[i], &mut w32[i], &g[i])).collect();
             let grads: Vec<Tensor> = g.iter().map(|g| Tensor::from_vec(g.clone(), g.len(), &dev).unwrap()).collect();
             let mut summed = vec![lowbit_optim::StallCounts::default(); sizes.len()];
             // Through the Optimizer trait with whole tensors: each shard's adapter steps its
@@ -388,9 +385,7 @@ fn kernels_match_cpu_reference_bit_for_bit() {
                     let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale, keep_idle: false, groups: false };
                     cases += 1;
                     if let Err(e) = run_case(&dev, &c) {
-                        failures.push(format!(
-                            "m={m} v={v} {v_zero:?} {scale:?} {rounding:?} bf16w={bf16_weights} block={block}: {e}"
-                        ));
+                        failures.push(format!("m={m} v={v} {v_zero:?} {scale:?} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
                     }
                 }
             }
@@ -407,7 +402,12 @@ fn kernels_match_cpu_reference_bit_for_bit() {
 fn v_reset_keep_idle_matches_cpu() {
     let dev = gpu();
     let mut failures = vec![];
-    for (m, v, scale) in [("fp8e4m3", "fp8e4m3", ScaleKind::Amax), ("fp4e2m1", "fp4ue2m2", ScaleKind::Pow2), ("bf16", "bf16", ScaleKind::Pow2), ("fp32", "int8", ScaleKind::Pow2)] {
+    for (m, v, scale) in [
+        ("fp8e4m3", "fp8e4m3", ScaleKind::Amax),
+        ("fp4e2m1", "fp4ue2m2", ScaleKind::Pow2),
+        ("bf16", "bf16", ScaleKind::Pow2),
+        ("fp32", "int8", ScaleKind::Pow2),
+    ] {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 256, 0] {

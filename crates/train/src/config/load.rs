@@ -12,8 +12,7 @@ pub(super) fn load_value(path: &Path, depth: usize, files: &mut Vec<(PathBuf, St
     if depth > 8 {
         bail!("{}: `extends` chain deeper than 8 files (a cycle?)", path.display());
     }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
     let value: toml::Value = toml::from_str(&text).map_err(|e| located(path, &text, &e))?;
     files.push((path.to_path_buf(), text));
     let Some(base) = value.get("extends") else {
@@ -49,13 +48,7 @@ pub(super) fn located(path: &Path, text: &str, e: &toml::de::Error) -> anyhow::E
     let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let col = text[line_start..start].chars().count() + 1;
     let line = text[line_start..].lines().next().unwrap_or("").trim();
-    let section = text[..line_start]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| l.starts_with('['))
-        .map(|h| format!("{h} "))
-        .unwrap_or_default();
+    let section = text[..line_start].lines().rev().map(str::trim).find(|l| l.starts_with('[')).map(|h| format!("{h} ")).unwrap_or_default();
     if line.is_empty() {
         anyhow::anyhow!("{}:{line_no}:{col}: {msg}", path.display())
     } else {
@@ -74,12 +67,8 @@ pub(super) fn locate_merged<T: DeserializeOwned>(files: &[(PathBuf, String)], ov
     // The key path: toml's Display ends with "in `a.b`" for errors without a position,
     // and an unknown field is named in the message.
     let shown = e.to_string();
-    let mut key = shown
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("in `").and_then(|k| k.strip_suffix('`')))
-        .unwrap_or("")
-        .to_string();
+    let mut key =
+        shown.lines().rev().find_map(|l| l.trim().strip_prefix("in `").and_then(|k| k.strip_suffix('`'))).unwrap_or("").to_string();
     if let Some(field) = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
         if !key.ends_with(field) {
             key = if key.is_empty() { field.to_string() } else { format!("{key}.{field}") };
@@ -150,8 +139,7 @@ pub(super) fn with_choices<T: DeserializeOwned>(e: anyhow::Error, value: &toml::
 /// `section.key` at the start of a validation message such as "optim.lr: must be ...".
 pub(super) fn key_of_message(msg: &str) -> Option<String> {
     let first = msg.split([':', ' ', ',']).next()?;
-    (first.contains('.') && first.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'))
-        .then(|| first.to_string())
+    (first.contains('.') && first.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')).then(|| first.to_string())
 }
 
 /// Where a dotted key was set last: `--set KEY=..` or `file:line` (top file first).
@@ -161,20 +149,13 @@ pub(super) fn find_key_line(files: &[(PathBuf, String)], overrides: &[String], k
             return Some(format!("(--set {o})"));
         }
     }
-    files
-        .iter()
-        .find_map(|(p, text)| find_key_in(text, key).map(|l| format!("{}:{l}", p.display())))
+    files.iter().find_map(|(p, text)| find_key_in(text, key).map(|l| format!("{}:{l}", p.display())))
 }
 
 /// 1-based line of a dotted key in a TOML text (simple scan of `[table]` headers and
 /// `key = value` lines; enough for run configs).
 fn find_key_in(text: &str, key: &str) -> Option<usize> {
-    let unquote = |s: &str| {
-        s.split('.')
-            .map(|p| p.trim().trim_matches('"').trim_matches('\'').to_string())
-            .collect::<Vec<_>>()
-            .join(".")
-    };
+    let unquote = |s: &str| s.split('.').map(|p| p.trim().trim_matches('"').trim_matches('\'').to_string()).collect::<Vec<_>>().join(".");
     let mut table = String::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
@@ -216,9 +197,7 @@ fn merge(base: &mut toml::Value, top: toml::Value) {
 
 /// Apply `section.key=value` (value parsed as TOML, else taken as a string).
 pub fn apply_override(root: &mut toml::Value, spec: &str) -> Result<()> {
-    let (key, raw) = spec
-        .split_once('=')
-        .with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
+    let (key, raw) = spec.split_once('=').with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
     let parts: Vec<&str> = key.trim().split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         bail!("--set {spec:?}: empty key component");
@@ -232,8 +211,6 @@ pub fn apply_override(root: &mut toml::Value, spec: &str) -> Result<()> {
         let t = node.as_table_mut().with_context(|| format!("--set {key}: {p} is not a section"))?;
         node = t.entry(p.to_string()).or_insert_with(|| toml::Value::Table(Default::default()));
     }
-    node.as_table_mut()
-        .with_context(|| format!("--set {key}: parent is not a section"))?
-        .insert(parts[parts.len() - 1].to_string(), value);
+    node.as_table_mut().with_context(|| format!("--set {key}: parent is not a section"))?.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
 }

@@ -406,9 +406,8 @@ impl RunConfig {
             );
         }
         let mut c = match &m.preset {
-            Some(p) => LlamaConfig::preset(p, vocab).with_context(|| {
-                format!("model.preset: unknown preset {p:?} (expected one of {:?})", LlamaConfig::preset_names())
-            })?,
+            Some(p) => LlamaConfig::preset(p, vocab)
+                .with_context(|| format!("model.preset: unknown preset {p:?} (expected one of {:?})", LlamaConfig::preset_names()))?,
             None => LlamaConfig {
                 vocab_size: vocab,
                 hidden_size: m.hidden_size.context("model: set `preset` or `hidden_size`")?,
@@ -477,4 +476,3 @@ impl RunConfig {
             .collect()
     }
 }
-

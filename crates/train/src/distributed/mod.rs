@@ -63,4 +63,3 @@ fn no_nccl_message(world_size: usize) -> String {
          scripts/build_cuda.sh does), or train on the CPU (--device cpu)"
     )
 }
-

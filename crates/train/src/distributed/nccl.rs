@@ -82,7 +82,12 @@ impl Collective for NcclCollective {
     /// ranks every element is `x_0 + x_1` on both (FP32 addition commutes), so the ranks keep
     /// bit-identical weights.
     fn all_reduce_tensor(&self, t: &Tensor) -> Result<Tensor> {
-        anyhow::ensure!(t.dtype() == DType::F32 && t.rank() == 1, "all_reduce_tensor takes a 1-D FP32 tensor, got {:?} {:?}", t.dtype(), t.shape());
+        anyhow::ensure!(
+            t.dtype() == DType::F32 && t.rank() == 1,
+            "all_reduce_tensor takes a 1-D FP32 tensor, got {:?} {:?}",
+            t.dtype(),
+            t.shape()
+        );
         let comm = self.comm.lock().expect("NCCL lock");
         Ok(t.apply_op1_no_bwd(&AllReduceSum(&comm.0))?)
     }

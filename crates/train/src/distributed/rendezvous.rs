@@ -60,8 +60,7 @@ pub fn serve(listener: TcpListener, world_size: usize, blob: &[u8], timeout: Dur
     while arrived.iter().skip(1).any(Option::is_none) {
         let now = Instant::now();
         if now >= deadline {
-            let missing: Vec<String> =
-                (1..world_size).filter(|&r| arrived[r].is_none()).map(|r| r.to_string()).collect();
+            let missing: Vec<String> = (1..world_size).filter(|&r| arrived[r].is_none()).map(|r| r.to_string()).collect();
             bail!(
                 "rendezvous at {addr}: rank(s) {} of WORLD_SIZE={world_size} did not arrive within {:.0} s \
                  (not launched, wrong MASTER_ADDR/MASTER_PORT, or crashed before connecting)",

@@ -89,9 +89,9 @@ impl World {
             bail!("LOCAL_RANK={local_rank} is above RANK={rank} (a host's ranks are a subset of the job's)");
         }
         let master = if world_size > 1 {
-            let addr = var("MASTER_ADDR").filter(|a| !a.trim().is_empty()).context(
-                "MASTER_ADDR is not set: WORLD_SIZE > 1 needs rank 0's host name or address for the rendezvous",
-            )?;
+            let addr = var("MASTER_ADDR")
+                .filter(|a| !a.trim().is_empty())
+                .context("MASTER_ADDR is not set: WORLD_SIZE > 1 needs rank 0's host name or address for the rendezvous")?;
             let port = number("MASTER_PORT", var("MASTER_PORT"))?;
             if port == 0 || port > u16::MAX as usize {
                 bail!("MASTER_PORT={port}: expected a TCP port, 1 .. 65535");

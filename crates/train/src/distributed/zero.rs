@@ -82,8 +82,7 @@ impl Zero1 {
         let mut full = params.iter().map(|p| host_bytes(p.as_tensor())).collect::<Result<Vec<_>>>()?;
         let mine: Vec<u8> =
             self.ranges[rank].iter().enumerate().flat_map(|(i, r)| full[i][r.start * width(i)..r.end * width(i)].to_vec()).collect();
-        let per_rank: Vec<usize> =
-            self.ranges.iter().map(|rs| rs.iter().enumerate().map(|(i, r)| r.len() * width(i)).sum()).collect();
+        let per_rank: Vec<usize> = self.ranges.iter().map(|rs| rs.iter().enumerate().map(|(i, r)| r.len() * width(i)).sum()).collect();
         let all = self.comm.all_gather(&mine, &per_rank)?;
         let mut at = 0;
         for rs in &self.ranges {

@@ -101,10 +101,7 @@ impl EventWriter {
         let data = prost::Message::encode_to_vec(event);
         let len = (data.len() as u64).to_le_bytes();
         let record = [&len[..], &masked_crc(&len).to_le_bytes(), &data, &masked_crc(&data).to_le_bytes()].concat();
-        self.out
-            .write_all(&record)
-            .and_then(|_| self.out.flush())
-            .with_context(|| format!("cannot write {}", self.path.display()))
+        self.out.write_all(&record).and_then(|_| self.out.flush()).with_context(|| format!("cannot write {}", self.path.display()))
     }
 
     /// Append scalars `(tag, value)` at `step`, stamped now.

@@ -73,9 +73,7 @@ impl JsonlWriter {
     pub fn write<T: Serialize>(&mut self, row: &T) -> Result<()> {
         let mut line = serde_json::to_string(row)?;
         line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
-            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", self.path.display()))?;
         self.file.flush()?;
         Ok(())
     }

@@ -52,9 +52,7 @@ pub struct Theory {
 
 impl Theory {
     pub fn for_spec(spec: &StatesSpec, beta2: f64) -> Self {
-        Theory {
-            v: spec.v_format.fraction_bits().map(|b| theory::p_stall(b, beta2, spec.v_rounding)),
-        }
+        Theory { v: spec.v_format.fraction_bits().map(|b| theory::p_stall(b, beta2, spec.v_rounding)) }
     }
 }
 
@@ -86,22 +84,13 @@ pub struct StallRow {
 
 impl StallRow {
     /// Aggregate per-tensor counts (`names[i]`, `groups[i]`, `counts[i]`).
-    pub fn build(
-        step: u64,
-        names: &[String],
-        groups: &[String],
-        counts: &[StallCounts],
-        theory: Theory,
-        detail: bool,
-    ) -> Self {
+    pub fn build(step: u64, names: &[String], groups: &[String], counts: &[StallCounts], theory: Theory, detail: bool) -> Self {
         let total: StallCounts = counts.iter().copied().sum();
         let mut per_group: BTreeMap<String, StallCounts> = BTreeMap::new();
         for (g, c) in groups.iter().zip(counts) {
             *per_group.entry(g.clone()).or_default() += *c;
         }
-        let tensors = detail.then(|| {
-            names.iter().zip(counts).map(|(n, c)| (n.clone(), Fractions::of(c))).collect()
-        });
+        let tensors = detail.then(|| names.iter().zip(counts).map(|(n, c)| (n.clone(), Fractions::of(c))).collect());
         StallRow {
             step,
             m: total.m,
@@ -116,4 +105,3 @@ impl StallRow {
         }
     }
 }
-

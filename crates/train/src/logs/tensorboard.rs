@@ -106,7 +106,8 @@ mod tests {
             zero_grad: 0,
             zero_v: 7,
             frac: Fractions { zero_v: Some(7.0), ..f(0.25, 0.5) },
-            groups: [("attn".to_string(), f(0.125, 0.75)), ("embed".to_string(), Fractions { zero_v: Some(7.0), ..Fractions::default() })].into(),
+            groups: [("attn".to_string(), f(0.125, 0.75)), ("embed".to_string(), Fractions { zero_v: Some(7.0), ..Fractions::default() })]
+                .into(),
             theory: Theory { v: Some(0.989) },
             tensors: None,
         };
@@ -127,7 +128,16 @@ mod tests {
     fn metrics_rows_map_to_train_and_val_tags() {
         let (step, v) = metric_scalars(&MetricsRow::Eval { step: 0, tokens: 0, val_loss: 10.5, val_ppl: 36315.5 });
         assert_eq!((step, v[0].clone(), v[1].0.as_str()), (0, ("val/loss".to_string(), 10.5), "val/ppl"));
-        let row = MetricsRow::Train { step: 2, tokens: 9, lr: 1e-3, loss: 7.0, grad_norm: 1.5, step_time: 0.1, tokens_per_s: 90.0, skipped: false };
+        let row = MetricsRow::Train {
+            step: 2,
+            tokens: 9,
+            lr: 1e-3,
+            loss: 7.0,
+            grad_norm: 1.5,
+            step_time: 0.1,
+            tokens_per_s: 90.0,
+            skipped: false,
+        };
         let tags: Vec<String> = metric_scalars(&row).1.into_iter().map(|t| t.0).collect();
         assert_eq!(tags, ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"]);
     }

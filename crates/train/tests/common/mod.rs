@@ -62,7 +62,6 @@ plots = false
     )
 }
 
-
 /// Checkpoint folder names of a run folder, oldest first.
 pub fn checkpoints(run: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
