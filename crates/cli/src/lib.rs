@@ -4,7 +4,7 @@
 //! (`lowbit-reproduce`): `train` itself ([`launcher`] for `--gpus N`, [`signals`] for Ctrl-C
 //! and SIGTERM, [`config_path`] for bare config names, [`progress`] for the bar), `predict` ([`predict`]), `stalls`
 //! ([`stalls_table`]), `plot` ([`plot`]), `data fetch c4` ([`fetch`]), `data tokenize` ([`tokenize`]), `bench data` ([`bench_data`]) and, in CUDA builds,
-//! `bench optimizer` ([`bench`]) and `bench training` ([`bench_training`]).
+//! `bench optimizer` ([`bench`]) and `bench training` (`bench_training`).
 
 #[cfg(feature = "cuda")]
 pub mod bench;

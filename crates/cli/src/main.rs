@@ -98,7 +98,7 @@ enum Cmd {
         out: Option<PathBuf>,
     },
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
-    /// reproduce/<table>-<scale>-results.json and render reproduce/<table>-<scale>.md from it.
+    /// `reproduce/<table>-<scale>-results.json` and render `reproduce/<table>-<scale>.md` from it.
     Reproduce(lowbit_reproduce::ReproduceArgs),
     /// Corpora: `train data fetch c4` (C4 `en` and the T5 tokenizer from the Hugging Face hub),
     /// `train data tokenize` (a config's shards tokenized once into token shards).

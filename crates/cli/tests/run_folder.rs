@@ -313,7 +313,8 @@ fn a_full_disk_stops_the_run_and_a_resume_continues_exactly() {
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
             .map(|mut v| {
                 let o = v.as_object_mut().unwrap();
-                (o.remove("step_time"), o.remove("tokens_per_s"));
+                o.remove("step_time");
+                o.remove("tokens_per_s");
                 v
             })
             .collect()

@@ -87,20 +87,11 @@ pub enum DataError {
     /// A token shard was written with another tokenizer than `data.tokenizer`: its ids would
     /// mean other words.
     #[error(
-        "{}: tokenized with {shard_tokenizer} (sha256 {shard_sha256}, vocabulary {shard_vocab}), but \
-         data.tokenizer is {tokenizer} (sha256 {sha256}, vocabulary {vocab}): tokenize the text again with \
+        "{}: tokenized with {shard}, but data.tokenizer is {config}: tokenize the text again with \
          `train data tokenize` and this tokenizer, or set data.tokenizer to the shard's",
         path.display()
     )]
-    TokenizerMismatch {
-        path: PathBuf,
-        shard_tokenizer: String,
-        shard_sha256: String,
-        shard_vocab: usize,
-        tokenizer: String,
-        sha256: String,
-        vocab: usize,
-    },
+    TokenizerMismatch { path: PathBuf, shard: Box<TokenizerId>, config: Box<TokenizerId> },
 
     /// A resume position was written with another data order than the config asks for
     /// (`data.shuffle`, `data.seed`, `data.shuffle_buffer`, or the in-memory / streaming
@@ -115,3 +106,17 @@ pub enum DataError {
 
 /// Shorthand used throughout the crate.
 pub type Result<T, E = DataError> = std::result::Result<T, E>;
+
+/// A tokenizer as a token shard or a config names it: its file, SHA-256 and vocabulary size.
+#[derive(Debug)]
+pub struct TokenizerId {
+    pub name: String,
+    pub sha256: String,
+    pub vocab: usize,
+}
+
+impl std::fmt::Display for TokenizerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{} (sha256 {}, vocabulary {})", self.name, self.sha256, self.vocab)
+    }
+}

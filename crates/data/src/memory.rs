@@ -84,7 +84,8 @@ impl MemoryRows {
                  data.seq_len or data.mode changed since (set them back to continue this run)"
             )));
         }
-        (tokens.shrink_to_fit(), starts.shrink_to_fit());
+        tokens.shrink_to_fit();
+        starts.shrink_to_fit();
         let secs = t0.elapsed().as_secs_f64();
         tracing::info!(
             rows = n,

@@ -42,7 +42,7 @@ impl ShuffleBuffer {
                 "the position holds {rows} buffered rows of {} tokens after {draws} draws, the config wants a buffer \
                  of {} rows (data.shuffle_buffer) of {width} tokens (data.seq_len + 1): set them back to continue this \
                  run (a batch's position has no buffer: resume from TrainStream::position())",
-                if rows == 0 { 0 } else { tokens.len() / rows },
+                tokens.len().checked_div(rows).unwrap_or(0),
                 b.capacity
             )));
         }

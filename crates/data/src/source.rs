@@ -52,7 +52,7 @@ enum Open {
 }
 
 impl Open {
-    fn open(path: &Path, on_bad: BadInput, tok: &Tokens) -> Result<Open> {
+    fn reader(path: &Path, on_bad: BadInput, tok: &Tokens) -> Result<Open> {
         Ok(match is_token_shard(path)? {
             true => Open::Tokens(TokenShardDocs::open(path, tok)?),
             false => Open::Json(ShardReader::open(path, on_bad)?),
@@ -245,7 +245,7 @@ impl DocSource {
                     );
                     self.stamps[self.order[self.shard]] = stamp(path);
                 }
-                let mut r = Open::open(path, self.on_bad, &self.tok)?;
+                let mut r = Open::reader(path, self.on_bad, &self.tok)?;
                 if self.skip > 0 {
                     let n = r.skip(self.skip)?;
                     if n < self.skip {

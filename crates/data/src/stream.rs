@@ -4,7 +4,7 @@
 //! - **in memory** (`data.shuffle`, the text fits `data.in_memory_max_tokens`): every row
 //!   loaded at start, each pass read in a seeded permutation ([`crate::memory`]);
 //! - **streaming** (`data.shuffle`, a larger text): each pass's shards in a seeded
-//!   permutation, their rows through a shuffle buffer ([`crate::shuffle_buffer`]);
+//!   permutation, their rows through a shuffle buffer (`shuffle_buffer.rs`);
 //! - **file order** (`data.shuffle = false`): documents in sorted shard order.
 //!
 //! Streaming and file order read and tokenize in two background threads, joined by bounded
@@ -322,7 +322,7 @@ impl TrainStream {
 
     /// Position after the last batch returned (the `start` given to `new` before the first),
     /// complete: in streaming mode with the shuffle buffer's rows as they were then (rebuilt
-    /// from the rows drawn since, [`crate::shuffle_buffer`]). What a checkpoint stores.
+    /// from the rows drawn since, `shuffle_buffer.rs`). What a checkpoint stores.
     pub fn position(&self) -> DataPosition {
         let mut p = self.position.clone();
         if let Supply::Threads { buffer: Some(b), .. } = &self.supply {

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
 
-use crate::error::{DataError, Result};
+use crate::error::{DataError, Result, TokenizerId};
 use crate::reader::starts_with;
 use crate::tokenize::Tokens;
 
@@ -141,12 +141,8 @@ pub fn check_tokenizer(path: &Path, header: &TokenShardHeader, tok: &Tokens) -> 
     }
     Err(DataError::TokenizerMismatch {
         path: path.to_path_buf(),
-        shard_tokenizer: header.tokenizer.clone(),
-        shard_sha256: header.tokenizer_sha256.clone(),
-        shard_vocab: header.vocab_size,
-        tokenizer: tok.source.display().to_string(),
-        sha256: tok.sha256.clone(),
-        vocab: tok.vocab_size(),
+        shard: Box::new(TokenizerId { name: header.tokenizer.clone(), sha256: header.tokenizer_sha256.clone(), vocab: header.vocab_size }),
+        config: Box::new(TokenizerId { name: tok.source.display().to_string(), sha256: tok.sha256.clone(), vocab: tok.vocab_size() }),
     })
 }
 

@@ -115,7 +115,7 @@ impl Tokens {
     /// Truncation and padding settings stored in the file are switched off: rows are cut
     /// and padded by this crate. Special tokens are not split out of text
     /// (`set_encode_special_tokens(true)`, and a Unigram model's special pieces are never
-    /// matched: [`crate::special`]).
+    /// matched: `special.rs`).
     ///
     /// # Errors
     /// [`DataError::Tokenizer`] if the file cannot be parsed, has no `</s>` token, or a

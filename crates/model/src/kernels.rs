@@ -15,7 +15,7 @@ pub const FUSED_MAX_HIDDEN: usize = 1536;
 ///
 /// * `Composed`: candle tensor ops under candle's autograd, on every device (the CPU path
 ///   and the reference the fused ops are tested against).
-/// * `Fused`: the CUDA kernels of [`crate::fused`] (`cuda` feature, CUDA tensors only), each
+/// * `Fused`: the CUDA kernels of `crate::fused` (`cuda` feature, CUDA tensors only), each
 ///   op a forward and a backward function, run without an autograd graph: training through
 ///   [`crate::Llama::training_pass`]'s explicit backward. As many key/value heads as query
 ///   heads, hidden sizes up to [`FUSED_MAX_HIDDEN`] ([`Kernels::fits`]).

@@ -11,7 +11,7 @@
 //! Two implementations of the model ([`Kernels`]): composed from candle tensor ops with a
 //! backward under candle's autograd on every device (candle-nn 0.11's fused `rms_norm`,
 //! `rope` and `softmax_last_dim` have none), the CPU path and the reference; and, in `cuda`
-//! builds on CUDA tensors, this crate's fused kernels ([`fused`]): each op a forward and a
+//! builds on CUDA tensors, this crate's fused kernels (`fused`, `cuda` feature): each op a forward and a
 //! backward function, run by one fused path with an explicit backward (the default there).
 //!
 //! | module      | holds |

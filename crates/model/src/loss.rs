@@ -1,5 +1,5 @@
 //! Masked next-token cross-entropy over a batch's logits (the composed model's loss and the
-//! reference of the fused LM head, [`crate::fused::lm_head`]).
+//! reference of the fused LM head, `crate::fused::lm_head`).
 //!
 //! On CPU the per-row loss and its gradient are custom ops (one rayon-parallel pass over the
 //! logits each way, rows with mask 0 skipped); on other devices the same math is composed

@@ -42,7 +42,7 @@ impl Llama {
     /// `target` `[B, T]` u32, `mask` `[B, T]` (1 = counts) → F32 scalar. With
     /// [`Kernels::Composed`](crate::kernels::Kernels::Composed) differentiable under candle's
     /// autograd; with [`Kernels::Fused`](crate::kernels::Kernels::Fused) the LM head and the loss
-    /// run in chunks of rows ([`crate::fused::lm_head::loss`]: the `[B, T, V]` logits are never
+    /// run in chunks of rows (`crate::fused::lm_head::loss`: the `[B, T, V]` logits are never
     /// held) and no graph is kept (validation; train with [`Llama::training_pass`]).
     pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
         #[cfg(feature = "cuda")]

@@ -104,7 +104,6 @@ pub struct Scratch {
 /// `j` of the slices are those of element `first + j` of the tensor, so a shard steps exactly
 /// as the same elements of the whole tensor do. Panics if lengths differ, or if `first` is
 /// not on a scale-block boundary of a block-scaled state.
-#[allow(clippy::too_many_arguments)]
 pub fn step_tensor(
     w: Weights,
     g: &[f32],
@@ -262,7 +261,6 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
 /// block's first element (the RNG counter). `zero_free` ([`QuantState::zero_free`]): when the
 /// block's amax is non-zero, a code that would decode to 0 becomes code 1, the grid's smallest
 /// positive value (v only: unsigned values, so zero is code 0 in every v map).
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn encode_block(
     format: StateFormat,

@@ -1,7 +1,7 @@
 //! # lowbit-optim: AdamW with low-precision moment states
 //!
 //! The CPU reference of lowbit's optimizer (the oracle the CUDA kernels match bit for bit):
-//! state formats ([`format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
+//! state formats ([`mod@format`]), rounding ([`format::rounding`]), the counter RNG ([`rng`]),
 //! the step ([`adamw`]), the global-norm clip ([`clip`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
 //! stall prediction ([`theory`]), which states each tensor gets ([`plan`]: per-group
 //! formats), the states as named arrays for checkpoints ([`state_dict`])

@@ -1,6 +1,7 @@
 //! ZeRO-1 shards of the CPU reference step: stepping each shard of a tensor on its own (with
 //! the shard's whole-tensor element offset) and concatenating the states gives bit for bit
 //! the unsharded step: same weights, same codes and scales, same stall counts.
+#![allow(clippy::single_range_in_vec_init, reason = "`shard` takes one range per tensor: a one-tensor optimizer takes `&[a..b]`")]
 
 use lowbit_optim::adamw::Weights;
 use lowbit_optim::{Counter, GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};

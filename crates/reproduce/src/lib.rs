@@ -87,7 +87,7 @@ pub struct ReproduceArgs {
     /// (`1`, `2,3`, `0-2`). `--seeds 2` means seeds 0 and 1; `--seed-list 2` means seed 2.
     #[arg(long, value_name = "LIST")]
     pub seed_list: Option<String>,
-    /// Only these cells, comma-separated: short names <format>_<fix> (`fp8_sr`,
+    /// Only these cells, comma-separated: short names `<format>_<fix>` (`fp8_sr`,
     /// `fp4_sr_reset`, `fp32_plain`) or formats (`fp4`: all its cells). Default: every cell.
     /// The reports always show the whole table.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]

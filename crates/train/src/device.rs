@@ -10,7 +10,7 @@ use candle_core::Device;
 use candle_core::{backend::BackendDevice, CudaDevice};
 
 /// The device named in the config: `"cpu"`, or `"cuda"` = GPU `ordinal` (a data-parallel
-/// worker's `LOCAL_RANK`, else 0), opened with [`open_cuda`].
+/// worker's `LOCAL_RANK`, else 0), opened with `open_cuda` (`cuda` feature).
 ///
 /// # Errors
 /// An unknown name, `"cuda"` in a build without the `cuda` feature, or a GPU that cannot be

@@ -30,7 +30,7 @@ pub fn fixed_or(x: Option<f64>, digits: usize, none: &str) -> String {
     x.map_or(none.into(), |v| format!("{v:.digits$}"))
 }
 
-/// Write `text` to stderr; errors are ignored as in [`print`].
+/// Write `text` to stderr; errors are ignored as in [`fn@print`].
 pub fn eprint(text: &str) {
     write_or_ignore(std::io::stderr().lock(), text, "stderr");
 }
@@ -45,19 +45,19 @@ fn write_flushed(mut w: impl Write, text: &str) -> std::io::Result<()> {
     w.write_all(text.as_bytes()).and_then(|_| w.flush())
 }
 
-/// `println!` through [`print`].
+/// `println!` through [`fn@print`].
 #[macro_export]
 macro_rules! outln {
     ($($t:tt)*) => { $crate::output::print(&format!("{}\n", format_args!($($t)*))) };
 }
 
-/// `print!` through [`print`].
+/// `print!` through [`fn@print`].
 #[macro_export]
 macro_rules! out {
     ($($t:tt)*) => { $crate::output::print(&format!($($t)*)) };
 }
 
-/// `eprintln!` through [`eprint`].
+/// `eprintln!` through [`fn@eprint`].
 #[macro_export]
 macro_rules! errln {
     ($($t:tt)*) => { $crate::output::eprint(&format!("{}\n", format_args!($($t)*))) };

@@ -4,8 +4,8 @@
 //!
 //! The step waits for the device once, at its end: on one CUDA device the clip factor and
 //! the skip decision are made by the device and read there by the optimizer, and the loss
-//! and the norm are read after the update is queued ([`clip_and_update`]); before that wait
-//! the host builds the next step's batches ([`prefetch_next_step`]). Also here: the global
+//! and the norm are read after the update is queued (`clip_and_update`); before that wait
+//! the host builds the next step's batches (`prefetch_next_step`). Also here: the global
 //! gradient norm ([`global_norm`]).
 
 use crate::distributed::collective::Collective;
@@ -332,7 +332,7 @@ fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Res
 /// whole tensor in one thread block. A norm beyond `f32::MAX` is returned as `inf`.
 ///
 /// On a CUDA device (the `cuda` feature) the sum is one fused pass in FP64
-/// ([`lowbit_optim::grad_norm::sum_of_squares`]: squares of F32 and BF16 gradients, a fixed
+/// (`lowbit_optim::grad_norm::sum_of_squares`, `cuda` feature: squares of F32 and BF16 gradients, a fixed
 /// summation order).
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
     #[cfg(feature = "cuda")]

@@ -96,7 +96,6 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor
 /// (`[B, T, heads · d]`); without `lse` (the cuBLAS path) the scores are recomputed and `o`
 /// is not read. v's gradient is returned, or (`dv_into`) written into columns of a wider
 /// `[B, T, W]` buffer (`None` returned).
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
     q: &Tensor,
     k: &Tensor,

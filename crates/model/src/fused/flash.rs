@@ -74,7 +74,6 @@ pub(crate) fn forward(
 /// writes, one `[64, d]` per pair of tiles ([`flash_dq_partials`] elements, freed on return).
 /// dv goes to a new buffer (returned), or (`dv_into`: address, row stride in elements) into
 /// the columns of a wider `[B, T, W]` buffer.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     dev: &CudaDevice,
     dtype: DType,

@@ -107,7 +107,6 @@ impl Chunks {
     /// The chunks of `hidden` `[n, h]` against the head `w` `[v, h]` (device addresses,
     /// `dtype`), zero-padded here to `aligned(v)` rows, with the rows' targets and loss
     /// coefficients (F32) at `target` and `coef`.
-    #[allow(clippy::too_many_arguments)]
     fn new(
         dev: &CudaDevice,
         dtype: DType,

@@ -317,7 +317,6 @@ impl Gemm {
     /// without one the handle gets the buffer back, so candle's own products on the handle
     /// (the composed ops) always run with a workspace. Assumes one host thread issues the
     /// products of a device (the trainer's case): the handle and the buffer are shared.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(&self, dev: &CudaDevice, ab: DType, c_dtype: DType, a: u64, b: u64, c: u64, accumulate: bool) -> Result<()> {
         use blas::cublasOperation_t::{CUBLAS_OP_N as N, CUBLAS_OP_T as T};
         let compute = if ab == DType::F32 && candle_core::cuda::gemm_reduced_precision_f32() {

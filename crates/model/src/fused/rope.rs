@@ -9,7 +9,6 @@ use candle_core::{DType, Result, Tensor};
 /// elements of a row's first half and their partners (16-byte accesses) where half a head
 /// and `ld` are multiples of 8 elements and every buffer is 16-byte aligned, else one per
 /// element pair.
-#[allow(clippy::too_many_arguments)]
 fn run(
     dev: &candle_core::CudaDevice,
     name: &str,

@@ -5,7 +5,7 @@
 //! `e == 0`: `(-1)^s * f * 2^(1 - bias - M)` (subnormal);
 //! `e > 0`:  `(-1)^s * (2^M + f) * 2^(e - bias - M)` (normal).
 //!
-//! Encoding rounds the FP32 input on its bits (see [`encode`]); finite values beyond the
+//! Encoding rounds the FP32 input on its bits (see [`MiniFloat::encode`]); finite values beyond the
 //! largest finite value saturate to it (OCP "saturating" conversion), a zero result is the
 //! canonical `+0` code (the sign of a zero moment carries no information and keeping it would
 //! make an unchanged zero look updated). The CUDA port is in `kernels/formats.cuh` (same

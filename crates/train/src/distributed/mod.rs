@@ -4,7 +4,7 @@
 //! collective operations the step needs ([`collective`]); the split of the global batch and
 //! of the optimizer states over ranks ([`shard`], [`zero`]).
 //!
-//! Several ranks on GPUs sum their gradients through NCCL ([`nccl`], `nccl` feature) and,
+//! Several ranks on GPUs sum their gradients through NCCL (`nccl`, `nccl` feature) and,
 //! with `train.zero = 1`, step their shards of the states on the GPU ([`zero`]).
 
 pub mod collective;
@@ -36,7 +36,7 @@ pub fn connect(world: &World) -> Result<Arc<dyn Collective>> {
 }
 
 /// The collective a rank trains with on `dev`: `host` itself for one rank or on the CPU; for
-/// several ranks on GPUs, NCCL for the gradients ([`nccl::NcclCollective`]) beside `host`.
+/// several ranks on GPUs, NCCL for the gradients (`nccl::NcclCollective`) beside `host`.
 ///
 /// # Errors
 /// Several ranks on a GPU in a build without the `nccl` feature, or NCCL failing.

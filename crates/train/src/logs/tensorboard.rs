@@ -78,8 +78,8 @@ pub fn metric_scalars(row: &MetricsRow) -> (u64, Vec<(String, f32)>) {
 /// The tagged stalled fractions of a stall row: m, v and w over all tensors and per group,
 /// v's theory, and the count of updates with v = 0 and m != 0 (`zero_v/`, all and per group).
 pub fn stall_scalars(row: &StallRow) -> Vec<(String, f32)> {
-    let states: [(&str, fn(&Fractions) -> Option<f64>); 4] =
-        [("stall_m", |f| f.m), ("stall_v", |f| f.v), ("stall_w", |f| f.w), ("zero_v", |f| f.zero_v)];
+    type Pick = fn(&Fractions) -> Option<f64>;
+    let states: [(&str, Pick); 4] = [("stall_m", |f| f.m), ("stall_v", |f| f.v), ("stall_w", |f| f.w), ("zero_v", |f| f.zero_v)];
     let mut out = Vec::new();
     for (tag, of) in states {
         let groups = std::iter::once(("all", &row.frac)).chain(row.groups.iter().map(|(g, f)| (g.as_str(), f)));
