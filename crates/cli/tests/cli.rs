@@ -292,6 +292,32 @@ fn group_states_keep_the_embedding_in_fp32() {
         "{}",
         r.stderr
     );
+    // also when the group's states have the base's widths (FP8 E5M2 v over the base's E4M3): the
+    // checkpoint's bytes would load and be read in the wrong format
+    let r = train(d, &["--config", "c.toml", "--set", "run.name=z", "--set", "train.max_steps=4"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let r = train(
+        d,
+        &[
+            "--config",
+            "c.toml",
+            "--set",
+            "run.name=z",
+            "--set",
+            "train.max_steps=6",
+            "--set",
+            "optim.states.groups.embed.v_format=fp8e5m2",
+            "--resume",
+            "runs/z",
+        ],
+    );
+    assert!(
+        r.code != Some(0)
+            && r.stderr.contains("model.embed_tokens.weight has states [optim.states]'s in the checkpoint, the config gives it m fp4")
+            && r.stderr.contains("| v fp8e5m2"),
+        "{}",
+        r.stderr
+    );
     // a group the model does not have
     let r = train(d, &["--config", "c.toml", "--set", "run.name=y", "--set", "optim.states.groups.embedding.m_format=fp32"]);
     assert!(

@@ -693,6 +693,18 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
             now.reset_rule()
         );
     }
+    if saved.tensor_states != now.tensor_states {
+        let names: std::collections::BTreeSet<&String> = saved.tensor_states.keys().chain(now.tensor_states.keys()).collect();
+        let first = names.into_iter().find(|n| saved.tensor_states.get(*n) != now.tensor_states.get(*n)).expect("the maps differ");
+        let says = |m: &std::collections::BTreeMap<String, String>| m.get(first).cloned().unwrap_or_else(|| "[optim.states]'s".into());
+        bail!(
+            "{}: {first} has states {} in the checkpoint, the config gives it {} (optim.states.groups.* and \
+             optim.states.min_quantized_numel must match to resume)",
+            dir.join("state.json").display(),
+            says(&saved.tensor_states),
+            says(&now.tensor_states)
+        );
+    }
     if (saved.m_format.as_str(), saved.v_format.as_str(), saved.block_size, saved_v_zero)
         != (now.m_format.as_str(), now.v_format.as_str(), now.block_size, now.v_zero.as_str())
     {
