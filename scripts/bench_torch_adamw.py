@@ -11,7 +11,7 @@ import time
 
 import torch
 
-PRESETS = {  # hidden, intermediate, layers (DESIGN.md / GaLore C4 configs)
+PRESETS = {  # hidden, intermediate, layers (docs/numerics.md / GaLore C4 configs)
     "llama60m": (512, 1376, 8),
     "llama100m": (640, 1708, 12),
     "llama130m": (768, 2048, 12),

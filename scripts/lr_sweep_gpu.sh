@@ -9,7 +9,7 @@
 # validation loss and passes made.
 # Usage (on the GPU machine): scripts/lr_sweep_gpu.sh TRAIN_BINARY RUNS_DIR LR...
 #   the token shards of ../shared/data/corpus and corpus-extra in data/local/tok/{corpus,extra}
-#   (`train data tokenize`, README "Data").
+#   (`train data tokenize`, docs/data.md).
 set -euo pipefail
 BIN=$1
 DIR=$2

@@ -26,8 +26,32 @@ use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progre
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
+// The device support compiled in, for `train --version`.
+#[cfg(feature = "nccl")]
+macro_rules! devices {
+    () => {
+        "CUDA + NCCL"
+    };
+}
+#[cfg(all(feature = "cuda", not(feature = "nccl")))]
+macro_rules! devices {
+    () => {
+        "CUDA"
+    };
+}
+#[cfg(not(feature = "cuda"))]
+macro_rules! devices {
+    () => {
+        "CPU only"
+    };
+}
+
+/// `train --version`: the crate version, the git commit it was built from (build.rs) and the
+/// device support compiled in, e.g. `train 0.1.0 (commit 1fdf9f9c0a1b, CPU only)`.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("LOWBIT_GIT_COMMIT"), ", ", devices!(), ")");
+
 #[derive(Parser)]
-#[command(name = "train", version, about = "Pre-train LLaMA with low-precision AdamW states and measure stalling")]
+#[command(name = "train", version = VERSION, about = "Pre-train LLaMA with low-precision AdamW states and measure stalling")]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -293,7 +317,7 @@ fn bench(b: BenchCmd) -> Result<()> {
         #[cfg(not(feature = "cuda"))]
         BenchCmd::Gpu(args) => anyhow::bail!(
             "train bench {} needs the GPU build: cargo build --release -p lowbit-cli --features cuda, with \
-             CUDA set up as README \"The GPU build\" says (this binary was built without the `cuda` feature; \
+             CUDA set up as docs/gpu.md says (this binary was built without the `cuda` feature; \
              `train bench data` runs here)",
             args.first().map_or("", String::as_str)
         ),

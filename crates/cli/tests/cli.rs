@@ -499,3 +499,23 @@ fn one_rounding_vocabulary_warnings_and_validation_progress() {
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("matched no file") && r.stderr.contains("get C4 with `train data fetch c4"), "{}", r.stderr);
 }
+
+#[test]
+fn version_names_the_commit_and_the_devices() {
+    let tmp = cli_dir("x");
+    let r = train(tmp.path(), &["--version"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(root()).output().unwrap();
+    let commit = match String::from_utf8_lossy(&head.stdout).trim() {
+        c if head.status.success() && !c.is_empty() => format!("commit {c}"),
+        _ => "unknown commit".into(),
+    };
+    let devices = if cfg!(feature = "nccl") {
+        "CUDA + NCCL"
+    } else if cfg!(feature = "cuda") {
+        "CUDA"
+    } else {
+        "CPU only"
+    };
+    assert_eq!(r.stdout.trim(), format!("train {} ({commit}, {devices})", env!("CARGO_PKG_VERSION")));
+}

@@ -234,7 +234,7 @@ impl Hub {
                     "cannot reach {} ({t}): this machine seems to be offline. Fetch on a machine that reaches the hub \
                      and copy the folder here, or set HF_ENDPOINT to a mirror you can reach; without C4, \
                      configs/tiny_cpu.toml trains on the bundled sample and scripts/link_shared_corpus.sh links the \
-                     shared corpus (README \"Data\")",
+                     shared corpus (docs/data.md)",
                     self.env.endpoint
                 ),
                 _ => format!("{url}: {t}; run the same command again to resume (the partial file is in {})", self.staging.display()),

@@ -85,7 +85,7 @@ impl LlamaConfig {
         Self::with_dims(vocab_size, 512, 1376, 8, 8)
     }
     /// `llama100m`: hidden 640, intermediate 1708, 10 heads, 12 layers — `llama_100m.json` of
-    /// the GaLore C4 configs and the paper's main model (DESIGN.md, "The run"); ≈100.1M
+    /// the GaLore C4 configs and the paper's main model (docs/numerics.md, "The run"); ≈100.1M
     /// parameters at vocab 32100.
     pub fn llama100m(vocab_size: usize) -> Self {
         Self::with_dims(vocab_size, 640, 1708, 10, 12)

@@ -8,7 +8,7 @@ use crate::theory;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Whether a block-scaled second moment may decode to 0 in a non-zero block (DESIGN.md,
+/// Whether a block-scaled second moment may decode to 0 in a non-zero block (docs/numerics.md,
 /// "Second moment without zero"; the zero-point problem of Li et al., "Memory Efficient
 /// Optimizers with 4-bit States", NeurIPS 2023).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

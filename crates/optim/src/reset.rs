@@ -1,4 +1,4 @@
-//! State resets (DESIGN.md, "Resets"; the paper's Alg. 1 and 2, arXiv:2603.16731v1).
+//! State resets (docs/numerics.md, "Resets"; the paper's Alg. 1 and 2, arXiv:2603.16731v1).
 //!
 //! Periodic ([`reset_at`]): a pure function of the update number, so a resumed run resets at
 //! the same updates. With period K > 0, the state is zeroed before the updates K+1, 2K+1, ...:

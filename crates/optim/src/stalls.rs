@@ -1,4 +1,4 @@
-//! Stall counting (DESIGN.md, "Stalling").
+//! Stall counting (docs/numerics.md, "Stalling").
 //!
 //! An element of a state *stalls* at a step when its FP32 update is non-zero (the new FP32
 //! value differs from the decoded stored one) but its stored representation is unchanged

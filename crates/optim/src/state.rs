@@ -39,7 +39,7 @@ pub struct QuantState {
     pub scale_kind: ScaleKind,
     /// Whether the state may be negative (m: true, v: false); selects int8's map.
     pub signed: bool,
-    /// Second moment without zero (`optim.states.v_zero = "exclude"`, DESIGN.md): in a block
+    /// Second moment without zero (`optim.states.v_zero = "exclude"`, docs/numerics.md): in a block
     /// whose new amax is non-zero, no element encodes to 0; values below the grid's smallest
     /// positive value (code 1: FP8/FP4 smallest subnormal, int8 unsigned map entry 1) encode to
     /// it, under either rounding. An all-zero block still stores exact 0. Only ever true for

@@ -1,5 +1,5 @@
 //! Closed-form stalled fraction of the second moment (Topollai & Choromanska 2026,
-//! arXiv:2603.16731, DESIGN.md "Theory").
+//! arXiv:2603.16731, docs/numerics.md "Theory").
 //!
 //! With squared gradients `g^2 = sigma^2 z`, `z ~ chi^2_1`, and a relative grid of spacing
 //! `eps = 2^-(fraction bits)`, the update of a settled v is rounded away when

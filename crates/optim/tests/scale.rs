@@ -23,7 +23,7 @@ fn max_abs(xs: &[f32]) -> f32 {
 }
 
 /// The mechanism behind FP4's nearest-rounding failure with power-of-two scales (issue 31,
-/// DESIGN.md): after one gradient, 19 zero gradients should decay m by 0.9^19 = 0.135. With
+/// docs/numerics.md): after one gradient, 19 zero gradients should decay m by 0.9^19 = 0.135. With
 /// `pow2` every E2M1 grid point g has 0.9 g rounding back to g while the block's scale stays in
 /// its octave, so m does not decay at all; with `amax` the scale follows the block's maximum
 /// down and m decays as in FP32, although every code stays the same (all stalled by code).

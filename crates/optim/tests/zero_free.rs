@@ -1,4 +1,4 @@
-//! Second moment without zero (DESIGN.md, "Second moment without zero"): in a block-scaled v
+//! Second moment without zero (docs/numerics.md, "Second moment without zero"): in a block-scaled v
 //! a small element's v must not round to 0 while its m does not, or the element moves by
 //! lr * m / eps. For every block-scaled format x rounding: one large and many tiny second
 //! moments in a block, then zero gradients; each tiny element's total displacement stays

@@ -1,7 +1,7 @@
 //! The paper's loss tables: their cells (state format x fix), the config file of each cell,
 //! the published final validation losses, and the orderings the paper claims.
 //!
-//! Numbers from Topollai & Choromanska (2026), as DESIGN.md ("The run") quotes them:
+//! Numbers from Topollai & Choromanska (2026), as docs/numerics.md ("The run") quotes them:
 //! the main table (BF16 model) publishes plain and SR + resets per format; Table 2 (FP32
 //! model) publishes every cell; Table 6 (FP8 reset policies, BF16 model) the three policies.
 
@@ -203,7 +203,7 @@ pub fn cell_config(configs: &Path, table: Table, cell: Cell) -> PathBuf {
     }
 }
 
-/// The paper's final validation loss of a cell (DESIGN.md), where published.
+/// The paper's final validation loss of a cell (docs/numerics.md), where published.
 pub fn paper_loss(table: Table, (f, x): Cell) -> Option<f64> {
     use Fix::*;
     use Fmt::*;

@@ -92,7 +92,7 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     }
     let _ = writeln!(
         w,
-        "Paper: LLaMA-100M on C4, {} (DESIGN.md). Losses are final validation losses (nats/token); \
+        "Paper: LLaMA-100M on C4, {} (docs/numerics.md). Losses are final validation losses (nats/token); \
          ours are seed means{}; deltas are paired by seed (same initialisation and data order). \
          Stalled fractions (m, v and, for BF16 weights, w) are means over the second half of each run, \
          under lowbit's estimator (stored code unchanged / elements with a non-zero update) and the \
@@ -218,7 +218,7 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
         );
     }
     if seeds < 2 {
-        let _ = writeln!(w, "With one seed, an ordering is not established (DESIGN.md: run at least two seeds).");
+        let _ = writeln!(w, "With one seed, an ordering is not established (docs/numerics.md: run at least two seeds).");
     }
 }
 

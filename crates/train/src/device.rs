@@ -28,8 +28,8 @@ pub fn open(name: &str, ordinal: usize) -> Result<Device> {
             let _ = ordinal;
             bail!(
                 "train.device = \"cuda\": this binary is the CPU build; run on the CPU with --device cpu, or build \
-                 for CUDA (cargo build --release -p lowbit-cli --features cuda, CUDA set up as README \"The GPU \
-                 build\" says)"
+                 for CUDA (cargo build --release -p lowbit-cli --features cuda, CUDA set up as docs/gpu.md \
+                 says)"
             )
         }
         d => bail!("train.device: unknown device {d:?}"),

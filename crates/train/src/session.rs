@@ -633,10 +633,10 @@ fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
     let hint = match &e {
         MissingFile { pattern, .. } | NoMatch { pattern, .. } if pattern.contains("data/local/c4") => {
             "; get C4 with `train data fetch c4 --config <this config>` (as many shards as the config's tokens need; \
-             README \"Data\"), or point data.train / data.validation at your shards"
+             docs/data.md), or point data.train / data.validation at your shards"
         }
         MissingFile { pattern, .. } | NoMatch { pattern, .. } if pattern.contains("data/local/corpus") => {
-            "; link the shared corpus with `scripts/link_shared_corpus.sh` (README \"Data\")"
+            "; link the shared corpus with `scripts/link_shared_corpus.sh` (docs/data.md)"
         }
         _ => "",
     };

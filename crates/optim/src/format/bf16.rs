@@ -1,7 +1,7 @@
 //! BF16 state / weight format: the top 16 bits of an IEEE FP32 word (1 sign, 8 exponent,
 //! 7 fraction bits, eps = 2^-7), subnormals, Inf and NaN as in FP32. No scaling.
 //!
-//! Rounding on the FP32 bits (DESIGN.md, "Numerics"):
+//! Rounding on the FP32 bits (docs/numerics.md, "Numerics"):
 //! * nearest: `(bits + 0x7FFF + ((bits >> 16) & 1)) >> 16` (ties to even);
 //! * stochastic: add a uniform 16-bit integer (the top 16 of the 64 random bits) to the
 //!   FP32 word and clear the low 16 bits.

@@ -9,7 +9,7 @@
 //! | `fp4e2m1`   | 4    | 1 (2^-1), signed     | per block or tensor: amax*   | OCP MX FP4           |
 //! | `fp4ue2m2`  | 4    | 2 (2^-2), unsigned   | per block or tensor: amax*   | E2M2 without sign    |
 //! | `int8`      | 8    | non-uniform          | absmax per block             | 8-bit Adam dynamic   |
-//! | `e8m1`..`e8m6` | 16 (container) | 1..6 (2^-K) | none: FP32's exponent range  | precision-only (DESIGN.md) |
+//! | `e8m1`..`e8m6` | 16 (container) | 1..6 (2^-K) | none: FP32's exponent range  | precision-only (docs/numerics.md) |
 //!
 //! \* the default scale kind ([`StateFormat::default_scale`]; `optim.states.scale` picks
 //! `amax` or `pow2`, [`scale`]).

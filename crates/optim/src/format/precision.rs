@@ -6,7 +6,7 @@
 //!
 //! These are the stall theory's grids exactly (eps = 2^-K at every magnitude; the companion
 //! post's model, "3 fraction bits and no limit on the exponent, as with per-tensor scaling"),
-//! which is how DESIGN.md reproduces the paper's FP8 (`e8m3`) and FP4 (`e8m2` for v; `e8m2` for
+//! which is how docs/numerics.md reproduces the paper's FP8 (`e8m3`) and FP4 (`e8m2` for v; `e8m2` for
 //! m as measured, `reproduce::PAPER_FP4_M`) cells.
 //!
 //! Rounding on the FP32 bits, the BF16 bit trick on the D = 23 - K dropped bits:

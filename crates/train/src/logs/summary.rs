@@ -42,7 +42,7 @@ pub struct Summary {
     pub final_val_loss: Option<f64>,
     /// Mean training loss of the last 10 steps.
     pub final_train_loss: Option<f64>,
-    /// Mean stalled fractions over the second half of the run (DESIGN.md: stalling grows
+    /// Mean stalled fractions over the second half of the run (docs/numerics.md: stalling grows
     /// with the age of the state), and the theory for v.
     pub mean_stall_m: Option<f64>,
     pub mean_stall_v: Option<f64>,
