@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 50's runs at the `h200-shuffled` scale on one GPU machine, in the order given, until a
+# deadline: the tables (reproduce/<table>-h200-shuffled-*) and the departure ablations
+# (reproduce/departures/<name>/: the same table runner with one --set, so their records never
+# replace the table's). Every `train reproduce` call reads the committed results (--merge) and
+# writes the merged results and reports to OUT; a run finished before the deadline is kept,
+# one cut by it is not. Copy OUT/* over reproduce/ and commit it before the next command.
+# Usage (on the GPU machine, from the repository root, token shards in data/local/tok/, see
+# docs/reproduce.md): scripts/reproduce_h200_shuffled.sh TRAIN OUT DEADLINE_S STEP...
+#   main[:SEEDS]         main table (bf16-model), seeds as --seed-list (default 0-2), seed by seed
+#   policies[:SEEDS]     Table 6's own cells (v-only and adaptive resets), seed by seed
+#   fp32model[:SEEDS]    Table 2 (FP32 model)
+#   embed_head_fp32      FP8 plain with the embedding's and the head's states in FP32
+#   v_zero_exclude       FP8 plain with a zero-free v (optim.states.v_zero = "exclude")
+#   v_only_keep          FP8 SR + v-only resets keeping the v of idle elements
+#   v_only_continue      FP8 SR + v-only resets, bias correction continued
+#   fp4_period_K         FP4 SR + resets of m and v every K steps
+# Each ablation runs the seeds in ABLATION_SEEDS (default 0-2).
+set -uo pipefail
+TRAIN=$1
+OUT=$2
+DEADLINE=$(($(date +%s) + $3))
+shift 3
+seeds=${ABLATION_SEEDS:-0-2}
+fp32=(--set optim.states.groups.GROUP.m_format=fp32 --set optim.states.groups.GROUP.v_format=fp32)
+
+# reproduce NAME TABLE SEEDS ARGS...: one `train reproduce` per seed, NAME "" for the tables
+reproduce() {
+  local name=$1 table=$2 list=$3
+  shift 3
+  local out=$OUT merge=reproduce
+  if [ -n "$name" ]; then
+    out=$OUT/departures/$name merge=reproduce/departures/$name
+    mkdir -p "$merge"
+  fi
+  mkdir -p "$out"
+  IFS=, read -ra parts <<<"$list"
+  for part in "${parts[@]}"; do
+    local lo=${part%-*} hi=${part#*-}
+    for ((s = lo; s <= hi; s++)); do
+      local left=$((DEADLINE - $(date +%s)))
+      if [ "$left" -le 30 ]; then
+        echo "deadline: $table ${name:-table} seed $s not started"
+        return 1
+      fi
+      echo "== $(date +%T) $table ${name:-table} seed $s ($left s left)"
+      timeout "$left" "$TRAIN" reproduce --table "$table" --scale h200-shuffled --seed-list "$s" --runs /tmp/rr \
+        --out "$out" --merge "$merge" "$@" || return 1
+    done
+  done
+}
+
+for step in "$@"; do
+  arg=${step#*:}
+  [ "$arg" = "$step" ] && arg=""
+  case $step in
+    main*) reproduce "" bf16-model "${arg:-0-2}" ;;
+    policies*) reproduce "" reset-policies "${arg:-0-2}" --cells fp8_sr_reset_v,fp8_sr_adaptive ;;
+    fp32model*) reproduce "" fp32-model "${arg:-0-1}" ;;
+    embed_head_fp32)
+      reproduce "$step" bf16-model "$seeds" --cells fp8_plain "${fp32[@]//GROUP/embed}" "${fp32[@]//GROUP/head}" ;;
+    v_zero_exclude) reproduce "$step" bf16-model "$seeds" --cells fp8_plain --set optim.states.v_zero=exclude ;;
+    v_only_keep) reproduce "$step" reset-policies "$seeds" --cells fp8_sr_reset_v --set optim.states.v_reset_idle=keep ;;
+    v_only_continue)
+      reproduce "$step" reset-policies "$seeds" --cells fp8_sr_reset_v --set optim.states.bias_correction=continue ;;
+    fp4_period_*)
+      k=${step#fp4_period_}
+      reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.m_reset_every="$k" \
+        --set optim.states.v_reset_every="$k" ;;
+    *)
+      echo "unknown step $step" >&2
+      exit 2
+      ;;
+  esac || break
+done
