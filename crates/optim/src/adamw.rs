@@ -12,8 +12,9 @@ use rayon::prelude::*;
 /// Elements per parallel work item for unscaled formats and the moment pass.
 const CHUNK: usize = 8192;
 
-/// Per-step, per-tensor FP32 constants, computed once on the host (so CPU and GPU use the
-/// very same bits). See the crate docs for the equations.
+/// Per-step, per-tensor FP32 constants, computed once on the host in the update's plan
+/// ([`crate::step_plan::StepPlan`]), so CPU and GPU use the very same bits. See the crate
+/// docs for the equations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepScalars {
     /// Factor applied to the raw gradient first (clipping by global norm and 1/accumulation

@@ -22,7 +22,6 @@ use candle_core::{DType, Device, Var};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, TrainStream, OVERLAP_SAMPLE};
 use lowbit_model::{init_params, try_param_group, Kernels, Llama, LlamaConfig};
 use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, ParamInfo, StatesPlan};
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -93,10 +92,8 @@ pub struct Session {
     pub(crate) accum_per_rank: usize,
     /// The run folder's writers: rank 0 only (`None` on the other ranks, which write nothing).
     pub(crate) logs: Option<RunLogs>,
+    /// The stall rows not written yet (counts are read `count_lag` steps late), and their writer.
     pub(crate) stall_log: StallWriter,
-    /// Steps whose stall rows are not written yet, with their optimizer update number (`None`:
-    /// skipped); counts are read `count_lag` steps late.
-    pub(crate) pending: VecDeque<(u64, Option<u64>)>,
     pub n_params: usize,
     pub state_bytes: usize,
     /// Optimizer state bytes this rank holds (its shard with `train.zero = 1`).
@@ -164,7 +161,6 @@ impl Session {
         let params = ParamSet::from_varmap(&varmap);
         let infos = param_infos(&params)?;
         plan.check_groups(infos.iter().map(|i| i.group.as_str())).map_err(anyhow::Error::msg)?;
-        let groups: Vec<String> = infos.iter().map(|i| i.group.clone()).collect();
         let hyper = Hyper { beta1: cfg.optim.beta1, beta2: cfg.optim.beta2, eps: cfg.optim.eps, weight_decay: cfg.optim.weight_decay };
         let mut host = LowbitAdamW::new(hyper, plan, cfg.train.seed, infos.clone());
         let state_groups = StateGroup::of(&host);
@@ -221,6 +217,8 @@ impl Session {
             };
             tracing::info!("resumed from {} at step {}", dir.display(), state.step);
         }
+        let theory = Theory::for_spec(&spec, cfg.optim.beta2);
+        let stall_log = StallWriter::new(&host, theory, cfg.run.stall_detail_every);
         let (mut opt, rank_state_bytes): (Box<dyn Optimizer>, Option<usize>) = match cfg.train.zero {
             0 => (lowbit_optim::for_device(host, &dev)?, None),
             _ => {
@@ -234,7 +232,6 @@ impl Session {
         let n_params = params.num_params();
         let state_bytes = opt.states()?.state_bytes();
         let rank_state_bytes = rank_state_bytes.unwrap_or(state_bytes);
-        let theory = Theory::for_spec(&spec, cfg.optim.beta2);
         let global_batch = state.global_batch;
         let val = validation_batches(&cfg.data, &tok, cfg.train.micro_batch).map_err(data_err)?;
         // (no validation set, as in `train bench training`: nothing to overlap)
@@ -310,7 +307,6 @@ impl Session {
             }
         }
 
-        let stall_log = StallWriter { names: params.names.clone(), groups, theory, detail_every: cfg.run.stall_detail_every, spec };
         Ok(Session {
             banner,
             cfg,
@@ -330,7 +326,6 @@ impl Session {
             accum_per_rank,
             logs,
             stall_log,
-            pending: VecDeque::new(),
             n_params,
             state_bytes,
             rank_state_bytes,
@@ -441,8 +436,24 @@ impl Session {
 
     /// Writes every pending stall row (waits for the device's counters).
     pub fn flush_stalls(&mut self) -> Result<()> {
-        self.stall_log.flush(&mut self.pending, 0, self.opt.as_mut(), self.logs.as_mut())?;
+        self.write_stalls(0)?;
         Ok(())
+    }
+
+    /// Writes the stall rows due with `lag` steps left pending: each update's counts read from
+    /// the optimizer (which observes them itself for its adaptive reset rule), a skipped
+    /// step's zero. Returns the (m, v) stalled fractions of the last row written.
+    pub(crate) fn write_stalls(&mut self, lag: usize) -> Result<Option<(Option<f64>, Option<f64>)>> {
+        let mut last = None;
+        while let Some((step, update)) = self.stall_log.next_due(lag) {
+            let counts = match update {
+                Some(u) => Some((u, self.opt.stall_counts(u)?)),
+                None => None,
+            };
+            let row = counts.as_ref().map(|(u, c)| (*u, c.as_slice()));
+            last = Some(self.stall_log.write(step, row, self.logs.as_mut())?);
+        }
+        Ok(last)
     }
 }
 

@@ -128,9 +128,8 @@ impl Session {
                 skipped: !out.updated,
             })?;
         }
-        self.pending.push_back((step, out.updated.then_some(update)));
-        let lag = self.opt.count_lag();
-        out.stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
+        self.stall_log.push(step, out.updated.then_some(update));
+        out.stalls = self.write_stalls(self.opt.count_lag())?;
         Ok(out)
     }
 }

@@ -41,10 +41,10 @@ fn fixture() -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
 
 /// The fixture's update `step` of `weights` (one per tensor) with its deterministic gradients.
 fn cpu_step(opt: &mut LowbitAdamW, weights: &mut [Vec<f32>], step: u64) {
-    opt.begin_update(step).unwrap();
+    let plan = opt.plan(step, 1e-3, 1.0).unwrap();
     for (idx, w) in weights.iter_mut().enumerate() {
         let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
-        opt.step_cpu(step, 1e-3, 1.0, idx, Weights::F32(w), &g);
+        opt.step_cpu(&plan, idx, Weights::F32(w), &g);
     }
 }
 

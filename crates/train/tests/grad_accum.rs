@@ -27,7 +27,7 @@ impl Optimizer for Recorder {
         Ok(())
     }
 
-    fn stall_counts(&mut self, _step: u64) -> Result<Vec<StallCounts>, OptimError> {
+    fn measured_counts(&mut self, _step: u64) -> Result<Vec<StallCounts>, OptimError> {
         Err(OptimError::State("the recorder keeps no stall counts".into()))
     }
 
