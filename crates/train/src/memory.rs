@@ -11,6 +11,8 @@
 //! that absurd sizes give absurd numbers instead of overflowing.
 
 use crate::config::{RunConfig, WeightDtype};
+use crate::distributed::agreement::any_rank;
+use crate::distributed::collective::Collective;
 use anyhow::{bail, Result};
 use lowbit_model::LlamaConfig;
 use lowbit_optim::StatesPlan;
@@ -99,6 +101,22 @@ impl MemoryFloor {
             gib(available as f64),
             gib(bytes)
         )
+    }
+
+    /// [`MemoryFloor::check`] on every rank of `comm` against its own device's `available`
+    /// memory ([`crate::device::available_memory`]; `None`: not checked), and every rank takes
+    /// the same way: a rank whose device fits fails too when another's does not.
+    ///
+    /// # Errors
+    /// This rank's device cannot hold the floor (the message names the sizes), or another's.
+    pub fn check_every_rank(&self, available: Option<(u64, &str)>, comm: &dyn Collective) -> Result<()> {
+        let refused = available.and_then(|(bytes, place)| self.check(bytes, place).err());
+        let any_refused = any_rank(comm, refused.is_some())?;
+        match refused {
+            Some(e) => Err(e),
+            None if any_refused => bail!("another rank's device cannot hold this config (its error names the sizes)"),
+            None => Ok(()),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{load_tokenizer, DataConfig, DataPosition, SeqMode, TrainStream};
 use lowbit_model::{init_params, Llama, LlamaConfig};
 use lowbit_optim::{GradScale, LowbitAdamW, OptimError, Optimizer, StallCounts};
-use lowbit_train::session::ParamSet;
+use lowbit_train::model::ParamSet;
 use lowbit_train::step::{train_step, StepContext, StepReport};
 
 mod common;
