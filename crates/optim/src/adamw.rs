@@ -1,5 +1,5 @@
 //! The CPU reference AdamW step on one parameter tensor: the oracle the CUDA kernel
-//! (`kernels/adamw.cu`) matches bit for bit. Same names, same step order:
+//! (`kernels/optim/adamw.cu`) matches bit for bit. Same names, same step order:
 //! decode -> m -> v -> bias correction -> decay -> update -> encode.
 
 use crate::format::scale::ScaleKind;

@@ -45,7 +45,7 @@ struct Kernels {
     set_scales: CudaFunction,
 }
 
-/// The kernels' weight variants (`adamw_<weights>_...` in kernels/adamw.cu): FP32 weights
+/// The kernels' weight variants (`adamw_<weights>_...` in kernels/optim/adamw.cu): FP32 weights
 /// (with FP32 gradients), BF16 weights with FP32 gradients, BF16 weights with BF16 gradients.
 const WEIGHT_VARIANTS: [(DType, DType, &str); 3] =
     [(DType::F32, DType::F32, "f32"), (DType::BF16, DType::F32, "bf16"), (DType::BF16, DType::BF16, "bf16g")];
@@ -88,7 +88,7 @@ pub const COUNT_LAG: usize = {
     }
 };
 
-/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
+/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/optim/args.cuh` (the launch parameters,
 /// 26.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
 pub const MAX_TENSORS: usize = 256;
 
@@ -227,7 +227,8 @@ fn round_id(r: Rounding) -> i32 {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> candle_core::Error {
+/// A CUDA driver's (or the optimizer's) error as candle's.
+pub(crate) fn err(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Cuda(e.to_string().into())
 }
 
