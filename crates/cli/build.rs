@@ -13,11 +13,14 @@ fn main() {
     println!("cargo:rustc-env=LOWBIT_GIT_COMMIT={commit}");
     println!("cargo:rerun-if-changed=build.rs");
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        // HEAD, the branch it names, and packed-refs (where `git gc` moves refs); only files that
-        // exist: cargo re-runs a build script on every build while a watched path is missing
+        // HEAD (in the checkout's git dir), the branch it names and packed-refs (where `git gc`
+        // moves refs), both in the common git dir (a linked worktree's refs live there, not in
+        // its own git dir); only files that exist: cargo re-runs a build script on every build
+        // while a watched path is missing
+        let common = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]).unwrap_or_else(|| dir.clone());
         let branch = git(&["symbolic-ref", "-q", "HEAD"]);
-        for path in ["HEAD", branch.as_deref().unwrap_or("HEAD"), "packed-refs"] {
-            let path = format!("{dir}/{path}");
+        let watched = [format!("{dir}/HEAD"), format!("{common}/{}", branch.as_deref().unwrap_or("HEAD")), format!("{common}/packed-refs")];
+        for path in watched {
             if std::path::Path::new(&path).exists() {
                 println!("cargo:rerun-if-changed={path}");
             }

@@ -94,7 +94,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
     let peak = lowbit_train::device::memory(&dev).map_or(0.0, |(_, p)| p as f64 / (1u64 << 30) as f64);
     let (model, dtype) = (session.model(), session.dtype());
     let mcfg = model.config();
-    let n = session.n_params - mcfg.vocab_size * mcfg.hidden_size;
+    let n = session.sizes.n_params - mcfg.vocab_size * mcfg.hidden_size;
     let t_len = cfg.data.seq_len;
     let flops_per_token = 6.0 * n as f64 + 12.0 * (mcfg.num_layers * mcfg.hidden_size * t_len) as f64;
     let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;

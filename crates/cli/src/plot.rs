@@ -12,7 +12,7 @@
 
 use crate::text_backend::{register_font, Glyphs, FONT};
 use anyhow::{Context, Result};
-use lowbit_optim::theory;
+use lowbit_optim::{theory, StateFormat};
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_train::logs::stalls::StallRow;
 use plotters::coord::Shift;
@@ -246,7 +246,8 @@ fn stall_panels(d: &RunData) -> Vec<Panel> {
 fn theory_panel() -> Panel {
     let b2s: Vec<f64> = (0..=600).map(|i| 1.0 - 10f64.powf(-1.0 - 3.0 * i as f64 / 600.0)).collect();
     let mut series = vec![];
-    for (name, bits) in [("bf16", 7u32), ("fp8 e4m3", 3), ("fp4 ue2m2", 2)] {
+    for (name, format) in [("bf16", StateFormat::Bf16), ("fp8 e4m3", StateFormat::Fp8E4M3), ("fp4 ue2m2", StateFormat::Fp4UE2M2)] {
+        let Some(bits) = format.fraction_bits() else { continue };
         for (r, dashed) in [("nearest", false), ("SR", true)] {
             series.push(Series {
                 name: format!("{name} {r}"),

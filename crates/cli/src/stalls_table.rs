@@ -8,6 +8,8 @@
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
 use anyhow::Result;
+use lowbit_optim::ScaleChoice;
+use lowbit_train::config::RunConfig;
 use lowbit_train::logs::metrics::read_rows;
 use lowbit_train::logs::stalls::{Fractions, StallRow};
 use lowbit_train::logs::summary::mean;
@@ -214,20 +216,25 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
     out
 }
 
+/// The table's first line: the run's states and b2, from its `config.toml` (empty when that
+/// cannot be read as a run config).
 fn describe(run: &Path) -> String {
     let Ok(text) = std::fs::read_to_string(run.join("config.toml")) else { return String::new() };
-    let Ok(v) = text.parse::<toml::Table>() else { return String::new() };
-    let st = v.get("optim").and_then(|o| o.get("states"));
-    let get = |k: &str| st.and_then(|s| s.get(k)).and_then(|x| x.as_str()).unwrap_or("?").to_string();
-    let scale = st.and_then(|s| s.get("scale")).and_then(|x| x.as_str()).map_or(String::new(), |k| format!(", {k} scales"));
-    let b2 = v.get("optim").and_then(|o| o.get("beta2")).and_then(|x| x.as_float()).unwrap_or(f64::NAN);
+    let Ok(cfg) = toml::from_str::<RunConfig>(&text) else { return String::new() };
+    let st = &cfg.optim.states;
+    let scale = match st.scale {
+        ScaleChoice::Default => "",
+        ScaleChoice::Amax => ", amax scales",
+        ScaleChoice::Pow2 => ", pow2 scales",
+    };
     format!(
-        "{}: m {} ({}), v {} ({}){scale}, b2 {b2}\n",
+        "{}: m {} ({}), v {} ({}){scale}, b2 {}\n",
         run.display(),
-        get("m_format"),
-        get("m_rounding"),
-        get("v_format"),
-        get("v_rounding")
+        st.m_format,
+        st.m_rounding.as_str(),
+        st.v_format,
+        st.v_rounding.as_str(),
+        cfg.optim.beta2
     )
 }
 

@@ -54,7 +54,10 @@ pub struct LlamaConfig {
 const PRESET_NAMES: &[&str] = &["tiny", "llama20m", "llama60m", "llama100m", "llama130m", "llama350m"];
 
 impl LlamaConfig {
-    fn with_dims(vocab_size: usize, h: usize, i: usize, heads: usize, layers: usize) -> Self {
+    /// A model of hidden size `h`, intermediate size `i`, `heads` heads and `layers` layers
+    /// with every preset's other settings: `num_kv_heads = heads`, `max_seq_len = 1024`,
+    /// `rms_norm_eps = 1e-6`, `rope_theta = 10000`.
+    pub fn with_dims(vocab_size: usize, h: usize, i: usize, heads: usize, layers: usize) -> Self {
         Self {
             vocab_size,
             hidden_size: h,

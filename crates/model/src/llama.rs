@@ -3,6 +3,7 @@
 
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
+use std::sync::OnceLock;
 
 use crate::attention::{causal_mask, Attention};
 use crate::config::LlamaConfig;
@@ -45,7 +46,9 @@ pub struct Llama {
     pub(crate) norm: RmsNorm,
     pub(crate) lm_head: Tensor,
     pub(crate) rope: Rope,
-    pub(crate) mask: Tensor,
+    /// The composed ops' additive causal mask `[max_seq_len, max_seq_len]`, built at their
+    /// first forward ([`Llama::causal_mask`]): the fused kernels never need it.
+    mask: OnceLock<Tensor>,
     device: Device,
     pub(crate) kernels: Kernels,
 }
@@ -70,7 +73,7 @@ impl Llama {
             norm: RmsNorm::new(h, cfg.rms_norm_eps, m.pp("norm"))?,
             lm_head: vb.pp("lm_head").get((v, h), "weight")?,
             rope: Rope::new(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, &device)?,
-            mask: causal_mask(cfg.max_seq_len, &device)?,
+            mask: OnceLock::new(),
             kernels: Kernels::for_model(cfg, &device),
             device,
         })
@@ -100,6 +103,19 @@ impl Llama {
     /// Device of the weights.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The composed ops' causal mask of `t <= max_seq_len` positions: the top-left corner of
+    /// the model's `[max_seq_len, max_seq_len]` mask, built once, at the first call.
+    pub(crate) fn causal_mask(&self, t: usize) -> Result<Tensor> {
+        let mask = match self.mask.get() {
+            Some(m) => m,
+            None => {
+                let m = causal_mask(self.cfg.max_seq_len, &self.device)?;
+                self.mask.get_or_init(|| m)
+            }
+        };
+        mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()
     }
 
     /// Errors for sequences longer than `max_seq_len` (the RoPE tables' length).

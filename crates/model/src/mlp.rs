@@ -5,12 +5,10 @@ use candle_nn::VarBuilder;
 
 /// `x @ wᵀ` for `x`: `[..., in]`, `w`: `[out, in]` (nn.Linear layout, no bias) → `[..., out]`.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let dims = x.dims();
-    let inp = *dims.last().expect("linear on a scalar");
+    let Some((&inp, batch)) = x.dims().split_last() else { candle_core::bail!("linear: a scalar input has no feature dimension") };
     let rows = x.elem_count() / inp;
     let y = x.reshape((rows, inp))?.matmul(&w.t()?)?;
-    let mut out_dims = dims.to_vec();
-    *out_dims.last_mut().unwrap() = w.dim(0)?;
+    let out_dims: Vec<usize> = batch.iter().copied().chain([w.dim(0)?]).collect();
     y.reshape(out_dims)
 }
 

@@ -93,7 +93,7 @@ impl Llama {
     /// `[B, T, H]`, under candle's autograd.
     pub(crate) fn composed_hidden(&self, input: &Tensor) -> Result<Tensor> {
         let (b, t) = input.dims2()?;
-        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?.contiguous()?;
+        let mask = self.causal_mask(t)?;
         let mut x = self.embed_tokens.index_select(&input.flatten_all()?, 0)?.reshape((b, t, self.cfg.hidden_size))?;
         for layer in &self.layers {
             x = layer.forward(&x, &self.rope, &mask)?;

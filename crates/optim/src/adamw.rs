@@ -1,5 +1,5 @@
 //! The CPU reference AdamW step on one parameter tensor: the oracle the CUDA kernel
-//! (`kernels/adamw.cu`) matches bit for bit. Same names, same step order:
+//! (`kernels/optim/adamw.cu`) matches bit for bit. Same names, same step order:
 //! decode -> m -> v -> bias correction -> decay -> update -> encode.
 
 use crate::format::scale::ScaleKind;
@@ -12,8 +12,9 @@ use rayon::prelude::*;
 /// Elements per parallel work item for unscaled formats and the moment pass.
 const CHUNK: usize = 8192;
 
-/// Per-step, per-tensor FP32 constants, computed once on the host (so CPU and GPU use the
-/// very same bits). See the crate docs for the equations.
+/// Per-step, per-tensor FP32 constants, computed once on the host in the update's plan
+/// ([`crate::step_plan::StepPlan`]), so CPU and GPU use the very same bits. See the crate
+/// docs for the equations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepScalars {
     /// Factor applied to the raw gradient first (clipping by global norm and 1/accumulation

@@ -2,8 +2,8 @@
 //! CUDA stream, reading and writing candle's parameter and gradient buffers in place (their
 //! device addresses, no copies).
 //!
-//! Host side per step: the same [`StepScalars`] and [`StepKeys`] as the CPU reference (so
-//! results are bit-identical) for every tensor, packed into the parameters of one kernel
+//! Host side per step: the update's [`StepPlan`], the same as the CPU reference steps from (so
+//! results are bit-identical), packed into the parameters of one kernel
 //! launch per [`MAX_TENSORS`] tensors of a weight dtype x gradient dtype (multi-tensor
 //! apply: one launch per dtype pair for every LLaMA preset; three for per-tensor scaling:
 //! amax, step, scales); the gradient factor from the host, or read by the kernels from the
@@ -13,13 +13,15 @@
 //! in the step itself), [`COUNT_LAG`] steps late. [`CudaAdamW`] is the [`Optimizer`] on a CUDA
 //! device.
 
-use crate::adamw::{Roundings, StepKeys, StepScalars};
+use crate::adamw::Roundings;
+use crate::adapter::{check_sizes, Optimizer};
 use crate::clip::GradScale;
 use crate::error::OptimError;
 use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
-use crate::optimizer::{LowbitAdamW, Optimizer};
+use crate::optimizer::{LowbitAdamW, TensorState};
 use crate::stalls::{Counter, StallCounts};
+use crate::step_plan::{StepPlan, TensorPlan};
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, DType, Device, Result, Tensor, Var};
@@ -43,7 +45,7 @@ struct Kernels {
     set_scales: CudaFunction,
 }
 
-/// The kernels' weight variants (`adamw_<weights>_...` in kernels/adamw.cu): FP32 weights
+/// The kernels' weight variants (`adamw_<weights>_...` in kernels/optim/adamw.cu): FP32 weights
 /// (with FP32 gradients), BF16 weights with FP32 gradients, BF16 weights with BF16 gradients.
 const WEIGHT_VARIANTS: [(DType, DType, &str); 3] =
     [(DType::F32, DType::F32, "f32"), (DType::BF16, DType::F32, "bf16"), (DType::BF16, DType::BF16, "bf16g")];
@@ -86,7 +88,7 @@ pub const COUNT_LAG: usize = {
     }
 };
 
-/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/adamw.cu` (the launch parameters,
+/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/optim/args.cuh` (the launch parameters,
 /// 26.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
 pub const MAX_TENSORS: usize = 256;
 
@@ -225,8 +227,43 @@ fn round_id(r: Rounding) -> i32 {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> candle_core::Error {
+/// A CUDA driver's (or the optimizer's) error as candle's.
+pub(crate) fn err(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Cuda(e.to_string().into())
+}
+
+/// The launch-wide arguments of the setting of tensor `t` (every tensor's of that setting but
+/// its weight decay, which is per tensor) from the tensor's part `p` of the update's plan.
+fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
+    let (spec, h, r) = (&t.spec, &p.scalars, &p.roundings);
+    let zero = |signed| int8::dynamic_map(signed).zero_index() as u32;
+    StepArgs {
+        segments: 0,
+        grad_scale: h.grad_scale,
+        lr: h.lr,
+        beta1: h.beta1,
+        beta2: h.beta2,
+        one_minus_beta1: h.one_minus_beta1,
+        one_minus_beta2: h.one_minus_beta2,
+        eps: h.eps,
+        inv_bias_correction1: h.inv_bias_correction1,
+        inv_bias_correction2: h.inv_bias_correction2,
+        block: spec.block_size as u32,
+        reset_m: h.reset_m as i32,
+        reset_v: h.reset_v as i32,
+        round_m: round_id(r.m),
+        round_v: round_id(r.v),
+        round_w: round_id(r.w),
+        zero_m: zero(true),
+        zero_v: zero(false),
+        count: 0,
+        frac_m: spec.m_format.fraction_bits().unwrap_or(0),
+        frac_v: spec.v_format.fraction_bits().unwrap_or(0),
+        zero_free: t.v.zero_free as u32,
+        scale_m: scale_id(spec.m_scale),
+        scale_v: scale_id(spec.v_scale),
+        keep_idle_v: h.keep_idle_v as u32,
+    }
 }
 
 /// The name of `format` in kernel names: every precision-only `e8mK` shares the `e8m`
@@ -263,6 +300,31 @@ fn per_tensor_scales(spec: &crate::config::StatesSpec) -> bool {
 /// most `max` (the blocks that fit on the GPU at once).
 fn warp_blocks(elements: u64, max: u32) -> u32 {
     (elements.div_ceil(8 * 2048) as u32).clamp(1, max)
+}
+
+/// Thread blocks of 256 threads that fit on the GPU at once: per weight variant for the step
+/// kernels (from its SR kernel: the launch bounds differ by weight dtype; the fewest over the
+/// format pairs `kernels`), and for the amax kernels of FP32 and BF16 gradients.
+fn resident_blocks(stream: &CudaStream, kernels: &[Kernels]) -> Result<([u32; WEIGHT_VARIANTS.len()], [u32; 2])> {
+    let sms = stream
+        .context()
+        .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(err)? as u32;
+    let full =
+        |f: &CudaFunction| -> Result<u32> { Ok(sms * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_err(err)?.max(1)) };
+    let mut max_blocks = [u32::MAX; WEIGHT_VARIANTS.len()];
+    let mut amax_blocks = [u32::MAX; 2];
+    for k in kernels {
+        for (v, m) in max_blocks.iter_mut().enumerate() {
+            *m = (*m).min(full(&k.step[Kernels::step_index(v, true, false)])?);
+        }
+        // the amax pass fills the GPU on its own terms (32 registers: 8 blocks per SM): 0.70
+        // ms instead of 1.12 ms over LLaMA-350M's states on the H200 with the step's 3 per SM
+        for (g, m) in amax_blocks.iter_mut().enumerate() {
+            *m = (*m).min(full(&k.amax[g])?);
+        }
+    }
+    Ok((max_blocks, amax_blocks))
 }
 
 /// Device address of the first element of `t` (contiguous, on a CUDA device, start offset
@@ -382,27 +444,7 @@ impl CudaAdamW {
             };
             groups.push(SpecGroup { spec, tensors, kernels: k });
         }
-        let sms = stream
-            .context()
-            .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(err)? as u32;
-        let full = |f: &CudaFunction| -> Result<u32> {
-            Ok(sms * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_err(err)?.max(1))
-        };
-        // per weight variant, from its SR kernel (the launch bounds differ by weight dtype;
-        // the fewest over the format pairs)
-        let mut max_blocks = [u32::MAX; WEIGHT_VARIANTS.len()];
-        let mut amax_blocks = [u32::MAX; 2];
-        for k in &kernels {
-            for (v, m) in max_blocks.iter_mut().enumerate() {
-                *m = (*m).min(full(&k.step[Kernels::step_index(v, true, false)])?);
-            }
-            // the amax pass fills the GPU on its own terms (32 registers: 8 blocks per SM): 0.70
-            // ms instead of 1.12 ms over LLaMA-350M's states on the H200 with the step's 3 per SM
-            for (g, m) in amax_blocks.iter_mut().enumerate() {
-                *m = (*m).min(full(&k.amax[g])?);
-            }
-        }
+        let (max_blocks, amax_blocks) = resident_blocks(&stream, &kernels)?;
         let bf16_weights = vec![false; host.tensors.len()];
         Ok(CudaAdamW {
             host,
@@ -447,8 +489,7 @@ impl CudaAdamW {
     /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight,
     /// gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a tensor not on a CUDA
     /// device or not contiguous; a device gate that is not F32 `[2]` on this device; the
-    /// adaptive reset rule missing a measurement
-    /// ([`LowbitAdamW::begin_update`]).
+    /// adaptive reset rule missing a measurement ([`LowbitAdamW::plan`]).
     pub fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
@@ -468,12 +509,18 @@ impl CudaAdamW {
                 (1.0, element_address(g, &self.stream, "the device clip gate")?)
             }
         };
-        self.host.begin_update(step).map_err(err)?;
+        let plan = self.host.plan(step, lr, grad_scale).map_err(err)?;
         let (s, len) = (self.slot(step), count * COUNTERS);
         let mut view = self.counters.slice_mut(s..s + len);
         self.stream.memset_zeros(&mut view).map_err(err)?;
-        // (weight variant, tensor) in optimizer order, checked before anything is launched
-        let mut tensors = Vec::with_capacity(count);
+        let tensors = self.tensor_args(&plan, params, grads)?;
+        self.launch_groups(&plan, &tensors, gate, s)
+    }
+
+    /// Each tensor's launch arguments under `plan`, with its weight variant (`None`: a shard
+    /// that owns none of the tensor), in optimizer order, checked before anything is launched.
+    fn tensor_args(&mut self, plan: &StepPlan, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Option<(usize, TensorArgs)>>> {
+        let mut tensors = Vec::with_capacity(params.len());
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let info = &self.host.tensors[i].info;
             let Some(variant) = WEIGHT_VARIANTS.iter().position(|&(w, d, _)| (w, d) == (p.dtype(), g.dtype())) else {
@@ -497,8 +544,7 @@ impl CudaAdamW {
             if first % 4 != 0 {
                 candle_core::bail!("{}: a shard must start at a multiple of 4 elements, not {first}", info.name);
             }
-            let k: StepKeys = self.host.keys(step, i);
-            let a = &self.states[i].addr;
+            let (k, a) = (&plan.tensors[i].keys, &self.states[i].addr);
             tensors.push(Some((
                 variant,
                 TensorArgs {
@@ -514,15 +560,21 @@ impl CudaAdamW {
                     key_w: k.w,
                     first_segment: 0,
                     offset: first as u64,
-                    decay: self.host.scalars(i, step, lr, grad_scale).decay,
+                    decay: plan.tensors[i].scalars.decay,
                     index: i as u32,
                 },
             )));
         }
+        Ok(tensors)
+    }
+
+    /// Per state setting, one group of launches per weight variant, [`MAX_TENSORS`] tensors
+    /// each, of the tensors' arguments `tensors` ([`CudaAdamW::tensor_args`]), counting into
+    /// the counters at `counters` ([`CudaAdamW::slot`]).
+    fn launch_groups(&mut self, plan: &StepPlan, tensors: &[Option<(usize, TensorArgs)>], gate: u64, counters: usize) -> Result<()> {
         if self.groups.iter().any(|g| per_tensor_scales(&g.spec)) {
             self.stream.memset_zeros(&mut self.amax).map_err(err)?;
         }
-        // per state setting, one group of launches per weight variant, MAX_TENSORS tensors each
         for group in &self.groups {
             let Some(&first) = group.tensors.first() else { continue };
             let spec = group.spec;
@@ -534,7 +586,7 @@ impl CudaAdamW {
                 (true, 0 | 128) => 128,
                 (true, b) => b,
             };
-            let launch_args = self.step_args(first, step, lr, grad_scale);
+            let launch_args = step_args(&self.host.tensors[first], &plan.tensors[first]);
             for variant in 0..WEIGHT_VARIANTS.len() {
                 let of_variant: Vec<TensorArgs> =
                     group.tensors.iter().filter_map(|&i| tensors[i]).filter(|(v, _)| *v == variant).map(|(_, t)| t).collect();
@@ -547,52 +599,16 @@ impl CudaAdamW {
                     }
                     args.s.segments = segments;
                     args.s.count = chunk.len() as u32;
-                    self.launch(group, variant, &args, gate, s)?;
+                    self.launch(group, variant, &args, &plan.tensors[first].roundings, gate, counters)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The launch-wide arguments of the setting of tensor `idx` at `step` (every tensor's of
-    /// that setting but its weight decay, which is per tensor).
-    fn step_args(&self, idx: usize, step: u64, lr: f64, grad_scale: f32) -> StepArgs {
-        let spec = self.host.tensors[idx].spec;
-        let r: Roundings = self.host.roundings(idx);
-        let zero = |signed| int8::dynamic_map(signed).zero_index() as u32;
-        let h: StepScalars = self.host.scalars(idx, step, lr, grad_scale);
-        StepArgs {
-            segments: 0,
-            grad_scale: h.grad_scale,
-            lr: h.lr,
-            beta1: h.beta1,
-            beta2: h.beta2,
-            one_minus_beta1: h.one_minus_beta1,
-            one_minus_beta2: h.one_minus_beta2,
-            eps: h.eps,
-            inv_bias_correction1: h.inv_bias_correction1,
-            inv_bias_correction2: h.inv_bias_correction2,
-            block: spec.block_size as u32,
-            reset_m: h.reset_m as i32,
-            reset_v: h.reset_v as i32,
-            round_m: round_id(r.m),
-            round_v: round_id(r.v),
-            round_w: round_id(r.w),
-            zero_m: zero(true),
-            zero_v: zero(false),
-            count: 0,
-            frac_m: spec.m_format.fraction_bits().unwrap_or(0),
-            frac_v: spec.v_format.fraction_bits().unwrap_or(0),
-            zero_free: self.host.tensors[idx].v.zero_free as u32,
-            scale_m: scale_id(spec.m_scale),
-            scale_v: scale_id(spec.v_scale),
-            keep_idle_v: h.keep_idle_v as u32,
-        }
-    }
-
-    /// The step launch of one chunk of `group`'s tensors (with the amax and scale launches of
-    /// per-tensor scaling).
-    fn launch(&self, group: &SpecGroup, variant: usize, args: &LaunchArgs, gate: u64, slot: usize) -> Result<()> {
+    /// The step launch of one chunk of `group`'s tensors, whose write-backs round as `r` (with
+    /// the amax and scale launches of per-tensor scaling).
+    fn launch(&self, group: &SpecGroup, variant: usize, args: &LaunchArgs, r: &Roundings, gate: u64, slot: usize) -> Result<()> {
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
         let cfg =
             LaunchConfig { grid_dim: (warp_blocks(elements, self.max_blocks[variant]), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -606,7 +622,6 @@ impl CudaAdamW {
             unsafe { b.launch(amax_cfg) }.map_err(err)?;
         }
         let sr = |r: Rounding| r == Rounding::Stochastic;
-        let r = self.host.roundings(group.tensors[0]);
         let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
         let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
         let f = &kernels.step[Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
@@ -659,7 +674,7 @@ impl CudaAdamW {
 /// late so that reading them never waits for the device.
 impl Optimizer for CudaAdamW {
     fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> std::result::Result<(), OptimError> {
-        crate::optimizer::check_sizes(&self.host.tensors, params, grads)?;
+        check_sizes(&self.host.tensors, params, grads)?;
         // the elements the states cover: whole tensors, or views of a shard's range
         let held = |i: usize, t: &Tensor| -> Result<Tensor> {
             let s = &self.host.tensors[i];
@@ -673,7 +688,7 @@ impl Optimizer for CudaAdamW {
         Ok(CudaAdamW::step(self, step, lr, scale, &weights, &grads)?)
     }
 
-    fn stall_counts(&mut self, step: u64) -> std::result::Result<Vec<StallCounts>, OptimError> {
+    fn measured_counts(&mut self, step: u64) -> std::result::Result<Vec<StallCounts>, OptimError> {
         Ok(self.read_counts(step)?)
     }
 

@@ -5,6 +5,7 @@
 //! ([`crate::clip`]), which the AdamW kernels read from device memory.
 
 use crate::clip::GradScale;
+use crate::cuda::err;
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::DeviceId;
@@ -30,10 +31,6 @@ struct NormArgs {
     count: u64,
 }
 unsafe impl DeviceRepr for NormArgs {}
-
-fn err(e: impl std::fmt::Display) -> candle_core::Error {
-    candle_core::Error::Cuda(e.to_string().into())
-}
 
 /// The kernels `sum_squares_f32`, `sum_squares_bf16`, `sum_partials` on `dev` (loaded once).
 fn kernels(dev: &CudaDevice) -> Result<[CudaFunction; 3]> {

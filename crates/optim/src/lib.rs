@@ -5,9 +5,10 @@
 //! the step ([`adamw`]), the global-norm clip ([`clip`]), resets ([`reset`]), stall counting ([`stalls`]), the closed-form
 //! stall prediction ([`theory`]), which states each tensor gets ([`plan`]: per-group
 //! formats), the states as named arrays for checkpoints ([`state_dict`])
-//! and the crate's error ([`error`]); the [`Optimizer`] trait over candle parameters with one
-//! adapter per device ([`optimizer`]: [`LowbitAdamW`] on the CPU, `cuda::CudaAdamW` with the
-//! `cuda` feature).
+//! and the crate's error ([`error`]); the whole model's states ([`optimizer`]: [`LowbitAdamW`]),
+//! one update's plan ([`step_plan`]: [`StepPlan`]) and the [`Optimizer`] trait over candle
+//! parameters with one adapter per device ([`adapter`]: [`LowbitAdamW`] on the CPU,
+//! `cuda::CudaAdamW` with the `cuda` feature).
 //!
 //! ## The update (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
 //! Kingma & Ba, "Adam", ICLR 2015), per element, in FP32, in this order:
@@ -37,12 +38,14 @@
 //! let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: 4, weight_decay: true };
 //! let mut opt = LowbitAdamW::new(hyper, spec, 0, vec![info]);
 //! let mut w = vec![0.5f32; 4];
-//! let stalls = opt.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[0.1, -0.2, 0.0, 0.3]);
+//! let plan = opt.plan(1, 1e-3, 1.0).unwrap();
+//! let stalls = opt.step_cpu(&plan, 0, Weights::F32(&mut w), &[0.1, -0.2, 0.0, 0.3]);
 //! assert!(w[0] < 0.5 && w[1] > 0.5);
 //! assert_eq!((stalls.m.updated, stalls.m.elements, stalls.zero_grad), (3, 4, 1));
 //! ```
 
 pub mod adamw;
+pub mod adapter;
 pub mod clip;
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -58,17 +61,20 @@ pub mod rng;
 pub mod stalls;
 pub mod state;
 pub mod state_dict;
+pub mod step_plan;
 pub mod theory;
 
+pub use adapter::Optimizer;
 pub use clip::GradScale;
 pub use config::{GroupStates, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use error::OptimError;
 pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
-pub use optimizer::{Hyper, LowbitAdamW, Optimizer, ParamInfo, TensorState};
+pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use plan::StatesPlan;
 pub use reset::BiasCorrection;
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;
+pub use step_plan::{StepPlan, TensorPlan};
 
 use candle_core::Device;
 

@@ -1,20 +1,15 @@
-//! The optimizer over a whole model: one [`QuantState`] pair per parameter tensor, the
-//! host-side per-step constants (learning rate, bias corrections, resets, RNG keys) and the
-//! CPU reference step; the [`Optimizer`] trait over candle parameters, with its two adapters,
-//! one per device: [`LowbitAdamW`] itself on the CPU and `cuda::CudaAdamW` (`cuda` feature),
-//! which uses the same constants and keys; [`crate::for_device`] picks one.
+//! The optimizer over a whole model ([`LowbitAdamW`]): its settings, one [`QuantState`] pair
+//! per parameter tensor (or per shard of one, ZeRO-1) and the adaptive reset rule's state. An
+//! update's plan is [`crate::step_plan`]'s, the CPU and CUDA adapters over candle parameters
+//! [`crate::adapter`]'s and `cuda`'s.
 
-use crate::adamw::{step_tensor, Roundings, Scratch, StepKeys, StepScalars, Weights};
-use crate::clip::GradScale;
-use crate::config::{ResetRule, StatesSpec, VResetIdle, VZero};
+use crate::adamw::Scratch;
+use crate::config::{ResetRule, StatesSpec, VZero};
 use crate::error::OptimError;
 use crate::plan::StatesPlan;
-use crate::reset::{reset_at, AdaptiveReset};
-use crate::rng::{stream_key, StateKind};
+use crate::reset::AdaptiveReset;
 use crate::stalls::StallCounts;
 use crate::state::QuantState;
-use candle_core::{DType, Tensor, Var};
-use half::bf16;
 
 /// AdamW hyper-parameters that do not change during a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,7 +56,7 @@ pub struct TensorState {
 }
 
 /// AdamW with low-precision moment states: the CPU reference implementation, and the
-/// [`Optimizer`] on the CPU.
+/// [`crate::Optimizer`] on the CPU.
 pub struct LowbitAdamW {
     pub hyper: Hyper,
     /// `[optim.states]` itself: the states of every tensor without settings of its own
@@ -73,9 +68,11 @@ pub struct LowbitAdamW {
     pub tensors: Vec<TensorState>,
     /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else `None`.
     pub adaptive: Option<AdaptiveReset>,
-    scratch: Scratch,
-    /// Stall counts of the last [`Optimizer::step`], until [`Optimizer::stall_counts`] reads them.
-    last: Option<(u64, Vec<StallCounts>)>,
+    /// The CPU step's buffers ([`LowbitAdamW::step_cpu`]).
+    pub(crate) scratch: Scratch,
+    /// Stall counts of the CPU adapter's last step, until it is asked for them
+    /// ([`crate::adapter::Optimizer::measured_counts`]).
+    pub(crate) last: Option<(u64, Vec<StallCounts>)>,
 }
 
 impl LowbitAdamW {
@@ -120,83 +117,12 @@ impl LowbitAdamW {
         out
     }
 
-    /// Decide the resets of update `step` (1-based, updates in increasing order) before its
-    /// [`Self::scalars`]: the adaptive rule consumes the measurements it may see
-    /// ([`AdaptiveReset::reset_before`]); periodic resets need nothing (a no-op).
-    ///
-    /// # Errors
-    /// The adaptive rule is missing a measurement ([`Self::observe`] was not called for it).
-    pub fn begin_update(&mut self, step: u64) -> Result<(), OptimError> {
-        let (beta2, s0) = (self.hyper.beta2, self.spec.reset_s0);
-        if let Some(a) = &mut self.adaptive {
-            a.reset_before(step, beta2, s0)?;
-        }
-        Ok(())
-    }
-
     /// Record update `step`'s stall counts over all tensors (the adaptive rule reads v's
     /// unchanged fraction, the paper's estimator); a no-op for periodic resets.
     pub fn observe(&mut self, step: u64, total: &StallCounts) {
         if let Some(a) = &mut self.adaptive {
             a.observe(step, total.v.unchanged_fraction().unwrap_or(0.0));
         }
-    }
-
-    /// FP32 constants of step `step` (1-based) at learning rate `lr` for tensor `idx` (its
-    /// periods, bias correction and weight decay); the raw gradient is multiplied by
-    /// `grad_scale` first. With the adaptive rule, the resets are those
-    /// [`Self::begin_update`] decided.
-    pub fn scalars(&self, idx: usize, step: u64, lr: f64, grad_scale: f32) -> StepScalars {
-        let h = &self.hyper;
-        let (spec, decay) = (&self.tensors[idx].spec, self.tensors[idx].info.weight_decay);
-        let bc = spec.bias_correction;
-        let ((reset_m, tm), (reset_v, tv)) = match &self.adaptive {
-            None => (reset_at(step, spec.m_reset_every, bc), reset_at(step, spec.v_reset_every, bc)),
-            Some(a) => {
-                let now = (step == a.cycle_start && step > 1, a.bias_t(step, bc));
-                (now, now)
-            }
-        };
-        let wd = if decay { h.weight_decay } else { 0.0 };
-        StepScalars {
-            grad_scale,
-            lr: lr as f32,
-            beta1: h.beta1 as f32,
-            beta2: h.beta2 as f32,
-            one_minus_beta1: (1.0 - h.beta1) as f32,
-            one_minus_beta2: (1.0 - h.beta2) as f32,
-            eps: h.eps as f32,
-            decay: (1.0 - lr * wd) as f32,
-            inv_bias_correction1: (1.0 / (1.0 - h.beta1.powi(tm.min(i32::MAX as u64) as i32))) as f32,
-            inv_bias_correction2: (1.0 / (1.0 - h.beta2.powi(tv.min(i32::MAX as u64) as i32))) as f32,
-            reset_m,
-            reset_v,
-            keep_idle_v: reset_v && !reset_m && spec.v_reset_idle == VResetIdle::Keep,
-        }
-    }
-
-    /// RNG stream keys of tensor `idx` at `step`.
-    pub fn keys(&self, step: u64, idx: usize) -> StepKeys {
-        let k = |kind| stream_key(self.seed, step, idx as u64, kind);
-        StepKeys { m: k(StateKind::M), v: k(StateKind::V), w: k(StateKind::W) }
-    }
-
-    /// Write-back roundings of tensor `idx` (the weights' is the whole model's).
-    pub fn roundings(&self, idx: usize) -> Roundings {
-        let spec = &self.tensors[idx].spec;
-        Roundings { m: spec.m_rounding, v: spec.v_rounding, w: self.spec.weight_rounding }
-    }
-
-    /// One CPU step on tensor `idx`: `w` updated in place from the FP32 gradient `g`
-    /// (multiplied by `grad_scale` inside the step). In a sharded optimizer `w` and `g` are
-    /// the held shard's elements (`first .. first + len` of the tensor). Call
-    /// [`Self::begin_update`] once per update first.
-    pub fn step_cpu(&mut self, step: u64, lr: f64, grad_scale: f32, idx: usize, w: Weights, g: &[f32]) -> StallCounts {
-        let h = self.scalars(idx, step, lr, grad_scale);
-        let keys = self.keys(step, idx);
-        let r = self.roundings(idx);
-        let t = &mut self.tensors[idx];
-        step_tensor(w, g, &mut t.m, &mut t.v, &h, &r, &keys, t.first, &mut self.scratch)
     }
 
     /// Bytes of all optimizer states (codes + scales).
@@ -282,136 +208,5 @@ impl LowbitAdamW {
             scratch: Scratch::default(),
             last: None,
         }
-    }
-}
-
-/// An optimizer over candle parameters, one adapter per device: the CPU reference
-/// ([`LowbitAdamW`]) and the fused CUDA kernels (`cuda::CudaAdamW`, `cuda` feature), chosen by
-/// [`crate::for_device`]. Each holds its states, whole or a ZeRO-1 shard ([`LowbitAdamW::shard`]), and
-/// updates the elements they cover (`first .. first + len` of each tensor) of the whole
-/// parameters it is given.
-pub trait Optimizer {
-    /// One step at `step` (1-based) with learning rate `lr`. `grads[i]` is the gradient of
-    /// `params[i]` (F32, or BF16 from a BF16 model: widened exactly to FP32), multiplied by
-    /// the factor `scale` gives inside the step; a [`GradScale::Device`] that says skip makes
-    /// the step change nothing (call it again with the same `step` for the next update).
-    ///
-    /// # Errors
-    /// Tensors that do not fit the states (count, sizes, dtypes, device), a tensor operation
-    /// failing, or the adaptive reset rule missing a measurement.
-    fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError>;
-
-    /// Stall counts of each tensor at a completed `step` (reading them may wait for the
-    /// device; call it [`Optimizer::count_lag`] steps later to keep the device busy).
-    ///
-    /// # Errors
-    /// Counts no longer kept, or the copy from the device failing.
-    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError>;
-
-    /// How many steps late the trainer reads stall counts (0 on the CPU; at most
-    /// [`crate::reset::ADAPTIVE_LAG`]).
-    fn count_lag(&self) -> usize {
-        0
-    }
-
-    /// The counts of update `step` summed over all tensors, for the adaptive reset rule
-    /// ([`LowbitAdamW::observe`]); every update's, in order, once the trainer has read them.
-    fn observe(&mut self, step: u64, total: &StallCounts);
-
-    /// The states, on the host (for checkpoints and inspection).
-    ///
-    /// # Errors
-    /// The copy from the device failing.
-    fn states(&mut self) -> Result<&LowbitAdamW, OptimError>;
-}
-
-/// Checks, before anything is stepped, that `params` and `grads` match `tensors` one for
-/// one: as many of each as tensors, each gradient the size of its parameter, and the
-/// elements the states hold (`first .. first + m.len`) inside it.
-///
-/// # Errors
-/// [`OptimError::State`] naming the first tensor that does not match.
-pub(crate) fn check_sizes(tensors: &[TensorState], params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
-    if params.len() != tensors.len() || grads.len() != tensors.len() {
-        return Err(OptimError::State(format!("{} parameters and {} gradients for {} tensors", params.len(), grads.len(), tensors.len())));
-    }
-    for (s, (p, g)) in tensors.iter().zip(params.iter().zip(grads)) {
-        let n = p.elem_count();
-        if g.elem_count() != n || s.first + s.m.len > n {
-            return Err(OptimError::State(format!(
-                "{}: a parameter of {n} and a gradient of {} elements, the states hold elements {}..{}",
-                s.info.name,
-                g.elem_count(),
-                s.first,
-                s.first + s.m.len
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The CPU reference behind the trait: each tensor copied to the host, stepped over the
-/// elements the states cover ([`LowbitAdamW::step_cpu`]), written back.
-impl Optimizer for LowbitAdamW {
-    fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
-        check_sizes(&self.tensors, params, grads)?;
-        if let GradScale::Device(gate) = scale {
-            crate::clip::check_gate(gate)?;
-        }
-        self.begin_update(step)?;
-        let grad_scale = match scale {
-            GradScale::Host(f) => f,
-            GradScale::Device(gate) => match gate.flatten_all()?.to_vec1::<f32>()?[..] {
-                [_, skip] if skip != 0.0 => return Ok(()),
-                [factor, _] => factor,
-                _ => unreachable!("check_gate: two elements"),
-            },
-        };
-        let mut out = Vec::with_capacity(params.len());
-        for (i, (var, grad)) in params.iter().zip(grads).enumerate() {
-            let (first, len) = (self.tensors[i].first, self.tensors[i].m.len);
-            let t = var.as_tensor();
-            let r = first..first + len;
-            let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            let counts = match t.dtype() {
-                DType::F32 => {
-                    let mut p = t.flatten_all()?.to_vec1::<f32>()?;
-                    let c = self.step_cpu(step, lr, grad_scale, i, Weights::F32(&mut p[r.clone()]), &g[r]);
-                    var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
-                    c
-                }
-                DType::BF16 => {
-                    let mut p: Vec<u16> = t.flatten_all()?.to_vec1::<bf16>()?.into_iter().map(|x| x.to_bits()).collect();
-                    let c = self.step_cpu(step, lr, grad_scale, i, Weights::Bf16(&mut p[r.clone()]), &g[r]);
-                    let p: Vec<bf16> = p.into_iter().map(bf16::from_bits).collect();
-                    var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
-                    c
-                }
-                d => {
-                    return Err(OptimError::State(format!(
-                        "parameter {} has unsupported dtype {d:?} (F32 or BF16)",
-                        self.tensors[i].info.name
-                    )))
-                }
-            };
-            out.push(counts);
-        }
-        self.last = Some((step, out));
-        Ok(())
-    }
-
-    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError> {
-        match self.last.take() {
-            Some((s, c)) if s == step => Ok(c),
-            _ => Err(OptimError::State(format!("stall counts of step {step} were not kept (the CPU optimizer keeps only the last step)"))),
-        }
-    }
-
-    fn observe(&mut self, step: u64, total: &StallCounts) {
-        LowbitAdamW::observe(self, step, total);
-    }
-
-    fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
-        Ok(self)
     }
 }

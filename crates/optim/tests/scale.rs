@@ -3,9 +3,15 @@
 
 use lowbit_optim::adamw::Weights;
 use lowbit_optim::format::{fp4, fp8};
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, ScaleKind, StatesConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, ScaleKind, StallCounts, StatesConfig};
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
+
+/// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
+fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
+    let plan = o.plan(t, lr, grad_scale).unwrap();
+    o.step_cpu(&plan, i, w, g)
+}
 
 fn opt(m: &str, v: &str, scale: ScaleKind, block: usize, len: usize) -> LowbitAdamW {
     let s = StatesConfig { m_format: m.into(), v_format: v.into(), scale: scale.into(), block_size: block, ..Default::default() };
@@ -33,11 +39,11 @@ fn fp4_m_decays_with_amax_scales_and_not_with_pow2() {
     for (kind, want) in [(ScaleKind::Amax, 0.9f32.powi(19)), (ScaleKind::Pow2, 1.0)] {
         let mut o = opt("fp4", "fp32", kind, 128, n);
         let mut w = vec![0.0f32; n];
-        o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(n));
+        step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(n));
         let first = max_abs(&o.tensors[0].m.decode_all());
         let codes = o.tensors[0].m.code_bytes();
         for t in 2..=20 {
-            let c = o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
+            let c = step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
             assert_eq!(c.m.stalled, c.m.updated, "{kind:?} step {t}: every code stays");
             assert_eq!((c.m.unchanged, c.m.elements, c.zero_grad), (n as u64, n as u64, n as u64));
         }
@@ -57,7 +63,7 @@ fn amax_scale_maps_the_largest_element_to_the_format_maximum() {
     for block in [128usize, 0] {
         let mut o = opt("fp8", "fp8", ScaleKind::Amax, block, n);
         let mut w = vec![0.0f32; n];
-        o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+        step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
         let m = &o.tensors[0].m;
         let bl = if block == 0 { n } else { block };
         assert_eq!(m.scales.len(), n.div_ceil(bl));
@@ -83,7 +89,7 @@ fn amax_zero_blocks_and_the_zero_free_floor() {
     }
     let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, n);
     let mut w = vec![0.0f32; n];
-    o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     let v = &o.tensors[0].v;
     assert_eq!(v.scales[0], 0.0, "all-zero block: scale 0");
     assert!(v.decode_all()[..128].iter().all(|&x| x == 0.0));
@@ -107,7 +113,7 @@ fn scale_kind_travels_with_the_state() {
     assert!(e.contains("cannot concatenate"), "{e}");
     let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, 8);
     let mut w = vec![0.0f32; 8];
-    o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[1e-3; 8]);
+    step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[1e-3; 8]);
     assert!(o.tensors[0].m.scales[0] > 0.0);
     assert_eq!(o.spec.m_format.default_scale(), ScaleKind::Amax);
     let _ = Rounding::Nearest;

@@ -4,10 +4,16 @@
 #![allow(clippy::single_range_in_vec_init, reason = "`shard` takes one range per tensor: a one-tensor optimizer takes `&[a..b]`")]
 
 use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Counter, GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use lowbit_optim::{Counter, GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, StallCounts, StatesConfig};
 use std::ops::Range;
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+
+/// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
+fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
+    let plan = o.plan(t, lr, grad_scale).unwrap();
+    o.step_cpu(&plan, i, w, g)
+}
 
 fn opt(m: &str, v: &str, block: usize, len: usize) -> LowbitAdamW {
     opt_for(m, v, block, &[("w", len)])
@@ -42,10 +48,10 @@ fn check(m: &str, v: &str, block: usize, len: usize, ranges: &[Range<usize>]) {
     let (mut w_whole, mut w_sharded) = (w0.clone(), w0);
     for step in 1..=4 {
         let g = grads(step, len);
-        let c = whole.step_cpu(step, 1e-2, 0.5, 0, Weights::Bf16(&mut w_whole), &g);
+        let c = step_one(&mut whole, step, 1e-2, 0.5, 0, Weights::Bf16(&mut w_whole), &g);
         let (mut cm, mut cv, mut cw) = (Counter::default(), Counter::default(), Counter::default());
         for (s, r) in shards.iter_mut().zip(ranges) {
-            let c = s.step_cpu(step, 1e-2, 0.5, 0, Weights::Bf16(&mut w_sharded[r.clone()]), &g[r.clone()]);
+            let c = step_one(s, step, 1e-2, 0.5, 0, Weights::Bf16(&mut w_sharded[r.clone()]), &g[r.clone()]);
             (cm, cv, cw) = (add(cm, c.m), add(cv, c.v), add(cw, c.w));
         }
         assert_eq!(w_sharded, w_whole, "{m}/{v} block {block}: weights differ at step {step}");
@@ -111,7 +117,7 @@ fn trait_step_of_a_shard_and_refused_sizes() {
     let w0: Vec<f32> = (0..len).map(|i| 0.01 * (i % 97) as f32 - 0.4).collect();
     let g = grads(1, len);
     let mut expected = w0.clone();
-    whole.step_cpu(1, 1e-2, 1.0, 0, Weights::F32(&mut expected), &g);
+    step_one(&mut whole, 1, 1e-2, 1.0, 0, Weights::F32(&mut expected), &g);
     let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu).unwrap();
     let vars = [Var::from_tensor(&tensor(&w0)).unwrap(), Var::from_tensor(&tensor(&w0)).unwrap()];
     let err = Optimizer::step(&mut shard, 1, 1e-2, GradScale::Host(1.0), &vars, &[tensor(&g), tensor(&g[..len - 1])]).unwrap_err();

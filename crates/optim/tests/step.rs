@@ -3,10 +3,16 @@
 
 use lowbit_optim::adamw::Weights;
 use lowbit_optim::format::bf16;
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StatesConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StallCounts, StatesConfig};
 use proptest::prelude::*;
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+
+/// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
+fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
+    let plan = o.plan(t, lr, grad_scale).unwrap();
+    o.step_cpu(&plan, i, w, g)
+}
 
 fn opt(m: &str, v: &str, cfg: impl Fn(&mut StatesConfig), len: usize) -> LowbitAdamW {
     let mut s = StatesConfig { m_format: m.into(), v_format: v.into(), ..Default::default() };
@@ -28,7 +34,7 @@ fn fp32_states_match_textbook_adamw_in_f64() {
     let lr = 1e-2;
     for t in 1..=20u64 {
         let g = grads(t, n);
-        o.step_cpu(t, lr, 1.0, 0, Weights::F32(&mut w), &g);
+        step_one(&mut o, t, lr, 1.0, 0, Weights::F32(&mut w), &g);
         for i in 0..n {
             let gi = g[i] as f64;
             m64[i] = 0.9 * m64[i] + 0.1 * gi;
@@ -57,10 +63,10 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
     );
     let mut w = vec![0.25f32; n];
     for t in 1..=3 {
-        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
+        step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
     }
     let g4 = grads(4, n);
-    o.step_cpu(4, 1e-3, 1.0, 0, Weights::F32(&mut w), &g4);
+    step_one(&mut o, 4, 1e-3, 1.0, 0, Weights::F32(&mut w), &g4);
     // after the reset at step 4, m = (1 - b1) g and v = (1 - b2) g^2 (rounded to bf16)
     let m = o.tensors[0].m.decode_all();
     let v = o.tensors[0].v.decode_all();
@@ -70,7 +76,7 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
         assert_eq!(m[i], want_m, "m[{i}]");
         assert_eq!(v[i], want_v, "v[{i}]");
     }
-    let s = o.scalars(0, 4, 1e-3, 1.0);
+    let s = o.plan(4, 1e-3, 1.0).unwrap().tensors[0].scalars;
     assert!(s.reset_m && s.reset_v);
     assert_eq!(s.inv_bias_correction1, 10.0f32);
 }
@@ -84,10 +90,10 @@ fn counters_split_updates_from_unchanged_entries() {
     let n = 64;
     let mut o = opt("bf16", "bf16", |_| {}, n);
     let mut w = vec![0.0f32; n];
-    o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
+    step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
     // half the gradients zero, half 20x the first
     let g: Vec<f32> = (0..n).map(|i| if i % 2 == 0 { 0.0 } else { 0.2 }).collect();
-    let c = o.step_cpu(2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    let c = step_one(&mut o, 2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     assert_eq!(c.zero_grad, 32);
     assert_eq!((c.m.elements, c.v.elements, c.w.elements), (64, 64, 0));
     // m: every element changes (0.9 m + 0.1 g differs from m), none stalls at BF16's 2^-8
@@ -95,7 +101,7 @@ fn counters_split_updates_from_unchanged_entries() {
     assert_eq!((c.v.updated, c.v.stalled, c.v.unchanged), (64, 32, 32));
     assert_eq!((c.v.fraction(), c.v.unchanged_fraction()), (Some(0.5), Some(0.5)));
     // one step later with zero gradients only: m and v decay; v's entries all stay
-    let c = o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
+    let c = step_one(&mut o, 3, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
     assert_eq!((c.zero_grad, c.v.updated, c.v.unchanged), (64, 64, 64));
 }
 
@@ -109,14 +115,14 @@ fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
     assert!(o.spec.resets_v_without_m());
     let mut w = vec![0.0f32; n];
     for t in 1..=2 {
-        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
+        step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
     }
     let before = w.clone();
     let m_before = o.tensors[0].m.decode_all();
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
-    let s = o.scalars(0, 3, 1e-3, 1.0);
+    let s = o.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars;
     assert!(s.reset_v && !s.reset_m);
-    let c = o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    let c = step_one(&mut o, 3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     assert_eq!(c.zero_grad, 3);
     assert_eq!(c.zero_v, 3, "the three zero-gradient elements moved with v = 0, m != 0");
     for i in 0..3 {
@@ -155,12 +161,12 @@ fn zero_v_counts_the_updates_of_a_v_rounded_to_zero() {
             n,
         );
         let mut w = vec![0.0f32; n];
-        let c = o.step_cpu(1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g1);
+        let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g1);
         assert_eq!(c.zero_v, 0, "step 1: every element with m != 0 has v != 0");
         let v = o.tensors[0].v.decode_all();
         assert_eq!(v[1..4].iter().all(|&x| x == 0.0), want == 3, "{v_zero:?}: stored v {v:?}");
         let before = w.clone();
-        let c = o.step_cpu(2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g2);
+        let c = step_one(&mut o, 2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g2);
         assert_eq!((c.zero_v, c.zero_grad), (want, 7), "{v_zero:?}");
         if want == 3 {
             let moved = (before[1] - w[1]).abs() as f64;
@@ -185,12 +191,12 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
     );
     let mut w = vec![0.0f32; n];
     for t in 1..=2 {
-        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
+        step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
     }
     let (before, v_before) = (w.clone(), o.tensors[0].v.decode_all());
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
-    assert!(o.scalars(0, 3, 1e-3, 1.0).keep_idle_v);
-    assert_eq!(o.step_cpu(3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g).zero_v, 0, "no element moved with v = 0");
+    assert!(o.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars.keep_idle_v);
+    assert_eq!(step_one(&mut o, 3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g).zero_v, 0, "no element moved with v = 0");
     let v = o.tensors[0].v.decode_all();
     for i in 0..n {
         let want = if i < 3 { 0.999 * v_before[i] } else { 0.001 * 1e-4 };
@@ -199,7 +205,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
         assert!(moved < 2e-3, "{i}: moved {moved}, a normal step (lr 1e-3 x about 1)");
     }
     // m and v reset together: every element restarts (the guard only acts on v-only resets)
-    let o = opt(
+    let mut o = opt(
         "fp32",
         "fp32",
         |s| {
@@ -209,7 +215,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
         },
         n,
     );
-    assert!(!o.scalars(0, 3, 1e-3, 1.0).keep_idle_v);
+    assert!(!o.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars.keep_idle_v);
 }
 
 /// The adaptive rule (Alg. 2) inside the optimizer: with v stalled entirely (fraction 1) the
@@ -218,7 +224,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
 #[test]
 fn adaptive_resets_follow_the_observed_stalled_fraction() {
     use lowbit_optim::reset::ADAPTIVE_LAG;
-    use lowbit_optim::{ResetRule, StallCounts};
+    use lowbit_optim::ResetRule;
     let n = 16;
     let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
     let mut w = vec![0.0f32; n];
@@ -229,19 +235,18 @@ fn adaptive_resets_follow_the_observed_stalled_fraction() {
         c
     };
     for t in 1..=ADAPTIVE_LAG + 1 {
-        o.begin_update(t).unwrap();
-        assert!(!o.scalars(0, t, 1e-3, 1.0).reset_v);
-        o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n));
+        let plan = o.plan(t, 1e-3, 1.0).unwrap();
+        assert!(!plan.tensors[0].scalars.reset_v);
+        o.step_cpu(&plan, 0, Weights::F32(&mut w), &grads(t, n));
         o.observe(t, &stalled(n as u64));
     }
     let t = ADAPTIVE_LAG + 2;
-    o.begin_update(t).unwrap();
-    let s = o.scalars(0, t, 1e-3, 1.0);
+    let s = o.plan(t, 1e-3, 1.0).unwrap().tensors[0].scalars;
     assert!(s.reset_m && s.reset_v);
     assert_eq!((s.inv_bias_correction1, s.inv_bias_correction2), (10.0, (1.0 / (1.0 - 0.999f64)) as f32));
     // a missing measurement is an error
     let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
-    assert!(o.begin_update(ADAPTIVE_LAG + 2).unwrap_err().to_string().contains("not observed"));
+    assert!(o.plan(ADAPTIVE_LAG + 2, 1e-3, 1.0).unwrap_err().to_string().contains("not observed"));
 }
 
 #[test]
@@ -271,7 +276,7 @@ fn stochastic_rounding_is_deterministic_per_seed_and_step() {
         let mut w = vec![0.1f32; n];
         let mut counts = vec![];
         for t in 1..=5 {
-            counts.push(o.step_cpu(t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n)));
+            counts.push(step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n)));
         }
         (w, o.tensors[0].m.code_bytes(), o.tensors[0].v.code_bytes(), counts)
     };
@@ -294,7 +299,7 @@ proptest! {
         for (t, g) in gs.iter().enumerate() {
             // many elements see zero gradients, so v would only decay
             let g: Vec<f32> = g.iter().zip(&zero_mask).map(|(&x, &z)| if z && t > 0 { 0.0 } else { x }).collect();
-            o.step_cpu(t as u64 + 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+            step_one(&mut o, t as u64 + 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
             let v = o.tensors[0].v.decode_all();
             for i in 0..64 {
                 prop_assert!(v[i] >= prev[i], "step {} elem {}: {} < {}", t + 1, i, v[i], prev[i]);
@@ -311,7 +316,7 @@ fn bf16_weights_count_stalls() {
     let mut w: Vec<u16> = (0..n).map(|_| bf16::encode(1.0, lowbit_optim::Rounding::Nearest, 0)).collect();
     // lr 1e-4 moves a weight of 1.0 by ~1e-4, far below half a bf16 ULP at 1.0 (2^-8):
     // every update stalls with nearest rounding.
-    let s = o.step_cpu(1, 1e-4, 1.0, 0, Weights::Bf16(&mut w), &grads(1, n));
+    let s = step_one(&mut o, 1, 1e-4, 1.0, 0, Weights::Bf16(&mut w), &grads(1, n));
     assert!(s.w.updated > 4000);
     assert_eq!(s.w.stalled, s.w.updated);
     assert!(w.iter().all(|&x| bf16::decode(x) == 1.0));

@@ -6,9 +6,15 @@
 //! an element: the floor's cost), nothing NaN/Inf; `v_zero = "keep"` still shows the fault.
 
 use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig, VZero};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StallCounts, StatesConfig, VZero};
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+
+/// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
+fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
+    let plan = o.plan(t, lr, grad_scale).unwrap();
+    o.step_cpu(&plan, i, w, g)
+}
 const LR: f64 = 1e-3;
 const BLOCK: usize = 128;
 
@@ -38,10 +44,10 @@ fn displacement(o: &mut LowbitAdamW, tiny: f32, zero_steps: u64) -> Vec<f64> {
     let mut w = vec![0.0f32; BLOCK];
     let mut g = vec![tiny; BLOCK];
     g[0] = 1.0;
-    o.step_cpu(1, LR, 1.0, 0, Weights::F32(&mut w), &g);
+    step_one(o, 1, LR, 1.0, 0, Weights::F32(&mut w), &g);
     let zero = vec![0.0f32; BLOCK];
     for t in 2..=1 + zero_steps {
-        o.step_cpu(t, LR, 1.0, 0, Weights::F32(&mut w), &zero);
+        step_one(o, t, LR, 1.0, 0, Weights::F32(&mut w), &zero);
     }
     w.iter().map(|&x| (x as f64).abs() / LR).collect()
 }
@@ -102,10 +108,10 @@ fn fp8_block_regression_step_two() {
         let mut w = vec![0.0f32; BLOCK];
         let mut g = vec![1e-3f32; BLOCK];
         g[0] = 1.0;
-        o.step_cpu(1, LR, 1.0, 0, Weights::F32(&mut w), &g);
+        step_one(o, 1, LR, 1.0, 0, Weights::F32(&mut w), &g);
         let before = w[1];
         g[1..].fill(0.0);
-        o.step_cpu(2, LR, 1.0, 0, Weights::F32(&mut w), &g);
+        step_one(o, 2, LR, 1.0, 0, Weights::F32(&mut w), &g);
         ((w[1] - before) as f64).abs() / LR
     };
     let fp32 = step2(&mut opt("fp32", "fp32", Rounding::Nearest, VZero::Exclude));
@@ -122,7 +128,7 @@ fn all_zero_block_stays_zero() {
     for (m, v, _) in CASES {
         let mut o = opt(m, v, Rounding::Stochastic, VZero::Exclude);
         let mut w = vec![0.5f32; BLOCK];
-        o.step_cpu(1, LR, 1.0, 0, Weights::F32(&mut w), &vec![0.0; BLOCK]);
+        step_one(&mut o, 1, LR, 1.0, 0, Weights::F32(&mut w), &vec![0.0; BLOCK]);
         assert!(o.tensors[0].v.decode_all().iter().all(|&x| x == 0.0), "{m}/{v}");
         assert!(w.iter().all(|&x| x == 0.5), "{m}/{v}");
     }

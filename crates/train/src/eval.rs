@@ -1,5 +1,5 @@
 //! The validation loss: a batch as device tensors ([`batch_tensors`], also the step's input),
-//! the token-weighted mean loss over the fixed validation batches ([`evaluate`]) and the
+//! the token-weighted mean loss over the fixed validation batches ([`evaluate_until`]) and the
 //! export check a checkpoint carries ([`ExportCheck`], [`export_check`]).
 
 use anyhow::{bail, Context, Result};
@@ -36,13 +36,9 @@ pub fn batch_tensors(b: &Batch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)
     Ok((ids.get(0)?, ids.get(1)?, Tensor::from_slice(&b.mask, shape, dev)?))
 }
 
-/// Mean validation loss (nats per target token) over the fixed validation batches.
-pub fn evaluate(model: &Llama, batches: &[Batch], dev: &Device) -> Result<f64> {
-    Ok(evaluate_until(model, batches, dev, &AtomicBool::new(false), &mut |_, _| {})?.expect("never stopped"))
-}
-
-/// [`evaluate`], checking `stop` before each batch: `None` once it is set (an interrupt
-/// during a long validation acts within one batch).
+/// Mean validation loss (nats per target token) over the fixed validation batches, checking
+/// `stop` before each batch: `None` once it is set (an interrupt during a long validation acts
+/// within one batch); `batch_done(done, total)` after each batch.
 pub fn evaluate_until(
     model: &Llama,
     batches: &[Batch],

@@ -1,12 +1,14 @@
 //! # lowbit-train: the training library
 //!
-//! The loop ([`run`], and how a run ends early: `stop.rs`) over a [`session`] (set-up and
-//! every builder, validation, checkpoints) and one [`step`], reporting through [`progress`];
-//! the validation loss ([`eval`]), the config ([`config`]), the settings that run but not as
-//! one may expect ([`setting_warnings`]) and the [`memory`] a run needs at the least, device policy ([`device`]), learning-rate [`schedule`], run folder
-//! ([`run_folder`], [`checkpoint`] of [`components`] and the [`train_state`], [`manifest`],
-//! [`logs`]) and data
-//! parallelism ([`distributed`]). The `train` binary (crate `lowbit-cli`) puts the commands,
+//! The loop ([`run`], and how a run ends early: `stop.rs`) over a [`session`] (set-up from
+//! its parts' builders, validation, checkpoints) and one [`step`], reporting through
+//! [`progress`]; the parts: device policy ([`device`]), the [`model`], the [`optimizer`], the
+//! [`data`], a resume from a checkpoint ([`resume_compat`]), the run folder ([`run_folder`],
+//! [`checkpoint`] of [`components`] and the [`train_state`], [`manifest`], [`logs`]); what a run
+//! says at start ([`banner`], the settings that run but not as one may expect:
+//! [`setting_warnings`]), the validation loss ([`eval`]), the config ([`config`]), the
+//! [`memory`] a run needs at the least, learning-rate [`schedule`] and data parallelism
+//! ([`distributed`]). The `train` binary (crate `lowbit-cli`) puts the commands,
 //! the progress bar and the plots on top.
 //!
 //! ```no_run
@@ -16,17 +18,22 @@
 //! println!("{}", out.summary.unwrap().render());
 //! ```
 
+pub mod banner;
 pub mod checkpoint;
 pub mod components;
 pub mod config;
+pub mod data;
 pub mod device;
 pub mod distributed;
 pub mod eval;
 pub mod logs;
 pub mod manifest;
 pub mod memory;
+pub mod model;
+pub mod optimizer;
 pub mod output;
 pub mod progress;
+pub mod resume_compat;
 pub mod run;
 pub mod run_folder;
 pub mod schedule;

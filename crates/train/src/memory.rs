@@ -5,14 +5,17 @@
 //!
 //! A lower bound, not a forecast: only what the run surely holds at once is counted, so that a
 //! config that fits is never refused. The weights, their gradients and the two moment states;
-//! the composed ops' causal mask (`max_seq_len`² FP32, built with the model); and one
+//! the composed ops' causal mask (`max_seq_len`² FP32, built at their first forward; none with
+//! the fused kernels); and one
 //! micro-batch's logits (`micro_batch x seq_len x vocab`, in the weights' dtype) and one
 //! layer's attention scores (`micro_batch x heads x seq_len`², FP32). Arithmetic in f64, so
 //! that absurd sizes give absurd numbers instead of overflowing.
 
-use crate::config::{RunConfig, WeightDtype};
+use crate::config::{KernelChoice, RunConfig, WeightDtype};
+use crate::distributed::agreement::any_rank;
+use crate::distributed::collective::Collective;
 use anyhow::{bail, Result};
-use lowbit_model::LlamaConfig;
+use lowbit_model::{Kernels, LlamaConfig};
 use lowbit_optim::StatesPlan;
 
 /// Bytes a run needs at the least, by part.
@@ -63,7 +66,7 @@ impl MemoryFloor {
         MemoryFloor {
             model_and_states: params * (weight_bytes + 4.0) + state_bytes,
             activations: tokens * v * weight_bytes + f(cfg.train.micro_batch) * f(m.num_heads) * seq * seq * 4.0,
-            mask: f(m.max_seq_len) * f(m.max_seq_len) * 4.0,
+            mask: if fused_kernels(cfg, m) { 0.0 } else { f(m.max_seq_len) * f(m.max_seq_len) * 4.0 },
         }
     }
 
@@ -100,6 +103,29 @@ impl MemoryFloor {
             gib(bytes)
         )
     }
+
+    /// [`MemoryFloor::check`] on every rank of `comm` against its own device's `available`
+    /// memory ([`crate::device::available_memory`]; `None`: not checked), and every rank takes
+    /// the same way: a rank whose device fits fails too when another's does not.
+    ///
+    /// # Errors
+    /// This rank's device cannot hold the floor (the message names the sizes), or another's.
+    pub fn check_every_rank(&self, available: Option<(u64, &str)>, comm: &dyn Collective) -> Result<()> {
+        let refused = available.and_then(|(bytes, place)| self.check(bytes, place).err());
+        let any_refused = any_rank(comm, refused.is_some())?;
+        match refused {
+            Some(e) => Err(e),
+            None if any_refused => bail!("another rank's device cannot hold this config (its error names the sizes)"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether a run of `cfg` with model `m` runs the fused kernels (as the model's builder
+/// decides: `crate::model::build_model`), which build no causal mask: the CUDA build on a GPU,
+/// with `model.kernels` "fused", or "auto" and a model the fused kernels take.
+fn fused_kernels(cfg: &RunConfig, m: &LlamaConfig) -> bool {
+    cfg!(feature = "cuda") && cfg.train.device == "cuda" && cfg.model.kernels != KernelChoice::Composed && Kernels::fits(m).is_ok()
 }
 
 /// This host's available memory (`MemAvailable` of /proc/meminfo), bytes; `None` where it

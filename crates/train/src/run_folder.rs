@@ -16,6 +16,7 @@
 //! the lock when the process dies, so the lock file of a killed run (a stale lock) is simply
 //! taken over.
 
+use crate::logs::RunLogs;
 use anyhow::{bail, Context, Result};
 use fs2::FileExt;
 use std::fs::{File, OpenOptions};
@@ -98,6 +99,30 @@ pub fn claim(dir: &Path, how: FolderUse) -> Result<RunLock> {
         );
     }
     Ok(lock)
+}
+
+/// Takes `dir` for a run used as `how` ([`claim`]) and starts its files: the resolved config
+/// `config_toml` written to `config.toml`, an older `summary.json` (which marks an ended run:
+/// `train stalls --follow` stops on it) removed, the logs opened ([`RunLogs::open`]: a resumed
+/// run's `resumed_at`, with `run.tensorboard`'s event file when `tensorboard`). Returns the lock
+/// and the logs; `None` for [`FolderUse::None`], which touches nothing.
+///
+/// # Errors
+/// Those of [`claim`], or a file that cannot be written or opened.
+pub fn start(
+    dir: &Path,
+    how: FolderUse,
+    config_toml: &str,
+    resumed_at: Option<u64>,
+    tensorboard: bool,
+) -> Result<Option<(RunLock, RunLogs)>> {
+    if how == FolderUse::None {
+        return Ok(None);
+    }
+    let lock = claim(dir, how)?;
+    let _ = std::fs::remove_file(dir.join("summary.json"));
+    crate::checkpoint::write_atomic(&dir.join("config.toml"), config_toml.as_bytes())?;
+    Ok(Some((lock, RunLogs::open(dir, resumed_at, tensorboard)?)))
 }
 
 /// The step at which the run in `dir` finished (its `summary.json` says `finished`), or

@@ -4,13 +4,20 @@
 
 use crate::config::{RunConfig, WeightDtype};
 use lowbit_data::PassSize;
-use lowbit_optim::{ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
+use lowbit_optim::{LowbitAdamW, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
+
+/// Every [`setting_warnings`] and the [`passes_warning`] of a run of `cfg` with the optimizer
+/// states `states` over a training text of `pass`.
+pub fn for_run(cfg: &RunConfig, states: &LowbitAdamW, pass: PassSize) -> Vec<String> {
+    let largest = states.tensors.iter().map(|t| t.info.len).max().unwrap_or(0);
+    let passes = passes_planned(cfg, pass);
+    setting_warnings(cfg, &states.spec, largest).into_iter().chain(passes_warning(cfg, pass, passes)).collect()
+}
 
 /// The warnings for `cfg` with the resolved states `spec`, on a model whose largest parameter
 /// tensor has `largest` elements; empty when every setting does what it says.
 pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> Vec<String> {
     let mut w = Vec::new();
-    let states = &cfg.optim.states;
     let max_steps = cfg.train.max_steps;
     if cfg.optim.warmup_steps >= max_steps {
         w.push(format!(
@@ -34,30 +41,7 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
                 .into(),
         );
     }
-    let names = format!("m ({}) and v ({})", spec.m_format.name(), spec.v_format.name());
-    let has_scale_kind = spec.m_format.minifloat().is_some() || spec.v_format.minifloat().is_some();
-    if states.scale != ScaleChoice::Default && !has_scale_kind {
-        w.push(format!(
-            "optim.states.scale = \"{}\" does nothing: {names} have no scale kind to choose (it sets the scale of fp8 and \
-             fp4 states; int8 keeps its absmax scale)",
-            spec.m_scale.as_str()
-        ));
-    }
-    let blocks = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-    let default_block = lowbit_optim::StatesConfig::default().block_size;
-    if !blocks && spec.block_size != default_block {
-        w.push(format!(
-            "optim.states.block_size = {} does nothing: {names} have no scale blocks (they apply to fp8, fp4 and int8 \
-             states)",
-            spec.block_size
-        ));
-    } else if blocks && spec.block_size != 0 && spec.block_size >= largest {
-        w.push(format!(
-            "optim.states.block_size = {} is not smaller than the largest tensor ({largest} elements): every tensor has \
-             one scale, as with block_size = 0, which says so",
-            spec.block_size
-        ));
-    }
+    scale_warnings(cfg, spec, largest, &mut w);
     for (key, every) in [("m_reset_every", spec.m_reset_every), ("v_reset_every", spec.v_reset_every)] {
         if every > 0 && every >= max_steps {
             w.push(format!(
@@ -89,6 +73,35 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
         ));
     }
     w
+}
+
+/// The warnings about the scales of `cfg`'s states `spec` (kind and block size; the largest
+/// tensor has `largest` elements), appended to `w`.
+fn scale_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize, w: &mut Vec<String>) {
+    let names = format!("m ({}) and v ({})", spec.m_format.name(), spec.v_format.name());
+    let has_scale_kind = spec.m_format.minifloat().is_some() || spec.v_format.minifloat().is_some();
+    if cfg.optim.states.scale != ScaleChoice::Default && !has_scale_kind {
+        w.push(format!(
+            "optim.states.scale = \"{}\" does nothing: {names} have no scale kind to choose (it sets the scale of fp8 and \
+             fp4 states; int8 keeps its absmax scale)",
+            spec.m_scale.as_str()
+        ));
+    }
+    let blocks = spec.m_format.is_scaled() || spec.v_format.is_scaled();
+    let default_block = lowbit_optim::StatesConfig::default().block_size;
+    if !blocks && spec.block_size != default_block {
+        w.push(format!(
+            "optim.states.block_size = {} does nothing: {names} have no scale blocks (they apply to fp8, fp4 and int8 \
+             states)",
+            spec.block_size
+        ));
+    } else if blocks && spec.block_size != 0 && spec.block_size >= largest {
+        w.push(format!(
+            "optim.states.block_size = {} is not smaller than the largest tensor ({largest} elements): every tensor has \
+             one scale, as with block_size = 0, which says so",
+            spec.block_size
+        ));
+    }
 }
 
 /// Passes over the training text that `train.max_steps` steps of the global batch make: by

@@ -12,8 +12,9 @@ use crate::distributed::collective::Collective;
 use crate::distributed::shard::{rank_rows, take_rows};
 use crate::eval::batch_tensors;
 use crate::logs::metrics::MetricsRow;
+use crate::model::ParamSet;
 use crate::schedule::learning_rate;
-use crate::session::{ParamSet, Session};
+use crate::session::Session;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use lowbit_data::{Batch, DataPosition, TrainStream};
@@ -84,8 +85,8 @@ impl Session {
         let (cfg, max_steps) = (&self.cfg, self.cfg.train.max_steps);
         let lr = learning_rate(step, cfg.optim.lr, cfg.optim.warmup_steps, max_steps, cfg.optim.min_lr_ratio);
         let mut ctx = StepContext {
-            model: &self.model,
-            params: &self.params,
+            model: &self.model.llama,
+            params: &self.model.params,
             opt: self.opt.as_mut(),
             stream: &mut self.stream,
             device: &self.dev,
@@ -128,9 +129,8 @@ impl Session {
                 skipped: !out.updated,
             })?;
         }
-        self.pending.push_back((step, out.updated.then_some(update)));
-        let lag = self.opt.count_lag();
-        out.stalls = self.stall_log.flush(&mut self.pending, lag, self.opt.as_mut(), self.logs.as_mut())?;
+        self.stall_log.push(step, out.updated.then_some(update));
+        out.stalls = self.write_stalls(self.opt.count_lag())?;
         Ok(out)
     }
 }

@@ -109,13 +109,15 @@ impl Session {
 
     /// `summary.json` of the run (rank 0), from its files and this invocation's throughput.
     pub(crate) fn write_summary(&self, tokens_per_s: f64, last_val: Option<f64>, status: RunStatus) -> Result<Summary> {
-        let mut summary = summary::build(&self.run_dir, self.n_params, self.state_bytes, tokens_per_s, last_val, self.device_peak, status)?;
-        summary.state_bytes_per_rank = self.rank_state_bytes;
+        let sizes = &self.sizes;
+        let mut summary =
+            summary::build(&self.run_dir, sizes.n_params, sizes.state_bytes, tokens_per_s, last_val, self.device_peak, status)?;
+        summary.state_bytes_per_rank = sizes.rank_state_bytes;
         let pass = self.stream.pass_size();
         summary.epochs = Some(self.state.tokens as f64 / pass.tokens.max(1) as f64);
         (summary.tokens_per_epoch, summary.tokens_per_epoch_exact) = (Some(pass.tokens), Some(pass.exact));
         summary.data_order = Some(self.stream.order().describe());
-        summary.state_groups = Some(self.state_groups.clone());
+        summary.state_groups = Some(sizes.state_groups.clone());
         crate::checkpoint::write_atomic(&self.run_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
         Ok(summary)
     }

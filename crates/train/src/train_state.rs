@@ -8,6 +8,7 @@
 use crate::checkpoint::load;
 use anyhow::{bail, Context, Result};
 use lowbit_data::DataPosition;
+use lowbit_optim::{LowbitAdamW, ResetRule, ScaleKind, StateFormat, VZero};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -27,24 +28,28 @@ pub struct TrainState {
     /// [`crate::step::train_step`]). Read as `step` from checkpoints written before it was recorded.
     #[serde(default)]
     pub updates: u64,
-    /// m/v formats and block size of the stored states, to refuse a mismatched config.
-    pub m_format: String,
-    pub v_format: String,
+    /// m/v formats and block size of the stored states, to refuse a mismatched config (by
+    /// name: `fp8e4m3`, `e8m3`, ...).
+    #[serde(with = "by_name::m_format")]
+    pub m_format: StateFormat,
+    #[serde(with = "by_name::v_format")]
+    pub v_format: StateFormat,
     pub block_size: usize,
-    /// `optim.states.v_zero` the states were written with (`exclude` / `keep`; empty in
+    /// `optim.states.v_zero` the states were written with (`exclude` / `keep`; `None` in
     /// checkpoints written before it was recorded, which behaved as `keep`).
-    #[serde(default)]
-    pub v_zero: String,
-    /// Scale kinds of fp8/fp4 m and v states (`amax` / `pow2`; empty for other formats, and in
-    /// checkpoints written before scale kinds existed, whose fp8/fp4 states are `pow2`).
-    #[serde(default)]
-    pub m_scale: String,
-    #[serde(default)]
-    pub v_scale: String,
-    /// `optim.states.reset` the states were written with (`periodic` / `adaptive`; empty in
+    #[serde(default, with = "by_name::blank_is_none")]
+    pub v_zero: Option<VZero>,
+    /// Scale kinds of fp8/fp4 m and v states (`amax` / `pow2`; `None`, written `""`, for other
+    /// formats, and in checkpoints written before scale kinds existed, whose fp8/fp4 states are
+    /// `pow2`).
+    #[serde(default, with = "by_name::blank_is_none")]
+    pub m_scale: Option<ScaleKind>,
+    #[serde(default, with = "by_name::blank_is_none")]
+    pub v_scale: Option<ScaleKind>,
+    /// `optim.states.reset` the states were written with (`periodic` / `adaptive`; `None` in
     /// checkpoints written before it was recorded: see [`TrainState::reset_rule`]).
-    #[serde(default)]
-    pub reset: String,
+    #[serde(default, with = "by_name::blank_is_none")]
+    pub reset: Option<ResetRule>,
     /// The adaptive reset rule's state in checkpoints written before the optimizer saved it
     /// itself (`optimizer.safetensors`, `adaptive_reset.*`); read, never written.
     #[serde(default, skip_serializing)]
@@ -77,13 +82,42 @@ fn one_rank() -> u64 {
 }
 
 impl TrainState {
-    /// The reset rule of the states (`periodic` / `adaptive`), also for checkpoints written
-    /// before it was recorded (adaptive when their `state.json` holds the rule's state).
-    pub fn reset_rule(&self) -> &str {
-        match (self.reset.as_str(), &self.adaptive_reset) {
-            ("", Some(_)) => "adaptive",
-            ("", None) => "periodic",
-            (rule, _) => rule,
+    /// The state of a run at its start: step 0, with what the optimizer's states `opt` are
+    /// made of (its `[optim.states]`, each tensor's name and size, the tensors with states of
+    /// their own), `ranks` data-parallel ranks and a global batch of `global_batch` sequences.
+    pub fn at_start(opt: &LowbitAdamW, ranks: usize, global_batch: usize) -> TrainState {
+        let spec = opt.spec;
+        // (a scale kind is recorded for fp8/fp4 states only)
+        let scale = |format: StateFormat, kind| format.minifloat().is_some().then_some(kind);
+        TrainState {
+            step: 0,
+            tokens: 0,
+            data: DataPosition::default(),
+            nonfinite_in_row: 0,
+            updates: 0,
+            m_format: spec.m_format,
+            v_format: spec.v_format,
+            block_size: spec.block_size,
+            v_zero: Some(spec.v_zero),
+            m_scale: scale(spec.m_format, spec.m_scale),
+            v_scale: scale(spec.v_format, spec.v_scale),
+            reset: Some(spec.reset),
+            adaptive_reset: None,
+            params: opt.tensors.iter().map(|t| (t.info.name.clone(), t.info.len)).collect(),
+            rng: lowbit_optim::rng::SCHEME.into(),
+            ranks: ranks as u64,
+            global_batch: global_batch as u64,
+            tensor_states: opt.tensors.iter().filter(|t| t.spec != spec).map(|t| (t.info.name.clone(), t.spec.describe())).collect(),
+        }
+    }
+
+    /// The reset rule of the states, also for checkpoints written before it was recorded
+    /// (adaptive when their `state.json` holds the rule's state).
+    pub fn reset_rule(&self) -> ResetRule {
+        match (self.reset, &self.adaptive_reset) {
+            (Some(rule), _) => rule,
+            (None, Some(_)) => ResetRule::Adaptive,
+            (None, None) => ResetRule::Periodic,
         }
     }
 
@@ -133,6 +167,59 @@ pub fn records_data_order(dir: &Path) -> Result<bool> {
     Ok(v.get("data").and_then(|d| d.get("order")).is_some())
 }
 
+/// The optimizer's settings in `state.json` by their names, as the file has always held them.
+mod by_name {
+    /// `m_format` by name (`fp8e4m3`, `e8m3`, ...).
+    pub mod m_format {
+        use lowbit_optim::StateFormat;
+        pub fn serialize<S: serde::Serializer>(f: &StateFormat, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(f.name())
+        }
+        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<StateFormat, D::Error> {
+            super::format(d, false)
+        }
+    }
+
+    /// `v_format` by name (`fp4ue2m2`, ...).
+    pub mod v_format {
+        use lowbit_optim::StateFormat;
+        pub fn serialize<S: serde::Serializer>(f: &StateFormat, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(f.name())
+        }
+        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<StateFormat, D::Error> {
+            super::format(d, true)
+        }
+    }
+
+    /// A state format by its name ([`lowbit_optim::StateFormat::parse`]).
+    fn format<'de, D: serde::Deserializer<'de>>(d: D, for_v: bool) -> Result<lowbit_optim::StateFormat, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(d)?;
+        lowbit_optim::StateFormat::parse(&name, for_v).map_err(serde::de::Error::custom)
+    }
+
+    /// An optional setting by its name, `""` for none (the empty string the file held before
+    /// the field was typed, for a setting not recorded or without meaning for the format).
+    pub mod blank_is_none {
+        use serde::de::{DeserializeOwned, IntoDeserializer};
+        use serde::{Deserialize, Serialize};
+
+        pub fn serialize<T: Serialize, S: serde::Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+            match v {
+                Some(v) => v.serialize(s),
+                None => s.serialize_str(""),
+            }
+        }
+
+        pub fn deserialize<'de, T: DeserializeOwned, D: serde::Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+            let name = String::deserialize(d)?;
+            if name.is_empty() {
+                return Ok(None);
+            }
+            T::deserialize(name.as_str().into_deserializer()).map(Some)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,13 +234,13 @@ mod tests {
             data: DataPosition::default(),
             nonfinite_in_row: 0,
             updates: 7,
-            m_format: "fp8e4m3".into(),
-            v_format: "fp8e4m3".into(),
+            m_format: StateFormat::Fp8E4M3,
+            v_format: StateFormat::Fp8E4M3,
             block_size: 128,
-            v_zero: "exclude".into(),
-            m_scale: "amax".into(),
-            v_scale: "amax".into(),
-            reset: "periodic".into(),
+            v_zero: Some(VZero::Exclude),
+            m_scale: Some(ScaleKind::Amax),
+            v_scale: Some(ScaleKind::Amax),
+            reset: Some(ResetRule::Periodic),
             adaptive_reset: None,
             params: vec![("w".into(), 3)],
             rng: lowbit_optim::rng::SCHEME.into(),
@@ -176,7 +263,7 @@ mod tests {
         std::fs::write(tmp.path().join("state.json"), text).unwrap();
         let st = load_state(tmp.path()).unwrap();
         assert_eq!((st.step, st.updates, st.data.carry.clone(), st.ranks, st.global_batch), (9, 9, vec![5, 6], 1, 0));
-        assert_eq!((st.m_scale.as_str(), st.v_scale.as_str(), st.reset_rule()), ("", "", "periodic"), "pow2 and periodic");
+        assert_eq!((st.m_scale, st.v_scale, st.reset_rule()), (None, None, ResetRule::Periodic), "pow2 and periodic");
         assert!(!records_data_order(tmp.path()).unwrap() && st.data.order == lowbit_data::RowOrder::FileOrder, "file order");
     }
 }

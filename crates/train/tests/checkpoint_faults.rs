@@ -329,7 +329,7 @@ fn checkpoint_layout_and_retention() {
     assert_eq!(state.step, 7);
     assert!(state.tokens > 0 && state.data.row > 0, "in memory: rows of the pass taken");
     assert_eq!(state.data.order, lowbit_data::RowOrder::Permuted { seed: 7 }, "data.seed is train.seed");
-    assert_eq!((state.m_format.as_str(), state.v_format.as_str(), state.block_size), ("fp4e2m1", "fp8e4m3", 32));
+    assert_eq!((state.m_format.name(), state.v_format.name(), state.block_size), ("fp4e2m1", "fp8e4m3", 32));
     let saved = RunConfig::from_toml(&String::from_utf8(read(&ck.join("config.toml"))).unwrap()).unwrap();
     assert_eq!(saved.train.max_steps, 7);
 

@@ -7,7 +7,7 @@
 use candle_core::{Device, Tensor, Var};
 use lowbit_data::DataPosition;
 use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, StatesConfig};
+use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
 use lowbit_train::checkpoint::{self, Stateful};
 use lowbit_train::components::ModelWeights;
 use lowbit_train::train_state::{load_state, TrainState};
@@ -41,10 +41,10 @@ fn fixture() -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
 
 /// The fixture's update `step` of `weights` (one per tensor) with its deterministic gradients.
 fn cpu_step(opt: &mut LowbitAdamW, weights: &mut [Vec<f32>], step: u64) {
-    opt.begin_update(step).unwrap();
+    let plan = opt.plan(step, 1e-3, 1.0).unwrap();
     for (idx, w) in weights.iter_mut().enumerate() {
         let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
-        opt.step_cpu(step, 1e-3, 1.0, idx, Weights::F32(w), &g);
+        opt.step_cpu(&plan, idx, Weights::F32(w), &g);
     }
 }
 
@@ -87,13 +87,13 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         data: DataPosition { carry: vec![5, 6, 7], ..DataPosition::default() },
         nonfinite_in_row: 0,
         updates: 3,
-        m_format: spec.m_format.name().into(),
-        v_format: spec.v_format.name().into(),
+        m_format: spec.m_format,
+        v_format: spec.v_format,
         block_size: spec.block_size,
-        v_zero: spec.v_zero.as_str().into(),
-        m_scale: "pow2".into(),
-        v_scale: "amax".into(),
-        reset: String::new(), // (not recorded by 3ef565f: periodic)
+        v_zero: Some(spec.v_zero),
+        m_scale: Some(ScaleKind::Pow2),
+        v_scale: Some(ScaleKind::Amax),
+        reset: None, // (not recorded by 3ef565f: periodic)
         adaptive_reset: None,
         params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
         rng: lowbit_optim::rng::SCHEME.into(),
@@ -149,4 +149,28 @@ fn checkpoints_round_trip_and_name_what_does_not_fit() {
     other.data().lock().unwrap().insert("lm_head.weight".into(), Var::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());
     let e = format!("{:#}", checkpoint::load(&dir, &mut [&mut ModelWeights(&other)]).unwrap_err());
     assert!(e.contains("model.safetensors") && e.contains("missing tensor lm_head.weight"), "{e}");
+}
+
+/// `state.json` reads and writes byte for byte as it did before its settings were typed:
+/// `tests/fixtures/state_json_37976cb/` was written by commit 37976cb (string fields), with an
+/// int8 m (no scale kind: `""`) and an fp4 v (`amax`), and with precision-only m and bf16 v.
+#[test]
+fn state_json_reads_and_writes_as_before_its_settings_were_typed() {
+    use lowbit_optim::{ResetRule, StateFormat, VZero};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state_json_37976cb");
+    let read = |name: &str| -> (String, TrainState) {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let state = serde_json::from_str(&text).unwrap();
+        (text, state)
+    };
+    let (text, state) = read("int8_fp4ue2m2.json");
+    assert_eq!((state.m_format, state.v_format), (StateFormat::Int8, StateFormat::Fp4UE2M2));
+    assert_eq!(
+        (state.m_scale, state.v_scale, state.v_zero, state.reset),
+        (None, Some(ScaleKind::Amax), Some(VZero::Exclude), Some(ResetRule::Adaptive))
+    );
+    assert_eq!(String::from_utf8(state.to_json().unwrap()).unwrap(), text);
+    let (text, state) = read("e8m3_bf16.json");
+    assert_eq!((state.m_format, state.v_format, state.v_zero), (StateFormat::E8m(3), StateFormat::Bf16, Some(VZero::Keep)));
+    assert_eq!(String::from_utf8(state.to_json().unwrap()).unwrap(), text);
 }

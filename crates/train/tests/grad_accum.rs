@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{load_tokenizer, DataConfig, DataPosition, SeqMode, TrainStream};
 use lowbit_model::{init_params, Llama, LlamaConfig};
 use lowbit_optim::{GradScale, LowbitAdamW, OptimError, Optimizer, StallCounts};
-use lowbit_train::session::ParamSet;
+use lowbit_train::model::ParamSet;
 use lowbit_train::step::{train_step, StepContext, StepReport};
 
 mod common;
@@ -27,7 +27,7 @@ impl Optimizer for Recorder {
         Ok(())
     }
 
-    fn stall_counts(&mut self, _step: u64) -> Result<Vec<StallCounts>, OptimError> {
+    fn measured_counts(&mut self, _step: u64) -> Result<Vec<StallCounts>, OptimError> {
         Err(OptimError::State("the recorder keeps no stall counts".into()))
     }
 

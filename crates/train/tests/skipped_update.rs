@@ -21,7 +21,8 @@ fn run(steps: &[u64]) -> (f32, f32) {
     let mut last = 0.0;
     for &s in steps {
         let before = w[0];
-        opt.step_cpu(s, 1.0, 1.0, 0, Weights::F32(&mut w), &[1.0]);
+        let plan = opt.plan(s, 1.0, 1.0).unwrap();
+        opt.step_cpu(&plan, 0, Weights::F32(&mut w), &[1.0]);
         last = before - w[0];
     }
     (last, opt.tensors[0].m.decode_all()[0])

@@ -12,16 +12,12 @@ pub fn repo_data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data")
 }
 
-/// `tokenizers/NAME` of the shared data beside the checkout (`../shared/data`), or `None`
-/// (with a note on stderr naming the path) when it is absent.
-pub fn shared_tokenizer(name: &str) -> Option<PathBuf> {
+/// `tokenizers/NAME` of the shared data beside the checkout (`../shared/data`); panics naming
+/// the path when it is absent (the tests that read it are ignored unless asked for).
+pub fn shared_tokenizer(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tokenizers").join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipped: {} not present (the shared data lives beside the checkout)", path.display());
-        None
-    }
+    assert!(path.is_file(), "{} not present (the shared data lives beside the checkout)", path.display());
+    path
 }
 
 pub fn t5() -> Tokens {

@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 pub const OCTAVES: u32 = 26;
 /// Buckets per octave: 2^SUB_BITS (the top fraction bits of `|n|`).
 pub const SUB_BITS: u32 = 6;
-/// Buckets per sign. `INT8_OCTAVES` / `INT8_SUB_BITS` of `kernels/formats.cuh` must agree
+/// Buckets per sign. `INT8_OCTAVES` / `INT8_SUB_BITS` of `kernels/optim/int8.cuh` must agree
 /// (`cuda_parity` fails otherwise).
 pub const BUCKETS: usize = (OCTAVES as usize) << SUB_BITS;
 /// FP32 bits of 2^-OCTAVES: bucket i > 0 starts at these bits plus i bucket widths.
@@ -84,7 +84,7 @@ pub fn normalizer(absmax: f32) -> (f32, f32) {
 }
 
 /// 2^-100: below this absmax, [`normalizer`] pre-scales by 2^64 (`int8_pre` in
-/// kernels/formats.cuh).
+/// kernels/optim/int8.cuh).
 pub const TINY_ABSMAX: f32 = f32::from_bits((127 - 100) << 23);
 
 /// Smallest `|n|` of bucket `i < BUCKETS` (0 for bucket 0, which also takes every smaller `|n|`).

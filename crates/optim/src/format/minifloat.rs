@@ -8,7 +8,7 @@
 //! Encoding rounds the FP32 input on its bits (see [`MiniFloat::encode`]); finite values beyond the
 //! largest finite value saturate to it (OCP "saturating" conversion), a zero result is the
 //! canonical `+0` code (the sign of a zero moment carries no information and keeping it would
-//! make an unchanged zero look updated). The CUDA port is in `kernels/formats.cuh` (same
+//! make an unchanged zero look updated). The CUDA port is in `kernels/optim/minifloat.cuh` (same
 //! results; the kernels round FP8 to nearest with the hardware converters, checked equal).
 
 use super::rounding::{round_up, Rounding};

@@ -88,7 +88,7 @@ pub fn block_scale(kind: ScaleKind, amax: f32, max_finite: f32) -> BlockScale {
     }
 }
 
-/// The `amax` scale, as written once for CPU and GPU (`kernels/formats/scale.cuh`
+/// The `amax` scale, as written once for CPU and GPU (`kernels/optim/scale.cuh`
 /// `amax_scale`): `a = max(amax, 2^-100)`, `scale = a / x_max`, `factor = x_max / a`, both
 /// IEEE FP32 divisions; 0 and 0 for an all-zero block.
 #[inline]

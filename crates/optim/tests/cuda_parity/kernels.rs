@@ -131,12 +131,13 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
     let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
     let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
     for step in 1..=2u64 {
+        let plan = cpu.plan(step, 1e-3, 1.0).map_err(|e| e.to_string())?;
         for (i, &n) in sizes.iter().enumerate() {
             let g = values(200 + step * 10 + i as u64, n, 1e-3, false);
             if c.bf16_weights {
-                cpu.step_cpu(step, 1e-3, 1.0, i, Weights::Bf16(&mut w16[i]), &g);
+                cpu.step_cpu(&plan, i, Weights::Bf16(&mut w16[i]), &g);
             } else {
-                cpu.step_cpu(step, 1e-3, 1.0, i, Weights::F32(&mut w32[i]), &g);
+                cpu.step_cpu(&plan, i, Weights::F32(&mut w32[i]), &g);
             }
         }
     }
@@ -159,14 +160,15 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
     for step in 3..=5u64 {
         let mut cpu_counts = vec![];
         let mut grads = vec![];
+        let plan = cpu.plan(step, 1e-3, 0.5).map_err(|e| e.to_string())?;
         for (i, &n) in sizes.iter().enumerate() {
             let g = values(300 + step * 10 + i as u64, n, 1e-2, true);
             let bf16_grads = c.bf16_weights && (step + i as u64) % 2 == 1;
             let g: Vec<f32> = if bf16_grads { g.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() } else { g };
             cpu_counts.push(if c.bf16_weights {
-                cpu.step_cpu(step, 1e-3, 0.5, i, Weights::Bf16(&mut w16[i]), &g)
+                cpu.step_cpu(&plan, i, Weights::Bf16(&mut w16[i]), &g)
             } else {
-                cpu.step_cpu(step, 1e-3, 0.5, i, Weights::F32(&mut w32[i]), &g)
+                cpu.step_cpu(&plan, i, Weights::F32(&mut w32[i]), &g)
             });
             let grad = if bf16_grads {
                 Tensor::from_vec(g.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(), n, dev)
@@ -288,11 +290,13 @@ fn sharded_step_matches_whole_tensor_step() {
             let mut cpu = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 7, infos);
             let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
             let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
+            // (one tensor of update `step`: its plan is the same for every tensor of the update)
             let step_cpu = |cpu: &mut LowbitAdamW, step: u64, i: usize, w16: &mut Vec<u16>, w32: &mut Vec<f32>, g: &[f32]| {
+                let plan = cpu.plan(step, 1e-3, 1.0).unwrap();
                 if bf16_weights {
-                    cpu.step_cpu(step, 1e-3, 1.0, i, Weights::Bf16(w16), g)
+                    cpu.step_cpu(&plan, i, Weights::Bf16(w16), g)
                 } else {
-                    cpu.step_cpu(step, 1e-3, 1.0, i, Weights::F32(w32), g)
+                    cpu.step_cpu(&plan, i, Weights::F32(w32), g)
                 }
             };
             for (i, &n) in sizes.iter().enumerate() {

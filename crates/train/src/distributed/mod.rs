@@ -1,12 +1,14 @@
 //! Data-parallel training: one process per GPU (or CPU process), launched by
 //! `train --gpus N` (the `train` binary's launcher) or from outside with the torchrun/SLURM environment
 //! ([`world`]); a TCP rendezvous at `MASTER_ADDR:MASTER_PORT` ([`rendezvous`]); the
-//! collective operations the step needs ([`collective`]); the split of the global batch and
-//! of the optimizer states over ranks ([`shard`], [`zero`]).
+//! collective operations the step needs ([`collective`]); what the ranks agree on before they
+//! train ([`agreement`]); the split of the global batch and of the optimizer states over ranks
+//! ([`shard`], [`zero`]).
 //!
 //! Several ranks on GPUs sum their gradients through NCCL (`nccl`, `nccl` feature) and,
 //! with `train.zero = 1`, step their shards of the states on the GPU ([`zero`]).
 
+pub mod agreement;
 pub mod collective;
 #[cfg(feature = "nccl")]
 pub mod nccl;

@@ -133,8 +133,10 @@ impl Optimizer for Zero1 {
         self.exchange(params).map_err(collective)
     }
 
-    fn stall_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError> {
-        let counts = self.local.stall_counts(step)?;
+    /// This rank's counts summed over the ranks (so the adaptive rule observes the whole
+    /// model's).
+    fn measured_counts(&mut self, step: u64) -> Result<Vec<StallCounts>, OptimError> {
+        let counts = self.local.measured_counts(step)?;
         sum_counts(&counts, self.comm.as_ref()).map_err(collective)
     }
 
