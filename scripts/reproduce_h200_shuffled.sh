@@ -4,7 +4,9 @@
 # (reproduce/departures/<name>/: the same table runner with one --set, so their records never
 # replace the table's). Every `train reproduce` call reads the committed results (--merge) and
 # writes the merged results and reports to OUT; a run finished before the deadline is kept,
-# one cut by it is not. Copy OUT/* over reproduce/ and commit it before the next command.
+# one cut by it is not. A device command returns at most 8 files, so the ablations' folders
+# are packed into OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`).
+# Copy OUT/* over reproduce/ and commit it before the next command.
 # Usage (on the GPU machine, from the repository root, token shards in data/local/tok/, see
 # docs/reproduce.md): scripts/reproduce_h200_shuffled.sh TRAIN OUT DEADLINE_S STEP...
 #   main[:SEEDS]         main table (bf16-model), seeds as --seed-list (default 0-2), seed by seed
@@ -73,3 +75,6 @@ for step in "$@"; do
       ;;
   esac || break
 done
+if [ -d "$OUT/departures" ]; then
+  tar cf "$OUT/departures.tar" -C "$OUT" departures && rm -rf "$OUT/departures"
+fi
