@@ -42,7 +42,7 @@ fn check(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Resul
 /// rows of row stride `ld` elements: 8 elements per access where the rows and the buffers
 /// `ptrs` are 16-byte aligned, else one.
 fn launch_rows(dev: &CudaDevice, name: &str, dtype: DType, (rows, ld): (usize, usize), ptrs: &[u64], a: &[super::Arg]) -> Result<()> {
-    let per_access = if (ld * dtype.size_in_bytes()) % 16 == 0 && super::aligned16(ptrs) { 8 } else { 1 };
+    let per_access = if (ld * dtype.size_in_bytes()).is_multiple_of(16) && super::aligned16(ptrs) { 8 } else { 1 };
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     launch(dev, &format!("{name}{per_access}"), dtype, cfg, a)
 }

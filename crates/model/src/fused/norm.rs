@@ -15,7 +15,7 @@ const ROWS_PER_BLOCK: usize = 64;
 /// `name` with its elements per access: `{name}8` (16-byte accesses) where the width is a
 /// multiple of 8 and every buffer 16-byte aligned, else `{name}1`.
 fn variant(name: &str, h: usize, ptrs: &[u64]) -> String {
-    let v = if h % 8 == 0 && super::aligned16(ptrs) { 8 } else { 1 };
+    let v = if h.is_multiple_of(8) && super::aligned16(ptrs) { 8 } else { 1 };
     format!("{name}{v}")
 }
 

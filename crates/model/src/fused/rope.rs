@@ -21,7 +21,7 @@ fn run(
     ld: usize,
 ) -> Result<()> {
     let (b, t, n, d) = dims;
-    let vector = (d / 2) % 8 == 0 && ld % 8 == 0 && super::aligned16(&[src, cos, sin, dst]);
+    let vector = (d / 2).is_multiple_of(8) && ld.is_multiple_of(8) && super::aligned16(&[src, cos, sin, dst]);
     let per_thread = if vector { 8 } else { 1 };
     let threads = b * t * n * (d / 2) / per_thread;
     let (bi, ti, ni, di) = (b as i32, t as i32, n as i32, d as i32);
