@@ -4,7 +4,7 @@ use crate::config::LlamaConfig;
 use candle_core::{Device, Result};
 
 /// Largest `hidden_size` the fused kernels take: the RMSNorm backward (`rmsnorm_bwd` in
-/// `kernels/model/ops.cu`) keeps 8 warps' FP32 gain-gradient sums of a whole row in shared
+/// `kernels/model/rmsnorm.cuh`) keeps 8 warps' FP32 gain-gradient sums of a whole row in shared
 /// memory, 8 x 1536 x 4 bytes = the 48 KiB a kernel gets without opting in (the launcher could
 /// opt in to more; widths above 1536 have not been tested on the GPU), and its kernels exist
 /// for up to 6 chunks of 8 elements per lane (6 x 8 x 32 = 1536), each lane holding its share

@@ -17,7 +17,10 @@
 //! ([`crate::Llama::training_pass`]), which writes the weights' gradients as [`WeightGrad`]
 //! says: new tensors, or added into FP32 sums over micro-batches by the products themselves.
 //!
-//! The kernels are `kernels/model/ops.cu`, `kernels/model/flash_attention.cu` (the BF16
+//! The kernels are `kernels/model/ops.cu` (which gathers one file per op family:
+//! `rmsnorm.cuh`, `rope.cuh`, `heads.cuh`, `softmax.cuh`, `swiglu.cuh`, `cross_entropy.cuh`,
+//! `embedding.cuh`, `copy_padded.cuh`, `ordered_sum.cuh`, over `common.cuh`),
+//! `kernels/model/flash_attention.cu` (the BF16
 //! attention on tensor cores, `flash`) and `kernels/model/flash_attention_f32.cu` (the FP32
 //! attention on CUDA cores), compiled to fatbins at build time and launched on
 //! candle's stream; the matrix products go through cuBLAS (`cublasGemmStridedBatchedEx`,
