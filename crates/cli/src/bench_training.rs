@@ -64,7 +64,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
     let mut run = |s: &mut Session, phases: Option<&mut Phases>| -> Result<u64> {
         step += 1;
         let r = s.step_timed(step, phases)?;
-        if step == 1 || step % 10 == 0 {
+        if step == 1 || step.is_multiple_of(10) {
             tracing::info!("step {step}: loss {:.4}", r.loss);
         }
         Ok(r.tokens)
@@ -153,7 +153,7 @@ pub fn bench_config(
     seq: usize,
     dtype: &str,
 ) -> Result<RunConfig> {
-    if micro_batch == 0 || batch % micro_batch != 0 {
+    if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
         anyhow::bail!("--batch {batch} must be a multiple of --micro-batch {micro_batch}");
     }
     let mut all = vec![

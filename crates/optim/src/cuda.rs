@@ -330,7 +330,7 @@ fn resident_blocks(stream: &CudaStream, kernels: &[Kernels]) -> Result<([u32; WE
 /// Device address of the first element of `t` (contiguous, on a CUDA device, start offset
 /// a multiple of 4 elements: the kernel moves 4 elements per vector access, 8 or 16 bytes).
 fn address(t: &Tensor, stream: &CudaStream, what: &str) -> Result<u64> {
-    if !t.is_contiguous() || t.layout().start_offset() % 4 != 0 {
+    if !t.is_contiguous() || !t.layout().start_offset().is_multiple_of(4) {
         candle_core::bail!("{what}: must be contiguous, starting at a multiple of 4 elements");
     }
     element_address(t, stream, what)

@@ -177,7 +177,7 @@ fn rms_norm_backward_reads_only_its_rows() {
                 let n: usize = shape.iter().product();
                 let mut v = vec![0.0; start];
                 v.extend(randn(shape, 1.0, seed));
-                v.extend(std::iter::repeat(f32::NAN).take(256));
+                v.extend(std::iter::repeat_n(f32::NAN, 256));
                 let buf = Tensor::from_vec(v, start + n + 256, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
                 let view = buf.narrow(0, start, n).unwrap().reshape(shape).unwrap();
                 (view.copy().unwrap(), view)

@@ -459,7 +459,7 @@ fn bf16_gradients_for_f32_weights_are_refused() {
     let mut gpu = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), cuda_dev).unwrap();
     let p = Tensor::zeros(8, DType::F32, &dev).unwrap();
     let g = Tensor::zeros(8, DType::BF16, &dev).unwrap();
-    let e = gpu.step(1, 1e-3, GradScale::Host(1.0), &[p.clone()], &[g]).unwrap_err().to_string();
+    let e = gpu.step(1, 1e-3, GradScale::Host(1.0), std::slice::from_ref(&p), &[g]).unwrap_err().to_string();
     assert!(e.contains("w: F32 weights with BF16 gradients"), "{e}");
     let g = Tensor::zeros(8, DType::F32, &dev).unwrap();
     gpu.step(1, 1e-3, GradScale::Host(1.0), &[p], &[g]).unwrap();
@@ -484,8 +484,8 @@ fn shard_not_starting_at_a_multiple_of_4_is_refused() {
     let states = StatesConfig { m_format: "bf16".into(), v_format: "bf16".into(), ..Default::default() };
     let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 300, weight_decay: false }];
     let whole = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 0, infos);
-    let mut gpu = CudaAdamW::new(whole.shard(&[6..300]).unwrap(), cuda_dev).unwrap();
+    let mut gpu = CudaAdamW::new(whole.shard(std::slice::from_ref(&(6..300))).unwrap(), cuda_dev).unwrap();
     let t = Tensor::zeros(294, DType::F32, &dev).unwrap();
-    let e = gpu.step(1, 1e-3, GradScale::Host(1.0), &[t.clone()], &[t]).err().unwrap().to_string();
+    let e = gpu.step(1, 1e-3, GradScale::Host(1.0), std::slice::from_ref(&t), std::slice::from_ref(&t)).err().unwrap().to_string();
     assert!(e.contains("w: a shard must start at a multiple of 4 elements, not 6"), "{e}");
 }
