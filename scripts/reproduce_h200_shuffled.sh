@@ -17,6 +17,9 @@
 #   v_only_keep          FP8 SR + v-only resets keeping the v of idle elements
 #   v_only_continue      FP8 SR + v-only resets, bias correction continued
 #   fp4_period_K         FP4 SR + resets of m and v every K steps
+#   fp8_period_K         FP8 SR + resets of m and v every K steps (Fig. 4)
+#   fp4_per_tensor       A.10: FP4 SR with and without resets, one scale per tensor
+#   model_60m, model_100m  Table 4: the model-scale cells at the paper's lr for 60M/100M (1e-3)
 # Each ablation runs the seeds in ABLATION_SEEDS (default 0-2).
 set -uo pipefail
 TRAIN=$1
@@ -24,6 +27,7 @@ OUT=$2
 DEADLINE=$(($(date +%s) + $3))
 shift 3
 seeds=${ABLATION_SEEDS:-0-2}
+table4=fp32_plain,bf16_plain,bf16_sr_reset,fp8_plain,fp8_sr_reset,fp4_plain,fp4_sr_reset
 fp32=(--set optim.states.groups.GROUP.m_format=fp32 --set optim.states.groups.GROUP.v_format=fp32)
 
 # reproduce NAME TABLE SEEDS ARGS...: one `train reproduce` per seed, NAME "" for the tables
@@ -65,6 +69,14 @@ for step in "$@"; do
     v_only_keep) reproduce "$step" reset-policies "$seeds" --cells fp8_sr_reset_v --set optim.states.v_reset_idle=keep ;;
     v_only_continue)
       reproduce "$step" reset-policies "$seeds" --cells fp8_sr_reset_v --set optim.states.bias_correction=continue ;;
+    fp8_period_*)
+      k=${step#fp8_period_}
+      reproduce "$step" bf16-model "$seeds" --cells fp8_sr_reset --set optim.states.m_reset_every="$k" \
+        --set optim.states.v_reset_every="$k" ;;
+    fp4_per_tensor) reproduce "$step" bf16-model "$seeds" --cells fp4_sr,fp4_sr_reset --set optim.states.block_size=0 ;;
+    model_60m | model_100m)
+      reproduce "$step" bf16-model "$seeds" --cells "$table4" --set "model.preset=\"llama${step#model_}\"" \
+        --set optim.lr=1e-3 ;;
     fp4_period_*)
       k=${step#fp4_period_}
       reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.m_reset_every="$k" \

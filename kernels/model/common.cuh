@@ -1,7 +1,8 @@
 // What every model kernel shares (kernels/model/*.cuh, gathered by ops.cu): the dtype
 // conversions (arithmetic in FP32, each output rounded once to the tensor's dtype), V-element
-// vector loads and stores, warp reductions, and the row kernels' warp count (WARPS; the Rust
-// side's copy is the launch's 256 threads per block in crates/model/src/fused/).
+// vector loads and stores, warp reductions, the threads per block and the row kernels' warp
+// count (BLOCK_THREADS, WARPS: shared with the Rust launcher through
+// crates/model/src/fused_sizes.rs, whose tests read them).
 
 #pragma once
 #include <cuda_bf16.h>
@@ -62,4 +63,6 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-#define WARPS 8  // warps per block of the row kernels (blockDim.x = 256)
+#define BLOCK_THREADS 256  // threads per block of every kernel of ops.cu
+#define WARPS 8            // warps per block of the row kernels (one row per warp)
+static_assert(WARPS * 32 == BLOCK_THREADS, "the row kernels' warps fill the block");

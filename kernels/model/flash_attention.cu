@@ -32,8 +32,8 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define BR 64  // rows per tile
-#define NW 4   // warps per block
+#define BR 64  // rows per tile (fused_sizes.rs FLASH_TILE, whose test reads these)
+#define NW 4   // warps per block (fused_sizes.rs FLASH_THREADS = NW * 32)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 

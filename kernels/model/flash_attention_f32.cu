@@ -38,8 +38,8 @@
 
 #include "flash_delta.cuh"
 
-#define BR 64        // rows per tile
-#define NT 128       // threads per block
+#define BR 64        // rows per tile (fused_sizes.rs FLASH_TILE, whose test reads these)
+#define NT 128       // threads per block (fused_sizes.rs FLASH_THREADS)
 #define RI 8         // score rows per thread
 #define CJ 4         // score columns per thread
 #define LP (BR + 16) // row stride of a [BR, BR] score tile

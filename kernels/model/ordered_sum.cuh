@@ -8,7 +8,7 @@
 // The sum of n FP32 values in a fixed order, by one block of 256 threads: thread i adds
 // x[i], x[i + 256], ... in order, then a fixed tree over the threads.
 extern "C" __global__ void ordered_sum_f32(const float* x, float* out, int n) {
-    __shared__ float s[256];
+    __shared__ float s[BLOCK_THREADS];
     float v = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[i];
     s[threadIdx.x] = v;

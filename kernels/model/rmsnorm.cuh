@@ -90,6 +90,10 @@ __device__ __forceinline__ void load_gain(const T* w, const uint4 (&wr)[WORDS], 
 // x 640 in 50 us (73 us).
 // (dx is a buffer of its own: no input aliases it, which lets a lane's loads run ahead of
 // its stores)
+// The widest row the backward's chunk kernels cover (CH = 6 chunks of 8 per lane; the Rust
+// side's kernels.rs FUSED_MAX_HIDDEN, whose test reads this).
+#define FUSED_MAX_HIDDEN 1536
+static_assert(FUSED_MAX_HIDDEN == 6 * 8 * 32, "NORM_BWD below instantiates CH = 1..6");
 template <typename T, int CH>
 __device__ void rmsnorm_bwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy,
                             const T* __restrict__ d_residual, T* __restrict__ dx, float* partial, int rows, int h,
@@ -198,7 +202,7 @@ __device__ void colsum(const float* partial, T* out, int rows, int h) {
 // two blocks per SM (at most 128 registers a thread) where CH * sizeof(T) <= 8 (BF16 rows up
 // to 1024 wide, FP32 up to 512): measured faster there; wider rows need more registers.
 #define NORM_BWD(T, S, CH)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256, CH * sizeof(T) <= 8 ? 2 : 1)                                 \
+    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, CH * sizeof(T) <= 8 ? 2 : 1)                                 \
         rmsnorm_bwd_c##CH##_##S(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, float* partial,   \
                                 int rows, int h, float eps, int rows_per_block, int vec) {                         \
         rmsnorm_bwd<T, CH>(x, w, dy, d_residual, dx, partial, rows, h, eps, rows_per_block, vec != 0);             \

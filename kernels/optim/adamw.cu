@@ -254,10 +254,18 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
     if (k > 0) encode_store<SR, P, MF, VF>(a, t, e, k, q, sm, sv, zero_free_floor(a, amax_v), map_m, map_v, cnt);
 }
 
-// 128-element rounds per segment: 2 for unscaled states (both rounds' loads in flight
-// together), 1 for scaled ones (their moments are register-hungry). The host's
-// segment length in `CudaAdamW::step` (cuda.rs) must agree.
-template <int MF, int VF> __host__ __device__ constexpr int rounds() { return (Codes<MF>::SCALED || Codes<VF>::SCALED) ? 1 : 2; }
+// ROUND_ELEMENTS-element rounds (a quad per lane) per segment: 2 for unscaled states (both
+// rounds' loads in flight together), 1 for scaled ones (their moments are register-hungry).
+// Shared with the host's segment length through crates/optim/src/kernel_abi.rs
+// (`segment_len`, its tests read these), as are the threads per block.
+#define STEP_THREADS 256
+#define ROUND_ELEMENTS 128
+#define SEGMENT_ROUNDS_UNSCALED 2
+#define SEGMENT_ROUNDS_SCALED 1
+static_assert(ROUND_ELEMENTS == 32 * 4, "a round is one quad per lane");
+template <int MF, int VF> __host__ __device__ constexpr int rounds() {
+    return (Codes<MF>::SCALED || Codes<VF>::SCALED) ? SEGMENT_ROUNDS_SCALED : SEGMENT_ROUNDS_UNSCALED;
+}
 
 // A segment of ROUNDS x 128 elements (unscaled states, per-tensor scales, or 128-element
 // blocks: round r is block ROUNDS * seg + r). Lane l takes elements 4l..4l+3 of every round;
@@ -268,18 +276,18 @@ __device__ __forceinline__ void round_segment(const StepArgs& a, const TensorArg
                                               bool blockwise, const float* amax_pre, Int8Map map_m,
                                               Int8Map map_v, StepCounters& cnt) {
     constexpr int ROUNDS = rounds<MF, VF>();
-    const unsigned long long start = seg * (ROUNDS * 128) + 4 * (threadIdx.x % 32);
+    const unsigned long long start = seg * (ROUNDS * ROUND_ELEMENTS) + 4 * (threadIdx.x % 32);
     Inputs<P, MF, VF> in[ROUNDS];
     int k[ROUNDS];
 #pragma unroll
     for (int r = 0; r < ROUNDS; r++) {
-        const unsigned long long e = start + 128 * r;
+        const unsigned long long e = start + ROUND_ELEMENTS * r;
         k[r] = FULL ? 4 : (e < t.n ? (int)min(4ull, t.n - e) : 0);
         load_inputs<P, MF, VF>(a, t, blockwise ? ROUNDS * seg + r : 0, e, k[r], in[r]);
     }
 #pragma unroll
     for (int r = 0; r < ROUNDS; r++)
-        quad_step<SR, P, MF, VF>(a, t, blockwise, ROUNDS * seg + r, start + 128 * r, k[r], in[r], amax_pre, map_m,
+        quad_step<SR, P, MF, VF>(a, t, blockwise, ROUNDS * seg + r, start + ROUND_ELEMENTS * r, k[r], in[r], amax_pre, map_m,
                                  map_v, cnt);
 }
 
@@ -293,7 +301,7 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
     const unsigned len = a.block;
     const unsigned long long start = seg * len, end = min(start + len, t.n);
     Inputs<P, MF, VF> in;
-    if (len < 128) {
+    if (len < ROUND_ELEMENTS) {
         const unsigned long long e = start + 4 * (threadIdx.x % 32);
         const int k = (4 * (threadIdx.x % 32) < len && e < end) ? (int)min(4ull, end - e) : 0;
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
@@ -302,7 +310,7 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
     }
     Quad q;
     float am = 0.0f, av = 0.0f;
-    for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
+    for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += ROUND_ELEMENTS) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
         moments<P, MF, VF>(a, in, map_m, map_v, q);
@@ -311,7 +319,7 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
     }
     const float amax_v = block_amax<VF>(av);
     const BlockScale sm = block_scale_of<MF>(block_amax<MF>(am), a.scale_m), sv = block_scale_of<VF>(amax_v, a.scale_v);
-    for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += 128) {
+    for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += ROUND_ELEMENTS) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
         moments<P, MF, VF>(a, in, map_m, map_v, q);
@@ -412,7 +420,7 @@ __device__ __forceinline__ void adamw_step(const LaunchArgs& L, const float* gat
         const unsigned long long seg = i - t.first_segment;
         if constexpr (BLOCKS) {
             if constexpr (scaled) block_segment<SR, P, MF, VF>(a, t, seg, map_m, map_v, cnt);
-        } else if ((seg + 1) * (rounds<MF, VF>() * 128) <= t.n)
+        } else if ((seg + 1) * (rounds<MF, VF>() * ROUND_ELEMENTS) <= t.n)
             round_segment<SR, true, P, MF, VF>(a, t, seg, blockwise, amax_pre + 2 * t.index, map_m, map_v, cnt);
         else
             round_segment<SR, false, P, MF, VF>(a, t, seg, blockwise, amax_pre + 2 * t.index, map_m, map_v, cnt);
@@ -446,7 +454,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, const float* gat
     const auto segment = [&](const TensorArgs& t, unsigned long long i) {
 #pragma unroll
         for (int r = 0; r < rounds<MF, VF>(); r++) {
-            const unsigned long long e = (i - t.first_segment) * (rounds<MF, VF>() * 128) + 128 * r + 4 * (threadIdx.x % 32);
+            const unsigned long long e = (i - t.first_segment) * (rounds<MF, VF>() * ROUND_ELEMENTS) + ROUND_ELEMENTS * r + 4 * (threadIdx.x % 32);
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
                 load_inputs<P, MF, VF, false>(a, t, 0, e, k, in);
@@ -485,7 +493,7 @@ template <typename P, int MF, int VF> constexpr int min_blocks() {
     return MF == FMT_INT8 || VF == FMT_INT8 || (is16<MF>() && is16<VF>() && WeightCodes<P>::F == FMT_BF16) ? 4 : 3;
 }
 #define ADAMW_KERNEL(NAME, SR, BLOCKS, P, MF, VF)                                                            \
-    extern "C" __global__ void __launch_bounds__(256, min_blocks<P, MF, VF>())                              \
+    extern "C" __global__ void __launch_bounds__(STEP_THREADS, min_blocks<P, MF, VF>())                              \
         NAME(const __grid_constant__ LaunchArgs L, const float* gate, const float* amax_pre,                 \
              unsigned long long* counters, const float* maps, const uint8_t* buckets) {                      \
         adamw_step<SR, BLOCKS, P, MF, VF>(L, gate, amax_pre, counters, maps, buckets);                       \
@@ -496,7 +504,7 @@ template <typename P, int MF, int VF> constexpr int min_blocks() {
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_blocks, false, true, P, MF, VF)   \
     ADAMW_KERNEL(adamw_##PN##_##MN##_##VN##_sr_blocks, true, true, P, MF, VF)
 #define ADAMW_AMAX(NAME, P, MF, VF)                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const __grid_constant__ LaunchArgs L, const float* gate, \
+    extern "C" __global__ void __launch_bounds__(STEP_THREADS) NAME(const __grid_constant__ LaunchArgs L, const float* gate, \
                                                            unsigned* amax, const float* maps) {              \
         adamw_amax<P, MF, VF>(L, gate, amax, maps);                                                          \
     }

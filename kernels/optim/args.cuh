@@ -3,7 +3,10 @@
 // both sides assert the same sizes.
 #pragma once
 
+// Shared with the Rust launcher through crates/optim/src/kernel_abi.rs (its tests read these).
 #define MAX_TENSORS 256  // per launch: the kernel parameters (26.1 KiB) stay under 32 KiB (CUDA 12.1+)
+#define STEP_ARGS_BYTES 104
+#define TENSOR_ARGS_BYTES 104
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -50,7 +53,7 @@ __device__ __forceinline__ StepArgs step_args(const LaunchArgs& L, const float* 
     return a;
 }
 
-// cuda.rs asserts the same sizes of its mirrors
-static_assert(sizeof(StepArgs) == 104, "StepArgs layout (cuda.rs StepArgs)");
-static_assert(sizeof(TensorArgs) == 104, "TensorArgs layout (cuda.rs TensorArgs)");
-static_assert(sizeof(LaunchArgs) == 104 + 104 * MAX_TENSORS, "LaunchArgs layout (cuda.rs LaunchArgs)");
+// cuda.rs asserts the same sizes of its mirrors (kernel_abi.rs)
+static_assert(sizeof(StepArgs) == STEP_ARGS_BYTES, "StepArgs layout (cuda.rs StepArgs)");
+static_assert(sizeof(TensorArgs) == TENSOR_ARGS_BYTES, "TensorArgs layout (cuda.rs TensorArgs)");
+static_assert(sizeof(LaunchArgs) == STEP_ARGS_BYTES + TENSOR_ARGS_BYTES * MAX_TENSORS, "LaunchArgs layout (cuda.rs LaunchArgs)");

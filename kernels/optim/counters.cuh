@@ -4,7 +4,7 @@
 // tensor. The slot layout (COUNTERS u64 in this order) is cuda.rs `DeviceCounters`.
 #pragma once
 
-#define COUNTERS 11  // u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad, zero_v
+#define COUNTERS 11  // (kernel_abi.rs) u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad, zero_v
 
 // A lane's counts, two 16-bit counts per register (the lower half first) to spare the
 // registers of the step kernels: m and v of each kind; w updated and stalled; w unchanged and

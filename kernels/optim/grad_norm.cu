@@ -13,9 +13,11 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
+// Shared with the Rust launcher through crates/optim/src/kernel_abi.rs (its tests read these).
 #define NORM_TENSORS 256
 #define NORM_CHUNK 65536
 #define NORM_THREADS 256
+#define NORM_ARGS_BYTES 6160
 
 // `struct NormArgs` of crates/optim/src/grad_norm.rs (same field order).
 struct NormArgs {
@@ -24,6 +26,7 @@ struct NormArgs {
     uint64_t first_chunk[NORM_TENSORS + 1];  // chunks before tensor i; [count] = all chunks
     uint64_t count;
 };
+static_assert(sizeof(NormArgs) == NORM_ARGS_BYTES && NORM_ARGS_BYTES == 8 * (3 * NORM_TENSORS + 2), "NormArgs layout (grad_norm.rs NormArgs)");
 
 // Sum of one block's threads' values in a fixed tree order (blockDim.x == NORM_THREADS).
 __device__ double block_sum(double v) {

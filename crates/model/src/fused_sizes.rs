@@ -36,8 +36,16 @@ pub(crate) fn group_by_id(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     (order, offsets, unique)
 }
 
+/// Threads per block of the kernels of `kernels/model/ops.cu` (`BLOCK_THREADS`, `common.cuh`).
+pub(crate) const BLOCK_THREADS: u32 = 256;
+/// Warps per block of the row kernels, one row per warp (`WARPS`, `common.cuh`): a launch over
+/// `rows` rows takes `rows.div_ceil(ROW_WARPS)` blocks.
+pub(crate) const ROW_WARPS: usize = 8;
 /// Rows per tile of the attention kernels (`BR` in both kernel files).
 pub(crate) const FLASH_TILE: usize = 64;
+/// Threads per block of both attention kernels (`NW * 32` in `flash_attention.cu`, `NT` in
+/// `flash_attention_f32.cu`).
+pub(crate) const FLASH_THREADS: usize = 128;
 
 /// The two families of attention kernels: BF16 on tensor cores
 /// (`kernels/model/flash_attention.cu`: 4 warps per block, BF16 tiles with row stride
@@ -71,12 +79,9 @@ impl FlashKernels {
         }
     }
 
-    /// Threads per block (`NW * 32`, `NT` in the kernel files).
+    /// Threads per block ([`FLASH_THREADS`] for both).
     pub(crate) fn threads(self) -> usize {
-        match self {
-            Self::TensorCoreBf16 => 128,
-            Self::CudaCoreF32 => 128,
-        }
+        FLASH_THREADS
     }
 
     /// Elements per 16-byte access.
@@ -151,6 +156,25 @@ pub(crate) fn flash_strides((_, h, t, d): (usize, usize, usize, usize)) -> [i32;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    include!("../../../kernels/header_values.rs");
+
+    /// The launch constants shared with the kernel files, read from those files (no nvcc):
+    /// a change on one side alone fails here.
+    #[test]
+    fn launch_constants_match_the_kernel_files() {
+        let common = include_str!("../../../kernels/model/common.cuh");
+        let rmsnorm = include_str!("../../../kernels/model/rmsnorm.cuh");
+        let flash = include_str!("../../../kernels/model/flash_attention.cu");
+        let flash_f32 = include_str!("../../../kernels/model/flash_attention_f32.cu");
+        assert_eq!(header_value(common, "BLOCK_THREADS"), i64::from(BLOCK_THREADS));
+        assert_eq!(header_value(common, "WARPS"), ROW_WARPS as i64);
+        assert_eq!(header_value(rmsnorm, "FUSED_MAX_HIDDEN"), crate::kernels::FUSED_MAX_HIDDEN as i64);
+        assert_eq!(header_value(flash, "BR"), FLASH_TILE as i64);
+        assert_eq!(header_value(flash_f32, "BR"), FLASH_TILE as i64);
+        assert_eq!(header_value(flash, "NW") * 32, FLASH_THREADS as i64);
+        assert_eq!(header_value(flash_f32, "NT"), FLASH_THREADS as i64);
+    }
 
     #[test]
     fn extents_pad_to_multiples_of_8() {

@@ -17,8 +17,10 @@ use crate::adamw::Roundings;
 use crate::adapter::{check_sizes, Optimizer};
 use crate::clip::GradScale;
 use crate::error::OptimError;
-use crate::format::scale::ScaleKind;
 use crate::format::{int8, Rounding, StateFormat};
+use crate::kernel_abi::{
+    kernel_format, round_id, scale_id, segment_len, COUNTERS, MAX_TENSORS, STEP_ARGS_BYTES, STEP_THREADS, TENSOR_ARGS_BYTES,
+};
 use crate::optimizer::{LowbitAdamW, TensorState};
 use crate::stalls::{Counter, StallCounts};
 use crate::step_plan::{StepPlan, TensorPlan};
@@ -88,10 +90,6 @@ pub const COUNT_LAG: usize = {
     }
 };
 
-/// Tensors per kernel launch: `MAX_TENSORS` of `kernels/optim/args.cuh` (the launch parameters,
-/// 26.1 KiB, stay under the 32 KiB that CUDA 12.1+ allows on sm_70+).
-pub const MAX_TENSORS: usize = 256;
-
 /// Launch-wide kernel arguments: `struct StepArgs` of `kernels/optim/args.cuh` (same field
 /// order and size, asserted on both sides).
 #[repr(C)]
@@ -153,9 +151,9 @@ struct LaunchArgs {
 }
 unsafe impl DeviceRepr for LaunchArgs {}
 // the kernel's static_asserts (args.cuh) state the same sizes
-const _: () = assert!(std::mem::size_of::<StepArgs>() == 104);
-const _: () = assert!(std::mem::size_of::<TensorArgs>() == 104);
-const _: () = assert!(std::mem::size_of::<LaunchArgs>() == 104 + 104 * MAX_TENSORS);
+const _: () = assert!(std::mem::size_of::<StepArgs>() == STEP_ARGS_BYTES);
+const _: () = assert!(std::mem::size_of::<TensorArgs>() == TENSOR_ARGS_BYTES);
+const _: () = assert!(std::mem::size_of::<LaunchArgs>() == STEP_ARGS_BYTES + TENSOR_ARGS_BYTES * MAX_TENSORS);
 
 /// One tensor's slot of the device's step counters (`kernels/optim/counters.cuh`, same order):
 /// updated / stalled / unchanged of m, v and BF16 weights, the zero gradients and the updates
@@ -176,9 +174,7 @@ struct DeviceCounters {
     zero_v: u64,
 }
 
-/// u64 counters per tensor slot: `COUNTERS` of counters.cuh.
-const COUNTERS: usize = std::mem::size_of::<DeviceCounters>() / 8;
-const _: () = assert!(COUNTERS == 11);
+const _: () = assert!(std::mem::size_of::<DeviceCounters>() == 8 * COUNTERS);
 
 impl DeviceCounters {
     fn from_slot(c: &[u64]) -> Self {
@@ -210,20 +206,6 @@ impl DeviceCounters {
             zero_grad: self.zero_grad,
             zero_v: self.zero_v,
         }
-    }
-}
-
-fn scale_id(k: ScaleKind) -> u32 {
-    match k {
-        ScaleKind::Pow2 => 0,
-        ScaleKind::Amax => 1,
-    }
-}
-
-fn round_id(r: Rounding) -> i32 {
-    match r {
-        Rounding::Nearest => 0,
-        Rounding::Stochastic => 1,
     }
 }
 
@@ -266,15 +248,6 @@ fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
     }
 }
 
-/// The name of `format` in kernel names: every precision-only `e8mK` shares the `e8m`
-/// kernels (K is a launch argument).
-fn kernel_format(format: StateFormat) -> &'static str {
-    match format {
-        StateFormat::E8m(_) => "e8m",
-        f => f.name(),
-    }
-}
-
 /// The `(m, v)` kernel names' formats. Errors for pairs without kernels: precision-only
 /// states pair only with fp32, bf16 or precision-only states (kernels/optim/adamw.cu).
 fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static str)> {
@@ -296,10 +269,10 @@ fn per_tensor_scales(spec: &crate::config::StatesSpec) -> bool {
     (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && spec.block_size == 0
 }
 
-/// Thread blocks of 8 warps for a launch over `elements`: at least 2048 elements per warp, at
-/// most `max` (the blocks that fit on the GPU at once).
+/// Thread blocks of [`STEP_THREADS`] for a launch over `elements`: at least 2048 elements per
+/// warp, at most `max` (the blocks that fit on the GPU at once).
 fn warp_blocks(elements: u64, max: u32) -> u32 {
-    (elements.div_ceil(8 * 2048) as u32).clamp(1, max)
+    (elements.div_ceil(u64::from(STEP_THREADS / 32) * 2048) as u32).clamp(1, max)
 }
 
 /// Thread blocks of 256 threads that fit on the GPU at once: per weight variant for the step
@@ -310,8 +283,9 @@ fn resident_blocks(stream: &CudaStream, kernels: &[Kernels]) -> Result<([u32; WE
         .context()
         .attribute(candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(err)? as u32;
-    let full =
-        |f: &CudaFunction| -> Result<u32> { Ok(sms * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None).map_err(err)?.max(1)) };
+    let full = |f: &CudaFunction| -> Result<u32> {
+        Ok(sms * f.occupancy_max_active_blocks_per_multiprocessor(STEP_THREADS, 0, None).map_err(err)?.max(1))
+    };
     let mut max_blocks = [u32::MAX; WEIGHT_VARIANTS.len()];
     let mut amax_blocks = [u32::MAX; 2];
     for k in kernels {
@@ -579,13 +553,7 @@ impl CudaAdamW {
             let Some(&first) = group.tensors.first() else { continue };
             let spec = group.spec;
             let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-            // segment length, as `rounds` in adamw.cu: two 128-element rounds
-            // (unscaled), one (128-element blocks or per-tensor scales), else one block
-            let seg = match (scaled, spec.block_size) {
-                (false, _) => 256,
-                (true, 0 | 128) => 128,
-                (true, b) => b,
-            };
+            let seg = segment_len(scaled, spec.block_size);
             let launch_args = step_args(&self.host.tensors[first], &plan.tensors[first]);
             for variant in 0..WEIGHT_VARIANTS.len() {
                 let of_variant: Vec<TensorArgs> =
@@ -610,8 +578,11 @@ impl CudaAdamW {
     /// the amax and scale launches of per-tensor scaling).
     fn launch(&self, group: &SpecGroup, variant: usize, args: &LaunchArgs, r: &Roundings, gate: u64, slot: usize) -> Result<()> {
         let elements: u64 = args.t[..args.s.count as usize].iter().map(|t| t.n).sum();
-        let cfg =
-            LaunchConfig { grid_dim: (warp_blocks(elements, self.max_blocks[variant]), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (warp_blocks(elements, self.max_blocks[variant]), 1, 1),
+            block_dim: (STEP_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (stream, kernels, spec) = (&self.stream, &self.kernels[group.kernels], &group.spec);
         let per_tensor = per_tensor_scales(spec);
         if per_tensor {

@@ -6,6 +6,7 @@
 
 use crate::clip::GradScale;
 use crate::cuda::err;
+use crate::kernel_abi::{NORM_ARGS_BYTES, NORM_CHUNK, NORM_TENSORS, NORM_THREADS};
 use candle_core::cuda::cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::DeviceId;
@@ -15,11 +16,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 const NORM_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/grad_norm.fatbin"));
-
-/// `NORM_TENSORS`, `NORM_CHUNK` and `NORM_THREADS` of the kernel file.
-const NORM_TENSORS: usize = 256;
-const NORM_CHUNK: usize = 65536;
-const NORM_THREADS: u32 = 256;
 
 /// `struct NormArgs` of `kernels/optim/grad_norm.cu`, passed by value (6.0 KiB).
 #[repr(C)]
@@ -31,6 +27,7 @@ struct NormArgs {
     count: u64,
 }
 unsafe impl DeviceRepr for NormArgs {}
+const _: () = assert!(std::mem::size_of::<NormArgs>() == NORM_ARGS_BYTES);
 
 /// The kernels `sum_squares_f32`, `sum_squares_bf16`, `sum_partials` on `dev` (loaded once).
 fn kernels(dev: &CudaDevice) -> Result<[CudaFunction; 3]> {

@@ -54,6 +54,7 @@ pub mod error;
 pub mod format;
 #[cfg(feature = "cuda")]
 pub mod grad_norm;
+pub mod kernel_abi;
 pub mod optimizer;
 pub mod plan;
 pub mod reset;

@@ -6,7 +6,7 @@
 //! scores by cuBLAS, a fused causal softmax, and a backward that recomputes the scores
 //! instead of keeping them (the `[T, T]` matrices exist only inside one pass of one layer).
 
-use super::{alloc, args, cuda_device, flash, grid, launch, tensor_ptr, wrap, Columns, Gemm, THREADS};
+use super::{alloc, args, cuda_device, flash, grid, launch, tensor_ptr, wrap, Columns, Gemm, BLOCK_THREADS, ROW_WARPS};
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Shape, Tensor};
 
 /// Shape `[B, heads, T, d]` as (batch entries B·heads, T, d).
@@ -21,7 +21,7 @@ fn relayout(dev: &CudaDevice, name: &str, dtype: DType, src: u64, shape: &Shape)
     let (b, h, t, d) = shape.dims4()?;
     let out = alloc(dev, dtype, b * h * t * d)?;
     let n = b * h * t * d;
-    launch(dev, name, dtype, grid(n.div_ceil(THREADS as usize), 0), &args![src, out.1, b as i32, t as i32, h as i32, d as i32])?;
+    launch(dev, name, dtype, grid(n.div_ceil(BLOCK_THREADS as usize), 0), &args![src, out.1, b as i32, t as i32, h as i32, d as i32])?;
     Ok(out)
 }
 
@@ -47,7 +47,7 @@ fn probabilities(
     )?;
     let p = alloc(dev, dtype, bh * t * t)?;
     let (rows, ti, sp, pp) = ((bh * t) as i32, t as i32, s.1, p.1);
-    launch(dev, "causal_softmax_fwd", dtype, grid((bh * t).div_ceil(8), 0), &args![sp, pp, rows, ti, scale])?;
+    launch(dev, "causal_softmax_fwd", dtype, grid((bh * t).div_ceil(ROW_WARPS), 0), &args![sp, pp, rows, ti, scale])?;
     Ok((p, s))
 }
 
@@ -158,7 +158,7 @@ pub fn backward(
     )?;
     let (_ds, ds) = alloc(&dev, dtype, bh * tt)?;
     let (rows, ti) = ((bh * t) as i32, t as i32);
-    launch(&dev, "causal_softmax_bwd", dtype, grid((bh * t).div_ceil(8), 0), &args![p, dp, ds, rows, ti, scale])?;
+    launch(&dev, "causal_softmax_bwd", dtype, grid((bh * t).div_ceil(ROW_WARPS), 0), &args![p, dp, ds, rows, ti, scale])?;
     let grad = |a: u64, a_t: bool, b: u64| -> Result<(CudaStorage, u64)> {
         let (s, c) = alloc(&dev, dtype, bh * td)?;
         Gemm { m: t, n: d, k: t, a_t, b_t: false, batch: bh, stride_a: tt, stride_b: td, stride_c: td }

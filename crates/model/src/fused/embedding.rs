@@ -4,7 +4,7 @@
 //! interleaved sums over its positions (the 1st, 9th, ...; the 2nd, 10th, ...), added in
 //! turn, so that a frequent token's thousands of rows are read eight at a time.
 
-use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, THREADS};
+use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, BLOCK_THREADS};
 use crate::fused_sizes::group_by_id;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
@@ -21,7 +21,7 @@ pub fn forward(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let (wp, ip) = (tensor_ptr(w, "embedding weight")?, tensor_ptr(ids, "ids")?);
     let (out, y) = alloc(&dev, w.dtype(), rows * h)?;
     let (r, hh) = (rows as i32, h as i32);
-    launch(&dev, "embedding_fwd", w.dtype(), grid((rows * h).div_ceil(THREADS as usize), 0), &args![wp, ip, y, r, hh])?;
+    launch(&dev, "embedding_fwd", w.dtype(), grid((rows * h).div_ceil(BLOCK_THREADS as usize), 0), &args![wp, ip, y, r, hh])?;
     Ok(wrap(out, (rows, h)))
 }
 
@@ -83,7 +83,7 @@ pub fn backward(w: &Tensor, grouping: &Grouping, dy: &Tensor) -> Result<Tensor> 
         tensor_ptr(&dw, "dw")?,
     );
     let hh = h as i32;
-    let cfg = LaunchConfig { grid_dim: (n_unique.max(1) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (n_unique.max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
     if n_unique > 0 {
         launch(&dev, "embedding_bwd", w.dtype(), cfg, &args![g, o, off, u, out, hh])?;
     }

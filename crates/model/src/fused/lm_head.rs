@@ -5,7 +5,7 @@
 //! training the gradients come from each chunk's logits while they exist (as Liger-Kernel's
 //! fused linear cross-entropy and llm.c do): three matrix products per chunk in all.
 
-use super::{aligned, alloc, args, cuda_device, launch, tensor_ptr, wrap, zero_padded, Gemm, THREADS};
+use super::{aligned, alloc, args, cuda_device, launch, tensor_ptr, wrap, zero_padded, Gemm, BLOCK_THREADS};
 use crate::fused_sizes::row_chunks;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
@@ -43,7 +43,7 @@ fn check(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Resul
 /// `ptrs` are 16-byte aligned, else one.
 fn launch_rows(dev: &CudaDevice, name: &str, dtype: DType, (rows, ld): (usize, usize), ptrs: &[u64], a: &[super::Arg]) -> Result<()> {
     let per_access = if (ld * dtype.size_in_bytes()).is_multiple_of(16) && super::aligned16(ptrs) { 8 } else { 1 };
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
     launch(dev, &format!("{name}{per_access}"), dtype, cfg, a)
 }
 

@@ -5,7 +5,8 @@
 //! composed ops keep `g` and `u`).
 
 use super::{
-    aligned, alloc, args, copy_padded, cuda_device, grid, launch, same_storage, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad, THREADS,
+    aligned, alloc, args, copy_padded, cuda_device, grid, launch, same_storage, sum_buffer, tensor_ptr, wrap, Gemm, WeightGrad,
+    BLOCK_THREADS,
 };
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
@@ -50,7 +51,7 @@ fn dims(x: &Tensor, packed: &Tensor, i: usize) -> Result<(usize, usize, usize)> 
 /// multiple of 8, [`aligned`]), else one.
 fn gate(dev: &CudaDevice, name: &str, dtype: DType, ptrs: &[u64], a: &[super::Arg], n: usize) -> Result<()> {
     let per_thread = if super::aligned16(ptrs) { 8 } else { 1 };
-    launch(dev, &format!("{name}{per_thread}"), dtype, grid((n / per_thread).div_ceil(THREADS as usize), 0), a)
+    launch(dev, &format!("{name}{per_thread}"), dtype, grid((n / per_thread).div_ceil(BLOCK_THREADS as usize), 0), a)
 }
 
 /// `silu(x · w_gateᵀ) * (x · w_upᵀ)`, its last dimension padded with zeros to

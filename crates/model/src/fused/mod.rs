@@ -52,9 +52,6 @@ const OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
 const FLASH_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_attention.fatbin"));
 const FLASH_F32_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_attention_f32.fatbin"));
 
-/// Threads per block of every kernel (the row kernels run one row per warp, 8 per block).
-pub(crate) const THREADS: u32 = 256;
-
 /// Shared memory a block may use without opting in (bytes).
 const DEFAULT_SMEM: u32 = 48 * 1024;
 
@@ -160,9 +157,9 @@ pub(crate) fn launch_in(dev: &CudaDevice, module: Module, name: &str, dtype: DTy
     Ok(())
 }
 
-/// `blocks` blocks of [`THREADS`] threads, `smem` bytes of dynamic shared memory.
+/// `blocks` blocks of [`BLOCK_THREADS`] threads, `smem` bytes of dynamic shared memory.
 pub(crate) fn grid(blocks: usize, smem: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem as u32 }
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: smem as u32 }
 }
 
 /// Whether every address in `ptrs` is 16-byte aligned: the kernels' vector accesses (8 BF16 or
@@ -388,7 +385,7 @@ fn workspace(dev: &CudaDevice) -> Result<u64> {
     Ok(p)
 }
 
-pub(crate) use crate::fused_sizes::aligned;
+pub(crate) use crate::fused_sizes::{aligned, BLOCK_THREADS, ROW_WARPS};
 
 /// Writes the `[rows_out, dst_ld]` matrix at `dst` from the `[rows, cols]` one at `src` (row
 /// stride `src_ld`), zeros in the rows and columns past it (`rows <= rows_out`, `cols <=
@@ -408,7 +405,7 @@ pub(crate) fn copy_padded(
     let per = 16 / dtype.size_in_bytes();
     let unit = if aligned16(&[src, dst]) && [cols, src_ld, dst_ld].iter().all(|w| w % per == 0) { per } else { 1 };
     let a = args![src, dst, rows as i32, (cols / unit) as i32, (src_ld / unit) as i32, rows_out as i32, (dst_ld / unit) as i32];
-    launch(dev, &format!("copy_padded{unit}"), dtype, grid((rows_out * dst_ld / unit).div_ceil(THREADS as usize), 0), &a)
+    launch(dev, &format!("copy_padded{unit}"), dtype, grid((rows_out * dst_ld / unit).div_ceil(BLOCK_THREADS as usize), 0), &a)
 }
 
 /// A `[rows, cols]` matrix copied into a `[rows_out, cols_out]` one (each at least as large)

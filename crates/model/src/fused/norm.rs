@@ -3,7 +3,7 @@
 //! (both gradients in one pass, the gain's as per-block partial sums), then a column sum of
 //! the partials (no atomics).
 
-use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap};
+use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, ROW_WARPS};
 use candle_core::{DType, Result, Tensor};
 
 /// Rows each block of the backward kernel takes (one partial row of the gain gradient per
@@ -56,7 +56,7 @@ pub fn forward(x: &Tensor, delta: Option<&Tensor>, w: &Tensor, eps: f64) -> Resu
     };
     let (r, hh) = (rows as i32, h as i32);
     let name = variant("rmsnorm_fwd", h, &[xp, dp, wp, sp, y]);
-    launch(&dev, &name, dtype, grid(rows.div_ceil(8), 0), &args![xp, dp, wp, sp, y, r, hh, eps as f32])?;
+    launch(&dev, &name, dtype, grid(rows.div_ceil(ROW_WARPS), 0), &args![xp, dp, wp, sp, y, r, hh, eps as f32])?;
     Ok((sum, wrap(y_s, x.shape().clone())))
 }
 

@@ -1,7 +1,7 @@
 //! Rotary position embedding fused with the head transpose, forward and backward
 //! (reference: [`crate::rope::Rope::apply`] after splitting the heads).
 
-use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, Columns, THREADS};
+use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, Columns, BLOCK_THREADS};
 use candle_core::{DType, Result, Tensor};
 
 /// Launches `rope_fwd` or `rope_bwd` (same signature) on `dims` = (B, T, heads, d) whose
@@ -26,7 +26,7 @@ fn run(
     let threads = b * t * n * (d / 2) / per_thread;
     let (bi, ti, ni, di) = (b as i32, t as i32, n as i32, d as i32);
     let a = args![src, cos, sin, dst, bi, ti, ni, di, ld as i32];
-    launch(dev, &format!("{name}{per_thread}"), dtype, grid(threads.div_ceil(THREADS as usize), 0), &a)
+    launch(dev, &format!("{name}{per_thread}"), dtype, grid(threads.div_ceil(BLOCK_THREADS as usize), 0), &a)
 }
 
 /// Checks the tables against `heads` heads of width d over `t` positions.
