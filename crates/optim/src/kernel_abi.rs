@@ -1,7 +1,7 @@
 //! The values that the optimizer's CUDA kernels (`kernels/optim/`) and their Rust launchers
-//! ([`crate::cuda`], [`crate::grad_norm`]) must agree on, in one place. Each names the kernel
-//! file that holds its twin; the tests below read those files (no nvcc needed, so CPU CI runs
-//! them) and fail when one side changes alone. The argument structs' sizes are asserted on
+//! (`cuda.rs`, `grad_norm.rs`, behind the `cuda` feature) must agree on, in one place. Each
+//! names the kernel file that holds its twin; the tests below read those files (no nvcc
+//! needed, so CPU CI runs them) and fail when one side changes alone. The argument structs' sizes are asserted on
 //! both sides: `static_assert` in the kernel file, `const` assertions in the launcher, both
 //! with the sizes here.
 //!
