@@ -162,6 +162,24 @@ mod tests {
         assert!(e.contains("update 1 was not observed"), "{e}");
     }
 
+    /// The rule's bound (issue 53): with v stalled in every element from the first update (FP4
+    /// v starts near 0.97), it resets as often as it can and no more often: every
+    /// `ADAPTIVE_LAG + 1` updates, since a cycle's first `ADAPTIVE_LAG + 1` updates cannot end it.
+    #[test]
+    fn adaptive_rule_fires_at_most_every_lag_plus_one_updates() {
+        let mut a = AdaptiveReset::default();
+        let mut resets = vec![];
+        for u in 1..=1000 {
+            if a.reset_before(u, 0.999, 0.6).unwrap() {
+                resets.push(u);
+            }
+            a.observe(u, 1.0);
+        }
+        assert_eq!(resets[0], ADAPTIVE_LAG + 2);
+        assert!(resets.windows(2).all(|w| w[1] - w[0] == ADAPTIVE_LAG + 1), "{resets:?}");
+        assert_eq!(resets.len() as u64, (1000 - 1) / (ADAPTIVE_LAG + 1));
+    }
+
     /// With a fraction just above s0 the excess is small: the reset comes when A/j passes
     /// E(j), which falls with b2^j. Cross-checked against a direct evaluation of the rule.
     #[test]

@@ -118,3 +118,69 @@ fn scale_kind_travels_with_the_state() {
     assert_eq!(o.spec.m_format.default_scale(), ScaleKind::Amax);
     let _ = Rounding::Nearest;
 }
+
+/// Per-tensor scales at their edges (issue 53), FP8 E4M3 m and v with one scale per tensor:
+/// a tensor whose m is subnormal (amax: below the floor 2^-100, m is stored on the floor's
+/// grid, where it rounds to 0, so every update stalls and is counted so; pow2: the scale
+/// 2^-126 still resolves it; nothing non-finite either way),
+/// and a tensor whose m's amax is exactly a grid point (β1 = 0, so m = g exactly: the largest
+/// element stores the format's largest code and decodes to itself with either scale kind).
+#[test]
+fn per_tensor_scales_at_their_edges() {
+    use lowbit_optim::format::scale::{amax_scale, AMAX_FLOOR};
+    let n = 1000;
+    for kind in [ScaleKind::Amax, ScaleKind::Pow2] {
+        // subnormal m: g = 1e-38 gives m = 1e-39 (FP32 subnormal) and v = 0
+        let mut o = opt("fp8", "fp8", kind, 0, n);
+        let mut w = vec![0.5f32; n];
+        let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-38f32; n]);
+        let m = &o.tensors[0].m;
+        if kind == ScaleKind::Amax {
+            assert_eq!(m.scales, vec![AMAX_FLOOR / 448.0], "the amax floor's scale");
+            assert!(m.decode_all().iter().all(|&x| x == 0.0), "below the floor grid's smallest step");
+            assert_eq!((c.m.updated, c.m.stalled), (n as u64, n as u64), "every update of m stalled, and counted");
+        } else {
+            // 2^-126 (k clamped) still resolves m = 1e-39: stored to E4M3's 4 significant bits
+            assert_eq!(m.scales, vec![2f32.powi(-126)], "pow2: k clamped to -126");
+            assert!(m.decode_all().iter().all(|&x| (x / 1e-39 - 1.0).abs() <= 1.0 / 16.0), "{:?}", &m.decode_all()[..3]);
+            assert_eq!((c.m.updated, c.m.stalled), (n as u64, 0));
+        }
+        assert!(w.iter().all(|&x| x.is_finite() && (x - 0.5).abs() <= 1e-3), "{kind:?}: {:?}", &w[..3]);
+
+        // amax exactly a grid point: 448 * 2^-12 (pow2's exponent -12 exactly; amax's factor 2^12)
+        let hyper = lowbit_optim::Hyper { beta1: 0.0, ..HYPER };
+        let s = StatesConfig { m_format: "fp8".into(), v_format: "fp8".into(), scale: kind.into(), block_size: 0, ..Default::default() };
+        let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: n, weight_decay: false };
+        let mut o = LowbitAdamW::new(hyper, s.resolve(0.999).unwrap(), 3, vec![info]);
+        let top = 448.0 * 2f32.powi(-12);
+        let mut g = grads(n);
+        g[n / 2] = -top;
+        let mut w = vec![0.0f32; n];
+        step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+        let m = &o.tensors[0].m;
+        let expect = if kind == ScaleKind::Amax { amax_scale(top, 448.0).scale } else { 2f32.powi(-12) };
+        assert_eq!(m.scales, vec![expect], "{kind:?}");
+        assert_eq!(m.code(n / 2), 0x80 | fp8::E4M3.max_code, "{kind:?}: the largest code, not NaN (0x7F)");
+        assert_eq!(m.decode_all()[n / 2], -top, "{kind:?}: a grid point decodes to itself");
+    }
+}
+
+/// One scale over a tensor of 20M elements (more than LLaMA-20M's 16.4M-element embedding):
+/// the scale is the one `amax_scale` gives for the tensor's largest m, which stores the
+/// largest code; every element is counted.
+#[test]
+fn a_per_tensor_scale_over_20m_elements() {
+    use lowbit_optim::format::scale::amax_scale;
+    let n = 20_000_000;
+    let mut o = opt("fp8", "fp8", ScaleKind::Amax, 0, n);
+    let mut g = grads(n);
+    g[n - 1] = 0.25; // the largest gradient, at the end (past any 32-bit block index)
+    let mut w = vec![0.0f32; n];
+    let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
+    let m = &o.tensors[0].m;
+    let top = 0.25f32 * (1.0 - 0.9f64) as f32; // m = (1 - β1) g, in FP32 as the step computes it
+    assert_eq!(m.scales, vec![amax_scale(top, 448.0).scale]);
+    assert_eq!(m.code(n - 1), fp8::E4M3.max_code);
+    assert_eq!((c.m.elements, c.v.elements), (n as u64, n as u64));
+    assert!(w.iter().all(|x| x.is_finite()));
+}
