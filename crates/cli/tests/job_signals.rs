@@ -173,3 +173,53 @@ fn every_rank_of_an_interrupted_external_launch_exits_143() {
     assert_eq!(codes, [Some(143), Some(143)], "{log}");
     assert_interrupted_with_a_checkpoint(&run);
 }
+
+/// Issue 53: SIGSTOP / SIGCONT of one worker of a `--gpus 2` job. A stop shorter than
+/// `LOWBIT_DIST_TIMEOUT_S` is only a pause: the job goes on and stops cleanly (143) when
+/// asked. A stop that outlasts it ends the job with exit 1, naming the rank that sent
+/// nothing, instead of hanging; the stopped worker is killed with the rest.
+#[test]
+fn a_stopped_worker_is_waited_for_until_the_timeout_then_named() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    for (name, timeout_s, stop) in [("pause", "30", Some(Duration::from_secs(3))), ("hang", "3", None)] {
+        let mut args = endless(name);
+        args.extend(["--gpus", "2"].map(String::from));
+        let log = d.join(format!("{name}.log"));
+        let mut sup = std::process::Command::new(common::train_bin())
+            .args(&args)
+            .current_dir(d)
+            .env("LOWBIT_DIST_TIMEOUT_S", timeout_s)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let job = Job(vec![sup.id()]);
+        let run = d.join("runs").join(name);
+        let rows = wait_for_rows(&run, 1);
+        let workers = workers_of(sup.id());
+        signal(&workers[1..], "-STOP");
+        let t0 = Instant::now();
+        let code = match stop {
+            Some(pause) => {
+                std::thread::sleep(pause);
+                signal(&workers[1..], "-CONT");
+                wait_for_rows(&run, rows + 2);
+                signal(&[sup.id()], "-TERM");
+                wait(&mut sup)
+            }
+            None => wait(&mut sup),
+        };
+        job.waited();
+        let log = std::fs::read_to_string(&log).unwrap();
+        if stop.is_some() {
+            assert_eq!(code, Some(143), "{name}: {log}");
+            assert!(!log.contains("sent nothing") && !log.contains("failed"), "{name}: {log}");
+            assert_interrupted_with_a_checkpoint(&run);
+        } else {
+            assert_eq!(code, Some(1), "{name}: {log}");
+            assert!(log.contains("sent nothing for 3 s"), "{name}: the stopped rank is named: {log}");
+            assert!(t0.elapsed() < Duration::from_secs(60), "{name}: no hang ({:?})", t0.elapsed());
+        }
+    }
+}
