@@ -85,9 +85,8 @@ __device__ __forceinline__ void load_gain(const T* w, const uint4 (&wr)[WORDS], 
 // share of the row (x, dy, the residual gradient) at once and keeps them in registers as T,
 // so each input is read from memory once and the second pass waits for nothing; the gain too
 // where that share is small (CH * sizeof(T) <= 6; else it is read per row, from L1). `vec`:
-// see `load_chunk`. Elements past h count as zeros. Measured on the H200 (dx bits unchanged):
-// 16,384 x 1,024 BF16 rows with a residual gradient in 41 us (60 us reading twice), 32,768
-// x 640 in 50 us (73 us).
+// see `load_chunk`. Elements past h count as zeros. (Its speed against reading twice:
+// bench/training_h200.md, "Measurements behind choices in the code".)
 // (dx is a buffer of its own: no input aliases it, which lets a lane's loads run ahead of
 // its stores)
 // The widest row the backward's chunk kernels cover (CH = 6 chunks of 8 per lane; the Rust
@@ -200,7 +199,8 @@ __device__ void colsum(const float* partial, T* out, int rows, int h) {
 // extern "C" entry points: rmsnorm_fwd<V>_<dtype> (V elements per thread), colsum_<dtype>,
 // rmsnorm_bwd_c<CH>_<dtype>: the backward for rows of CH chunks of 8 per lane (h up to 256 CH);
 // two blocks per SM (at most 128 registers a thread) where CH * sizeof(T) <= 8 (BF16 rows up
-// to 1024 wide, FP32 up to 512): measured faster there; wider rows need more registers.
+// to 1024 wide, FP32 up to 512): faster there (bench/training_h200.md, "Measurements behind choices in the code");
+// wider rows need more registers.
 #define NORM_BWD(T, S, CH)                                                                                         \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, CH * sizeof(T) <= 8 ? 2 : 1)                                 \
         rmsnorm_bwd_c##CH##_##S(const T* x, const T* w, const T* dy, const T* d_residual, T* dx, float* partial,   \

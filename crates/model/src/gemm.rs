@@ -42,14 +42,12 @@ pub(crate) struct ColumnMajor {
 
 /// Outputs (`m · n · batch` elements) below which a BF16 product may use cuBLAS's
 /// workspace, so split-K kernels, which need it: their tiles alone would leave SMs idle
-/// (LLaMA-100M's weight gradients, `[640, 640]` over K = 32,768 tokens: 5% of the step
-/// slower without). Larger BF16 products run without a workspace: cuBLAS then takes
-/// statically scheduled tensor-core kernels of the same speed (`..._ssched_...`) instead
-/// of the ones that need a zeroed semaphore, each of which costs a 4-byte memset and two
-/// launch gaps (296 a step at LLaMA-350M, ~1 ms idle; there the `[1024, 1024]` gradients
-/// were faster without split-K too). FP32 products keep the workspace (their SGEMM
-/// kernels need it: the FP32 model was 9% slower without). Measured on the H200
-/// (bench/training_h200.md).
+/// (LLaMA-100M's weight gradients, `[640, 640]` over K = 32,768 tokens). Larger BF16
+/// products run without a workspace: cuBLAS then takes statically scheduled tensor-core
+/// kernels of the same speed (`..._ssched_...`) instead of the ones that need a zeroed
+/// semaphore, each of which costs a 4-byte memset and two launch gaps. FP32 products keep
+/// the workspace (their SGEMM kernels need it). The measurements:
+/// bench/training_h200.md, "Measurements behind choices in the code".
 pub(crate) const WORKSPACE_MAX_OUTPUT: usize = 1 << 19;
 
 /// Bytes of the cuBLAS workspace the products that may use one get (32 MiB: the cuBLAS

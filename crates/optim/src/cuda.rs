@@ -45,6 +45,9 @@ struct Kernels {
     /// Per-tensor amax kernels for FP32 and for BF16 gradients.
     amax: [CudaFunction; 2],
     set_scales: CudaFunction,
+    /// The kernels' names, in load order (the two amax kernels, set_scales, the step
+    /// kernels): a failed launch names its kernel.
+    names: Vec<String>,
 }
 
 /// The kernels' weight variants (`adamw_<weights>_...` in kernels/optim/adamw.cu): FP32 weights
@@ -65,7 +68,12 @@ impl Kernels {
         }
         let mut f = load(dev, ADAMW_BIN, &names)?.into_iter();
         let amax = [f.next().unwrap(), f.next().unwrap()];
-        Ok(Kernels { amax, set_scales: f.next().unwrap(), step: f.collect() })
+        Ok(Kernels { amax, set_scales: f.next().unwrap(), step: f.collect(), names })
+    }
+
+    /// The error of a failed launch of kernel `index` (load order), naming it.
+    fn launch_error(&self, index: usize) -> impl Fn(candle_core::cuda::cudarc::driver::DriverError) -> candle_core::Error + '_ {
+        move |e| err(format!("launch of {}: {e}", self.names[index]))
     }
 
     /// `variant` indexes [`WEIGHT_VARIANTS`].
@@ -292,8 +300,8 @@ fn resident_blocks(stream: &CudaStream, kernels: &[Kernels]) -> Result<([u32; WE
         for (v, m) in max_blocks.iter_mut().enumerate() {
             *m = (*m).min(full(&k.step[Kernels::step_index(v, true, false)])?);
         }
-        // the amax pass fills the GPU on its own terms (32 registers: 8 blocks per SM): 0.70
-        // ms instead of 1.12 ms over LLaMA-350M's states on the H200 with the step's 3 per SM
+        // the amax pass fills the GPU on its own terms (32 registers: 8 blocks per SM; faster
+        // than the step's 3 per SM: bench/training_h200.md, "Measurements behind choices in the code")
         for (g, m) in amax_blocks.iter_mut().enumerate() {
             *m = (*m).min(full(&k.amax[g])?);
         }
@@ -590,21 +598,22 @@ impl CudaAdamW {
             let amax_cfg = LaunchConfig { grid_dim: (warp_blocks(elements, self.amax_blocks[g]), 1, 1), ..cfg };
             let mut b = stream.launch_builder(&kernels.amax[g]);
             b.arg(args).arg(&gate).arg(&self.amax).arg(&self.maps);
-            unsafe { b.launch(amax_cfg) }.map_err(err)?;
+            unsafe { b.launch(amax_cfg) }.map_err(kernels.launch_error(g))?;
         }
         let sr = |r: Rounding| r == Rounding::Stochastic;
         let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
         let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
-        let f = &kernels.step[Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks)];
+        let index = Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks);
+        let f = &kernels.step[index];
         let counters = self.counters.slice(slot..);
         let mut b = stream.launch_builder(f);
         b.arg(args).arg(&gate).arg(&self.amax).arg(&counters).arg(&self.maps).arg(&self.buckets);
-        unsafe { b.launch(cfg) }.map_err(err)?;
+        unsafe { b.launch(cfg) }.map_err(kernels.launch_error(3 + index))?;
         if per_tensor {
             let mut b = stream.launch_builder(&kernels.set_scales);
             b.arg(args).arg(&gate).arg(&self.amax);
             let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MAX_TENSORS as u32, 1, 1), shared_mem_bytes: 0 };
-            unsafe { b.launch(one) }.map_err(err)?;
+            unsafe { b.launch(one) }.map_err(kernels.launch_error(2))?;
         }
         Ok(())
     }

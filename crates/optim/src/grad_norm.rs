@@ -142,7 +142,8 @@ fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f
             let cfg = LaunchConfig { grid_dim: (at as u32, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut b = stream.launch_builder(f);
             b.arg(&args).arg(&partial_ptr).arg(&written);
-            unsafe { b.launch(cfg) }.map_err(err)?;
+            unsafe { b.launch(cfg) }
+                .map_err(|e| err(format!("launch of sum_squares_{}: {e}", if *dtype == DType::F32 { "f32" } else { "bf16" })))?;
             written += at;
         }
     }
@@ -152,6 +153,7 @@ fn queue(grads: &[Tensor], clip: Option<(u64, f32, u64)>) -> Result<(CudaSlice<f
     let (loss_ptr, max_norm, gate_ptr) = clip.unwrap_or((0, 0.0, 0));
     let mut b = stream.launch_builder(&partials);
     b.arg(&partial_ptr).arg(&written).arg(&out_ptr).arg(&loss_ptr).arg(&max_norm).arg(&gate_ptr);
-    unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(err)?;
+    unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 }) }
+        .map_err(|e| err(format!("launch of sum_partials: {e}")))?;
     Ok((out, stream))
 }

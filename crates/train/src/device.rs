@@ -42,8 +42,7 @@ pub fn open(name: &str, ordinal: usize) -> Result<Device> {
 /// default memory pool (which candle allocates from, stream-ordered) keeps the memory a step
 /// frees instead of returning it to the driver at every synchronisation (the pool's default
 /// release threshold is 0): the next step reuses those blocks without mapping pages again, as
-/// PyTorch's caching allocator does. Measured on the H200 (LLaMA-100M, batch 128 x 256):
-/// 69.1k -> 75.3k tokens/s with FP32 weights, 276k -> 321k with BF16 (`bench/training_h200.md`).
+/// PyTorch's caching allocator does. What both bought: bench/training_h200.md, "Measurements behind choices in the code".
 #[cfg(feature = "cuda")]
 pub fn open_cuda(ordinal: usize) -> candle_core::Result<CudaDevice> {
     let dev = CudaDevice::new(ordinal)?;

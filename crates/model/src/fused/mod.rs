@@ -140,9 +140,16 @@ pub(crate) fn launch(dev: &CudaDevice, name: &str, dtype: DType, cfg: LaunchConf
 /// than 48 KiB of shared memory gets it (the function's opt-in attribute is set first).
 pub(crate) fn launch_in(dev: &CudaDevice, module: Module, name: &str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
     let f = kernel(dev, module, name, dtype)?;
+    // a failed launch names the kernel and its geometry (the driver's error alone does not)
+    let named = |e| {
+        err(format!(
+            "{name} ({dtype:?}), grid {:?}, block {:?}, {} B shared memory: {e}",
+            cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes
+        ))
+    };
     if cfg.shared_mem_bytes > DEFAULT_SMEM {
         use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
-        f.set_attribute(MAX_SMEM, cfg.shared_mem_bytes as i32).map_err(err)?;
+        f.set_attribute(MAX_SMEM, cfg.shared_mem_bytes as i32).map_err(named)?;
     }
     let stream = dev.cuda_stream();
     let mut b = stream.launch_builder(&f);
@@ -153,7 +160,7 @@ pub(crate) fn launch_in(dev: &CudaDevice, module: Module, name: &str, dtype: DTy
             Arg::F32(v) => b.arg(v),
         };
     }
-    unsafe { b.launch(cfg) }.map_err(err)?;
+    unsafe { b.launch(cfg) }.map_err(named)?;
     Ok(())
 }
 
