@@ -19,7 +19,8 @@
 #   fp4_period_K         FP4 SR + resets of m and v every K steps
 #   fp8_period_K         FP8 SR + resets of m and v every K steps (Fig. 4)
 #   fp4_per_tensor       A.10: FP4 SR with and without resets, one scale per tensor
-#   model_60m, model_100m  Table 4: the model-scale cells at the paper's lr for 60M/100M (1e-3)
+#   model_60m[:CELLS], model_100m[:CELLS]  Table 4: the model-scale cells (default all of
+#                        Table 4's; CELLS as --cells) at the paper's lr for 60M/100M (1e-3)
 # Each ablation runs the seeds in ABLATION_SEEDS (default 0-2).
 set -uo pipefail
 TRAIN=$1
@@ -74,8 +75,9 @@ for step in "$@"; do
       reproduce "$step" bf16-model "$seeds" --cells fp8_sr_reset --set optim.states.m_reset_every="$k" \
         --set optim.states.v_reset_every="$k" ;;
     fp4_per_tensor) reproduce "$step" bf16-model "$seeds" --cells fp4_sr,fp4_sr_reset --set optim.states.block_size=0 ;;
-    model_60m | model_100m)
-      reproduce "$step" bf16-model "$seeds" --cells "$table4" --set "model.preset=\"llama${step#model_}\"" \
+    model_60m* | model_100m*)
+      name=${step%%:*}
+      reproduce "$name" bf16-model "$seeds" --cells "${arg:-$table4}" --set "model.preset=\"llama${name#model_}\"" \
         --set optim.lr=1e-3 ;;
     fp4_period_*)
       k=${step#fp4_period_}

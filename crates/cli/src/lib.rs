@@ -17,6 +17,7 @@ pub mod launcher;
 pub mod plot;
 pub mod predict;
 pub mod progress;
+pub mod reset_period_plot;
 pub mod signals;
 pub mod stalls_table;
 pub mod text_backend;

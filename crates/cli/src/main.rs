@@ -22,7 +22,7 @@ use lowbit_train::{checkpoint, run};
 
 #[cfg(feature = "cuda")]
 use lowbit_cli::{bench, bench_training};
-use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, signals, stalls_table, tokenize};
+use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, reset_period_plot, signals, stalls_table, tokenize};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -113,13 +113,23 @@ enum Cmd {
     },
     /// Table of latest and running-mean stalled fractions next to the theory.
     Stalls(stalls_table::StallsArgs),
-    /// Plots of loss and stalling (SVG and PNG) for one or more runs.
+    /// Plots of loss and stalling (SVG and PNG) for one or more runs, or the paper's Fig. 4
+    /// from `train reproduce`'s results (`--reset-periods`).
     Plot {
         /// Run folders; more than one gives a comparison plot.
         runs: Vec<PathBuf>,
-        /// Output folder (default: the run folder, or plots/ for a comparison).
+        /// Output folder (default: the run folder, or plots/ for a comparison; the results
+        /// folder for `--reset-periods`).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Instead of runs: the paper's Fig. 4 (final validation loss of SR + resets against
+        /// the reset period K, per format) of this reproduce scale, from the main table's
+        /// results and the `departures/<fmt>_period_<K>/` ablations under `--results`.
+        #[arg(long, value_name = "SCALE", conflicts_with = "runs")]
+        reset_periods: Option<lowbit_reproduce::Scale>,
+        /// The folder of `train reproduce`'s results, for `--reset-periods`.
+        #[arg(long, default_value = "reproduce", requires = "reset_periods")]
+        results: PathBuf,
     },
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
     /// `reproduce/<table>-<scale>-results.json` and render `reproduce/<table>-<scale>.md` from it.
@@ -302,7 +312,12 @@ fn real_main() -> Result<i32> {
     match cli.cmd {
         Some(Cmd::Predict { format, beta2, rounding, reset_period, json }) => predict::print(&format, beta2, rounding, reset_period, json)?,
         Some(Cmd::Stalls(args)) => stalls_table::run(&args)?,
-        Some(Cmd::Plot { runs, out }) => plot::plot_command(&runs, out.as_deref())?,
+        Some(Cmd::Plot { out, reset_periods: Some(scale), results, .. }) => {
+            for f in reset_period_plot::plot_reset_periods(&results, scale, out.as_deref().unwrap_or(&results))? {
+                println!("{}", f.display());
+            }
+        }
+        Some(Cmd::Plot { runs, out, reset_periods: None, .. }) => plot::plot_command(&runs, out.as_deref())?,
         Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args)?,
         Some(Cmd::Data(DataCmd::Fetch(FetchCmd::C4(args)))) => fetch::fetch_c4(&args)?,
         Some(Cmd::Data(DataCmd::Tokenize(args))) => tokenize::tokenize(&args)?,

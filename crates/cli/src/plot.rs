@@ -20,6 +20,8 @@ use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
 const SIZE: (u32, u32) = (1200, 520);
+/// Solid series of at most this many points are sweeps: each point also gets a dot.
+const MARKED_POINTS: usize = 12;
 /// Height of one row of the legend strip under a chart (px).
 const LEGEND_ROW: i32 = 20;
 const PALETTE: [RGBColor; 8] = [
@@ -34,18 +36,18 @@ const PALETTE: [RGBColor; 8] = [
 ];
 
 /// A named polyline.
-struct Series {
-    name: String,
-    points: Vec<(f64, f64)>,
-    dashed: bool,
+pub(crate) struct Series {
+    pub(crate) name: String,
+    pub(crate) points: Vec<(f64, f64)>,
+    pub(crate) dashed: bool,
 }
 
 /// One panel: a titled chart of several series.
-struct Panel {
-    title: String,
-    x_label: String,
-    y_label: String,
-    series: Vec<Series>,
+pub(crate) struct Panel {
+    pub(crate) title: String,
+    pub(crate) x_label: String,
+    pub(crate) y_label: String,
+    pub(crate) series: Vec<Series>,
 }
 
 fn bounds(panel: &Panel) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
@@ -98,6 +100,10 @@ where
         if s.dashed {
             chart.draw_series(DashedLineSeries::new(pts, 8, 5, style)).map_err(|e| anyhow::anyhow!("{e}"))?;
         } else {
+            // a sweep's few measured points (at most MARKED_POINTS) also get a dot each
+            if pts.len() <= MARKED_POINTS {
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, style.filled()))).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
             chart.draw_series(LineSeries::new(pts, style)).map_err(|e| anyhow::anyhow!("{e}"))?;
         }
         let (col, row) = (i as i32 % columns, i as i32 / columns);
@@ -133,7 +139,8 @@ fn axis_label(x: f64) -> String {
 }
 
 /// Draw panels side by side into `<base>.svg` and `<base>.png`.
-fn render(base: &Path, panels: &[Panel]) -> Result<Vec<PathBuf>> {
+/// Draw `panels` side by side into `base`.svg and `base`.png; returns both paths.
+pub(crate) fn render(base: &Path, panels: &[Panel]) -> Result<Vec<PathBuf>> {
     register_font();
     let size = (SIZE.0 / 2 * panels.len().max(1) as u32, SIZE.1);
     let svg = base.with_extension("svg");

@@ -1,0 +1,206 @@
+//! The paper's Fig. 4, reset-period sensitivity (arXiv:2603.16731v1, §6.2): the final
+//! validation loss of SR + resets (m and v every K updates) against K, per state format, from
+//! the runs `train reproduce` keeps:
+//! * `<results>/departures/<fmt>_period_<K>/bf16-model-<scale>-results.json`: the ablations of
+//!   `scripts/reproduce_h200_shuffled.sh` (`fp8_period_K`, `fp4_period_K`), cell
+//!   `<fmt>_sr_reset` with both periods set to K;
+//! * `<results>/bf16-model-<scale>-results.json`: the main table's `<fmt>_sr_reset` at the
+//!   scale's period ([`reset_period`], the paper's K* scaled) and `<fmt>_sr` (no resets).
+//!
+//! Writes `fig4-reset-period-<scale>.{svg,png}` (the mean over seeds vs K; SR alone
+//! dashed; K* marked by a dashed vertical line) and `.md` (every seed's loss).
+
+use crate::plot::{render, Panel, Series};
+use anyhow::{Context, Result};
+use lowbit_reproduce::{reset_period, results_name, Fmt, ResultsFile, Scale, Table};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Final validation losses by seed of one setting.
+type Losses = BTreeMap<usize, f64>;
+
+/// One format's measurements: by reset period K, and SR without resets.
+#[derive(Default)]
+struct FormatRuns {
+    by_period: BTreeMap<u64, Losses>,
+    no_reset: Losses,
+}
+
+/// The losses of `cell` in a results file (absent file: none).
+fn cell_losses(path: &Path, scale: Scale, cell: &str) -> Result<Losses> {
+    let file = ResultsFile::load(path, Table::Bf16Model, scale)?;
+    Ok(file.runs.iter().filter(|r| r.cell == cell).filter_map(|r| Some((r.seed, r.final_val_loss?))).collect())
+}
+
+/// Every format's runs under `results` at `scale`.
+fn collect(results: &Path, scale: Scale) -> Result<BTreeMap<Fmt, FormatRuns>> {
+    let file = results_name(Table::Bf16Model, scale);
+    let mut out = BTreeMap::new();
+    for fmt in [Fmt::Fp8, Fmt::Fp4] {
+        let name = fmt.as_str();
+        let mut runs = FormatRuns::default();
+        let main = results.join(&file);
+        runs.by_period.insert(reset_period(scale, fmt), cell_losses(&main, scale, &format!("{name}_sr_reset"))?);
+        runs.no_reset = cell_losses(&main, scale, &format!("{name}_sr"))?;
+        let departures = results.join("departures");
+        let prefix = format!("{name}_period_");
+        let entries = match std::fs::read_dir(&departures) {
+            Ok(e) => e.collect::<std::io::Result<Vec<_>>>().with_context(|| departures.display().to_string())?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+            Err(e) => return Err(e).with_context(|| departures.display().to_string()),
+        };
+        for entry in entries {
+            let folder = entry.file_name().to_string_lossy().into_owned();
+            let Some(k) = folder.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else { continue };
+            let losses = cell_losses(&entry.path().join(&file), scale, &format!("{name}_sr_reset"))?;
+            runs.by_period.entry(k).or_default().extend(losses);
+        }
+        runs.by_period.retain(|_, l| !l.is_empty());
+        if !runs.by_period.is_empty() {
+            out.insert(fmt, runs);
+        }
+    }
+    Ok(out)
+}
+
+fn mean(l: &Losses) -> f64 {
+    l.values().sum::<f64>() / l.len() as f64
+}
+
+/// The figure's panel: per format the mean over seeds vs K, SR alone and K* dashed.
+fn panel(runs: &BTreeMap<Fmt, FormatRuns>, scale: Scale) -> Panel {
+    let all = runs.values().flat_map(|r| r.by_period.values().chain([&r.no_reset]).filter(|l| !l.is_empty()).map(mean));
+    let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let mut series = vec![];
+    for (&fmt, r) in runs {
+        let (name, x) = (fmt.as_str(), |k: u64| k as f64);
+        series.push(Series {
+            name: format!("{name} SR + resets"),
+            points: r.by_period.iter().map(|(&k, l)| (x(k), mean(l))).collect(),
+            dashed: false,
+        });
+        let (k0, k1) = (*r.by_period.keys().next().unwrap(), *r.by_period.keys().last().unwrap());
+        if !r.no_reset.is_empty() {
+            let m = mean(&r.no_reset);
+            series.push(Series { name: format!("{name} SR alone"), points: vec![(x(k0), m), (x(k1), m)], dashed: true });
+        }
+        let star = x(reset_period(scale, fmt));
+        series.push(Series {
+            name: format!("{name} K* = {}", reset_period(scale, fmt)),
+            points: vec![(star, lo), (star, hi)],
+            dashed: true,
+        });
+    }
+    Panel {
+        title: format!("reset-period sensitivity ({}; mean over seeds)", scale.as_str()),
+        x_label: "K (m and v reset every K updates)".into(),
+        y_label: "final validation loss".into(),
+        series,
+    }
+}
+
+/// The markdown table: one row per (format, K), every seed's loss and the mean.
+fn table(runs: &BTreeMap<Fmt, FormatRuns>, scale: Scale) -> String {
+    let seeds: Vec<usize> = {
+        let mut s: Vec<usize> =
+            runs.values().flat_map(|r| r.by_period.values().chain([&r.no_reset]).flat_map(|l| l.keys().copied())).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    };
+    let mut out = format!(
+        "# Reset-period sensitivity (the paper's Fig. 4), `{}`\n\nFinal validation loss of SR + resets of m and v every K \
+         updates (BF16 model), per seed, from `train plot --reset-periods {}`. K* is the scale's period for the format \
+         (the paper's, scaled to the run's length); \"none\" is SR without resets (the main table's SR cell).\n\n\
+         | format | K | {} | mean |\n|---|---:|{}---:|\n",
+        scale.as_str(),
+        scale.as_str(),
+        seeds.iter().map(|s| format!("seed {s}")).collect::<Vec<_>>().join(" | "),
+        "---:|".repeat(seeds.len())
+    );
+    let row = |name: &str, k: String, l: &Losses| {
+        let cells: Vec<String> = seeds.iter().map(|s| l.get(s).map_or("".into(), |v| format!("{v:.4}"))).collect();
+        format!("| {name} | {k} | {} | {:.4} |\n", cells.join(" | "), mean(l))
+    };
+    for (&fmt, r) in runs {
+        let name = fmt.as_str();
+        for (&k, l) in &r.by_period {
+            let star = if k == reset_period(scale, fmt) { " (K*)" } else { "" };
+            out += &row(name, format!("{k}{star}"), l);
+        }
+        if !r.no_reset.is_empty() {
+            out += &row(name, "none".into(), &r.no_reset);
+        }
+    }
+    out
+}
+
+/// `train plot --reset-periods SCALE`: the figure and its table from the runs under
+/// `results` (`reproduce/`), written into `out`; returns the files written.
+///
+/// # Errors
+/// No reset-period runs of the scale under `results`, a results file that does not parse,
+/// or an output file that cannot be written.
+pub fn plot_reset_periods(results: &Path, scale: Scale, out: &Path) -> Result<Vec<PathBuf>> {
+    let runs = collect(results, scale)?;
+    if runs.is_empty() {
+        anyhow::bail!(
+            "no SR + resets runs of scale {} under {} (the main table's bf16-model results and departures/<fmt>_period_<K>/)",
+            scale.as_str(),
+            results.display()
+        );
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let base = out.join(format!("fig4-reset-period-{}", scale.as_str()));
+    let mut files = render(&base, &[panel(&runs, scale)])?;
+    let md = base.with_extension("md");
+    std::fs::write(&md, table(&runs, scale)).with_context(|| format!("cannot write {}", md.display()))?;
+    files.push(md);
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A results file of the main table at `h200-shuffled` holding `(cell, seed, loss)` runs.
+    fn write_results(path: &Path, runs: &[(&str, usize, f64)]) {
+        let runs: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|&(cell, seed, loss)| {
+                serde_json::json!({"states": "paper", "cell": cell, "seed": seed, "fingerprint": "0", "initial_val_loss": 10.4,
+                    "final_val_loss": loss, "mean_stall_m": null, "mean_stall_v": null, "mean_stall_w": null,
+                    "theory_stall_v": null, "diverged": false, "steps": 2400, "tokens": 1, "params": 1})
+            })
+            .collect();
+        let file = serde_json::json!({"table": "bf16-model", "scale": "h200-shuffled", "commands": [], "runs": runs});
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, serde_json::to_string(&file).unwrap()).unwrap();
+    }
+
+    /// The main table's K* cell, an ablation's K and SR alone land in their rows with their
+    /// seeds' mean; a format without runs is left out; no runs at all is an error.
+    #[test]
+    fn the_table_holds_every_period_and_seed() {
+        let dir = tempfile::tempdir().unwrap();
+        let scale = Scale::H200Shuffled;
+        let name = results_name(Table::Bf16Model, scale);
+        write_results(
+            &dir.path().join(&name),
+            &[("fp4_sr_reset", 0, 3.70), ("fp4_sr_reset", 1, 3.72), ("fp4_sr", 0, 3.66), ("fp32_plain", 0, 3.6)],
+        );
+        write_results(&dir.path().join("departures/fp4_period_1000").join(&name), &[("fp4_sr_reset", 0, 3.65), ("fp4_sr_reset", 1, 3.67)]);
+        write_results(&dir.path().join("departures/fp8_zero/").join(&name), &[("fp8_sr_reset", 0, 9.0)]);
+        let runs = collect(dir.path(), scale).unwrap();
+        assert_eq!(runs.keys().copied().collect::<Vec<_>>(), [Fmt::Fp4], "fp8 has no runs");
+        let md = table(&runs, scale);
+        assert!(md.contains("| fp4 | 200 (K*) | 3.7000 | 3.7200 | 3.7100 |"), "{md}");
+        assert!(md.contains("| fp4 | 1000 | 3.6500 | 3.6700 | 3.6600 |"), "{md}");
+        assert!(md.contains("| fp4 | none | 3.6600 |  | 3.6600 |"), "{md}");
+        let files = plot_reset_periods(dir.path(), scale, &dir.path().join("fig")).unwrap();
+        assert_eq!(files.len(), 3);
+        assert!(files.iter().all(|f| f.is_file()));
+        let e = plot_reset_periods(&dir.path().join("none"), scale, dir.path()).unwrap_err().to_string();
+        assert!(e.contains("no SR + resets runs of scale h200-shuffled"), "{e}");
+    }
+}
