@@ -519,3 +519,50 @@ fn version_names_the_commit_and_the_devices() {
     };
     assert_eq!(r.stdout.trim(), format!("train {} ({commit}, {devices})", env!("CARGO_PKG_VERSION")));
 }
+
+/// Issue 53: the adaptive rule's resets are logged, each with the updates since the last
+/// (b2 = 0.9 so that the rule's threshold E(j) falls within a short run). Each logged reset is
+/// at the step of its update, and no two are closer than the rule allows (ADAPTIVE_LAG + 1 =
+/// 9 updates).
+#[test]
+fn adaptive_resets_are_logged_with_their_spacing() {
+    let dir = cli_dir("adaptive");
+    let d = dir.path();
+    let sets = [
+        "optim.states.v_format=\"fp4\"",
+        "optim.states.m_reset_every=0",
+        "optim.states.v_reset_every=0",
+        "optim.states.reset=\"adaptive\"",
+        "optim.beta2=0.9",
+        "train.max_steps=60",
+        "train.eval_every=0",
+    ];
+    let mut args = vec!["--config", "c.toml"];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let r = train(d, &args);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let resets: Vec<(u64, u64, Option<u64>)> = r
+        .stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("step ").nth(1)?;
+            let (step, rest) = rest.split_once(": adaptive reset of m and v (Alg. 2) before update ")?;
+            let (update, since) = match rest.split_once(", ") {
+                Some((u, s)) => (u, Some(s.strip_suffix(" updates after the last")?.parse().ok()?)),
+                None => (rest, None),
+            };
+            Some((step.parse().ok()?, update.parse().ok()?, since))
+        })
+        .collect();
+    assert!(resets.len() >= 2, "{}", r.stderr);
+    assert_eq!(resets[0].2, None, "the first has no last");
+    for (i, &(step, update, since)) in resets.iter().enumerate() {
+        assert_eq!(step, update, "no skipped steps in this run");
+        if i > 0 {
+            assert_eq!(since, Some(update - resets[i - 1].1));
+            assert!(since.unwrap() >= 9, "{resets:?}");
+        }
+    }
+}

@@ -58,6 +58,13 @@ pub trait Optimizer {
     /// ([`LowbitAdamW::observe`]); [`Optimizer::stall_counts`] calls it.
     fn observe(&mut self, step: u64, total: &StallCounts);
 
+    /// The update before which the adaptive reset rule (the paper's Alg. 2) last reset m and
+    /// v; `None` without the rule or before its first reset. The trainer logs each reset from
+    /// it.
+    fn last_adaptive_reset(&self) -> Option<u64> {
+        None
+    }
+
     /// The states, on the host (for checkpoints and inspection).
     ///
     /// # Errors
@@ -151,6 +158,10 @@ impl Optimizer for LowbitAdamW {
 
     fn observe(&mut self, step: u64, total: &StallCounts) {
         LowbitAdamW::observe(self, step, total);
+    }
+
+    fn last_adaptive_reset(&self) -> Option<u64> {
+        self.adaptive.as_ref().and_then(|a| a.last_reset())
     }
 
     fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {

@@ -680,6 +680,10 @@ impl Optimizer for CudaAdamW {
         self.host.observe(step, total);
     }
 
+    fn last_adaptive_reset(&self) -> Option<u64> {
+        self.host.last_adaptive_reset()
+    }
+
     fn states(&mut self) -> std::result::Result<&LowbitAdamW, OptimError> {
         Ok(self.download()?)
     }

@@ -122,6 +122,11 @@ impl AdaptiveReset {
         Ok(false)
     }
 
+    /// The update before which the rule last reset m and v; `None` before any reset.
+    pub fn last_reset(&self) -> Option<u64> {
+        (self.cycle_start > 1).then_some(self.cycle_start)
+    }
+
     /// The bias-correction counter of `update` (after [`Self::reset_before`] decided it).
     pub fn bias_t(&self, update: u64, mode: BiasCorrection) -> u64 {
         match mode {

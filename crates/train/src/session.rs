@@ -95,6 +95,9 @@ pub struct Session {
     pub(crate) logs: Option<RunLogs>,
     /// The stall rows not written yet (counts are read `count_lag` steps late), and their writer.
     pub(crate) stall_log: StallWriter,
+    /// The update before which this process last saw the adaptive rule reset (for the log's
+    /// cycle lengths; not checkpointed).
+    pub(crate) last_adaptive_reset: Option<u64>,
     /// Parameters and optimizer state bytes, for the summary.
     pub sizes: RunSizes,
     /// CUDA pool high-water mark, bytes.
@@ -161,6 +164,7 @@ impl Session {
             accum_per_rank,
             logs,
             stall_log,
+            last_adaptive_reset: None,
             sizes,
             device_peak: None,
             last_checkpoint: None,

@@ -100,6 +100,11 @@ impl Session {
         if out.updated {
             self.state.nonfinite_in_row = 0;
             self.state.updates = update;
+            if self.opt.last_adaptive_reset() == Some(update) && self.logs.is_some() {
+                let cycle = self.last_adaptive_reset.map_or(String::new(), |at| format!(", {} updates after the last", update - at));
+                tracing::info!("step {step}: adaptive reset of m and v (Alg. 2) before update {update}{cycle}");
+                self.last_adaptive_reset = Some(update);
+            }
         } else {
             self.state.nonfinite_in_row += 1;
             tracing::warn!("step {step}: non-finite loss {} or gradient norm {}: update skipped", out.loss, out.grad_norm);

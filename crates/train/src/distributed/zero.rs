@@ -148,6 +148,10 @@ impl Optimizer for Zero1 {
         self.local.observe(step, total);
     }
 
+    fn last_adaptive_reset(&self) -> Option<u64> {
+        self.local.last_adaptive_reset()
+    }
+
     fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
         if self.gathered.is_none() {
             let local = self.local.states()?;
