@@ -348,3 +348,56 @@ fn a_full_disk_stops_the_run_and_a_resume_continues_exactly() {
         r.stderr
     );
 }
+
+/// Issue 53: the run folder stops taking writes mid-run (its `checkpoints/` made read-only,
+/// as a quota tool or an operator's `chmod` does). The run runs as a user other than root (as
+/// `nobody` through `setpriv` when the test runs as root, which file permissions do not bind).
+/// It stops with exit 1 naming the file it could not write and the way on; every checkpoint it
+/// finished verifies; `--resume` continues from the newest once the folder is writable again.
+#[test]
+fn a_folder_made_read_only_mid_run_stops_it_and_a_resume_continues() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let chmod = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    chmod(d, 0o777);
+    // SAFETY: geteuid has no preconditions
+    let mut cmd = if unsafe { libc::geteuid() } == 0 {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(common::train_bin());
+        c
+    } else {
+        std::process::Command::new(common::train_bin())
+    };
+    let endless =
+        ["--config", "c.toml", "--set", "train.max_steps=100000", "--set", "train.checkpoint_every=3", "--set", "train.eval_every=0"];
+    let log = d.join("ro.log");
+    let mut run =
+        cmd.args(endless).current_dir(d).stdout(std::process::Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    let first = d.join("runs/x/checkpoints/step_0000003/manifest.json");
+    let t0 = std::time::Instant::now();
+    while !first.is_file() {
+        if t0.elapsed() > std::time::Duration::from_secs(120) {
+            run.kill().unwrap();
+            panic!("no step-3 checkpoint: {}", std::fs::read_to_string(&log).unwrap());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    chmod(&d.join("runs/x/checkpoints"), 0o555);
+    let code = run.wait().unwrap().code();
+    chmod(&d.join("runs/x/checkpoints"), 0o755);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains(".tmp: Permission denied"), "the checkpoint it could not write, named: {log}");
+    assert!(log.contains("free space or make it writable; `train --resume runs/x` then continues from its newest checkpoint"), "{log}");
+    let done = checkpoints(&d.join("runs/x"));
+    assert!(!done.is_empty() && done.iter().all(|c| !c.ends_with(".tmp")), "{done:?}");
+    for c in &done {
+        lowbit_train::manifest::verify(&d.join("runs/x/checkpoints").join(c)).unwrap();
+    }
+    let newest: u64 = done.last().unwrap().trim_start_matches("step_").parse().unwrap();
+    let more = format!("train.max_steps={}", newest + 2);
+    let r = train(d, &["--resume", "runs/x", "--set", &more, "--set", "train.eval_every=0"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(json(&d.join("runs/x/summary.json"))["steps"], newest + 2);
+}
