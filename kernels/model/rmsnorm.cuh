@@ -92,12 +92,13 @@ __device__ __forceinline__ void load_gain(const T* w, const uint4 (&wr)[WORDS], 
 // The widest row the backward's chunk kernels cover (CH = 6 chunks of 8 per lane; the Rust
 // side's kernels.rs FUSED_MAX_HIDDEN, whose test reads this).
 #define FUSED_MAX_HIDDEN 1536
-static_assert(FUSED_MAX_HIDDEN == 6 * 8 * 32, "NORM_BWD below instantiates CH = 1..6");
+#define NORM_LANE_ELEMENTS 8  // elements per lane per chunk (fused_sizes.rs NORM_CHUNK = 32 x this)
+static_assert(FUSED_MAX_HIDDEN == 6 * NORM_LANE_ELEMENTS * 32, "NORM_BWD below instantiates CH = 1..6");
 template <typename T, int CH>
 __device__ void rmsnorm_bwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy,
                             const T* __restrict__ d_residual, T* __restrict__ dx, float* partial, int rows, int h,
                             float eps, int rows_per_block, bool vec) {
-    constexpr int V = 8, WORDS = V * sizeof(T) / 16;
+    constexpr int V = NORM_LANE_ELEMENTS, WORDS = V * sizeof(T) / 16;
     constexpr bool W_IN_REGISTERS = CH * sizeof(T) <= 6;
     extern __shared__ float acc[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

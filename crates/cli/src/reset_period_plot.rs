@@ -12,7 +12,7 @@
 
 use crate::plot::{render, Panel, Series};
 use anyhow::{Context, Result};
-use lowbit_reproduce::{reset_period, results_name, Fmt, ResultsFile, Scale, Table};
+use lowbit_reproduce::{reset_period, results_name, Fmt, ResultsFile, Scale, States, Table};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -26,10 +26,13 @@ struct FormatRuns {
     no_reset: Losses,
 }
 
-/// The losses of `cell` in a results file (absent file: none).
-fn cell_losses(path: &Path, scale: Scale, cell: &str) -> Result<Losses> {
+/// The losses of `cell` (a cell of format `fmt`) in a results file, the paper's state
+/// formats only (a results file may also hold the `blockwise` and `theory` kinds' runs of the
+/// same cell); an absent file has none.
+fn cell_losses(path: &Path, scale: Scale, fmt: Fmt, cell: &str) -> Result<Losses> {
     let file = ResultsFile::load(path, Table::Bf16Model, scale)?;
-    Ok(file.runs.iter().filter(|r| r.cell == cell).filter_map(|r| Some((r.seed, r.final_val_loss?))).collect())
+    let kind = States::Paper.tag(fmt);
+    Ok(file.runs.iter().filter(|r| r.cell == cell && r.states == kind).filter_map(|r| Some((r.seed, r.final_val_loss?))).collect())
 }
 
 /// Every format's runs under `results` at `scale`.
@@ -40,8 +43,8 @@ fn collect(results: &Path, scale: Scale) -> Result<BTreeMap<Fmt, FormatRuns>> {
         let name = fmt.as_str();
         let mut runs = FormatRuns::default();
         let main = results.join(&file);
-        runs.by_period.insert(reset_period(scale, fmt), cell_losses(&main, scale, &format!("{name}_sr_reset"))?);
-        runs.no_reset = cell_losses(&main, scale, &format!("{name}_sr"))?;
+        runs.by_period.insert(reset_period(scale, fmt), cell_losses(&main, scale, fmt, &format!("{name}_sr_reset"))?);
+        runs.no_reset = cell_losses(&main, scale, fmt, &format!("{name}_sr"))?;
         let departures = results.join("departures");
         let prefix = format!("{name}_period_");
         let entries = match std::fs::read_dir(&departures) {
@@ -52,7 +55,7 @@ fn collect(results: &Path, scale: Scale) -> Result<BTreeMap<Fmt, FormatRuns>> {
         for entry in entries {
             let folder = entry.file_name().to_string_lossy().into_owned();
             let Some(k) = folder.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else { continue };
-            let losses = cell_losses(&entry.path().join(&file), scale, &format!("{name}_sr_reset"))?;
+            let losses = cell_losses(&entry.path().join(&file), scale, fmt, &format!("{name}_sr_reset"))?;
             runs.by_period.entry(k).or_default().extend(losses);
         }
         runs.by_period.retain(|_, l| !l.is_empty());
@@ -168,7 +171,9 @@ mod tests {
         let runs: Vec<serde_json::Value> = runs
             .iter()
             .map(|&(cell, seed, loss)| {
-                serde_json::json!({"states": "paper", "cell": cell, "seed": seed, "fingerprint": "0", "initial_val_loss": 10.4,
+                // "cell@kind": a run of another states kind than the paper's
+                let (cell, kind) = cell.split_once('@').unwrap_or((cell, "paper"));
+                serde_json::json!({"states": kind, "cell": cell, "seed": seed, "fingerprint": "0", "initial_val_loss": 10.4,
                     "final_val_loss": loss, "mean_stall_m": null, "mean_stall_v": null, "mean_stall_w": null,
                     "theory_stall_v": null, "diverged": false, "steps": 2400, "tokens": 1, "params": 1})
             })
@@ -179,7 +184,8 @@ mod tests {
     }
 
     /// The main table's K* cell, an ablation's K and SR alone land in their rows with their
-    /// seeds' mean; a format without runs is left out; no runs at all is an error.
+    /// seeds' mean; runs of the other state kinds (theory) are not mixed in; a format without
+    /// runs is left out; no runs at all is an error.
     #[test]
     fn the_table_holds_every_period_and_seed() {
         let dir = tempfile::tempdir().unwrap();
@@ -187,7 +193,14 @@ mod tests {
         let name = results_name(Table::Bf16Model, scale);
         write_results(
             &dir.path().join(&name),
-            &[("fp4_sr_reset", 0, 3.70), ("fp4_sr_reset", 1, 3.72), ("fp4_sr", 0, 3.66), ("fp32_plain", 0, 3.6)],
+            &[
+                ("fp4_sr_reset", 0, 3.70),
+                ("fp4_sr_reset", 1, 3.72),
+                ("fp4_sr", 0, 3.66),
+                ("fp32_plain", 0, 3.6),
+                ("fp4_sr_reset@theory", 0, 9.9),
+                ("fp4_sr_reset@theory", 2, 9.9),
+            ],
         );
         write_results(&dir.path().join("departures/fp4_period_1000").join(&name), &[("fp4_sr_reset", 0, 3.65), ("fp4_sr_reset", 1, 3.67)]);
         write_results(&dir.path().join("departures/fp8_zero/").join(&name), &[("fp8_sr_reset", 0, 9.0)]);

@@ -41,6 +41,9 @@ pub(crate) const BLOCK_THREADS: u32 = 256;
 /// Warps per block of the row kernels, one row per warp (`WARPS`, `common.cuh`): a launch over
 /// `rows` rows takes `rows.div_ceil(ROW_WARPS)` blocks.
 pub(crate) const ROW_WARPS: usize = 8;
+/// Elements of a row per chunk of the RMSNorm backward: 32 lanes x `NORM_LANE_ELEMENTS`
+/// (`rmsnorm.cuh`); a row of `h` takes the kernel for `h.div_ceil(NORM_CHUNK)` chunks per lane.
+pub(crate) const NORM_CHUNK: usize = 32 * 8;
 /// Rows per tile of the attention kernels (`BR` in both kernel files).
 pub(crate) const FLASH_TILE: usize = 64;
 /// Threads per block of both attention kernels (`NW * 32` in `flash_attention.cu`, `NT` in
@@ -170,6 +173,7 @@ mod tests {
         assert_eq!(header_value(common, "BLOCK_THREADS"), i64::from(BLOCK_THREADS));
         assert_eq!(header_value(common, "WARPS"), ROW_WARPS as i64);
         assert_eq!(header_value(rmsnorm, "FUSED_MAX_HIDDEN"), crate::kernels::FUSED_MAX_HIDDEN as i64);
+        assert_eq!(header_value(rmsnorm, "NORM_LANE_ELEMENTS") * 32, NORM_CHUNK as i64);
         assert_eq!(header_value(flash, "BR"), FLASH_TILE as i64);
         assert_eq!(header_value(flash_f32, "BR"), FLASH_TILE as i64);
         assert_eq!(header_value(flash, "NW") * 32, FLASH_THREADS as i64);

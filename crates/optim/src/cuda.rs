@@ -19,7 +19,7 @@ use crate::clip::GradScale;
 use crate::error::OptimError;
 use crate::format::{int8, Rounding, StateFormat};
 use crate::kernel_abi::{
-    kernel_format, round_id, scale_id, segment_len, COUNTERS, MAX_TENSORS, STEP_ARGS_BYTES, STEP_THREADS, TENSOR_ARGS_BYTES,
+    kernel_format, round_id, scale_id, segment_len, COUNTERS, MAX_TENSORS, ROUND_ELEMENTS, STEP_ARGS_BYTES, STEP_THREADS, TENSOR_ARGS_BYTES,
 };
 use crate::optimizer::{LowbitAdamW, TensorState};
 use crate::stalls::{Counter, StallCounts};
@@ -602,7 +602,7 @@ impl CudaAdamW {
         }
         let sr = |r: Rounding| r == Rounding::Stochastic;
         let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
-        let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | 128);
+        let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | ROUND_ELEMENTS);
         let index = Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks);
         let f = &kernels.step[index];
         let counters = self.counters.slice(slot..);

@@ -174,7 +174,7 @@ fn a_per_tensor_scale_over_20m_elements() {
     let n = 20_000_000;
     let mut o = opt("fp8", "fp8", ScaleKind::Amax, 0, n);
     let mut g = grads(n);
-    g[n - 1] = 0.25; // the largest gradient, at the end (past any 32-bit block index)
+    g[n - 1] = 0.25; // the largest gradient, at the end (an index past 2^24: exact only as an integer)
     let mut w = vec![0.0f32; n];
     let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     let m = &o.tensors[0].m;

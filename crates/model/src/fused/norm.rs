@@ -4,6 +4,7 @@
 //! the partials (no atomics).
 
 use super::{alloc, args, cuda_device, grid, launch, tensor_ptr, wrap, ROW_WARPS};
+use crate::fused_sizes::NORM_CHUNK;
 use candle_core::{DType, Result, Tensor};
 
 /// Rows each block of the backward kernel takes (one partial row of the gain gradient per
@@ -90,12 +91,12 @@ pub fn backward(x: &Tensor, w: &Tensor, dy: &Tensor, d_residual: Option<&Tensor>
     let blocks = rows.div_ceil(ROWS_PER_BLOCK).max(1);
     let (partial_s, partial) = alloc(&dev, DType::F32, blocks * h)?;
     let rpb = ROWS_PER_BLOCK as i32;
-    // the kernel for rows of h.div_ceil(256) chunks of 8 per lane, with 16-byte accesses
+    // the kernel for rows of h.div_ceil(NORM_CHUNK) chunks per lane, with 16-byte accesses
     // where the width and every buffer allow them
     let vec = (h % 8 == 0 && super::aligned16(&[xp, wp, dyp, residual, dx])) as i32;
-    let name = format!("rmsnorm_bwd_c{}", h.div_ceil(256));
+    let name = format!("rmsnorm_bwd_c{}", h.div_ceil(NORM_CHUNK));
     let a = args![xp, wp, dyp, residual, dx, partial, r, hh, eps as f32, rpb, vec];
-    launch(&dev, &name, dtype, grid(blocks, 8 * h * 4), &a)?;
+    launch(&dev, &name, dtype, grid(blocks, ROW_WARPS * h * 4), &a)?; // the warps' gain partials
     let (dw_s, dw) = alloc(&dev, dtype, h)?;
     let nb = blocks as i32;
     launch(&dev, "colsum", dtype, grid(h.div_ceil(32), 0), &args![partial, dw, nb, hh])?; // 32 columns per block

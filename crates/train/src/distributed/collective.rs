@@ -95,10 +95,13 @@ pub struct TcpCollective {
 
 impl TcpCollective {
     /// Over the connections of a finished rendezvous; a peer that sends nothing for `timeout`
-    /// (hung) or closes its connection (exited) makes the operation fail naming it.
+    /// (hung), or takes nothing for as long while this rank sends (stopped: a SIGSTOPped
+    /// process leaves its socket buffers full), or closes its connection (exited) makes the
+    /// operation fail naming it.
     pub fn new(rank: usize, world_size: usize, links: Links, timeout: Duration) -> Result<TcpCollective> {
         for (_, s) in &links.peers {
             s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
         }
         Ok(TcpCollective { rank, world_size, links: Mutex::new(links.peers), timeout })
     }
@@ -108,7 +111,7 @@ impl TcpCollective {
         let mut links = self.links.lock().expect("collective lock");
         if self.rank != 0 {
             let (peer, s) = &mut links[0];
-            send_frame(s, local).map_err(|e| self.io_error(*peer, e))?;
+            send_frame(s, local).map_err(|e| self.send_error(*peer, e))?;
             return Ok(None);
         }
         let mut all = vec![local.to_vec()];
@@ -124,7 +127,7 @@ impl TcpCollective {
         match result {
             Some(r) => {
                 for (peer, s) in links.iter_mut() {
-                    send_frame(s, &r).map_err(|e| self.io_error(*peer, e))?;
+                    send_frame(s, &r).map_err(|e| self.send_error(*peer, e))?;
                 }
                 Ok(r)
             }
@@ -143,6 +146,18 @@ impl TcpCollective {
                 self.timeout.as_secs_f64()
             ),
             _ => anyhow::anyhow!("rank {}: lost rank {peer} ({e}): it exited or crashed", self.rank),
+        }
+    }
+
+    /// A failed send to `peer`: as [`Self::io_error`], but a timeout means the peer took nothing.
+    fn send_error(&self, peer: usize, e: std::io::Error) -> anyhow::Error {
+        match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow::anyhow!(
+                "rank {}: rank {peer} took nothing for {:.0} s (stopped or hung? the wait is LOWBIT_DIST_TIMEOUT_S)",
+                self.rank,
+                self.timeout.as_secs_f64()
+            ),
+            _ => self.io_error(peer, e),
         }
     }
 
