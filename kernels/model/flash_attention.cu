@@ -50,7 +50,8 @@ struct Carver {
 
 // Row stride of a BF16 [BR, D] tile in shared memory: 16 bytes of padding put the 8 rows
 // an `ldmatrix` reads in different banks.
-template <int D> __host__ __device__ constexpr int ldh() { return D + 8; }
+#define LDH_PAD 8  // row padding of the BF16 tiles (fused_sizes.rs FLASH_BF16_PAD, tested)
+template <int D> __host__ __device__ constexpr int ldh() { return D + LDH_PAD; }
 
 // ---------------------------------------------------------------------------------------
 // Warp-level products. Fragments of mma.m16n8k16 (PTX ISA, "Matrix Fragments for

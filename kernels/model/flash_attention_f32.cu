@@ -42,12 +42,14 @@
 #define NT 128       // threads per block (fused_sizes.rs FLASH_THREADS)
 #define RI 8         // score rows per thread
 #define CJ 4         // score columns per thread
-#define LP (BR + 16) // row stride of a [BR, BR] score tile
+#define LP_PAD 16    // (fused_sizes.rs FLASH_F32_SCORE_PAD, tested)
+#define LP (BR + LP_PAD) // row stride of a [BR, BR] score tile
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 // Row stride of a [BR, D] tile in shared memory, in floats.
-template <int D> __host__ __device__ constexpr int ld() { return D + 4; }
+#define LD_PAD 4  // row padding of the FP32 tiles (fused_sizes.rs FLASH_F32_PAD, tested)
+template <int D> __host__ __device__ constexpr int ld() { return D + LD_PAD; }
 
 // The calling thread's place in the tiles (see "Work" above).
 struct Lane {

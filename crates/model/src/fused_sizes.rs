@@ -46,6 +46,12 @@ pub(crate) const ROW_WARPS: usize = 8;
 pub(crate) const NORM_CHUNK: usize = 32 * 8;
 /// Rows per tile of the attention kernels (`BR` in both kernel files).
 pub(crate) const FLASH_TILE: usize = 64;
+/// Row padding (elements) of the BF16 attention kernel's tiles (`LDH_PAD`, `flash_attention.cu`).
+pub(crate) const FLASH_BF16_PAD: usize = 8;
+/// Row padding of the FP32 attention kernel's tiles (`LD_PAD`) and of its score tile
+/// (`LP_PAD`), `flash_attention_f32.cu`.
+pub(crate) const FLASH_F32_PAD: usize = 4;
+pub(crate) const FLASH_F32_SCORE_PAD: usize = 16;
 /// Threads per block of both attention kernels (`NW * 32` in `flash_attention.cu`, `NT` in
 /// `flash_attention_f32.cu`).
 pub(crate) const FLASH_THREADS: usize = 128;
@@ -105,7 +111,7 @@ impl FlashKernels {
         let stats = 2 * FLASH_TILE * 4;
         match self {
             Self::TensorCoreBf16 => {
-                let tile = FLASH_TILE * (d + 8) * 2;
+                let tile = FLASH_TILE * (d + FLASH_BF16_PAD) * 2;
                 match pass {
                     FlashPass::Forward => 3 * tile,
                     FlashPass::KeyValueGrads => 4 * tile + stats,
@@ -113,7 +119,7 @@ impl FlashKernels {
                 }
             }
             Self::CudaCoreF32 => {
-                let (tile, scores) = (FLASH_TILE * (d + 4) * 4, FLASH_TILE * (FLASH_TILE + 16) * 4);
+                let (tile, scores) = (FLASH_TILE * (d + FLASH_F32_PAD) * 4, FLASH_TILE * (FLASH_TILE + FLASH_F32_SCORE_PAD) * 4);
                 match pass {
                     FlashPass::Forward => 3 * tile + scores,
                     FlashPass::KeyValueGrads => 4 * tile + scores + stats,
@@ -178,6 +184,9 @@ mod tests {
         assert_eq!(header_value(flash_f32, "BR"), FLASH_TILE as i64);
         assert_eq!(header_value(flash, "NW") * 32, FLASH_THREADS as i64);
         assert_eq!(header_value(flash_f32, "NT"), FLASH_THREADS as i64);
+        assert_eq!(header_value(flash, "LDH_PAD"), FLASH_BF16_PAD as i64);
+        assert_eq!(header_value(flash_f32, "LD_PAD"), FLASH_F32_PAD as i64);
+        assert_eq!(header_value(flash_f32, "LP_PAD"), FLASH_F32_SCORE_PAD as i64);
     }
 
     #[test]

@@ -94,20 +94,24 @@ mod tests {
     #[test]
     fn launch_constants_match_the_kernel_files() {
         let n = |v: usize| v as i64;
-        assert_eq!(header_value(ARGS, "MAX_TENSORS"), n(MAX_TENSORS));
-        assert_eq!(header_value(ARGS, "STEP_ARGS_BYTES"), n(STEP_ARGS_BYTES));
-        assert_eq!(header_value(ARGS, "TENSOR_ARGS_BYTES"), n(TENSOR_ARGS_BYTES));
-        assert_eq!(header_value(COUNTERS_CUH, "COUNTERS"), n(COUNTERS));
-        assert_eq!(header_value(ADAMW, "STEP_THREADS"), i64::from(STEP_THREADS));
-        assert_eq!(header_value(ADAMW, "ROUND_ELEMENTS"), n(ROUND_ELEMENTS));
-        assert_eq!(header_value(ADAMW, "SEGMENT_ROUNDS_UNSCALED"), n(SEGMENT_ROUNDS_UNSCALED));
-        assert_eq!(header_value(ADAMW, "SEGMENT_ROUNDS_SCALED"), n(SEGMENT_ROUNDS_SCALED));
-        assert_eq!(header_value(GRAD_NORM, "NORM_TENSORS"), n(NORM_TENSORS));
-        assert_eq!(header_value(GRAD_NORM, "NORM_CHUNK"), n(NORM_CHUNK));
-        assert_eq!(header_value(GRAD_NORM, "NORM_THREADS"), i64::from(NORM_THREADS));
-        assert_eq!(header_value(GRAD_NORM, "NORM_ARGS_BYTES"), n(NORM_ARGS_BYTES));
-        assert_eq!(header_value(INT8, "INT8_OCTAVES"), i64::from(int8::OCTAVES));
-        assert_eq!(header_value(INT8, "INT8_SUB_BITS"), i64::from(int8::SUB_BITS));
+        for (src, name, value) in [
+            (ARGS, "MAX_TENSORS", n(MAX_TENSORS)),
+            (ARGS, "STEP_ARGS_BYTES", n(STEP_ARGS_BYTES)),
+            (ARGS, "TENSOR_ARGS_BYTES", n(TENSOR_ARGS_BYTES)),
+            (COUNTERS_CUH, "COUNTERS", n(COUNTERS)),
+            (ADAMW, "STEP_THREADS", i64::from(STEP_THREADS)),
+            (ADAMW, "ROUND_ELEMENTS", n(ROUND_ELEMENTS)),
+            (ADAMW, "SEGMENT_ROUNDS_UNSCALED", n(SEGMENT_ROUNDS_UNSCALED)),
+            (ADAMW, "SEGMENT_ROUNDS_SCALED", n(SEGMENT_ROUNDS_SCALED)),
+            (GRAD_NORM, "NORM_TENSORS", n(NORM_TENSORS)),
+            (GRAD_NORM, "NORM_CHUNK", n(NORM_CHUNK)),
+            (GRAD_NORM, "NORM_THREADS", i64::from(NORM_THREADS)),
+            (GRAD_NORM, "NORM_ARGS_BYTES", n(NORM_ARGS_BYTES)),
+            (INT8, "INT8_OCTAVES", i64::from(int8::OCTAVES)),
+            (INT8, "INT8_SUB_BITS", i64::from(int8::SUB_BITS)),
+        ] {
+            assert_eq!(header_value(src, name), value, "{name}");
+        }
         // a round is one 4-element quad per lane of a warp
         assert_eq!(ROUND_ELEMENTS, 32 * 4);
         assert_eq!(segment_len(false, 0), 256);

@@ -138,26 +138,26 @@ impl TcpCollective {
         }
     }
 
+    /// A failed receive from `peer`: a timeout means it sent nothing (stopped or hung), another
+    /// error that it is gone.
     fn io_error(&self, peer: usize, e: std::io::Error) -> anyhow::Error {
+        self.link_error(peer, e, "sent")
+    }
+
+    /// A failed send to `peer`: a timeout means it took nothing (stopped or hung: its socket
+    /// buffers are full), another error that it is gone.
+    fn send_error(&self, peer: usize, e: std::io::Error) -> anyhow::Error {
+        self.link_error(peer, e, "took")
+    }
+
+    fn link_error(&self, peer: usize, e: std::io::Error, verb: &str) -> anyhow::Error {
         match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow::anyhow!(
-                "rank {}: rank {peer} sent nothing for {:.0} s (hung? the wait is LOWBIT_DIST_TIMEOUT_S)",
+                "rank {}: rank {peer} {verb} nothing for {:.0} s (stopped or hung? the wait is LOWBIT_DIST_TIMEOUT_S)",
                 self.rank,
                 self.timeout.as_secs_f64()
             ),
             _ => anyhow::anyhow!("rank {}: lost rank {peer} ({e}): it exited or crashed", self.rank),
-        }
-    }
-
-    /// A failed send to `peer`: as [`Self::io_error`], but a timeout means the peer took nothing.
-    fn send_error(&self, peer: usize, e: std::io::Error) -> anyhow::Error {
-        match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow::anyhow!(
-                "rank {}: rank {peer} took nothing for {:.0} s (stopped or hung? the wait is LOWBIT_DIST_TIMEOUT_S)",
-                self.rank,
-                self.timeout.as_secs_f64()
-            ),
-            _ => self.io_error(peer, e),
         }
     }
 
