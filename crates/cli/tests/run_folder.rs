@@ -281,8 +281,8 @@ fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
     let tmp = cli_dir("x");
     let d = tmp.path();
     let cases = [
-        ("train.micro_batch=100000000", "one micro-batch's logits and attention scores alone take"),
-        ("data.seq_len=1000000000", "one micro-batch's logits and attention scores alone take"),
+        ("train.micro_batch=100000000", "one micro-batch's activations (logits, layer inputs, attention scores) alone take"),
+        ("data.seq_len=1000000000", "one micro-batch's activations (logits, layer inputs, attention scores) alone take"),
         ("model.hidden_size=4000000", "the weights, gradients and states alone take"),
         ("model.vocab_size=1000000000", "the weights, gradients and states alone take"),
     ];

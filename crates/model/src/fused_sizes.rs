@@ -144,7 +144,7 @@ impl FlashKernels {
 /// kernels' stride arguments; offsets are computed in 64 bits). Everything else runs the
 /// cuBLAS composition.
 pub(crate) fn flash_supports(kernels: Option<FlashKernels>, (b, h, t, d): (usize, usize, usize, usize), aligned16: bool) -> bool {
-    kernels.is_some() && (d == 64 || d == 128) && aligned16 && b * h <= 65535 && h * t * d <= i32::MAX as usize
+    kernels.is_some() && crate::kernels::FLASH_HEAD_DIMS.contains(&d) && aligned16 && b * h <= 65535 && h * t * d <= i32::MAX as usize
 }
 
 /// Elements of the FP32 backward's dQ partials (`dq_part` in `flash_attention_f32.cu`):

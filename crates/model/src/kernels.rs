@@ -11,6 +11,15 @@ use candle_core::{Device, Result};
 /// of a row in registers.
 pub const FUSED_MAX_HIDDEN: usize = 1536;
 
+/// Rows of logits the fused LM head and loss materialise at once (`crate::fused`'s
+/// `lm_head`): 4096 x 32100 BF16 logits are 263 MB, whatever the micro-batch.
+pub const LM_HEAD_CHUNK_ROWS: usize = 4096;
+
+/// Head dimensions the fused attention (FlashAttention-2 style, `kernels/model/flash_attention*.cu`)
+/// takes: no `[T, T]` score matrix in memory; other head dimensions use cuBLAS products with FP32
+/// scores.
+pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+
 /// The ops behind [`crate::Llama`]'s forward and backward passes.
 ///
 /// * `Composed`: candle tensor ops under candle's autograd, on every device (the CPU path

@@ -82,7 +82,7 @@ pub use error::ModelError;
 pub use grad_sum::GradSum;
 pub use groups::{try_param_group, ParamGroup};
 pub use init::{init_params, param_specs, ParamSpec};
-pub use kernels::{Kernels, FUSED_MAX_HIDDEN};
+pub use kernels::{Kernels, FLASH_HEAD_DIMS, FUSED_MAX_HIDDEN, LM_HEAD_CHUNK_ROWS};
 pub use llama::Llama;
 pub use loss::masked_cross_entropy;
 pub use passes::TrainingPass;

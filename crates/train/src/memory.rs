@@ -6,16 +6,18 @@
 //! A lower bound, not a forecast: only what the run surely holds at once is counted, so that a
 //! config that fits is never refused. The weights, their gradients and the two moment states;
 //! the composed ops' causal mask (`max_seq_len`² FP32, built at their first forward; none with
-//! the fused kernels); and one
-//! micro-batch's logits (`micro_batch x seq_len x vocab`, in the weights' dtype) and one
-//! layer's attention scores (`micro_batch x heads x seq_len`², FP32). Arithmetic in f64, so
-//! that absurd sizes give absurd numbers instead of overflowing.
+//! the fused kernels); one micro-batch's logits in the weights' dtype (`micro_batch x seq_len
+//! x vocab` composed; the fused LM head holds at most [`LM_HEAD_CHUNK_ROWS`] rows of them), each
+//! layer's input kept for the backward (`layers x micro_batch x seq_len x hidden`, in the
+//! weights' dtype, on either path), and one layer's attention scores (`micro_batch x heads x seq_len`², FP32; none with the fused
+//! attention, which takes head dimensions [`FLASH_HEAD_DIMS`]). Arithmetic in f64, so that
+//! absurd sizes give absurd numbers instead of overflowing.
 
 use crate::config::{KernelChoice, RunConfig, WeightDtype};
 use crate::distributed::agreement::any_rank;
 use crate::distributed::collective::Collective;
 use anyhow::{bail, Result};
-use lowbit_model::{Kernels, LlamaConfig};
+use lowbit_model::{Kernels, LlamaConfig, FLASH_HEAD_DIMS, LM_HEAD_CHUNK_ROWS};
 use lowbit_optim::StatesPlan;
 
 /// Bytes a run needs at the least, by part.
@@ -23,7 +25,7 @@ use lowbit_optim::StatesPlan;
 pub struct MemoryFloor {
     /// Weights, gradients (FP32) and the m and v states.
     pub model_and_states: f64,
-    /// One micro-batch's logits and one layer's attention scores.
+    /// One micro-batch's logits, each layer's input and one layer's attention scores.
     pub activations: f64,
     /// The causal mask of `model.max_seq_len`.
     pub mask: f64,
@@ -31,8 +33,16 @@ pub struct MemoryFloor {
 
 impl MemoryFloor {
     /// The floor of one rank of `ranks` in a run of `cfg` with model `m` and the states of
-    /// `plan` (per tensor group; with `train.zero = 1` a rank holds `1 / ranks` of the states).
+    /// `plan` (per tensor group; with `train.zero = 1` a rank holds `1 / ranks` of the states),
+    /// with the kernels the run will use (as the model's builder decides).
     pub fn of(cfg: &RunConfig, m: &LlamaConfig, plan: &StatesPlan, ranks: usize) -> Self {
+        Self::of_kernels(cfg, m, plan, ranks, fused_kernels(cfg, m))
+    }
+
+    /// [`MemoryFloor::of`] with the kernels named: `fused` for the fused CUDA kernels (chunked
+    /// logits, no mask, no scores for the head dimensions the fused attention takes), else the
+    /// composed ops.
+    pub fn of_kernels(cfg: &RunConfig, m: &LlamaConfig, plan: &StatesPlan, ranks: usize, fused: bool) -> Self {
         let f = |x: usize| x as f64;
         let (h, i, v, layers) = (f(m.hidden_size), f(m.intermediate_size), f(m.vocab_size), f(m.num_layers));
         let kv = m.num_kv_heads * m.head_dim();
@@ -63,10 +73,13 @@ impl MemoryFloor {
             / shards;
         let tokens = f(cfg.train.micro_batch) * f(cfg.data.seq_len);
         let seq = f(cfg.data.seq_len);
+        let logit_rows = if fused { tokens.min(f(LM_HEAD_CHUNK_ROWS)) } else { tokens };
+        let flash = fused && FLASH_HEAD_DIMS.contains(&m.head_dim());
+        let scores = if flash { 0.0 } else { f(cfg.train.micro_batch) * f(m.num_heads) * seq * seq * 4.0 };
         MemoryFloor {
             model_and_states: params * (weight_bytes + 4.0) + state_bytes,
-            activations: tokens * v * weight_bytes + f(cfg.train.micro_batch) * f(m.num_heads) * seq * seq * 4.0,
-            mask: if fused_kernels(cfg, m) { 0.0 } else { f(m.max_seq_len) * f(m.max_seq_len) * 4.0 },
+            activations: (logit_rows * v + layers * tokens * h) * weight_bytes + scores,
+            mask: if fused { 0.0 } else { f(m.max_seq_len) * f(m.max_seq_len) * 4.0 },
         }
     }
 
@@ -90,7 +103,7 @@ impl MemoryFloor {
             (self.model_and_states, "the weights, gradients and states", "model.preset or model.hidden_size / num_layers / vocab_size"),
             (
                 self.activations,
-                "one micro-batch's logits and attention scores",
+                "one micro-batch's activations (logits, layer inputs, attention scores)",
                 "train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len",
             ),
             (self.mask, "the causal mask", "data.seq_len or model.max_seq_len"),
@@ -163,6 +176,29 @@ mod tests {
         assert_eq!(grouped - base, 2.0 * (m.vocab_size * m.hidden_size) as f64 * 6.0);
     }
 
+    /// With the fused kernels a micro-batch's logits are one chunk of rows, and the flash
+    /// attention holds no scores where it takes the head dimension: 128 x 256 tokens of the tiny
+    /// model count 4096 rows of logits (an eighth of the composed ops' logits) and no mask; its
+    /// scores count at head dimension 32 and not at 64; each layer's input counts on both paths.
+    #[test]
+    fn fused_kernels_count_one_chunk_of_logits() {
+        let (mut cfg, mut m, plan) = tiny();
+        (cfg.train.micro_batch, cfg.data.seq_len) = (128, 256);
+        let weight_bytes = 4.0; // tiny_cpu's model is FP32
+        let inputs = (m.num_layers * 128 * 256 * m.hidden_size) as f64 * weight_bytes;
+        let logits = |rows: f64| rows * m.vocab_size as f64 * weight_bytes + inputs;
+        let scores = |heads: usize| 128.0 * heads as f64 * 256.0 * 256.0 * 4.0;
+        assert_eq!(m.head_dim(), 32);
+        let fused = MemoryFloor::of_kernels(&cfg, &m, &plan, 1, true);
+        let composed = MemoryFloor::of_kernels(&cfg, &m, &plan, 1, false);
+        assert_eq!(fused.activations, logits(4096.0) + scores(m.num_heads));
+        assert_eq!(composed.activations, logits(128.0 * 256.0) + scores(m.num_heads));
+        assert_eq!((fused.mask, fused.model_and_states), (0.0, composed.model_and_states));
+        assert!(composed.mask > 0.0);
+        (m.num_heads, m.num_kv_heads) = (m.hidden_size / 64, m.hidden_size / 64);
+        assert_eq!(MemoryFloor::of_kernels(&cfg, &m, &plan, 1, true).activations, logits(4096.0));
+    }
+
     /// The shipped CPU config fits in 1 GiB; the sizes of the issue do not fit anywhere, and
     /// the error names the part and the keys.
     #[test]
@@ -174,7 +210,7 @@ mod tests {
         assert!((floor.model_and_states / m.num_parameters() as f64 - 10.0).abs() < 0.5, "{floor:?}");
         cfg.train.micro_batch = 100_000_000;
         let e = MemoryFloor::of(&cfg, &m, &spec, 1).check(64 << 30, "this host's available memory").unwrap_err().to_string();
-        assert!(e.contains("is 64.0 GiB: one micro-batch's logits and attention scores alone take"), "{e}");
+        assert!(e.contains("is 64.0 GiB: one micro-batch's activations (logits, layer inputs, attention scores) alone take"), "{e}");
         assert!(e.ends_with("lower train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len"), "{e}");
         let (cfg, mut m, spec) = tiny();
         m.max_seq_len = 1_000_000_000;

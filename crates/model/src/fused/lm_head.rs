@@ -1,17 +1,15 @@
 //! The LM head and the cross-entropy as one op, in chunks of rows (reference:
 //! [`crate::loss::masked_cross_entropy`] of [`crate::mlp::linear`]'s logits): the logits
-//! exist only for [`CHUNK_ROWS`] rows at a time, in the model's dtype, with the vocabulary
+//! exist only for [`LM_HEAD_CHUNK_ROWS`] rows at a time, in the model's dtype, with the vocabulary
 //! padded to a multiple of 8 with zero rows of the head (see [`super::aligned`]). For
 //! training the gradients come from each chunk's logits while they exist (as Liger-Kernel's
 //! fused linear cross-entropy and llm.c do): three matrix products per chunk in all.
 
 use super::{aligned, alloc, args, cuda_device, launch, tensor_ptr, wrap, zero_padded, Gemm, BLOCK_THREADS};
 use crate::fused_sizes::row_chunks;
+use crate::kernels::LM_HEAD_CHUNK_ROWS;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
-
-/// Rows of logits materialised at once: 4096 x 32100 BF16 logits are 263 MB.
-const CHUNK_ROWS: usize = 4096;
 
 /// Checks the shapes and dtypes of `hidden` `[N, H]`, the head `w` `[V, H]`, `target` u32
 /// `[N]` and `weight` F32 `[N]`.
@@ -127,9 +125,9 @@ impl Chunks {
     /// (`dh` in the model's dtype, `dw` F32 `[av, h]`).
     fn run(&self, nll: u64, grads: Option<(u64, u64)>) -> Result<()> {
         let (dev, dtype, (n, h, av)) = (&self.dev, self.dtype, (self.n, self.h, self.av));
-        let (_buf, logits) = alloc(dev, dtype, CHUNK_ROWS.min(n) * av)?;
+        let (_buf, logits) = alloc(dev, dtype, LM_HEAD_CHUNK_ROWS.min(n) * av)?;
         let (vi, ld, elt) = (self.v as i32, av as i32, dtype.size_in_bytes());
-        for (r0, rows) in row_chunks(n, CHUNK_ROWS) {
+        for (r0, rows) in row_chunks(n, LM_HEAD_CHUNK_ROWS) {
             let hid = self.hidden + (r0 * h * elt) as u64;
             Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
                 .run(dev, dtype, dtype, hid, self.w_pad, logits, false)?;
