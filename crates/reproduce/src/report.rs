@@ -87,6 +87,13 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
         let _ = writeln!(w, "{} record(s) of the results file with another config (fingerprint) are left out.\n", info.stale);
     }
     let _ = writeln!(w, "{}\n", info.scale_text);
+    if info.commands.iter().any(|c| c.command.contains(" --set ")) {
+        let _ = writeln!(
+            w,
+            "The `--set` overrides of the command(s) above replace this description's settings where they differ \
+             (the parameter count above is the model that ran).\n"
+        );
+    }
     if !info.states_text.is_empty() {
         let _ = writeln!(w, "{}\n", info.states_text);
     }

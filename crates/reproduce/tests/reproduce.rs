@@ -399,6 +399,10 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     );
     let row = md.lines().rfind(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert_eq!(row, "| fp8 | SR + resets | 3.6595 ± 0.0064 (+0.0045 ± 0.0064) | — |");
+    assert!(!md.contains("`--set` overrides"), "no --set, no override sentence");
+    let mut set = info.clone();
+    set.commands[0].command.push_str(" --set model.preset=\"llama100m\"");
+    assert!(render(t, Scale::Smoke, &r, &set).contains("The `--set` overrides of the command(s) above replace this description's settings"));
     let alone = RunInfo { kinds: vec![("paper", r.clone()), ("theory", BTreeMap::new())], ..info.clone() };
     assert!(!render(t, Scale::Smoke, &r, &alone).contains("## The states kinds"), "one kind: nothing to compare");
 }
