@@ -12,6 +12,8 @@
 #   main[:SEEDS]         main table (bf16-model), seeds as --seed-list (default 0-2), seed by seed
 #   policies[:SEEDS]     Table 6's own cells (v-only and adaptive resets), seed by seed
 #   fp32model[:SEEDS]    Table 2 (FP32 model)
+#   probe[:SEEDS]        the simulated-stalling probe (section 3.3, stall-probe; default seed 0),
+#                        seed by seed; its figure is drawn into OUT
 #   embed_head_fp32      FP8 plain with the embedding's and the head's states in FP32
 #   v_zero_exclude       FP8 plain with a zero-free v (optim.states.v_zero = "exclude")
 #   v_only_keep          FP8 SR + v-only resets keeping the v of idle elements
@@ -64,6 +66,7 @@ for step in "$@"; do
     main*) reproduce "" bf16-model "${arg:-0-2}" ;;
     policies*) reproduce "" reset-policies "${arg:-0-2}" --cells fp8_sr_reset_v,fp8_sr_adaptive ;;
     fp32model*) reproduce "" fp32-model "${arg:-0-1}" ;;
+    probe*) reproduce "" stall-probe "${arg:-0}" ;;
     embed_head_fp32)
       reproduce "$step" bf16-model "$seeds" --cells fp8_plain "${fp32[@]//GROUP/embed}" "${fp32[@]//GROUP/head}" ;;
     v_zero_exclude) reproduce "$step" bf16-model "$seeds" --cells fp8_plain --set optim.states.v_zero=exclude ;;

@@ -197,9 +197,17 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
 #pragma unroll
         for (int j = 0; j < 4; j++) encode_pair(j);
     }
+    // Simulated stalling (adamw.rs `Skip`): a skipped element keeps its old code (v under the
+    // same floor); element i's draw i of key_skip decides m by its low half, v by its high.
+    const bool skipping = (a.skip_m | a.skip_v) != 0u;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (!FP4 && (INT8 || j < k)) encode_pair(j);
+        if (skipping && j < k) {
+            const unsigned long long r = random_bits(t.key_skip, t.offset + e + j);
+            if ((unsigned)r < a.skip_m) mn[j] = q.mo[j];
+            if ((unsigned)(r >> 32) < a.skip_v) vn[j] = Codes<VF>::SCALED ? max(q.vo[j], floor_v) : q.vo[j];
+        }
         if (j < k) {
             count_mv(cnt, q.m[j] != q.m_old[j], same_stored<MF>(mn[j], q.mo[j], q.m[j]), q.v[j] != q.v_old[j],
                      same_stored<VF>(vn[j], q.vo[j], q.v[j]));

@@ -4,9 +4,9 @@
 #pragma once
 
 // Shared with the Rust launcher through crates/optim/src/kernel_abi.rs (its tests read these).
-#define MAX_TENSORS 256  // per launch: the kernel parameters (26.1 KiB) stay under 32 KiB (CUDA 12.1+)
-#define STEP_ARGS_BYTES 104
-#define TENSOR_ARGS_BYTES 104
+#define MAX_TENSORS 256  // per launch: the kernel parameters (28.1 KiB) stay under 32 KiB (CUDA 12.1+)
+#define STEP_ARGS_BYTES 112
+#define TENSOR_ARGS_BYTES 112
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -22,12 +22,14 @@ struct StepArgs {
     unsigned zero_free;           // 1: a block-scaled v never encodes to 0 in a non-zero block
     unsigned scale_m, scale_v;    // FP8/FP4 scale kinds (scale.cuh SCALE_POW2 / SCALE_AMAX)
     unsigned keep_idle_v;         // with reset_v: elements whose gradient is 0 keep their v
+    unsigned skip_m, skip_v;      // simulated stalling: an element keeps its stored m (v) when the
+                                  // low (high) 32 bits of its draw of key_skip are below this
 };
 
 // One tensor of the launch (mirrors StepKeys + the per-tensor decay).
 struct TensorArgs {
     unsigned long long p, g, mc, ms, vc, vs;  // weights, gradient, m/v codes and scales
-    unsigned long long n, key_m, key_v, key_w;
+    unsigned long long n, key_m, key_v, key_w, key_skip;
     unsigned long long first_segment;         // in the launch's numbering
     unsigned long long offset;                // whole-tensor index of element 0 (a ZeRO-1
                                               // shard's start, a multiple of 4; else 0): the

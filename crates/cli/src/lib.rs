@@ -3,7 +3,7 @@
 //! The commands over the training library (`lowbit-train`) and the reproduction runner
 //! (`lowbit-reproduce`): `train` itself ([`launcher`] for `--gpus N`, [`signals`] for Ctrl-C
 //! and SIGTERM, [`config_path`] for bare config names, [`progress`] for the bar), `predict` ([`predict`]), `stalls`
-//! ([`stalls_table`]), `plot` ([`plot`]), `data fetch c4` ([`fetch`]), `data tokenize` ([`tokenize`]), `bench data` ([`bench_data`]) and, in CUDA builds,
+//! ([`stalls_table`]), `plot` ([`plot`]; [`reset_period_plot`] and [`stall_probe_plot`] from reproduce results), `data fetch c4` ([`fetch`]), `data tokenize` ([`tokenize`]), `bench data` ([`bench_data`]) and, in CUDA builds,
 //! `bench optimizer` ([`bench`]) and `bench training` (`bench_training`).
 
 #[cfg(feature = "cuda")]
@@ -19,6 +19,7 @@ pub mod predict;
 pub mod progress;
 pub mod reset_period_plot;
 pub mod signals;
+pub mod stall_probe_plot;
 pub mod stalls_table;
 pub mod text_backend;
 pub mod tokenize;

@@ -5,7 +5,7 @@
 //! train predict --format bf16 --beta2 0.999 [--rounding nearest|stochastic] [--reset-period] [--json]
 //! train stalls runs/NAME [--follow] [--by group|tensor] [--state m|v|w] [--estimator updated|paper] [--window N] [--json]
 //! train plot runs/A [runs/B ...] [--out DIR]
-//! train reproduce --table bf16-model|fp32-model|reset-policies --scale smoke|h200|full [--states paper|blockwise|theory|all] [--cells LIST] [--seeds N | --seed-list LIST] [--jobs N] [--merge DIR]
+//! train reproduce --table bf16-model|fp32-model|reset-policies|stall-probe --scale smoke|h200|full [--states paper|blockwise|theory|all] [--cells LIST] [--seeds N | --seed-list LIST] [--jobs N] [--merge DIR]
 //! train data fetch c4 [--train-shards N] [--val-shards M] [--config FILE] [--out DIR] [--dry-run]
 //! train data tokenize --config FILE --out DIR [--level 19]
 //! train bench optimizer | training | data   (optimizer and training: CUDA builds)
@@ -22,7 +22,9 @@ use lowbit_train::{checkpoint, run};
 
 #[cfg(feature = "cuda")]
 use lowbit_cli::{bench, bench_training};
-use lowbit_cli::{bench_data, config_path, fetch, launcher, plot, predict, progress, reset_period_plot, signals, stalls_table, tokenize};
+use lowbit_cli::{
+    bench_data, config_path, fetch, launcher, plot, predict, progress, reset_period_plot, signals, stall_probe_plot, stalls_table, tokenize,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -113,8 +115,10 @@ enum Cmd {
     },
     /// Table of latest and running-mean stalled fractions next to the theory.
     Stalls(stalls_table::StallsArgs),
-    /// Plots of loss and stalling (SVG and PNG) for one or more runs, or the paper's Fig. 4
-    /// from `train reproduce`'s results (`--reset-periods`).
+    /// Plots of loss and stalling (SVG and PNG) for one or more runs, or from `train
+    /// reproduce`'s results the paper's Fig. 4 (`--reset-periods`) or its simulated-stalling
+    /// probe (`--stall-probe`).
+    #[command(group(clap::ArgGroup::new("from_results").args(["reset_periods", "stall_probe"])))]
     Plot {
         /// Run folders; more than one gives a comparison plot.
         runs: Vec<PathBuf>,
@@ -127,8 +131,14 @@ enum Cmd {
         /// results and the `departures/<fmt>_period_<K>/` ablations under `--results`.
         #[arg(long, value_name = "SCALE", conflicts_with = "runs")]
         reset_periods: Option<lowbit_reproduce::Scale>,
-        /// The folder of `train reproduce`'s results, for `--reset-periods`.
-        #[arg(long, default_value = "reproduce", requires = "reset_periods")]
+        /// Instead of runs: the paper's section 3.3 (final validation loss of FP32 states whose
+        /// m or v write-backs are skipped with probability p, against p, each format's theory
+        /// stalled fraction marked) of this reproduce scale, from the stall-probe results under
+        /// `--results` (`train reproduce --table stall-probe` draws it too).
+        #[arg(long, value_name = "SCALE", conflicts_with = "runs")]
+        stall_probe: Option<lowbit_reproduce::Scale>,
+        /// The folder of `train reproduce`'s results, for `--reset-periods` and `--stall-probe`.
+        #[arg(long, default_value = "reproduce", requires = "from_results")]
         results: PathBuf,
     },
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
@@ -317,8 +327,23 @@ fn real_main() -> Result<i32> {
                 println!("{}", f.display());
             }
         }
-        Some(Cmd::Plot { runs, out, reset_periods: None, .. }) => plot::plot_command(&runs, out.as_deref())?,
-        Some(Cmd::Reproduce(args)) => lowbit_reproduce::run(&args)?,
+        Some(Cmd::Plot { out, stall_probe: Some(scale), results, .. }) => {
+            for f in stall_probe_plot::plot_stall_probe(&results, scale, out.as_deref().unwrap_or(&results))? {
+                println!("{}", f.display());
+            }
+        }
+        Some(Cmd::Plot { runs, out, .. }) => plot::plot_command(&runs, out.as_deref())?,
+        Some(Cmd::Reproduce(args)) => {
+            let ran = lowbit_reproduce::run(&args);
+            if args.table == lowbit_reproduce::Table::StallProbe {
+                // the figure from whatever the results file holds, also after a failed run
+                match stall_probe_plot::plot_stall_probe(&args.out, args.scale, &args.out) {
+                    Ok(files) => files.iter().for_each(|f| lowbit_train::errln!("reproduce: wrote {}", f.display())),
+                    Err(e) => lowbit_train::errln!("reproduce: no stall-probe figure: {e:#}"),
+                }
+            }
+            ran?
+        }
         Some(Cmd::Data(DataCmd::Fetch(FetchCmd::C4(args)))) => fetch::fetch_c4(&args)?,
         Some(Cmd::Data(DataCmd::Tokenize(args))) => tokenize::tokenize(&args)?,
         Some(Cmd::Bench(b)) => bench(b)?,

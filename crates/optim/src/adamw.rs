@@ -4,7 +4,7 @@
 
 use crate::format::scale::ScaleKind;
 use crate::format::{bf16, int8, precision, scale, Rounding, StateFormat};
-use crate::rng::element_bits;
+use crate::rng::{element_bits, random_bits};
 use crate::stalls::{Counter, StallCounts};
 use crate::state::{Codes, QuantState};
 use rayon::prelude::*;
@@ -43,6 +43,12 @@ pub struct StepScalars {
     /// With `reset_v` (and not `reset_m`): elements whose gradient is 0 keep their stored v
     /// (`optim.states.v_reset_idle = "keep"`).
     pub keep_idle_v: bool,
+    /// Simulated stalling (the paper's section 3.3; [`crate::config::skip_threshold`]): element
+    /// `i` keeps its stored m when the low 32 bits of draw `i` of the `skip` stream are below
+    /// `skip_m`, its stored v when the high 32 bits are below `skip_v` (0 = never; 0 during the
+    /// warmup).
+    pub skip_m: u32,
+    pub skip_v: u32,
 }
 
 /// Random stream keys of one tensor at one step (`rng::stream_key` per state kind).
@@ -51,6 +57,30 @@ pub struct StepKeys {
     pub m: u64,
     pub v: u64,
     pub w: u64,
+    /// Simulated stalling's stream ([`StepScalars::skip_m`]).
+    pub skip: u64,
+}
+
+/// Which write-backs of one state simulated stalling skips ([`StepScalars::skip_m`]): element
+/// `i` (whole-tensor index) when bits `shift .. shift + 32` of draw `i` of stream `key` are
+/// below `threshold`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skip {
+    pub key: u64,
+    pub threshold: u32,
+    /// 0 for m, 32 for v.
+    pub shift: u32,
+}
+
+impl Skip {
+    /// No element skips.
+    pub const NEVER: Skip = Skip { key: 0, threshold: 0, shift: 0 };
+
+    /// Whether element `i`'s write-back is skipped.
+    #[inline(always)]
+    pub fn skips(&self, i: u64) -> bool {
+        self.threshold != 0 && ((random_bits(self.key, i) >> self.shift) as u32) < self.threshold
+    }
 }
 
 /// Rounding of each write-back.
@@ -173,8 +203,8 @@ pub fn step_tensor(
             .reduce(Pass1::default, Pass1::add),
     };
     // Pass 2: encode (rounded write-back) with stall counting.
-    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first);
-    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first);
+    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first, Skip { key: keys.skip, threshold: h.skip_m, shift: 0 });
+    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first, Skip { key: keys.skip, threshold: h.skip_v, shift: 32 });
     StallCounts { m: m_count, v: v_count, w: pass1.w, zero_grad: pass1.zero_grad, zero_v: pass1.zero_v }
 }
 
@@ -213,20 +243,23 @@ fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
 /// Round the new FP32 values `new` into `state`, counting stalls against the old values
 /// ([`crate::stalls`]: an element is updated when its new value differs from the decoded old
 /// one, unchanged when its stored bits (unscaled formats) or code (scaled formats) are).
-/// `first`: the whole-tensor index of `state`'s first element (see [`step_tensor`]).
-pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64, first: usize) -> Counter {
+/// `first`: the whole-tensor index of `state`'s first element (see [`step_tensor`]). An element
+/// that `skip` skips keeps its stored bits or code (a block-scaled zero-free v no lower than
+/// code 1 in a non-zero block), counted as any unchanged element.
+pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64, first: usize, skip: Skip) -> Counter {
     let format = state.format;
     let signed = state.signed;
     let zero_free = state.zero_free;
     let kind = state.scale_kind;
     let block = state.block_len();
     match &mut state.codes {
-        Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).map(|(c, x)| {
+        Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
             let mut cnt = Counter::default();
-            for (c, &x) in c.iter_mut().zip(x) {
+            for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
                 // written back exactly: unchanged when the bits are (a NaN never is)
-                cnt.add(x != *c, x.to_bits() == c.to_bits() && !x.is_nan());
-                *c = x;
+                let code = if skip.skips((first + k * CHUNK + j) as u64) { c.to_bits() } else { x.to_bits() };
+                cnt.add(x != *c, code == c.to_bits() && !x.is_nan());
+                *c = f32::from_bits(code);
             }
             cnt
         })),
@@ -235,6 +268,7 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
             for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
                 let i = (first + k * CHUNK + j) as u64;
                 let code = match format {
+                    _ if skip.skips(i) => *c,
                     StateFormat::E8m(bits) => precision::encode(x, bits as u32, rounding, element_bits(key, i, 32)),
                     _ => bf16::encode(x, rounding, element_bits(key, i, 16)),
                 };
@@ -250,7 +284,7 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
             sum_counters(c.par_chunks_mut(bytes_per_block).zip(state.scales.par_iter_mut()).zip(new.par_chunks(block)).enumerate().map(
                 |(b, ((codes, scale), x))| {
                     let at = (first + b * block) as u64;
-                    encode_block(format, signed, zero_free, kind, codes, scale, x, rounding, key, at)
+                    encode_block(format, signed, zero_free, kind, codes, scale, x, rounding, key, at, skip)
                 },
             ))
         }
@@ -261,7 +295,8 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
 /// absmax), round every element, count stalls by code. `first` is the tensor index of the
 /// block's first element (the RNG counter). `zero_free` ([`QuantState::zero_free`]): when the
 /// block's amax is non-zero, a code that would decode to 0 becomes code 1, the grid's smallest
-/// positive value (v only: unsigned values, so zero is code 0 in every v map).
+/// positive value (v only: unsigned values, so zero is code 0 in every v map). An element that
+/// `skip` skips keeps its old code (under the same floor).
 #[inline]
 pub fn encode_block(
     format: StateFormat,
@@ -274,6 +309,7 @@ pub fn encode_block(
     rounding: Rounding,
     key: u64,
     first: u64,
+    skip: Skip,
 ) -> Counter {
     let old_scale = *scale;
     let amax = scale::amax(x.iter().copied());
@@ -287,7 +323,8 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = get(codes, j);
                 let old = mf.decode(old_code) * old_scale;
-                let code = mf.encode(xj * s.factor, rounding, element_bits(key, first + j as u64, 32)).max(floor);
+                let i = first + j as u64;
+                let code = if skip.skips(i) { old_code } else { mf.encode(xj * s.factor, rounding, element_bits(key, i, 32)) }.max(floor);
                 cnt.add(xj != old, code == old_code);
                 put(codes, j, code, packed);
             }
@@ -300,7 +337,9 @@ pub fn encode_block(
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = codes[j];
                 let old = table[old_code as usize] * old_scale;
-                let code = table.encode(xj * pre * inv, rounding, element_bits(key, first + j as u64, 32)).max(floor);
+                let i = first + j as u64;
+                let code =
+                    if skip.skips(i) { old_code } else { table.encode(xj * pre * inv, rounding, element_bits(key, i, 32)) }.max(floor);
                 cnt.add(xj != old, code == old_code);
                 codes[j] = code;
             }

@@ -227,10 +227,31 @@ pub struct StatesConfig {
     /// paper's setting). Resets and roundings stay as configured.
     #[serde(skip_serializing_if = "is_zero")]
     pub min_quantized_numel: usize,
+    /// Simulated stalling (the paper's section 3.3): after the warmup, each element's write-back
+    /// of m is skipped with this probability, independently per element and update (the stored
+    /// m keeps its old value, as a stalled element's does; the update itself uses the new m).
+    /// In [0, 1); 0 = off (the default). Any format; the draws come from the counter RNG
+    /// ([`crate::rng`], stream `skip`), so CPU and GPU skip the same elements and a resumed run
+    /// skips as an uninterrupted one.
+    #[serde(skip_serializing_if = "is_zero_prob")]
+    pub m_skip_prob: f64,
+    /// As `m_skip_prob`, for v.
+    #[serde(skip_serializing_if = "is_zero_prob")]
+    pub v_skip_prob: f64,
 }
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_zero_prob(p: &f64) -> bool {
+    *p == 0.0
+}
+
+/// The 32-bit threshold of a skip probability `p` in [0, 1): an element skips when its 32
+/// random bits are below it, so the probability is `floor(p * 2^32) / 2^32` (within 2^-32 of p).
+pub fn skip_threshold(p: f64) -> u32 {
+    (p * 4_294_967_296.0).floor() as u32
 }
 
 /// `[optim.states.groups.<group>]`: the keys of `[optim.states]` a tensor group may set for
@@ -305,6 +326,8 @@ impl Default for StatesConfig {
             weight_rounding: Rounding::Nearest,
             groups: BTreeMap::new(),
             min_quantized_numel: 0,
+            m_skip_prob: 0.0,
+            v_skip_prob: 0.0,
         }
     }
 }
@@ -332,6 +355,11 @@ pub struct StatesSpec {
     pub reset_s0: f64,
     pub bias_correction: BiasCorrection,
     pub weight_rounding: Rounding,
+    /// Simulated stalling: the probabilities of skipping an element's write-back of m and v
+    /// (0 = off), applied after the trainer's warmup ([`crate::LowbitAdamW::skip_after`]) with
+    /// the thresholds of [`skip_threshold`].
+    pub m_skip_prob: f64,
+    pub v_skip_prob: f64,
 }
 
 impl StatesConfig {
@@ -361,6 +389,13 @@ impl StatesConfig {
                  a block as large as a tensor is one scale per tensor: use 0), got {}",
                 self.block_size
             )));
+        }
+        for (key, p) in [("m_skip_prob", self.m_skip_prob), ("v_skip_prob", self.v_skip_prob)] {
+            if !(0.0..1.0).contains(&p) {
+                return Err(OptimError::Config(format!(
+                    "{at}.{key}: a probability in [0, 1) (the share of write-backs skipped after the warmup; 0 = off), got {p}"
+                )));
+            }
         }
         if !(self.reset_s0 > 0.0 && self.reset_s0 < 1.0) {
             return Err(OptimError::Config(format!("{at}.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0)));
@@ -416,6 +451,8 @@ impl StatesConfig {
             reset_s0: self.reset_s0,
             bias_correction: self.bias_correction,
             weight_rounding: self.weight_rounding,
+            m_skip_prob: self.m_skip_prob,
+            v_skip_prob: self.v_skip_prob,
         })
     }
 }
@@ -450,8 +487,12 @@ impl StatesSpec {
                 if self.v_reset_idle == VResetIdle::Keep { ", v kept where the gradient is 0" } else { "" }
             ),
         };
+        let skips = match (self.m_skip_prob, self.v_skip_prob) {
+            (m, v) if m == 0.0 && v == 0.0 => String::new(),
+            (m, v) => format!(" | simulated stalling after the warmup: m write-backs skipped with p = {m}, v with p = {v}"),
+        };
         format!(
-            "m {} | v {}{} | resets: {resets}",
+            "m {} | v {}{} | resets: {resets}{skips}",
             state(self.m_format, self.m_scale, self.m_rounding),
             state(self.v_format, self.v_scale, self.v_rounding),
             if self.v_format.is_scaled() && self.v_zero == VZero::Exclude { ", zero-free" } else { "" },

@@ -128,6 +128,8 @@ struct StepArgs {
     scale_m: u32,
     scale_v: u32,
     keep_idle_v: u32,
+    skip_m: u32,
+    skip_v: u32,
 }
 
 /// One tensor of a launch: `struct TensorArgs` of `kernels/optim/args.cuh` (device addresses).
@@ -144,6 +146,7 @@ struct TensorArgs {
     key_m: u64,
     key_v: u64,
     key_w: u64,
+    key_skip: u64,
     first_segment: u64,
     offset: u64,
     decay: f32,
@@ -253,6 +256,8 @@ fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
         scale_m: scale_id(spec.m_scale),
         scale_v: scale_id(spec.v_scale),
         keep_idle_v: h.keep_idle_v as u32,
+        skip_m: h.skip_m,
+        skip_v: h.skip_v,
     }
 }
 
@@ -540,6 +545,7 @@ impl CudaAdamW {
                     key_m: k.m,
                     key_v: k.v,
                     key_w: k.w,
+                    key_skip: k.skip,
                     first_segment: 0,
                     offset: first as u64,
                     decay: plan.tensors[i].scalars.decay,

@@ -11,13 +11,13 @@
 
 use crate::format::{scale::ScaleKind, Rounding, StateFormat};
 
-/// Tensors per step launch (`MAX_TENSORS`, `args.cuh`): the launch parameters, 26.1 KiB, stay
+/// Tensors per step launch (`MAX_TENSORS`, `args.cuh`): the launch parameters, 28.1 KiB, stay
 /// under the 32 KiB that CUDA 12.1+ allows on sm_70+.
 pub const MAX_TENSORS: usize = 256;
 /// Bytes of `struct StepArgs` (`args.cuh`), the launch-wide arguments.
-pub const STEP_ARGS_BYTES: usize = 104;
+pub const STEP_ARGS_BYTES: usize = 112;
 /// Bytes of `struct TensorArgs` (`args.cuh`), one tensor's arguments.
-pub const TENSOR_ARGS_BYTES: usize = 104;
+pub const TENSOR_ARGS_BYTES: usize = 112;
 /// u64 step counters per tensor slot (`COUNTERS`, `counters.cuh`): updated / stalled /
 /// unchanged of m, v and BF16 weights, the zero gradients, the updates with v = 0.
 pub const COUNTERS: usize = 11;

@@ -66,6 +66,9 @@ pub struct LowbitAdamW {
     pub seed: u64,
     /// One entry per parameter, in the order given to [`LowbitAdamW::new`] (the tensor id).
     pub tensors: Vec<TensorState>,
+    /// Updates before simulated stalling starts (`optim.states.m_skip_prob` / `v_skip_prob`
+    /// skip from update `skip_after + 1` on): the trainer's warmup steps; 0 from [`Self::new`].
+    pub skip_after: u64,
     /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else `None`.
     pub adaptive: Option<AdaptiveReset>,
     /// The CPU step's buffers ([`LowbitAdamW::step_cpu`]).
@@ -98,7 +101,7 @@ impl LowbitAdamW {
             .collect();
         let spec = plan.base;
         let adaptive = (spec.reset == ResetRule::Adaptive).then(AdaptiveReset::default);
-        LowbitAdamW { hyper, spec, seed, tensors, adaptive, scratch: Scratch::default(), last: None }
+        LowbitAdamW { hyper, spec, seed, tensors, skip_after: 0, adaptive, scratch: Scratch::default(), last: None }
     }
 
     /// Every state setting some tensor has, [`Self::spec`] first, each once, with the indices
@@ -204,6 +207,7 @@ impl LowbitAdamW {
             spec: self.spec,
             seed: self.seed,
             tensors: self.tensors.clone(),
+            skip_after: self.skip_after,
             adaptive: self.adaptive.clone(),
             scratch: Scratch::default(),
             last: None,

@@ -36,6 +36,9 @@ pub enum StateKind {
     V = 1,
     /// The weights themselves (BF16 weights with stochastic rounding).
     W = 2,
+    /// Simulated stalling's draws (`optim.states.m_skip_prob` / `v_skip_prob`): element `i`
+    /// takes draw `i` whole, its low 32 bits deciding m's skip and its high 32 bits v's.
+    Skip = 3,
 }
 
 /// SplitMix64 finaliser (a bijection of u64 with full avalanche).

@@ -6,7 +6,7 @@
 //! read this one value, so the two paths cannot ask for different numbers.
 
 use crate::adamw::{step_tensor, Roundings, StepKeys, StepScalars, Weights};
-use crate::config::VResetIdle;
+use crate::config::{skip_threshold, VResetIdle};
 use crate::error::OptimError;
 use crate::optimizer::LowbitAdamW;
 use crate::reset::reset_at;
@@ -82,11 +82,17 @@ impl LowbitAdamW {
             reset_m,
             reset_v,
             keep_idle_v: reset_v && !reset_m && spec.v_reset_idle == VResetIdle::Keep,
+            skip_m: if update > self.skip_after { skip_threshold(spec.m_skip_prob) } else { 0 },
+            skip_v: if update > self.skip_after { skip_threshold(spec.v_skip_prob) } else { 0 },
         };
         // (the weights' rounding is the whole model's)
         let roundings = Roundings { m: spec.m_rounding, v: spec.v_rounding, w: self.spec.weight_rounding };
         let key = |kind| stream_key(self.seed, update, idx as u64, kind);
-        TensorPlan { scalars, roundings, keys: StepKeys { m: key(StateKind::M), v: key(StateKind::V), w: key(StateKind::W) } }
+        TensorPlan {
+            scalars,
+            roundings,
+            keys: StepKeys { m: key(StateKind::M), v: key(StateKind::V), w: key(StateKind::W), skip: key(StateKind::Skip) },
+        }
     }
 
     /// The CPU reference step of tensor `idx` under `plan` ([`LowbitAdamW::plan`] of this

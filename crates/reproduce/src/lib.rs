@@ -2,7 +2,7 @@
 //! as a markdown table beside the paper's numbers.
 //!
 //! ```text
-//! train reproduce --table bf16-model|fp32-model|reset-policies --scale smoke|h200|full
+//! train reproduce --table bf16-model|fp32-model|reset-policies|stall-probe --scale smoke|h200|h200-shuffled|full
 //!                 [--cells LIST] [--seeds N | --seed-list LIST] [--states paper|blockwise|theory|all]
 //!                 [--jobs N] [--set section.key=value ...] [--configs DIR] [--out DIR]
 //!                 [--merge DIR] [--runs DIR] [--force] [--report-only]
@@ -10,8 +10,8 @@
 //!
 //! A cell is one config file (`configs/llama100m_<states>_<fix>.toml` for the BF16-model main
 //! table, `configs/fp32_model/llama100m_f32model_<states>_<fix>.toml` for the FP32-model
-//! Table 2, `configs/reset_policies/` for Table 6's policies that the main table lacks:
-//! [`paper`]), run at a *scale* ([`scale`]: `full` runs the file as written, `smoke`
+//! Table 2, `configs/reset_policies/` for Table 6's policies that the main table lacks, the
+//! FP32 cell's file with a skip probability for the simulated-stalling probe: [`paper`]), run at a *scale* ([`scale`]: `full` runs the file as written, `smoke`
 //! and `h200` add `--set`-style overrides that shrink the run and set its reset periods) on a
 //! states kind ([`states`]: the paper's own formats as the config files hold them, lowbit's
 //! block storage formats, or the stall theory's precision-only grids). Each (cell, seed) is a
@@ -35,7 +35,9 @@ pub mod states;
 pub mod stats;
 pub mod subset;
 
-pub use paper::{cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, Cell, Claim, Fix, Fmt, Relation, Table};
+pub use paper::{
+    cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, Cell, Claim, Fix, Fmt, Relation, Table, SKIP_PROBS,
+};
 pub use pool::{detect_gpus, gpus_from, pick_gpu, plan, read_record, run_overrides, Job, PlanSpec};
 pub use report::{render, RunInfo};
 pub use results::{fingerprint, results_name, CommandLog, Planned, Record, ResultsFile, RunKey};
@@ -65,9 +67,10 @@ the next command. reproduce/README.md has the plan for the h200 tables.";
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_long_help = RESULTS_HELP)]
 pub struct ReproduceArgs {
-    /// Which table: the main table (BF16 model), Table 2 (FP32 model) or Table 6 (FP8 reset
-    /// policies, BF16 model; its cells shared with the main table are read from the main
-    /// table's results file, so run that one first).
+    /// Which table: the main table (BF16 model), Table 2 (FP32 model), Table 6 (FP8 reset
+    /// policies, BF16 model) or the simulated-stalling probe of section 3.3 (FP32 states with
+    /// m's or v's write-backs skipped with probability p); the last two read their cells shared
+    /// with the main table from the main table's results file, so run that one first.
     #[arg(long, value_enum)]
     pub table: Table,
     /// smoke (tiny model, bundled CPU sample, minutes), h200 (LLaMA-20M on the shared corpus,

@@ -22,7 +22,17 @@ pub enum Table {
     /// main table's runs ([`Table::borrows_from`]).
     #[value(name = "reset-policies")]
     ResetPolicies,
+    /// The paper's section 3.3, simulated stalling: FP32 states (BF16 model) whose m or v
+    /// write-backs are skipped with probability p after the warmup
+    /// (`optim.states.m_skip_prob` / `v_skip_prob`), p in [`SKIP_PROBS`]. Its p = 0 cell is the
+    /// main table's FP32 cell ([`Table::borrows_from`]).
+    #[value(name = "stall-probe")]
+    StallProbe,
 }
+
+/// The skip probabilities of [`Table::StallProbe`], in thousandths (the sweep: 0.25,
+/// 0.5, 0.75, 0.9, 0.99; p = 0 is the FP32 cell).
+pub const SKIP_PROBS: [u16; 5] = [250, 500, 750, 900, 990];
 
 impl Table {
     /// The `--table` value, also the stem of the table's files (`reproduce/<table>-<scale>.md`).
@@ -31,6 +41,7 @@ impl Table {
             Table::Bf16Model => "bf16-model",
             Table::Fp32Model => "fp32-model",
             Table::ResetPolicies => "reset-policies",
+            Table::StallProbe => "stall-probe",
         }
     }
     /// The table's name in the paper, for report titles.
@@ -39,6 +50,7 @@ impl Table {
             Table::Bf16Model => "main table (BF16 model)",
             Table::Fp32Model => "Table 2 (FP32 model)",
             Table::ResetPolicies => "Table 6 (FP8 reset policies, BF16 model)",
+            Table::StallProbe => "simulated stalling (section 3.3; FP32 states, BF16 model)",
         }
     }
     /// Whether the table's runs train a BF16 model (weights and activations).
@@ -48,12 +60,16 @@ impl Table {
     /// The table whose runs this one shares: a cell of both, with the same config, is run
     /// once and its record read from that table's results file.
     pub fn borrows_from(self) -> Option<Table> {
-        (self == Table::ResetPolicies).then_some(Table::Bf16Model)
+        matches!(self, Table::ResetPolicies | Table::StallProbe).then_some(Table::Bf16Model)
     }
     /// The fixes of the table's cells, in report order (the grid's rows).
     pub fn fixes(self) -> Vec<Fix> {
         match self {
             Table::ResetPolicies => vec![Fix::Plain, Fix::Sr, Fix::SrReset, Fix::SrResetV, Fix::SrAdaptive],
+            Table::StallProbe => {
+                let skips = |f: fn(u16) -> Fix| SKIP_PROBS.map(f);
+                std::iter::once(Fix::Plain).chain(skips(Fix::SkipV)).chain(skips(Fix::SkipM)).collect()
+            }
             _ => Fix::ALL.to_vec(),
         }
     }
@@ -115,6 +131,11 @@ pub enum Fix {
     /// Stochastic rounding, m and v reset by the adaptive rule (paper Alg. 2,
     /// `optim.states.reset = "adaptive"`).
     SrAdaptive,
+    /// Simulated stalling of m (the paper's section 3.3): its write-back skipped with
+    /// probability p (in thousandths) after the warmup (`optim.states.m_skip_prob`).
+    SkipM(u16),
+    /// The same for v (`optim.states.v_skip_prob`).
+    SkipV(u16),
 }
 
 impl Fix {
@@ -129,18 +150,37 @@ impl Fix {
             Fix::SrReset => "sr_reset",
             Fix::SrResetV => "sr_reset_v",
             Fix::SrAdaptive => "sr_adaptive",
+            Fix::SkipM(_) => "skip_m",
+            Fix::SkipV(_) => "skip_v",
         }
     }
     /// The row label in reports.
-    pub fn label(self) -> &'static str {
+    pub fn label(self) -> String {
         match self {
-            Fix::Plain => "plain (nearest)",
-            Fix::Sr => "SR",
-            Fix::Reset => "resets",
-            Fix::SrReset => "SR + resets",
-            Fix::SrResetV => "SR + v resets only",
-            Fix::SrAdaptive => "SR + adaptive resets",
+            Fix::Plain => "plain (nearest)".into(),
+            Fix::Sr => "SR".into(),
+            Fix::Reset => "resets".into(),
+            Fix::SrReset => "SR + resets".into(),
+            Fix::SrResetV => "SR + v resets only".into(),
+            Fix::SrAdaptive => "SR + adaptive resets".into(),
+            Fix::SkipM(_) | Fix::SkipV(_) => {
+                let (state, p) = self.skip().expect("a skip cell");
+                format!("{state} skipped, p = {p}")
+            }
         }
+    }
+    /// A simulated-stalling cell's state (`"m"` or `"v"`) and skip probability.
+    pub fn skip(self) -> Option<(&'static str, f64)> {
+        match self {
+            Fix::SkipM(p) => Some(("m", f64::from(p) / 1000.0)),
+            Fix::SkipV(p) => Some(("v", f64::from(p) / 1000.0)),
+            _ => None,
+        }
+    }
+    /// The cell's own `--set` overrides beyond its config file: the skip probability of a
+    /// simulated-stalling cell, none for the others.
+    pub fn overrides(self) -> Vec<String> {
+        self.skip().map_or(vec![], |(state, p)| vec![format!("optim.states.{state}_skip_prob={p}")])
     }
     /// Whether the cell writes back with stochastic rounding.
     pub fn stochastic(self) -> bool {
@@ -151,7 +191,7 @@ impl Fix {
         match self {
             Fix::Reset | Fix::SrReset => (k, k),
             Fix::SrResetV => (0, k),
-            Fix::Plain | Fix::Sr | Fix::SrAdaptive => (0, 0),
+            Fix::Plain | Fix::Sr | Fix::SrAdaptive | Fix::SkipM(_) | Fix::SkipV(_) => (0, 0),
         }
     }
 }
@@ -164,6 +204,9 @@ pub type Cell = (Fmt, Fix);
 /// resets only, as the paper; Table 6 has FP32 states and FP8 with every fix of
 /// [`Table::fixes`] but resets without SR.
 pub fn cells(table: Table) -> Vec<Cell> {
+    if table == Table::StallProbe {
+        return table.fixes().into_iter().map(|x| (Fmt::Fp32, x)).collect();
+    }
     let mut v = vec![(Fmt::Fp32, Fix::Plain)];
     if table == Table::ResetPolicies {
         v.extend(table.fixes().into_iter().map(|x| (Fmt::Fp8, x)));
@@ -180,23 +223,29 @@ pub fn cells(table: Table) -> Vec<Cell> {
     v
 }
 
-/// The cell's short name, `<format>_<fix>` (`fp8_sr_reset`): what `--cells` takes.
+/// The cell's short name, `<format>_<fix>` (`fp8_sr_reset`; a simulated-stalling cell with
+/// its p: `fp32_skip_v_0.9`): what `--cells` takes.
 pub fn cell_short(&(f, x): &Cell) -> String {
-    format!("{}_{}", f.as_str(), x.as_str())
+    match x.skip() {
+        Some((_, p)) => format!("{}_{}_{p}", f.as_str(), x.as_str()),
+        None => format!("{}_{}", f.as_str(), x.as_str()),
+    }
 }
 
 /// The cell's name (= its config file stem).
 pub fn cell_name(table: Table, cell: Cell) -> String {
     match table {
-        Table::Bf16Model | Table::ResetPolicies => format!("llama100m_{}", cell_short(&cell)),
+        Table::Bf16Model | Table::ResetPolicies | Table::StallProbe => format!("llama100m_{}", cell_short(&cell)),
         Table::Fp32Model => format!("llama100m_f32model_{}", cell_short(&cell)),
     }
 }
 
-/// The cell's config file under the configs folder.
+/// The cell's config file under the configs folder (a simulated-stalling cell: the FP32
+/// states' file, its p an override, [`Fix::overrides`]).
 pub fn cell_config(configs: &Path, table: Table, cell: Cell) -> PathBuf {
     let file = format!("{}.toml", cell_name(table, cell));
     match (table, cell.1) {
+        (Table::StallProbe, _) => configs.join(format!("{}.toml", cell_name(Table::Bf16Model, (Fmt::Fp32, Fix::Plain)))),
         (_, Fix::SrResetV | Fix::SrAdaptive) => configs.join("reset_policies").join(file),
         (Table::Bf16Model | Table::ResetPolicies, _) => configs.join(file),
         (Table::Fp32Model, _) => configs.join("fp32_model").join(file),
@@ -240,6 +289,7 @@ pub fn paper_loss(table: Table, (f, x): Cell) -> Option<f64> {
             (Fp8, SrAdaptive) => Some(3.225),
             _ => None,
         },
+        Table::StallProbe => None,
     }
 }
 
@@ -277,6 +327,20 @@ pub struct Claim {
 pub fn claims(table: Table) -> Vec<Claim> {
     let below = |text: String, lhs: Cell, rhs: Cell| Claim { text, lhs, rhs, relation: Relation::Below };
     let mut v = Vec::new();
+    if table == Table::StallProbe {
+        // section 3.3: the loss rises with the stalled (skipped) fraction, step by step in p
+        for (state, skip) in [("v", Fix::SkipV as fn(u16) -> Fix), ("m", Fix::SkipM)] {
+            let mut prev = (Fmt::Fp32, Fix::Plain);
+            for p in SKIP_PROBS {
+                let lhs = (Fmt::Fp32, skip(p));
+                let text =
+                    format!("{state} skipped with p = {} not below p = {}", f64::from(p) / 1000.0, prev.1.skip().map_or(0.0, |s| s.1));
+                v.push(Claim { text, lhs, rhs: prev, relation: Relation::NotBelow });
+                prev = lhs;
+            }
+        }
+        return v;
+    }
     if table == Table::ResetPolicies {
         let fp8 = |x: Fix| (Fmt::Fp8, x);
         v.push(below("v resets only below symmetric resets".into(), fp8(Fix::SrResetV), fp8(Fix::SrReset)));

@@ -38,11 +38,12 @@ impl Job {
     }
 }
 
-/// The overrides of one (cell, seed) run: scale, state formats, then folder and seed, then
-/// the user's.
+/// The overrides of one (cell, seed) run: scale, state formats, the cell's own (a
+/// simulated-stalling p), then folder and seed, then the user's.
 pub fn run_overrides(scale: Scale, states: States, cell: Cell, runs_dir: &Path, name: &str, seed: usize, extra: &[String]) -> Vec<String> {
     let mut o = scale_overrides(scale, cell);
     o.extend(states.overrides(cell.0));
+    o.extend(cell.1.overrides());
     o.push(format!("run.dir={}", toml_str(&runs_dir.to_string_lossy())));
     o.push(format!("run.name={}", toml_str(name)));
     o.push(format!("train.seed={seed}"));

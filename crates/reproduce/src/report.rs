@@ -7,6 +7,7 @@ use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, Cell, Fi
 use super::results::CommandLog;
 use super::scale::Scale;
 use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat};
+use lowbit_optim::{theory, Rounding};
 use lowbit_train::output::fixed_or;
 use std::fmt::Write as _;
 
@@ -161,6 +162,9 @@ fn fractions(stats: &[Option<Stat>]) -> String {
 }
 
 fn grid(w: &mut String, table: Table, r: &Results) {
+    if table == Table::StallProbe {
+        return probe_theory(w);
+    }
     let _ = writeln!(w, "\n## Grid: ours (paper)\n");
     let _ = writeln!(w, "| states | fp32 | bf16 | fp8 | fp4 |");
     let _ = writeln!(w, "|---|---:|---:|---:|---:|");
@@ -180,6 +184,28 @@ fn grid(w: &mut String, table: Table, r: &Results) {
         let _ = writeln!(w, "{row}");
     }
 }
+
+/// For the stall probe, in place of the grid: where each format's v sits on the probe's axis,
+/// the stall theory's stalled fraction under round-to-nearest (`lowbit_optim::theory`, b2 =
+/// 0.999).
+fn probe_theory(w: &mut String) {
+    let _ = writeln!(w, "\n## Where the formats sit\n");
+    let _ = writeln!(
+        w,
+        "A skipped write-back is what a stall does to the stored state (the update itself uses the new moment), so a \
+         format whose v stalls a fraction p of its updates sits at p on this table's axis. The stall theory's fraction \
+         for v under round-to-nearest at b2 = 0.999 (`lowbit_optim::theory::p_stall`; the measured fractions of the \
+         formats' runs are in the main table's report):\n"
+    );
+    let _ = writeln!(w, "| v format | fraction bits | theory stalled fraction |\n|---|---:|---:|");
+    for (name, bits) in PROBE_FORMATS {
+        let _ = writeln!(w, "| {name} | {bits} | {:.3} |", theory::p_stall(bits, 0.999, Rounding::Nearest));
+    }
+}
+
+/// The v formats marked on the stall probe's axis: name and fraction bits (BF16, FP8 E4M3, FP4
+/// unsigned E2M2).
+pub const PROBE_FORMATS: [(&str, u32); 3] = [("bf16", 7), ("fp8 (e4m3)", 3), ("fp4 (ue2m2)", 2)];
 
 fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
     let _ = writeln!(w, "\n## The paper's orderings\n");

@@ -445,3 +445,49 @@ fn each_report_lists_the_commands_that_made_its_runs() {
     assert!(!log(&["storage"]).made_runs_of(States::Paper));
     assert!(log(&[]).made_runs_of(States::Theory) && log(&[]).made_runs_of(States::Paper));
 }
+
+/// The simulated-stalling probe (section 3.3): FP32 states of the main table's FP32 cell, one
+/// cell per (state, p) with its skip probability as an override (nothing else changes), the
+/// p = 0 cell the main table's run (same name and fingerprint, so it is borrowed), `--cells`
+/// by name, a "loss does not fall as p grows" ordering per step in p, and a report that marks
+/// where each format's v sits instead of the format grid.
+#[test]
+fn stall_probe_cells_skip_one_state_and_borrow_p0_from_the_main_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfgs, t) = (configs(), Table::StallProbe);
+    let all = cells(t);
+    assert_eq!(all.len(), 1 + 2 * SKIP_PROBS.len());
+    assert_eq!(t.borrows_from(), Some(Table::Bf16Model));
+    assert!(all.iter().all(|c| c.0 == Fmt::Fp32 && cell_config(&cfgs, t, *c) == configs().join("llama100m_fp32_plain.toml")));
+    let names: Vec<String> = all.iter().map(cell_short).collect();
+    assert_eq!(&names[..3], ["fp32_plain", "fp32_skip_v_0.25", "fp32_skip_v_0.5"]);
+    assert_eq!(names[10], "fp32_skip_m_0.99");
+    assert_eq!(select_cells(t, &["fp32_skip_m_0.9".into()]).unwrap(), vec![(Fmt::Fp32, Fix::SkipM(900))]);
+    let jobs = plan(spec(t, &cfgs, tmp.path(), &[]), States::Paper, &all, &[0]).unwrap();
+    let main = plan(spec(Table::Bf16Model, &cfgs, tmp.path(), &[]), States::Paper, &[(Fmt::Fp32, Fix::Plain)], &[0]).unwrap();
+    assert_eq!(jobs[0].planned, main[0].planned, "p = 0 is the main table's FP32 run");
+    for j in &jobs[1..] {
+        let c = RunConfig::load(&j.config, &j.overrides).unwrap();
+        let (state, p) = j.planned.cell.1.skip().unwrap();
+        let s = &c.optim.states;
+        assert_eq!((s.m_skip_prob, s.v_skip_prob), if state == "m" { (p, 0.0) } else { (0.0, p) }, "{}", j.name(t));
+        let mut plain = c.clone();
+        plain.optim.states.m_skip_prob = 0.0;
+        plain.optim.states.v_skip_prob = 0.0;
+        plain.run = RunConfig::load(&main[0].config, &main[0].overrides).unwrap().run;
+        assert_eq!(plain.to_toml(), resolved(&main[0]), "{} changes more than its skip probability", j.name(t));
+    }
+    let c = claims(t);
+    assert_eq!(c.len(), 2 * SKIP_PROBS.len());
+    assert_eq!((c[0].lhs, c[0].rhs, c[0].relation), ((Fmt::Fp32, Fix::SkipV(250)), (Fmt::Fp32, Fix::Plain), Relation::NotBelow));
+    assert_eq!(c[0].text, "v skipped with p = 0.25 not below p = 0");
+    assert_eq!((c[6].lhs, c[6].rhs), ((Fmt::Fp32, Fix::SkipM(500)), (Fmt::Fp32, Fix::SkipM(250))));
+    // a loss that rises with p holds every ordering; a dip is reported
+    let mut r: Results = all.iter().map(|&c| (c, vec![one(3.5 + c.1.skip().map_or(0.0, |s| s.1))])).collect();
+    r.insert((Fmt::Fp32, Fix::SkipM(900)), vec![one(3.0)]);
+    let verdicts: Vec<Outcome> = c.iter().map(|c| evaluate_claim(&r, c).outcome).collect();
+    assert_eq!(verdicts.iter().filter(|&&o| o == Outcome::DoesNotHold).count(), 1, "{verdicts:?}");
+    let md = render(t, Scale::H200Shuffled, &r, &RunInfo { seeds: vec![0], runs_total: 11, ..Default::default() });
+    assert!(md.contains("| fp32 | v skipped, p = 0.75 |") && md.contains("## Where the formats sit"), "{md}");
+    assert!(md.contains("| bf16 | 7 | 0.946 |") && md.contains("| fp8 (e4m3) | 3 | 1.000 |") && !md.contains("## Grid"), "{md}");
+}

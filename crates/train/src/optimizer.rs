@@ -13,7 +13,8 @@ use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, StatesPlan};
 use std::sync::Arc;
 
 /// Fresh optimizer states for `params`: each tensor's as `plan` gives them, `[optim]`'s
-/// hyper-parameters, `train.seed`'s random streams.
+/// hyper-parameters, `train.seed`'s random streams, simulated stalling (if any) after the
+/// learning rate's warmup (`optim.warmup_steps`, as the schedule cuts it).
 ///
 /// # Errors
 /// A parameter outside the LLaMA layout ([`param_infos`]), or a group of `plan` the model does
@@ -23,7 +24,9 @@ pub fn states(cfg: &RunConfig, plan: StatesPlan, params: &ParamSet) -> Result<Lo
     plan.check_groups(infos.iter().map(|i| i.group.as_str())).map_err(anyhow::Error::msg)?;
     let o = &cfg.optim;
     let hyper = Hyper { beta1: o.beta1, beta2: o.beta2, eps: o.eps, weight_decay: o.weight_decay };
-    Ok(LowbitAdamW::new(hyper, plan, cfg.train.seed, infos))
+    let mut opt = LowbitAdamW::new(hyper, plan, cfg.train.seed, infos);
+    opt.skip_after = o.warmup_steps.min(cfg.train.max_steps.saturating_sub(1));
+    Ok(opt)
 }
 
 /// The sizes of a run's model and optimizer states (for its summary).

@@ -60,6 +60,8 @@ struct Case {
     /// states), embed (FP32 m and v), head (FP4 in 128-blocks with amax scales and a v-only
     /// reset at step 3), norm (BF16 with stochastic m); tensors under 10 elements in FP32.
     groups: bool,
+    /// Simulated stalling from step 4 on: m write-backs skipped with p = 0.3, v with 0.6.
+    skip: bool,
 }
 
 /// The group of tensor `i` in a `groups` case, and its settings.
@@ -118,6 +120,10 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         states.groups = group_states();
         states.min_quantized_numel = 10;
     }
+    if c.skip {
+        states.m_skip_prob = 0.3;
+        states.v_skip_prob = 0.6;
+    }
     let plan = StatesPlan::resolve(&states, 0.999).map_err(|e| e.to_string())?;
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.1 };
     let group = |i: usize| if c.groups { GROUPS[i % 4] } else { "mlp" };
@@ -127,7 +133,8 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         .map(|(i, &n)| ParamInfo { name: format!("t{i}"), group: group(i).into(), len: n, weight_decay: i % 2 == 0 })
         .collect();
     let mut cpu = LowbitAdamW::new(hyper, plan, 7, infos);
-    // random non-zero states: two CPU warm-up steps on random gradients
+    cpu.skip_after = 3; // (skips from step 4: the GPU's optimizer is a copy of this one)
+                        // random non-zero states: two CPU warm-up steps on random gradients
     let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
     let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
     for step in 1..=2u64 {
@@ -386,7 +393,7 @@ fn kernels_match_cpu_reference_bit_for_bit() {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 64, 256, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale, keep_idle: false, groups: false };
+                    let c = Case { m, v, rounding, bf16_weights, block, v_zero, scale, keep_idle: false, groups: false, skip: false };
                     cases += 1;
                     if let Err(e) = run_case(&dev, &c) {
                         failures.push(format!("m={m} v={v} {v_zero:?} {scale:?} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
@@ -415,7 +422,18 @@ fn v_reset_keep_idle_matches_cpu() {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 256, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block, v_zero: VZero::Exclude, scale, keep_idle: true, groups: false };
+                    let c = Case {
+                        m,
+                        v,
+                        rounding,
+                        bf16_weights,
+                        block,
+                        v_zero: VZero::Exclude,
+                        scale,
+                        keep_idle: true,
+                        groups: false,
+                        skip: false,
+                    };
                     if let Err(e) = run_case(&dev, &c) {
                         failures.push(format!("m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
                     }
@@ -438,9 +456,60 @@ fn per_group_formats_match_cpu() {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
                 for block in [128usize, 0] {
-                    let c = Case { m, v, rounding, bf16_weights, block, v_zero: VZero::Keep, scale, keep_idle: false, groups: true };
+                    let c = Case {
+                        m,
+                        v,
+                        rounding,
+                        bf16_weights,
+                        block,
+                        v_zero: VZero::Keep,
+                        scale,
+                        keep_idle: false,
+                        groups: true,
+                        skip: false,
+                    };
                     if let Err(e) = run_case(&dev, &c) {
                         failures.push(format!("groups over m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Simulated stalling (`m_skip_prob`, `v_skip_prob`, from step 4): the kernels skip the same
+/// write-backs as the CPU, for unscaled, block-scaled (registers and two passes) and per-tensor
+/// states; every other check as `kernels_match_cpu_reference_bit_for_bit`.
+#[test]
+fn simulated_stalling_matches_cpu() {
+    let dev = gpu();
+    let mut failures = vec![];
+    for (m, v, scale) in [
+        ("fp32", "fp32", ScaleKind::Pow2),
+        ("bf16", "bf16", ScaleKind::Pow2),
+        ("fp8e4m3", "fp8e4m3", ScaleKind::Amax),
+        ("fp4e2m1", "fp4ue2m2", ScaleKind::Amax),
+        ("int8", "int8", ScaleKind::Pow2),
+        ("e8m3", "e8m2", ScaleKind::Pow2),
+    ] {
+        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+            for bf16_weights in [false, true] {
+                for block in [128usize, 256, 0] {
+                    let c = Case {
+                        m,
+                        v,
+                        rounding,
+                        bf16_weights,
+                        block,
+                        v_zero: VZero::Exclude,
+                        scale,
+                        keep_idle: false,
+                        groups: false,
+                        skip: true,
+                    };
+                    if let Err(e) = run_case(&dev, &c) {
+                        failures.push(format!("skips m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
                     }
                 }
             }
