@@ -15,6 +15,8 @@
 //                               args.cuh `step_args`; gate[1] != 0: the step does nothing)
 //   m = b1 * m_old + (1 - b1) * g ;  v = b2 * v_old + (1 - b2) * g^2
 //   p = p * (1 - lr * wd) - lr * (m * (1/bc1)) / (sqrt(v * (1/bc2)) + eps)
+// Simulated stalling (a.skip_m, a.skip_v non-zero) keeps an element's old code instead of the
+// encoded one, decided by its draw of t.key_skip (adamw.rs `Skip`).
 // p is read and written once; m, v (codes + scales) are read once and written once; the
 // dequantized states never reach global memory. Blocks of at most 128 elements keep the new
 // moments in registers between the block amax (a warp reduction) and the encode; longer

@@ -23,6 +23,9 @@
 //! m, v = encode(m), encode(v)                    (nearest or stochastic rounding)
 //! ```
 //! The parameter update uses the unrounded FP32 moments; only the write-back is rounded.
+//! Simulated stalling (the paper's section 3.3, `optim.states.m_skip_prob` / `v_skip_prob`)
+//! skips an element's write-back of m or v with probability p after the warmup: the stored
+//! value stays, as a stalled element's does ([`adamw::Skip`]).
 //! An element *stalls* when its FP32 update is non-zero but its stored representation (bits,
 //! or code for scaled formats) is unchanged (Topollai & Choromanska 2026, arXiv:2603.16731;
 //! [`stalls`] also counts the paper's estimator, unchanged entries over all entries).

@@ -15,7 +15,9 @@
 //! weights, half of the tensors of each step (alternating) get BF16 gradients (as a BF16
 //! model with one micro-batch gives them; the CPU gets the same values in FP32), so one
 //! step launches both BF16-weight kernel variants. NaN is compared as NaN (IEEE leaves
-//! NaN payloads to the hardware; the encoders store one canonical NaN).
+//! NaN payloads to the hardware; the encoders store one canonical NaN). Simulated stalling
+//! (skipped write-backs of m and v) is one more case set: the kernels skip the elements the CPU
+//! skips.
 
 /// What a build without the `cuda` feature shows instead of passing without running.
 #[cfg(not(feature = "cuda"))]
