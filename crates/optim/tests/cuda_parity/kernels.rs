@@ -406,23 +406,17 @@ fn kernels_match_cpu_reference_bit_for_bit() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// A reset of v without m that keeps the v of the elements whose gradient is 0
-/// (`v_reset_idle = "keep"`): the kernel reads their codes and zeroes the others', as the CPU's
-/// `zero_where`; every other check as `kernels_match_cpu_reference_bit_for_bit`.
-#[test]
-fn v_reset_keep_idle_matches_cpu() {
+/// Every (state pair, rounding, weight dtype, block) of one variant of
+/// `kernels_match_cpu_reference_bit_for_bit`'s case (`variant` sets its knob over the plain
+/// case: zero-free v, no groups, no skips), each failure named with `label`.
+fn sweep(label: &str, pairs: &[(&'static str, &'static str, ScaleKind)], blocks: &[usize], variant: impl Fn(Case) -> Case) {
     let dev = gpu();
     let mut failures = vec![];
-    for (m, v, scale) in [
-        ("fp8e4m3", "fp8e4m3", ScaleKind::Amax),
-        ("fp4e2m1", "fp4ue2m2", ScaleKind::Pow2),
-        ("bf16", "bf16", ScaleKind::Pow2),
-        ("fp32", "int8", ScaleKind::Pow2),
-    ] {
+    for &(m, v, scale) in pairs {
         for rounding in [Rounding::Nearest, Rounding::Stochastic] {
             for bf16_weights in [false, true] {
-                for block in [128usize, 256, 0] {
-                    let c = Case {
+                for &block in blocks {
+                    let plain = Case {
                         m,
                         v,
                         rounding,
@@ -430,18 +424,32 @@ fn v_reset_keep_idle_matches_cpu() {
                         block,
                         v_zero: VZero::Exclude,
                         scale,
-                        keep_idle: true,
+                        keep_idle: false,
                         groups: false,
                         skip: false,
                     };
-                    if let Err(e) = run_case(&dev, &c) {
-                        failures.push(format!("m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
+                    if let Err(e) = run_case(&dev, &variant(plain)) {
+                        failures.push(format!("{label} m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
                     }
                 }
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A reset of v without m that keeps the v of the elements whose gradient is 0
+/// (`v_reset_idle = "keep"`): the kernel reads their codes and zeroes the others', as the CPU's
+/// `zero_where`; every other check as `kernels_match_cpu_reference_bit_for_bit`.
+#[test]
+fn v_reset_keep_idle_matches_cpu() {
+    let pairs = [
+        ("fp8e4m3", "fp8e4m3", ScaleKind::Amax),
+        ("fp4e2m1", "fp4ue2m2", ScaleKind::Pow2),
+        ("bf16", "bf16", ScaleKind::Pow2),
+        ("fp32", "int8", ScaleKind::Pow2),
+    ];
+    sweep("keep idle", &pairs, &[128, 256, 0], |c| Case { keep_idle: true, ..c });
 }
 
 /// Per-group state formats (`[optim.states.groups.*]`, `min_quantized_numel`): tensors of
@@ -450,32 +458,8 @@ fn v_reset_keep_idle_matches_cpu() {
 /// other check as `kernels_match_cpu_reference_bit_for_bit`.
 #[test]
 fn per_group_formats_match_cpu() {
-    let dev = gpu();
-    let mut failures = vec![];
-    for (m, v, scale) in [("fp8e4m3", "fp8e4m3", ScaleKind::Amax), ("int8", "int8", ScaleKind::Pow2), ("e8m3", "e8m2", ScaleKind::Pow2)] {
-        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
-            for bf16_weights in [false, true] {
-                for block in [128usize, 0] {
-                    let c = Case {
-                        m,
-                        v,
-                        rounding,
-                        bf16_weights,
-                        block,
-                        v_zero: VZero::Keep,
-                        scale,
-                        keep_idle: false,
-                        groups: true,
-                        skip: false,
-                    };
-                    if let Err(e) = run_case(&dev, &c) {
-                        failures.push(format!("groups over m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
-                    }
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let pairs = [("fp8e4m3", "fp8e4m3", ScaleKind::Amax), ("int8", "int8", ScaleKind::Pow2), ("e8m3", "e8m2", ScaleKind::Pow2)];
+    sweep("groups over", &pairs, &[128, 0], |c| Case { v_zero: VZero::Keep, groups: true, ..c });
 }
 
 /// Simulated stalling (`m_skip_prob`, `v_skip_prob`, from step 4): the kernels skip the same
@@ -483,39 +467,15 @@ fn per_group_formats_match_cpu() {
 /// states; every other check as `kernels_match_cpu_reference_bit_for_bit`.
 #[test]
 fn simulated_stalling_matches_cpu() {
-    let dev = gpu();
-    let mut failures = vec![];
-    for (m, v, scale) in [
+    let pairs = [
         ("fp32", "fp32", ScaleKind::Pow2),
         ("bf16", "bf16", ScaleKind::Pow2),
         ("fp8e4m3", "fp8e4m3", ScaleKind::Amax),
         ("fp4e2m1", "fp4ue2m2", ScaleKind::Amax),
         ("int8", "int8", ScaleKind::Pow2),
         ("e8m3", "e8m2", ScaleKind::Pow2),
-    ] {
-        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
-            for bf16_weights in [false, true] {
-                for block in [128usize, 256, 0] {
-                    let c = Case {
-                        m,
-                        v,
-                        rounding,
-                        bf16_weights,
-                        block,
-                        v_zero: VZero::Exclude,
-                        scale,
-                        keep_idle: false,
-                        groups: false,
-                        skip: true,
-                    };
-                    if let Err(e) = run_case(&dev, &c) {
-                        failures.push(format!("skips m={m} v={v} {rounding:?} bf16w={bf16_weights} block={block}: {e}"));
-                    }
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    ];
+    sweep("skips", &pairs, &[128, 256, 0], |c| Case { skip: true, ..c });
 }
 
 #[test]
