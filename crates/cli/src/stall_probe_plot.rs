@@ -20,9 +20,10 @@ type Probe = BTreeMap<&'static str, BTreeMap<u16, Vec<f64>>>;
 /// both states' curves.
 fn collect(path: &Path, scale: Scale) -> Result<Probe> {
     let file = ResultsFile::load(path, Table::StallProbe, scale)?;
+    let probe_cells = cells(Table::StallProbe);
     let mut out = Probe::new();
     for r in file.runs.iter().filter(|r| r.states == SHARED) {
-        let (Some(cell), Some(loss)) = (cells(Table::StallProbe).into_iter().find(|c| cell_short(c) == r.cell), r.final_val_loss) else {
+        let (Some(&cell), Some(loss)) = (probe_cells.iter().find(|c| cell_short(c) == r.cell), r.final_val_loss) else {
             continue;
         };
         match cell.1.skip() {
