@@ -205,7 +205,7 @@ pub fn step_tensor(
     // Pass 2: encode (rounded write-back) with stall counting.
     let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first, Skip { key: keys.skip, threshold: h.skip_m, shift: 0 });
     let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first, Skip { key: keys.skip, threshold: h.skip_v, shift: 32 });
-    StallCounts { m: m_count, v: v_count, w: pass1.w, zero_grad: pass1.zero_grad, zero_v: pass1.zero_v }
+    StallCounts { m: m_count, v: v_count, w: pass1.w, zero_grad: pass1.zero_grad, zero_v: pass1.zero_v, ..Default::default() }
 }
 
 /// The counts of pass 1 over a chunk: BF16 weights, zero gradients, updates with v = 0 and

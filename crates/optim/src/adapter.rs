@@ -116,6 +116,11 @@ impl Optimizer for LowbitAdamW {
             }
         };
         let plan = self.plan(step, lr, grad_scale)?;
+        if self.soap.is_some() {
+            let out = crate::soap::host::step_all(self, &plan, params, grads)?;
+            self.last = Some((step, out));
+            return Ok(());
+        }
         let mut out = Vec::with_capacity(params.len());
         for (i, (var, grad)) in params.iter().zip(grads).enumerate() {
             let (first, len) = (self.tensors[i].first, self.tensors[i].m.len);

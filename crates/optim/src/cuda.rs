@@ -216,6 +216,7 @@ impl DeviceCounters {
             w: kind(self.w_updated, self.w_stalled, self.w_unchanged, if bf16_weights { len } else { 0 }),
             zero_grad: self.zero_grad,
             zero_v: self.zero_v,
+            precond: Counter::default(),
         }
     }
 }

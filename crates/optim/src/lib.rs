@@ -62,6 +62,7 @@ pub mod optimizer;
 pub mod plan;
 pub mod reset;
 pub mod rng;
+pub mod soap;
 pub mod stalls;
 pub mod state;
 pub mod state_dict;
@@ -76,6 +77,7 @@ pub use format::{rounding::Rounding, scale::ScaleKind, StateFormat};
 pub use optimizer::{Hyper, LowbitAdamW, ParamInfo, TensorState};
 pub use plan::StatesPlan;
 pub use reset::BiasCorrection;
+pub use soap::{OptimizerKind, SoapConfig, SoapStates};
 pub use stalls::{Counter, StallCounts};
 pub use state::QuantState;
 pub use step_plan::{StepPlan, TensorPlan};
@@ -89,6 +91,10 @@ use candle_core::Device;
 /// The CUDA optimizer refusing the states or failing to upload them.
 pub fn for_device(states: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
     match dev {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) if states.soap.is_some() => {
+            Err(OptimError::Config("optim.kind = \"soap\" runs on the CPU only in this build".into()))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(d) => Ok(Box::new(cuda::CudaAdamW::new(states, d)?)),
         _ => Ok(Box::new(states)),

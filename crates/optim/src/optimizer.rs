@@ -8,6 +8,7 @@ use crate::config::{ResetRule, StatesSpec, VZero};
 use crate::error::OptimError;
 use crate::plan::StatesPlan;
 use crate::reset::AdaptiveReset;
+use crate::soap::SoapStates;
 use crate::stalls::StallCounts;
 use crate::state::QuantState;
 
@@ -56,7 +57,8 @@ pub struct TensorState {
 }
 
 /// AdamW with low-precision moment states: the CPU reference implementation, and the
-/// [`crate::Optimizer`] on the CPU.
+/// [`crate::Optimizer`] on the CPU. With [`Self::soap`] the same moments are SOAP's
+/// ([`crate::soap`]) and every update is SOAP's.
 pub struct LowbitAdamW {
     pub hyper: Hyper,
     /// `[optim.states]` itself: the states of every tensor without settings of its own
@@ -71,6 +73,9 @@ pub struct LowbitAdamW {
     pub skip_after: u64,
     /// The adaptive reset rule's state (`optim.states.reset = "adaptive"`), else `None`.
     pub adaptive: Option<AdaptiveReset>,
+    /// SOAP's preconditioners and bases (`optim.kind = "soap"`, [`crate::soap`]); `None` for
+    /// AdamW.
+    pub soap: Option<SoapStates>,
     /// The CPU step's buffers ([`LowbitAdamW::step_cpu`]).
     pub(crate) scratch: Scratch,
     /// Stall counts of the CPU adapter's last step, until it is asked for them
@@ -101,7 +106,7 @@ impl LowbitAdamW {
             .collect();
         let spec = plan.base;
         let adaptive = (spec.reset == ResetRule::Adaptive).then(AdaptiveReset::default);
-        LowbitAdamW { hyper, spec, seed, tensors, skip_after: 0, adaptive, scratch: Scratch::default(), last: None }
+        LowbitAdamW { hyper, spec, seed, tensors, skip_after: 0, adaptive, soap: None, scratch: Scratch::default(), last: None }
     }
 
     /// Every state setting some tensor has, [`Self::spec`] first, each once, with the indices
@@ -128,9 +133,11 @@ impl LowbitAdamW {
         }
     }
 
-    /// Bytes of all optimizer states (codes + scales).
+    /// Bytes of all optimizer states (codes + scales; with SOAP its preconditioners and FP32
+    /// bases too).
     pub fn state_bytes(&self) -> usize {
-        self.tensors.iter().map(|t| t.m.bytes() + t.v.bytes()).sum()
+        let soap = self.soap.as_ref().map_or(0, |s| s.tensors.iter().map(|p| p.bytes()).sum());
+        self.tensors.iter().map(|t| t.m.bytes() + t.v.bytes()).sum::<usize>() + soap
     }
 
     /// Number of parameters covered.
@@ -148,6 +155,9 @@ impl LowbitAdamW {
     /// A range count that differs from the tensor count, or a range that is out of bounds or
     /// cut inside a scale block ([`QuantState::slice`]).
     pub fn shard(&self, ranges: &[std::ops::Range<usize>]) -> Result<LowbitAdamW, OptimError> {
+        if self.soap.is_some() {
+            return Err(OptimError::Config("SOAP's states are not sharded: optim.kind = \"soap\" needs train.zero = 0".into()));
+        }
         if ranges.len() != self.tensors.len() {
             return Err(OptimError::State(format!("{} shard ranges for {} tensors", ranges.len(), self.tensors.len())));
         }
@@ -209,6 +219,7 @@ impl LowbitAdamW {
             tensors: self.tensors.clone(),
             skip_after: self.skip_after,
             adaptive: self.adaptive.clone(),
+            soap: self.soap.clone(),
             scratch: Scratch::default(),
             last: None,
         }

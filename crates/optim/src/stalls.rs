@@ -48,6 +48,11 @@ impl Counter {
         (self.updated > 0).then(|| self.stalled as f64 / self.updated as f64)
     }
 
+    /// Nothing counted (no element written back).
+    pub fn is_empty(&self) -> bool {
+        *self == Counter::default()
+    }
+
     /// The paper's estimator (Alg. 2): unchanged / all elements, `None` without elements.
     pub fn unchanged_fraction(&self) -> Option<f64> {
         (self.elements > 0).then(|| self.unchanged as f64 / self.elements as f64)
@@ -82,6 +87,10 @@ pub struct StallCounts {
     /// before it was counted.
     #[serde(default)]
     pub zero_v: u64,
+    /// SOAP's preconditioner EMAs L and R together (`optim.kind = "soap"`; [`crate::soap`]):
+    /// all zero under AdamW, and then left out of serialized rows.
+    #[serde(default, skip_serializing_if = "Counter::is_empty")]
+    pub precond: Counter,
 }
 
 impl AddAssign for StallCounts {
@@ -91,15 +100,17 @@ impl AddAssign for StallCounts {
         self.w += o.w;
         self.zero_grad += o.zero_grad;
         self.zero_v += o.zero_v;
+        self.precond += o.precond;
     }
 }
 
 impl StallCounts {
     /// Number of words of [`Self::to_words`].
-    pub const WORDS: usize = 14;
+    pub const WORDS: usize = 18;
 
     /// Every count as one flat array (m, v, w: updated, stalled, unchanged, elements; then the
-    /// zero gradients and the zero-v moves), e.g. to sum them over ranks.
+    /// zero gradients and the zero-v moves; then SOAP's preconditioners as m's), e.g. to sum
+    /// them over ranks.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
         let (m, v, w) = (&self.m, &self.v, &self.w);
         [
@@ -117,13 +128,17 @@ impl StallCounts {
             w.elements,
             self.zero_grad,
             self.zero_v,
+            self.precond.updated,
+            self.precond.stalled,
+            self.precond.unchanged,
+            self.precond.elements,
         ]
     }
 
     /// The inverse of [`Self::to_words`].
     pub fn from_words(x: &[u64; Self::WORDS]) -> Self {
         let kind = |a: &[u64]| Counter { updated: a[0], stalled: a[1], unchanged: a[2], elements: a[3] };
-        StallCounts { m: kind(&x[0..4]), v: kind(&x[4..8]), w: kind(&x[8..12]), zero_grad: x[12], zero_v: x[13] }
+        StallCounts { m: kind(&x[0..4]), v: kind(&x[4..8]), w: kind(&x[8..12]), zero_grad: x[12], zero_v: x[13], precond: kind(&x[14..18]) }
     }
 }
 

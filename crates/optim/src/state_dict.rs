@@ -6,6 +6,7 @@
 use crate::error::OptimError;
 use crate::optimizer::LowbitAdamW;
 use crate::reset::AdaptiveReset;
+use crate::state::QuantState;
 
 /// One stored array of [`LowbitAdamW::state_dict`].
 #[derive(Debug, Clone, PartialEq)]
@@ -86,11 +87,24 @@ impl LowbitAdamW {
     /// adaptive reset rule, its state (`adaptive_reset.*`).
     pub fn state_dict(&self) -> Vec<(String, Array)> {
         let mut out = Vec::new();
+        let save = |out: &mut Vec<(String, Array)>, key: String, s: &QuantState| {
+            out.push((format!("{key}.codes"), Array::U8(s.code_bytes())));
+            if !s.scales.is_empty() {
+                out.push((format!("{key}.scales"), Array::F32(s.scales.clone())));
+            }
+        };
         for t in &self.tensors {
             for (kind, s) in [("m", &t.m), ("v", &t.v)] {
-                out.push((format!("{}.{kind}.codes", t.info.name), Array::U8(s.code_bytes())));
-                if !s.scales.is_empty() {
-                    out.push((format!("{}.{kind}.scales", t.info.name), Array::F32(s.scales.clone())));
+                save(&mut out, format!("{}.{kind}", t.info.name), s);
+            }
+        }
+        for (t, p) in self.soap.iter().flat_map(|soap| self.tensors.iter().zip(&soap.tensors)) {
+            for (side, s, q) in [("l", &p.l, &p.q_l), ("r", &p.r, &p.q_r)] {
+                if let Some(s) = s {
+                    save(&mut out, format!("{}.soap_{side}", t.info.name), s);
+                }
+                if !q.is_empty() {
+                    out.push((format!("{}.soap_q_{side}", t.info.name), Array::F32(q.clone())));
                 }
             }
         }
@@ -108,24 +122,39 @@ impl LowbitAdamW {
     /// (another model, format or block size), naming it; the adaptive rule's state for an
     /// optimizer with periodic resets.
     pub fn load_state_dict(&mut self, get: &mut dyn FnMut(&str) -> Option<Array>) -> Result<(), OptimError> {
-        let missing = |key: &str| OptimError::State(format!("missing {key}"));
         for t in &mut self.tensors {
             for (kind, s) in [("m", &mut t.m), ("v", &mut t.v)] {
-                let key = format!("{}.{kind}.codes", t.info.name);
-                match get(&key).ok_or_else(|| missing(&key))? {
-                    Array::U8(codes) => s.set_code_bytes(&codes).map_err(|e| OptimError::State(format!("{key}: {e}")))?,
-                    other => return Err(OptimError::State(format!("{key}: {}, expected U8 codes", other.dtype()))),
+                load_state(get, &format!("{}.{kind}", t.info.name), s)?;
+            }
+        }
+        let soap_key = |name: &str| format!("{name}.soap_r.codes");
+        match &mut self.soap {
+            None => {
+                if let Some(t) = self.tensors.iter().find(|t| get(&soap_key(&t.info.name)).is_some()) {
+                    return Err(OptimError::State(format!(
+                        "{}: the checkpoint holds SOAP's states, the config asks for AdamW (optim.kind must match to resume)",
+                        soap_key(&t.info.name)
+                    )));
                 }
-                if !s.scales.is_empty() {
-                    let key = format!("{}.{kind}.scales", t.info.name);
-                    let scales = match get(&key).ok_or_else(|| missing(&key))? {
-                        Array::F32(scales) => scales,
-                        other => return Err(OptimError::State(format!("{key}: {}, expected F32 scales", other.dtype()))),
-                    };
-                    if scales.len() != s.scales.len() {
-                        return Err(OptimError::State(format!("{key} has {} scales, expected {}", scales.len(), s.scales.len())));
+            }
+            Some(soap) => {
+                for (t, p) in self.tensors.iter().zip(&mut soap.tensors) {
+                    for (side, s, q, n) in [("l", &mut p.l, &mut p.q_l, p.rows), ("r", &mut p.r, &mut p.q_r, p.cols)] {
+                        let Some(s) = s else { continue };
+                        load_state(get, &format!("{}.soap_{side}", t.info.name), s)?;
+                        let key = format!("{}.soap_q_{side}", t.info.name);
+                        *q = match get(&key) {
+                            None => vec![],
+                            Some(Array::F32(b)) if b.len() == n * n => b,
+                            Some(other) => {
+                                return Err(OptimError::State(format!(
+                                    "{key}: {} of {} values, expected F32 {n} x {n}",
+                                    other.dtype(),
+                                    array_len(&other)
+                                )))
+                            }
+                        };
                     }
-                    s.scales = scales;
                 }
             }
         }
@@ -141,6 +170,38 @@ impl LowbitAdamW {
         }
         Ok(())
     }
+}
+
+/// Elements of an array (for errors).
+fn array_len(a: &Array) -> usize {
+    match a {
+        Array::U8(v) => v.len(),
+        Array::F32(v) => v.len(),
+        Array::I64(v) => v.len(),
+        Array::F64(v) => v.len(),
+    }
+}
+
+/// Restore the state `s` from `<key>.codes` and (scaled formats) `<key>.scales`.
+fn load_state(get: &mut dyn FnMut(&str) -> Option<Array>, key: &str, s: &mut QuantState) -> Result<(), OptimError> {
+    let missing = |key: &str| OptimError::State(format!("missing {key}"));
+    let codes = format!("{key}.codes");
+    match get(&codes).ok_or_else(|| missing(&codes))? {
+        Array::U8(c) => s.set_code_bytes(&c).map_err(|e| OptimError::State(format!("{codes}: {e}")))?,
+        other => return Err(OptimError::State(format!("{codes}: {}, expected U8 codes", other.dtype()))),
+    }
+    if !s.scales.is_empty() {
+        let key = format!("{key}.scales");
+        let scales = match get(&key).ok_or_else(|| missing(&key))? {
+            Array::F32(scales) => scales,
+            other => return Err(OptimError::State(format!("{key}: {}, expected F32 scales", other.dtype()))),
+        };
+        if scales.len() != s.scales.len() {
+            return Err(OptimError::State(format!("{key} has {} scales, expected {}", scales.len(), s.scales.len())));
+        }
+        s.scales = scales;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

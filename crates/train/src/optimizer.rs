@@ -9,12 +9,13 @@ use crate::logs::summary::StateGroup;
 use crate::model::{param_infos, ParamSet};
 use anyhow::Result;
 use candle_core::Device;
-use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, StatesPlan};
+use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, OptimizerKind, SoapStates, StatesPlan};
 use std::sync::Arc;
 
 /// Fresh optimizer states for `params`: each tensor's as `plan` gives them, `[optim]`'s
 /// hyper-parameters, `train.seed`'s random streams, simulated stalling (if any) after the
-/// learning rate's warmup (`optim.warmup_steps`, as the schedule cuts it).
+/// learning rate's warmup (`optim.warmup_steps`, as the schedule cuts it); with
+/// `optim.kind = "soap"` SOAP's preconditioners for the parameters' shapes.
 ///
 /// # Errors
 /// A parameter outside the LLaMA layout ([`param_infos`]), or a group of `plan` the model does
@@ -26,6 +27,10 @@ pub fn states(cfg: &RunConfig, plan: StatesPlan, params: &ParamSet) -> Result<Lo
     let hyper = Hyper { beta1: o.beta1, beta2: o.beta2, eps: o.eps, weight_decay: o.weight_decay };
     let mut opt = LowbitAdamW::new(hyper, plan, cfg.train.seed, infos);
     opt.skip_after = o.warmup_steps.min(cfg.train.max_steps.saturating_sub(1));
+    if o.kind == OptimizerKind::Soap {
+        let dims: Vec<Vec<usize>> = params.vars.iter().map(|v| v.dims().to_vec()).collect();
+        opt.soap = Some(SoapStates::new(o.soap, &opt, &dims));
+    }
     Ok(opt)
 }
 

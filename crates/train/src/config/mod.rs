@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use lowbit_data::DataConfig;
 use lowbit_model::LlamaConfig;
-use lowbit_optim::StatesConfig;
+use lowbit_optim::{OptimizerKind, SoapConfig, StatesConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,10 +34,14 @@ pub struct RunConfig {
     pub run: RunSection,
 }
 
-/// `[optim]`: AdamW hyper-parameters and the learning-rate schedule.
+/// `[optim]`: the optimizer, its hyper-parameters and the learning-rate schedule.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
+    /// `adamw` (default) or `soap` (SOAP with the same state formats, `[optim.soap]`; left out
+    /// of the resolved config when `adamw`).
+    #[serde(skip_serializing_if = "OptimizerKind::is_adamw")]
+    pub kind: OptimizerKind,
     /// Peak learning rate.
     pub lr: f64,
     pub beta1: f64,
@@ -53,6 +57,10 @@ pub struct OptimSection {
     pub grad_clip: f64,
     /// Low-precision state settings.
     pub states: StatesConfig,
+    /// SOAP's settings (`optim.kind = "soap"`; left out of the resolved config at their
+    /// defaults).
+    #[serde(skip_serializing_if = "SoapConfig::is_default")]
+    pub soap: SoapConfig,
 }
 
 impl Default for OptimSection {
@@ -67,6 +75,8 @@ impl Default for OptimSection {
             min_lr_ratio: 0.1,
             grad_clip: 1.0,
             states: StatesConfig::default(),
+            kind: OptimizerKind::Adamw,
+            soap: SoapConfig::default(),
         }
     }
 }
@@ -281,6 +291,10 @@ impl RunConfig {
             }
         }
         o.states.resolve(o.beta2).map_err(anyhow::Error::msg)?;
+        if o.kind == OptimizerKind::Soap {
+            o.soap.validate().map_err(anyhow::Error::msg)?;
+            self.check_soap()?;
+        }
         for (k, v) in [("data.seq_len", self.data.seq_len), ("data.val_tokens", self.data.val_tokens)] {
             if v == 0 {
                 bail!("{k}: must be > 0");
@@ -292,6 +306,26 @@ impl RunConfig {
         let n = &self.run.name;
         if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\']) {
             bail!("run.name: must be a folder name inside run.dir (no `/`, `\\`, `.` or `..`), got {n:?}");
+        }
+        Ok(())
+    }
+
+    /// The settings SOAP does not take (`optim.kind = "soap"`): AdamW's simulated-stalling
+    /// probe, a v reset that keeps idle elements, and sharded states.
+    fn check_soap(&self) -> Result<()> {
+        let s = &self.optim.states;
+        for (k, p) in [("m_skip_prob", s.m_skip_prob), ("v_skip_prob", s.v_skip_prob)] {
+            if p != 0.0 {
+                bail!("optim.states.{k}: simulated stalling is AdamW's probe; with optim.kind = \"soap\" it must be 0, got {p}");
+            }
+        }
+        if s.v_reset_idle != lowbit_optim::VResetIdle::Reset
+            || s.groups.values().any(|g| g.v_reset_idle.is_some_and(|v| v != lowbit_optim::VResetIdle::Reset))
+        {
+            bail!("optim.states.v_reset_idle: SOAP resets every element of v (\"reset\"); \"keep\" is AdamW's");
+        }
+        if self.train.zero != 0 {
+            bail!("train.zero: SOAP's states are not sharded; optim.kind = \"soap\" needs train.zero = 0, got {}", self.train.zero);
         }
         Ok(())
     }
