@@ -1,5 +1,5 @@
 //! `train stalls RUN`: the latest and running-mean stalled fractions per group (or tensor)
-//! for m, v and BF16 weights, next to the theory prediction for v and the difference, under
+//! for m, v, BF16 weights and (a SOAP run's only) the preconditioners L and R, next to the theory prediction for v and the difference, under
 //! lowbit's estimator (stalled / updated) or the paper's (`--estimator paper`: unchanged / all
 //! entries); beside v, `v=0 moves`: the mean count per step of elements updated with v = 0 and
 //! m != 0, each moved by lr * m^ / eps (`lowbit_optim::StallCounts::zero_v`; `-` in runs from
@@ -8,7 +8,7 @@
 //! table after the other, separated by a blank line); a partly written last line is ignored.
 
 use anyhow::Result;
-use lowbit_optim::ScaleChoice;
+use lowbit_optim::{OptimizerKind, ScaleChoice};
 use lowbit_train::config::RunConfig;
 use lowbit_train::logs::metrics::read_rows;
 use lowbit_train::logs::stalls::{Fractions, StallRow};
@@ -30,11 +30,11 @@ pub enum Estimator {
 }
 
 impl Estimator {
-    /// The (m, v, w) fractions of this estimator.
-    pub fn of(self, f: &Fractions) -> [Option<f64>; 3] {
+    /// The (m, v, w, preconditioners) fractions of this estimator.
+    pub fn of(self, f: &Fractions) -> [Option<f64>; 4] {
         match self {
-            Estimator::Updated => [f.m, f.v, f.w],
-            Estimator::Paper => [f.m_unchanged, f.v_unchanged, f.w_unchanged],
+            Estimator::Updated => [f.m, f.v, f.w, f.precond],
+            Estimator::Paper => [f.m_unchanged, f.v_unchanged, f.w_unchanged, f.precond_unchanged],
         }
     }
 }
@@ -89,9 +89,11 @@ pub enum State {
     M,
     V,
     W,
+    /// SOAP's preconditioners L and R (a column only for runs that have them).
+    Precond,
 }
 
-/// One table line: latest and mean stalled fraction of m, v, w.
+/// One table line: latest and mean stalled fraction of m, v, w (and SOAP's preconditioners).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Line {
     pub name: String,
@@ -121,9 +123,11 @@ fn mean_fractions<'a>(fs: impl Iterator<Item = &'a Fractions> + Clone) -> Fracti
         m: m(|f| f.m),
         v: m(|f| f.v),
         w: m(|f| f.w),
+        precond: m(|f| f.precond),
         m_unchanged: m(|f| f.m_unchanged),
         v_unchanged: m(|f| f.v_unchanged),
         w_unchanged: m(|f| f.w_unchanged),
+        precond_unchanged: m(|f| f.precond_unchanged),
         zero_v: m(|f| f.zero_v),
     }
 }
@@ -163,9 +167,11 @@ pub fn table(rows: &[StallRow], by: By, window: usize) -> Table {
     }
 }
 
-/// Render as text; `state` limits the columns, `estimator` picks the fractions.
+/// Render as text; `state` limits the columns, `estimator` picks the fractions. The
+/// preconditioners' columns appear only when some line has a fraction of them (a SOAP run).
 pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &str) -> String {
-    let show = |s: State| state.is_none_or(|x| x == s);
+    let soap = t.lines.iter().any(|l| [&l.latest, &l.mean].iter().any(|f| f.precond.is_some() || f.precond_unchanged.is_some()));
+    let show = |s: State| state.is_none_or(|x| x == s) && (s != State::Precond || soap);
     let width = t.lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
     let steps = if t.window == 0 || t.window_steps < t.window {
         format!("all {} steps", t.window_steps)
@@ -188,10 +194,13 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
     if show(State::W) {
         head += "  w latest  w mean";
     }
+    if show(State::Precond) {
+        head += "  precond latest  precond mean";
+    }
     out += &head;
     out.push('\n');
     for l in &t.lines {
-        let ([lm, lv, lw], [mm, mv, mw]) = (estimator.of(&l.latest), estimator.of(&l.mean));
+        let ([lm, lv, lw, lp], [mm, mv, mw, mp]) = (estimator.of(&l.latest), estimator.of(&l.mean));
         let mut s = format!("{:<width$}", l.name);
         if show(State::M) {
             s += &format!("  {:>8}  {:>6}", fixed(lm, 3), fixed(mm, 3));
@@ -210,14 +219,17 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
         if show(State::W) {
             s += &format!("  {:>8}  {:>6}", fixed(lw, 3), fixed(mw, 3));
         }
+        if show(State::Precond) {
+            s += &format!("  {:>14}  {:>12}", fixed(lp, 3), fixed(mp, 3));
+        }
         out += &s;
         out.push('\n');
     }
     out
 }
 
-/// The table's first line: the run's states and b2, from its `config.toml` (empty when that
-/// cannot be read as a run config).
+/// The table's first line: the run's optimizer (when SOAP), states and b2, from its
+/// `config.toml` (empty when that cannot be read as a run config).
 fn describe(run: &Path) -> String {
     let Ok(text) = std::fs::read_to_string(run.join("config.toml")) else { return String::new() };
     let Ok(cfg) = toml::from_str::<RunConfig>(&text) else { return String::new() };
@@ -227,8 +239,14 @@ fn describe(run: &Path) -> String {
         ScaleChoice::Amax => ", amax scales",
         ScaleChoice::Pow2 => ", pow2 scales",
     };
+    let soap = match cfg.optim.kind {
+        OptimizerKind::Soap => {
+            format!("SOAP (L and R in m's format, refresh every {} updates), ", cfg.optim.soap.precondition_frequency)
+        }
+        OptimizerKind::Adamw => String::new(),
+    };
     format!(
-        "{}: m {} ({}), v {} ({}){scale}, b2 {}\n",
+        "{}: {soap}m {} ({}), v {} ({}){scale}, b2 {}\n",
         run.display(),
         st.m_format,
         st.m_rounding.as_str(),

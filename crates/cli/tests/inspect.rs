@@ -186,3 +186,44 @@ fn follow_intervals_that_cannot_be_slept_are_refused() {
         assert!(err.contains("expected seconds between 0.1 and 3600"), "{err}");
     }
 }
+
+/// A SOAP run (the small config with `optim.kind = "soap"`, 8 steps): every stall row counts
+/// the preconditioners L and R of each matrix side no longer than 10,000 (the embedding's and
+/// the head's 32 x 32 R, each attention matrix's two 32 x 32, each MLP matrix's 64 x 64 and
+/// 32 x 32: 25,600 entries), the summary gives their second-half mean, and `train stalls`
+/// names SOAP and shows their column, which an AdamW table does not have.
+#[test]
+fn a_soap_runs_stalls_show_the_preconditioners() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("soap.toml");
+    std::fs::write(&path, base_toml(&dir.path().join("runs"), "soap")).unwrap();
+    let config = RunConfig::load(&path, &["optim.kind=\"soap\"".to_string()]).unwrap();
+    let run_dir = run::run(Launch::new(config), &mut Logs).unwrap().run_dir;
+    let rows: Vec<StallRow> = read_rows(&run_dir.join("stalls.jsonl")).unwrap();
+    assert_eq!(rows.len(), 8);
+    for r in &rows {
+        assert_eq!(r.precond.elements, 1024 + 4 * 2048 + 3 * (4096 + 1024) + 1024, "step {}", r.step);
+        assert_eq!(r.frac.precond_unchanged, Some(r.precond.unchanged as f64 / 25_600.0));
+        assert!(r.groups["norm"].precond.is_none() && r.groups["mlp"].precond_unchanged.is_some(), "step {}", r.step);
+    }
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap()).unwrap();
+    let half: Vec<f64> = rows[4..].iter().map(|r| r.frac.precond.unwrap()).collect();
+    let mean = summary["mean_stall_precond"].as_f64().unwrap();
+    assert!((mean - half.iter().sum::<f64>() / 4.0).abs() < 1e-12, "{mean} vs {half:?}");
+    let out = common::train(dir.path(), &["stalls", run_dir.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let first = out.stdout.lines().next().unwrap();
+    assert!(first.contains(": SOAP (L and R in m's format, refresh every 10 updates), m fp4 (stochastic)"), "{first}");
+    assert!(out.stdout.lines().nth(2).unwrap().ends_with("w latest  w mean  precond latest  precond mean"), "{}", out.stdout);
+    // latest, and the mean over every row (the default window of 100 steps holds all 8)
+    let every = rows.iter().map(|r| r.frac.precond.unwrap()).sum::<f64>() / 8.0;
+    let all = out.stdout.lines().find(|l| l.starts_with("all")).unwrap();
+    assert!(all.ends_with(&format!("{:>14}  {:>12.3}", format!("{:.3}", rows[7].frac.precond.unwrap()), every)), "{all}");
+    let only = common::train(dir.path(), &["stalls", run_dir.to_str().unwrap(), "--state", "precond"]);
+    assert!(only.stdout.contains("name   precond latest  precond mean\n"), "{}", only.stdout);
+    // an AdamW run of the same config: no precond key in its rows, no column
+    let adamw = tiny_run(dir.path(), "adamw");
+    assert!(!std::fs::read_to_string(adamw.join("stalls.jsonl")).unwrap().contains("precond"));
+    let out = common::train(dir.path(), &["stalls", adamw.to_str().unwrap()]);
+    assert!(!out.stdout.contains("precond") && !out.stdout.contains("SOAP"), "{}", out.stdout);
+}

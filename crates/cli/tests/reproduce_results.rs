@@ -36,6 +36,8 @@ fn summary(initial: f64, last: f64) -> Summary {
         mean_unchanged_m: Some(0.4),
         mean_unchanged_v: Some(0.98),
         mean_unchanged_w: None,
+        mean_stall_precond: None,
+        mean_unchanged_precond: None,
         theory_stall_v: Some(0.989),
         mean_zero_v: None,
         skipped_steps: 0,

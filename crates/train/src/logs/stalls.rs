@@ -1,6 +1,6 @@
-//! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v and BF16 weights
-//! under both estimators (`lowbit_optim::stalls`: stalled / updated, and the paper's unchanged
-//! / all entries), per tensor group, the theory prediction for v, the zero gradients, the
+//! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v, BF16 weights and
+//! (SOAP only) the preconditioners L and R under both estimators (`lowbit_optim::stalls`:
+//! stalled / updated, and the paper's unchanged / all entries), per tensor group, the theory prediction for v, the zero gradients, the
 //! updates with v = 0 and m != 0 (in total and per group), and
 //! (every `stall_detail_every` steps) per tensor.
 
@@ -16,6 +16,11 @@ pub struct Fractions {
     pub v: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w: Option<f64>,
+    /// SOAP's preconditioner EMAs L and R together (`lowbit_optim::StallCounts::precond`);
+    /// `None` (and left out of the row) when none was written back: AdamW, or an aggregate of
+    /// vectors and matrices without a preconditioner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precond: Option<f64>,
     /// The paper's estimator: unchanged / all entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub m_unchanged: Option<f64>,
@@ -23,6 +28,8 @@ pub struct Fractions {
     pub v_unchanged: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w_unchanged: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precond_unchanged: Option<f64>,
     /// A count, not a fraction: elements updated with v = 0 and m != 0, each moved by
     /// lr * m^ / eps (`lowbit_optim::StallCounts::zero_v`); a mean of it over steps (`train
     /// stalls`) is fractional. Null in rows written before it was counted.
@@ -36,9 +43,11 @@ impl Fractions {
             m: c.m.fraction(),
             v: c.v.fraction(),
             w: c.w.fraction(),
+            precond: c.precond.fraction(),
             m_unchanged: c.m.unchanged_fraction(),
             v_unchanged: c.v.unchanged_fraction(),
             w_unchanged: c.w.unchanged_fraction(),
+            precond_unchanged: c.precond.unchanged_fraction(),
             zero_v: Some(c.zero_v as f64),
         }
     }
@@ -72,6 +81,10 @@ pub struct StallRow {
     /// rows written before it was counted.
     #[serde(default)]
     pub zero_v: u64,
+    /// SOAP's preconditioners L and R (`lowbit_optim::StallCounts::precond`); left out of the
+    /// row when nothing was counted, so an AdamW run's rows are what they were before SOAP.
+    #[serde(default, skip_serializing_if = "Counter::is_empty")]
+    pub precond: Counter,
     /// Global fractions.
     pub frac: Fractions,
     /// Per group (embed, attn, mlp, norm, head).
@@ -98,10 +111,58 @@ impl StallRow {
             w: total.w,
             zero_grad: total.zero_grad,
             zero_v: total.zero_v,
+            precond: total.precond,
             frac: Fractions::of(&total),
             groups: per_group.iter().map(|(g, c)| (g.clone(), Fractions::of(c))).collect(),
             theory,
             tensors,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(updated: u64, stalled: u64, unchanged: u64, elements: u64) -> Counter {
+        Counter { updated, stalled, unchanged, elements }
+    }
+
+    /// A SOAP row: two tensors of one group, the first with a preconditioner (L and R together:
+    /// 40 updated, 30 stalled, 50 unchanged of 64), the second a vector without one. The
+    /// preconditioners' fractions are exact, per group and global, and their counter is in the
+    /// JSON; the vector's own fractions have none.
+    #[test]
+    fn a_soap_row_gives_the_preconditioners_fractions() {
+        let with = StallCounts { m: counter(8, 2, 2, 8), v: counter(8, 6, 6, 8), precond: counter(40, 30, 50, 64), ..Default::default() };
+        let vector = StallCounts { m: counter(4, 1, 1, 4), v: counter(4, 4, 4, 4), ..Default::default() };
+        let names = ["w".to_string(), "norm".to_string()];
+        let groups = ["mlp".to_string(), "mlp".to_string()];
+        let row = StallRow::build(7, &names, &groups, &[with, vector], Theory { v: None }, true);
+        assert_eq!(row.precond, counter(40, 30, 50, 64));
+        assert_eq!((row.frac.precond, row.frac.precond_unchanged), (Some(0.75), Some(0.78125)));
+        assert_eq!(row.groups["mlp"].precond, Some(0.75));
+        assert_eq!((row.frac.m, row.frac.v), (Some(0.25), Some(10.0 / 12.0)));
+        let tensors = row.tensors.as_ref().unwrap();
+        assert_eq!((tensors["norm"].precond, tensors["norm"].precond_unchanged), (None, None));
+        let json = serde_json::to_string(&row).unwrap();
+        assert!(json.contains(r#""precond":{"updated":40,"stalled":30,"unchanged":50,"elements":64}"#), "{json}");
+        assert!(json.contains(r#""precond":0.75"#) && json.contains(r#""precond_unchanged":0.78125"#), "{json}");
+        let back: StallRow = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, row);
+    }
+
+    /// An AdamW row (no preconditioner counted) has no precond key anywhere: its JSON is the
+    /// row as written before SOAP, byte for byte.
+    #[test]
+    fn an_adamw_row_has_no_precond_key() {
+        let c = StallCounts { m: counter(4, 1, 1, 4), v: counter(4, 3, 3, 4), zero_grad: 2, ..Default::default() };
+        let row = StallRow::build(3, &["w".to_string()], &["attn".to_string()], &[c], Theory { v: Some(0.5) }, false);
+        assert_eq!((row.frac.precond, row.frac.precond_unchanged), (None, None));
+        let json = serde_json::to_string(&row).unwrap();
+        assert_eq!(
+            json,
+            r#"{"step":3,"m":{"updated":4,"stalled":1,"unchanged":1,"elements":4},"v":{"updated":4,"stalled":3,"unchanged":3,"elements":4},"w":{"updated":0,"stalled":0,"unchanged":0,"elements":0},"zero_grad":2,"zero_v":0,"frac":{"m":0.25,"v":0.75,"m_unchanged":0.25,"v_unchanged":0.75,"zero_v":0.0},"groups":{"attn":{"m":0.25,"v":0.75,"m_unchanged":0.25,"v_unchanged":0.75,"zero_v":0.0}},"theory":{"v":0.5}}"#
+        );
     }
 }

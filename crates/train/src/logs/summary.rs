@@ -55,6 +55,12 @@ pub struct Summary {
     pub mean_unchanged_v: Option<f64>,
     #[serde(default)]
     pub mean_unchanged_w: Option<f64>,
+    /// The same two means for SOAP's preconditioners L and R (`optim.kind = "soap"`); absent
+    /// (and left out of `summary.json`) for AdamW runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_stall_precond: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_unchanged_precond: Option<f64>,
     pub theory_stall_v: Option<f64>,
     /// Mean per step, over the second half, of the updates made with v = 0 and m != 0 (each
     /// moved by lr * m^ / eps, `lowbit_optim::StallCounts::zero_v`); absent in summaries
@@ -189,6 +195,8 @@ pub fn build(
         mean_unchanged_m: mean(half.iter().map(|r| r.frac.m_unchanged)),
         mean_unchanged_v: mean(half.iter().map(|r| r.frac.v_unchanged)),
         mean_unchanged_w: mean(half.iter().map(|r| r.frac.w_unchanged)),
+        mean_stall_precond: mean(half.iter().map(|r| r.frac.precond)),
+        mean_unchanged_precond: mean(half.iter().map(|r| r.frac.precond_unchanged)),
         theory_stall_v: stalls.last().and_then(|r| r.theory.v),
         mean_zero_v: mean(half.iter().map(|r| r.frac.zero_v)),
         skipped_steps: train.iter().filter(|t| t.3).count() as u64,
@@ -211,15 +219,16 @@ fn process_peak_memory() -> Option<u64> {
 }
 
 impl Summary {
-    /// The one-screen text summary.
+    /// The one-screen text summary (the preconditioners' stalled fractions only for a SOAP run).
     pub fn render(&self) -> String {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let precond = |x: Option<f64>| x.map_or(String::new(), |p| format!(" | preconditioners {p:.3}"));
         format!(
             "\n── run summary ─────────────────────────────────────────────\n\
              steps {} | tokens {} | {:.0} tokens/s | peak memory {}\n\
              validation loss {} -> {} | train loss (mean of last 10 steps) {}\n\
-             stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}\n\
-             unchanged entries (paper's estimator): m {} | v {} | weights {}\n\
+             stalled fraction (2nd half): m {} | v {} (theory {}) | weights {}{}\n\
+             unchanged entries (paper's estimator): m {} | v {} | weights {}{}\n\
              params {} | optimizer states {} bytes ({:.3} bytes/param)\n\
              data: {} passes over the training text ({} tokens each{}), {}{}\n",
             self.steps,
@@ -233,9 +242,11 @@ impl Summary {
             fixed(self.mean_stall_v, 3),
             fixed(self.theory_stall_v, 3),
             fixed(self.mean_stall_w, 3),
+            precond(self.mean_stall_precond),
             fixed(self.mean_unchanged_m, 3),
             fixed(self.mean_unchanged_v, 3),
             fixed(self.mean_unchanged_w, 3),
+            precond(self.mean_unchanged_precond),
             self.params,
             self.state_bytes,
             self.state_bytes_per_param,
@@ -249,5 +260,60 @@ impl Summary {
                 String::new()
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logs::stalls::Theory;
+    use lowbit_optim::{Counter, StallCounts};
+
+    /// A run folder of 4 steps whose rows count `precond(step)` for the preconditioners (none
+    /// when `None`) beside fixed m and v counts.
+    fn run(dir: &Path, precond: fn(u64) -> Option<Counter>) -> Summary {
+        let mut metrics = String::new();
+        let mut stalls = String::new();
+        for step in 1..=4u64 {
+            let train = MetricsRow::Train {
+                step,
+                tokens: 64 * step,
+                lr: 1e-3,
+                loss: 5.0,
+                grad_norm: 1.0,
+                step_time: 0.1,
+                tokens_per_s: 640.0,
+                skipped: false,
+            };
+            metrics += &format!("{}\n", serde_json::to_string(&train).unwrap());
+            let m = Counter { updated: 10, stalled: 5, unchanged: 5, elements: 10 };
+            let c = StallCounts { m, v: m, precond: precond(step).unwrap_or_default(), ..Default::default() };
+            let row = StallRow::build(step, &["w".into()], &["mlp".into()], &[c], Theory { v: None }, false);
+            stalls += &format!("{}\n", serde_json::to_string(&row).unwrap());
+        }
+        std::fs::write(dir.join("metrics.jsonl"), metrics).unwrap();
+        std::fs::write(dir.join("stalls.jsonl"), stalls).unwrap();
+        build(dir, 100, 400, 640.0, Some(4.5), Some(1), RunStatus::Finished).unwrap()
+    }
+
+    /// SOAP: the preconditioners' means are over the second half (steps 3 and 4: 0.5 and 1.0
+    /// stalled / updated, 0.25 and 0.75 unchanged / all) and printed; AdamW: neither in
+    /// `summary.json` nor in the printed summary.
+    #[test]
+    fn the_summary_gives_the_preconditioners_second_half_means() {
+        let dir = tempfile::tempdir().unwrap();
+        let soap = run(dir.path(), |step| {
+            let (stalled, unchanged) = if step < 4 { (4, 2) } else { (8, 6) };
+            Some(Counter { updated: 8, stalled, unchanged, elements: 8 })
+        });
+        assert_eq!((soap.mean_stall_precond, soap.mean_unchanged_precond), (Some(0.75), Some(0.5)));
+        let text = soap.render();
+        assert!(text.contains("weights - | preconditioners 0.750\n"), "{text}");
+        assert!(text.contains("| weights - | preconditioners 0.500\n"), "{text}");
+        assert!(serde_json::to_string(&soap).unwrap().contains(r#""mean_stall_precond":0.75,"mean_unchanged_precond":0.5"#));
+        let adamw = run(dir.path(), |_| None);
+        assert_eq!((adamw.mean_stall_m, adamw.mean_stall_precond, adamw.mean_unchanged_precond), (Some(0.5), None, None));
+        assert!(!serde_json::to_string(&adamw).unwrap().contains("precond"));
+        assert!(!adamw.render().contains("preconditioners"));
     }
 }

@@ -10,6 +10,7 @@
 //! | `stall_m/all`, `stall_m/<group>` | stalled fraction of m (stalled / updated), over all tensors and per group (`embed`, `attn`, `mlp`, `norm`, `head`) |
 //! | `stall_v/all`, `stall_v/<group>`, `stall_v/theory` | the same for v, and the closed-form prediction for the run's format, b2 and rounding |
 //! | `stall_w/all`, `stall_w/<group>` | the same for BF16 weights (absent with FP32 weights) |
+//! | `stall_precond/all`, `stall_precond/<group>` | the same for SOAP's preconditioners L and R together (`optim.kind = "soap"`; absent under AdamW, and for a group without a preconditioner) |
 //! | `zero_v/all`, `zero_v/<group>` | a count: elements updated with v = 0 and m != 0, each moved by lr * m^ / eps (a v rounded or reset to 0 with a zero gradient) |
 //!
 //! A fraction with nothing updated is left out, not written as 0. A resumed run opens a new
@@ -75,11 +76,12 @@ pub fn metric_scalars(row: &MetricsRow) -> (u64, Vec<(String, f32)>) {
     }
 }
 
-/// The tagged stalled fractions of a stall row: m, v and w over all tensors and per group,
-/// v's theory, and the count of updates with v = 0 and m != 0 (`zero_v/`, all and per group).
+/// The tagged stalled fractions of a stall row: m, v, w and SOAP's preconditioners over all
+/// tensors and per group, v's theory, and the count of updates with v = 0 and m != 0 (`zero_v/`, all and per group).
 pub fn stall_scalars(row: &StallRow) -> Vec<(String, f32)> {
     type Pick = fn(&Fractions) -> Option<f64>;
-    let states: [(&str, Pick); 4] = [("stall_m", |f| f.m), ("stall_v", |f| f.v), ("stall_w", |f| f.w), ("zero_v", |f| f.zero_v)];
+    let states: [(&str, Pick); 5] =
+        [("stall_m", |f| f.m), ("stall_v", |f| f.v), ("stall_w", |f| f.w), ("stall_precond", |f| f.precond), ("zero_v", |f| f.zero_v)];
     let mut out = Vec::new();
     for (tag, of) in states {
         let groups = std::iter::once(("all", &row.frac)).chain(row.groups.iter().map(|(g, f)| (g.as_str(), f)));
@@ -105,6 +107,7 @@ mod tests {
             w: Counter::default(),
             zero_grad: 0,
             zero_v: 7,
+            precond: Counter::default(),
             frac: Fractions { zero_v: Some(7.0), ..f(0.25, 0.5) },
             groups: [("attn".to_string(), f(0.125, 0.75)), ("embed".to_string(), Fractions { zero_v: Some(7.0), ..Fractions::default() })]
                 .into(),
@@ -122,6 +125,31 @@ mod tests {
             ("stall_v/theory", 0.989),
         ];
         assert_eq!(tags, expect.map(|(t, v)| (t.to_string(), v as f32)));
+    }
+
+    /// A SOAP row: `stall_precond/` over all tensors and for the group that has preconditioners,
+    /// none for the group without (norms are vectors).
+    #[test]
+    fn a_soap_row_gives_the_preconditioners_fraction() {
+        let row = StallRow {
+            step: 4,
+            m: Counter::default(),
+            v: Counter::default(),
+            w: Counter::default(),
+            zero_grad: 0,
+            zero_v: 0,
+            precond: Counter { updated: 8, stalled: 6, unchanged: 6, elements: 8 },
+            frac: Fractions { m: Some(0.5), precond: Some(0.75), ..Fractions::default() },
+            groups: [
+                ("mlp".to_string(), Fractions { precond: Some(0.75), ..Fractions::default() }),
+                ("norm".to_string(), Fractions { m: Some(0.5), ..Fractions::default() }),
+            ]
+            .into(),
+            theory: Theory { v: None },
+            tensors: None,
+        };
+        let expect = [("stall_m/all", 0.5), ("stall_m/norm", 0.5), ("stall_precond/all", 0.75), ("stall_precond/mlp", 0.75)];
+        assert_eq!(stall_scalars(&row), expect.map(|(t, v)| (t.to_string(), v as f32)));
     }
 
     #[test]
