@@ -136,16 +136,6 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     store_codes<WF>((void*)t.p, e, k, c);
 }
 
-// Warp maximum of non-negative floats (they order like their bits): one REDUX on sm_80+.
-__device__ __forceinline__ float warp_max(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-#else
-    return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(x)));
-#endif
-}
-
 // The block's amax of format F's state from the lanes' (a warp reduction, only for scaled
 // formats).
 template <int F> __device__ __forceinline__ float block_amax(float lane_amax) {

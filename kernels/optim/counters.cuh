@@ -3,6 +3,7 @@
 // the tensor's slot of the device ring with one atomicAdd each when the warp leaves the
 // tensor. The slot layout (COUNTERS u64 in this order) is cuda.rs `DeviceCounters`.
 #pragma once
+#include "warp.cuh"
 
 #define COUNTERS 11  // (kernel_abi.rs) u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad, zero_v
 
@@ -37,16 +38,6 @@ __device__ __forceinline__ void count_zero_grad(StepCounters& c, bool zero) { c.
 
 // Count one update that used v = 0 with m != 0 (it moved by lr * m / eps).
 __device__ __forceinline__ void count_zero_v(StepCounters& c, float m, float v) { c.zero_v += (unsigned)(v == 0.0f && m != 0.0f); }
-
-// Warp sum: one REDUX on sm_80+, shuffles before.
-__device__ __forceinline__ unsigned warp_sum(unsigned x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-#else
-    return __reduce_add_sync(0xffffffffu, x);
-#endif
-}
 
 // Warp sums of the lane counts into `slot` (COUNTERS u64 in DeviceCounters' order, one
 // atomicAdd each), then zero them. Halves are summed apart (a warp's sum of lower halves

@@ -53,6 +53,8 @@ pub mod clip;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_soap;
 pub mod error;
 pub mod format;
 #[cfg(feature = "cuda")]
@@ -85,16 +87,15 @@ pub use step_plan::{StepPlan, TensorPlan};
 use candle_core::Device;
 
 /// The optimizer of `states` on `dev`: the CPU reference itself on the CPU, the fused kernels
-/// (states uploaded) on a CUDA device.
+/// (states uploaded) on a CUDA device; with SOAP's states ([`LowbitAdamW::soap`]) SOAP there
+/// (`cuda_soap::CudaSoap`).
 ///
 /// # Errors
 /// The CUDA optimizer refusing the states or failing to upload them.
 pub fn for_device(states: LowbitAdamW, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
     match dev {
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) if states.soap.is_some() => {
-            Err(OptimError::Config("optim.kind = \"soap\" runs on the CPU only in this build".into()))
-        }
+        Device::Cuda(d) if states.soap.is_some() => Ok(Box::new(cuda_soap::CudaSoap::new(states, d)?)),
         #[cfg(feature = "cuda")]
         Device::Cuda(d) => Ok(Box::new(cuda::CudaAdamW::new(states, d)?)),
         _ => Ok(Box::new(states)),

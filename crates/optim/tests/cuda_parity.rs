@@ -17,7 +17,8 @@
 //! step launches both BF16-weight kernel variants. NaN is compared as NaN (IEEE leaves
 //! NaN payloads to the hardware; the encoders store one canonical NaN). Simulated stalling
 //! (skipped write-backs of m and v) is one more case set: the kernels skip the elements the CPU
-//! skips.
+//! skips. SOAP (`cuda_parity/soap.rs`): its write-back kernels bit for bit, its updates within a
+//! tolerance.
 
 /// What a build without the `cuda` feature shows instead of passing without running.
 #[cfg(not(feature = "cuda"))]
@@ -32,3 +33,7 @@ mod kernels;
 #[cfg(feature = "cuda")]
 #[path = "cuda_parity/grad_norm.rs"]
 mod grad_norm;
+
+#[cfg(feature = "cuda")]
+#[path = "cuda_parity/soap.rs"]
+mod soap;

@@ -12,12 +12,12 @@ use lowbit_optim::{
 };
 
 /// The GPU, or a failure that says why (these tests exist only to run on one).
-fn gpu() -> Device {
+pub(crate) fn gpu() -> Device {
     Device::new_cuda(0).unwrap_or_else(|e| panic!("cuda_parity needs a CUDA GPU: {e}"))
 }
 
 /// Deterministic pseudo-normal values with edge cases sprinkled in.
-fn values(seed: u64, n: usize, scale: f32, edges: bool) -> Vec<f32> {
+pub(crate) fn values(seed: u64, n: usize, scale: f32, edges: bool) -> Vec<f32> {
     let key = stream_key(seed, 0, 0, StateKind::M);
     (0..n)
         .map(|i| {
@@ -41,7 +41,7 @@ fn values(seed: u64, n: usize, scale: f32, edges: bool) -> Vec<f32> {
         .collect()
 }
 
-fn same_f32(a: f32, b: f32) -> bool {
+pub(crate) fn same_f32(a: f32, b: f32) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
 }
 
