@@ -14,6 +14,8 @@
 #   fp32model[:SEEDS]    Table 2 (FP32 model)
 #   probe[:SEEDS]        the simulated-stalling probe (section 3.3, stall-probe; default seed 0),
 #                        seed by seed; its figure is drawn into OUT
+#   soap[:SEEDS]         Table 7: SOAP with BF16 / FP8 states, with and without resets (default
+#                        0-1), seed by seed; its AdamW FP32 cell is the main table's run
 #   embed_head_fp32      FP8 plain with the embedding's and the head's states in FP32
 #   v_zero_exclude       FP8 plain with a zero-free v (optim.states.v_zero = "exclude")
 #   v_only_keep          FP8 SR + v-only resets keeping the v of idle elements
@@ -67,6 +69,7 @@ for step in "$@"; do
     policies*) reproduce "" reset-policies "${arg:-0-2}" --cells fp8_sr_reset_v,fp8_sr_adaptive ;;
     fp32model*) reproduce "" fp32-model "${arg:-0-1}" ;;
     probe*) reproduce "" stall-probe "${arg:-0}" ;;
+    soap*) reproduce "" soap "${arg:-0-1}" ;;
     embed_head_fp32)
       reproduce "$step" bf16-model "$seeds" --cells fp8_plain "${fp32[@]//GROUP/embed}" "${fp32[@]//GROUP/head}" ;;
     v_zero_exclude) reproduce "$step" bf16-model "$seeds" --cells fp8_plain --set optim.states.v_zero=exclude ;;

@@ -23,7 +23,7 @@ fn collect(path: &Path, scale: Scale) -> Result<Probe> {
     let probe_cells = cells(Table::StallProbe);
     let mut out = Probe::new();
     for r in file.runs.iter().filter(|r| r.states == SHARED) {
-        let (Some(&cell), Some(loss)) = (probe_cells.iter().find(|c| cell_short(c) == r.cell), r.final_val_loss) else {
+        let (Some(&cell), Some(loss)) = (probe_cells.iter().find(|c| cell_short(Table::StallProbe, c) == r.cell), r.final_val_loss) else {
             continue;
         };
         match cell.1.skip() {

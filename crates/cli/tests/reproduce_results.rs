@@ -80,7 +80,7 @@ fn fingerprint_ignores_the_runs_folder_only() {
 fn committed_results_match_todays_configs() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reproduce");
     let mut checked = 0;
-    for table in [Table::Fp32Model, Table::Bf16Model, Table::ResetPolicies] {
+    for table in [Table::Fp32Model, Table::Bf16Model, Table::ResetPolicies, Table::Soap] {
         for scale in [Scale::Smoke, Scale::H200] {
             let file = ResultsFile::load(&dir.join(results_name(table, scale)), table, scale).unwrap();
             let spec = PlanSpec { table, scale, configs: &configs(), runs_root: Path::new("/tmp/runs"), extra: &[] };
@@ -279,6 +279,18 @@ fn train(args: &[&str], cwd: &Path) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// `train reproduce --table TABLE --scale smoke --report-only --seed-list SEEDS` in `tmp`, with
+/// the repository's configs, run folders in `tmp/runs`, the committed results read from
+/// `tmp/committed` and the merge and reports written to `tmp/out`.
+fn report_only(tmp: &Path, table: &str, seeds: &str) -> (bool, String, String) {
+    let [runs, out, committed] = ["runs", "out", "committed"].map(|d| tmp.join(d));
+    let cfgs = configs();
+    let dirs = [("--configs", &cfgs), ("--runs", &runs), ("--out", &out), ("--merge", &committed)];
+    let mut args = vec!["reproduce", "--table", table, "--scale", "smoke", "--report-only", "--seed-list", seeds];
+    args.extend(dirs.iter().flat_map(|(flag, d)| [*flag, d.to_str().unwrap()]));
+    train(&args, tmp)
+}
+
 /// The report is rendered from the results file merged from `--merge`: seeds 0 and 1 of two
 /// cells, one ordering that holds in one seed only (mixed), stale records left out.
 #[test]
@@ -378,26 +390,7 @@ fn reset_policies_borrow_the_main_tables_runs() {
     }
     file.save(&committed.join("bf16-model-smoke-results.json")).unwrap();
     own.save(&committed.join("reset-policies-smoke-results.json")).unwrap();
-    let out = tmp.path().join("out");
-    let args = [
-        "reproduce",
-        "--table",
-        "reset-policies",
-        "--scale",
-        "smoke",
-        "--report-only",
-        "--seed-list",
-        "0",
-        "--configs",
-        cfgs.to_str().unwrap(),
-        "--runs",
-        runs.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--merge",
-        committed.to_str().unwrap(),
-    ];
-    let (ok, md, err) = train(&args, tmp.path());
+    let (out, (ok, md, err)) = (tmp.path().join("out"), report_only(tmp.path(), "reset-policies", "0"));
     assert!(ok, "{err}");
     let own = ResultsFile::load(&out.join("reset-policies-smoke-results.json"), Table::ResetPolicies, Scale::Smoke).unwrap();
     let cells_held: Vec<&str> = own.runs.iter().map(|r| r.cell.as_str()).collect();
@@ -410,6 +403,35 @@ fn reset_policies_borrow_the_main_tables_runs() {
     let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert!(row.contains("| 3.223 |"), "Table 6's symmetric policy: {row}");
     assert!(md.contains("| SR + v resets only | — | — | — (3.212) |"), "{md}");
+}
+
+/// Table 7 (SOAP) reads its AdamW reference from the main table's results file, under its own
+/// name (`fp32_plain` there, `adamw_fp32` here), only with today's config; the main table's
+/// BF16 and FP8 runs, AdamW's, are never taken for the SOAP cells of the same states.
+#[test]
+fn soap_borrows_only_the_adamw_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfgs, runs) = (configs(), tmp.path().join("runs"));
+    let main = plan(smoke(Table::Bf16Model, &cfgs, &runs), States::Paper, &cells(Table::Bf16Model), &[0, 1]).unwrap();
+    let committed = tmp.path().join("committed");
+    std::fs::create_dir_all(&committed).unwrap();
+    let mut file = ResultsFile::new(Table::Bf16Model, Scale::Smoke);
+    for j in &main {
+        let k = &j.planned.key;
+        // seed 1's FP32 record is stale (another config)
+        let fp = if k.seed == 1 { "00000000" } else { &j.planned.fingerprint };
+        file.upsert(record(&k.states, &k.cell, k.seed, fp, 6.0 + k.seed as f64));
+    }
+    file.save(&committed.join("bf16-model-smoke-results.json")).unwrap();
+    let (out, (ok, md, err)) = (tmp.path().join("out"), report_only(tmp.path(), "soap", "0-1"));
+    assert!(ok, "{err}");
+    let own = ResultsFile::load(&out.join("soap-smoke-results.json"), Table::Soap, Scale::Smoke).unwrap();
+    let held: Vec<(&str, &str, usize, Option<f64>)> =
+        own.runs.iter().map(|r| (r.states.as_str(), r.cell.as_str(), r.seed, r.final_val_loss)).collect();
+    assert_eq!(held, [(SHARED, "adamw_fp32", 0, Some(6.0))], "the reference of seed 0 only");
+    assert!(md.contains("Reproduction of the paper's Table 7 (SOAP with low-precision states, BF16 model)"), "{md}");
+    assert!(md.contains("1 of 10 runs (5 cells x seeds 0, 1)") && md.contains("llama100m_soap_bf16_plain-s0"), "{md}");
+    assert!(md.contains("AdamW with FP32 states (the reference, not in Table 7): 6.0000."), "{md}");
 }
 
 /// Two commands through the real runner (2-step runs of one cell on the CPU): each merges its

@@ -2,7 +2,7 @@
 //! as a markdown table beside the paper's numbers.
 //!
 //! ```text
-//! train reproduce --table bf16-model|fp32-model|reset-policies|stall-probe --scale smoke|h200|h200-shuffled|full
+//! train reproduce --table bf16-model|fp32-model|reset-policies|stall-probe|soap --scale smoke|h200|h200-shuffled|full
 //!                 [--cells LIST] [--seeds N | --seed-list LIST] [--states paper|blockwise|theory|all]
 //!                 [--jobs N] [--set section.key=value ...] [--configs DIR] [--out DIR]
 //!                 [--merge DIR] [--runs DIR] [--force] [--report-only]
@@ -11,11 +11,12 @@
 //! A cell is one config file (`configs/llama100m_<states>_<fix>.toml` for the BF16-model main
 //! table, `configs/fp32_model/llama100m_f32model_<states>_<fix>.toml` for the FP32-model
 //! Table 2, `configs/reset_policies/` for Table 6's policies that the main table lacks, the
-//! FP32 cell's file with a skip probability for the simulated-stalling probe: [`paper`]), run at a *scale* ([`scale`]: `full` runs the file as written, `smoke`
-//! and `h200` add `--set`-style overrides that shrink the run and set its reset periods) on a
-//! states kind ([`states`]: the paper's own formats as the config files hold them, lowbit's
-//! block storage formats, or the stall theory's precision-only grids). Each (cell, seed) is a
-//! child process
+//! FP32 cell's file with a skip probability for the simulated-stalling probe, the main table's
+//! files with `optim.kind = "soap"` for Table 7: [`paper`]), run at a *scale* ([`scale`]:
+//! `full` runs the file as written, `smoke` and `h200` add `--set`-style overrides that shrink
+//! the run and set its reset periods) on a states kind ([`states`]: the paper's own formats as
+//! the config files hold them, lowbit's block storage formats, or the stall theory's
+//! precision-only grids). Each (cell, seed) is a child process
 //! `train --config CELL --set ...` of the current executable in its own run folder under
 //! `--runs`, at most `--jobs` at once, spread over the machine's GPUs ([`pool`]).
 //!
@@ -36,7 +37,8 @@ pub mod stats;
 pub mod subset;
 
 pub use paper::{
-    cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, Cell, Claim, Fix, Fmt, Relation, Table, SKIP_PROBS,
+    cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, states_label, Cell, Claim, Fix, Fmt, Relation, Table,
+    SKIP_PROBS,
 };
 pub use pool::{detect_gpus, gpus_from, pick_gpu, plan, read_record, run_overrides, Job, PlanSpec};
 pub use report::{render, RunInfo};
@@ -68,9 +70,11 @@ the next command. reproduce/README.md has the plan for the h200 tables.";
 #[command(after_long_help = RESULTS_HELP)]
 pub struct ReproduceArgs {
     /// Which table: the main table (BF16 model), Table 2 (FP32 model), Table 6 (FP8 reset
-    /// policies, BF16 model) or the simulated-stalling probe of section 3.3 (FP32 states with
-    /// m's or v's write-backs skipped with probability p); the last two read their cells shared
-    /// with the main table from the main table's results file, so run that one first.
+    /// policies, BF16 model), the simulated-stalling probe of section 3.3 (FP32 states with
+    /// m's or v's write-backs skipped with probability p) or Table 7 (SOAP with BF16 and FP8
+    /// states, with and without resets, beside AdamW with FP32 states); the last three read
+    /// their cells shared with the main table from the main table's results file, so run that
+    /// one first.
     #[arg(long, value_enum)]
     pub table: Table,
     /// smoke (tiny model, bundled CPU sample, minutes), h200 (LLaMA-20M on the shared corpus,
@@ -148,21 +152,25 @@ fn load_results(a: &ReproduceArgs) -> Result<(PathBuf, ResultsFile, RunLock)> {
 
 /// For a table that shares cells with another ([`Table::borrows_from`]): every run of this
 /// table (each states kind, the seeds of either file and of the command) that the file does
-/// not hold with today's config but the other table's file does is copied in. Only exact
+/// not hold with today's config but the other table's file does is copied in, under this
+/// table's cell name (Table 7's `adamw_fp32` is the main table's `fp32_plain`). Only exact
 /// matches (key and fingerprint) are taken, so a stale record of either file never replaces
-/// a current one.
+/// a current one, and a cell of the same states but another config (a SOAP cell) is never
+/// borrowed.
 fn borrow_shared_runs(a: &ReproduceArgs, spec: PlanSpec, kinds: &[States], seeds: &[usize], file: &mut ResultsFile) -> Result<()> {
-    let Some(source) = a.table.borrows_from() else { return Ok(()) };
-    let source = read_merged(a, source)?;
+    let Some(source_table) = a.table.borrows_from() else { return Ok(()) };
+    let source = read_merged(a, source_table)?;
     let mut all: Vec<usize> = seeds.iter().copied().chain(file.seeds()).chain(source.seeds()).collect();
     all.sort_unstable();
     all.dedup();
     for &k in kinds {
         for j in plan(spec, k, &cells(a.table), &all)? {
-            if file.find(&j.planned).is_none() {
-                if let Some(r) = source.find(&j.planned) {
-                    file.upsert(r.clone());
-                }
+            if file.find(&j.planned).is_some() {
+                continue;
+            }
+            let theirs = Planned { key: RunKey { cell: cell_short(source_table, &j.planned.cell), ..j.planned.key.clone() }, ..j.planned };
+            if let Some(r) = source.find(&theirs) {
+                file.upsert(Record { cell: cell_short(a.table, &j.planned.cell), ..r.clone() });
             }
         }
     }

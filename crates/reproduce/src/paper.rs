@@ -3,7 +3,8 @@
 //!
 //! Numbers from Topollai & Choromanska (2026), as docs/numerics.md ("The run") quotes them:
 //! the main table (BF16 model) publishes plain and SR + resets per format; Table 2 (FP32
-//! model) publishes every cell; Table 6 (FP8 reset policies, BF16 model) the three policies.
+//! model) publishes every cell; Table 6 (FP8 reset policies, BF16 model) the three policies;
+//! Table 7 (SOAP, LLaMA-100M) SOAP with BF16 and FP8 states, with and without resets.
 
 use lowbit_optim::{theory, StateFormat};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,12 @@ pub enum Table {
     /// main table's FP32 cell ([`Table::borrows_from`]).
     #[value(name = "stall-probe")]
     StallProbe,
+    /// Table 7: SOAP (`optim.kind = "soap"`, `[optim.soap]` at its defaults) with BF16 and FP8
+    /// states, round-to-nearest, with and without resets (the main table's `*_plain` /
+    /// `*_reset` state settings), beside AdamW with FP32 states, the main table's FP32 cell
+    /// ([`Table::borrows_from`]).
+    #[value(name = "soap")]
+    Soap,
 }
 
 /// The skip probabilities of [`Table::StallProbe`], in thousandths (the sweep: 0.25,
@@ -42,6 +49,7 @@ impl Table {
             Table::Fp32Model => "fp32-model",
             Table::ResetPolicies => "reset-policies",
             Table::StallProbe => "stall-probe",
+            Table::Soap => "soap",
         }
     }
     /// The table's name in the paper, for report titles.
@@ -51,6 +59,7 @@ impl Table {
             Table::Fp32Model => "Table 2 (FP32 model)",
             Table::ResetPolicies => "Table 6 (FP8 reset policies, BF16 model)",
             Table::StallProbe => "simulated stalling (section 3.3; FP32 states, BF16 model)",
+            Table::Soap => "Table 7 (SOAP with low-precision states, BF16 model)",
         }
     }
     /// Whether the table's runs train a BF16 model (weights and activations).
@@ -60,7 +69,19 @@ impl Table {
     /// The table whose runs this one shares: a cell of both, with the same config, is run
     /// once and its record read from that table's results file.
     pub fn borrows_from(self) -> Option<Table> {
-        matches!(self, Table::ResetPolicies | Table::StallProbe).then_some(Table::Bf16Model)
+        matches!(self, Table::ResetPolicies | Table::StallProbe | Table::Soap).then_some(Table::Bf16Model)
+    }
+    /// Whether a cell of this table trains with SOAP: every cell of [`Table::Soap`] but its
+    /// AdamW reference, the FP32 one.
+    pub fn soap(self, (f, _): Cell) -> bool {
+        self == Table::Soap && f != Fmt::Fp32
+    }
+    /// A cell's own `--set` overrides beyond its config file: `optim.kind = "soap"` for a SOAP
+    /// cell ([`Table::soap`]; `[optim.soap]` stays at its defaults, the paper's A.9), then the
+    /// fix's ([`Fix::overrides`]: a simulated-stalling p).
+    pub fn overrides(self, cell: Cell) -> Vec<String> {
+        let soap = self.soap(cell).then(|| "optim.kind=\"soap\"".to_string());
+        soap.into_iter().chain(cell.1.overrides()).collect()
     }
     /// The fixes of the table's cells, in report order (the grid's rows).
     pub fn fixes(self) -> Vec<Fix> {
@@ -70,6 +91,7 @@ impl Table {
                 let skips = |f: fn(u16) -> Fix| SKIP_PROBS.map(f);
                 std::iter::once(Fix::Plain).chain(skips(Fix::SkipV)).chain(skips(Fix::SkipM)).collect()
             }
+            Table::Soap => vec![Fix::Plain, Fix::Reset],
             _ => Fix::ALL.to_vec(),
         }
     }
@@ -202,8 +224,13 @@ pub type Cell = (Fmt, Fix);
 /// The cells of a table, in report order. The BF16-model table has the paper's 3 formats x 4
 /// fixes plus FP32 states (plain) as the reference; Table 2 has FP32 states with nearest and
 /// resets only, as the paper; Table 6 has FP32 states and FP8 with every fix of
-/// [`Table::fixes`] but resets without SR.
+/// [`Table::fixes`] but resets without SR; Table 7 (SOAP) has AdamW with FP32 states and SOAP
+/// with BF16 and FP8 states, plain and with resets.
 pub fn cells(table: Table) -> Vec<Cell> {
+    if table == Table::Soap {
+        let soap = [Fmt::Bf16, Fmt::Fp8].into_iter().flat_map(|f| table.fixes().into_iter().map(move |x| (f, x)));
+        return std::iter::once((Fmt::Fp32, Fix::Plain)).chain(soap).collect();
+    }
     if table == Table::StallProbe {
         return table.fixes().into_iter().map(|x| (Fmt::Fp32, x)).collect();
     }
@@ -223,29 +250,49 @@ pub fn cells(table: Table) -> Vec<Cell> {
     v
 }
 
-/// The cell's short name, `<format>_<fix>` (`fp8_sr_reset`; a simulated-stalling cell with
-/// its p: `fp32_skip_v_0.9`): what `--cells` takes.
-pub fn cell_short(&(f, x): &Cell) -> String {
+/// The cell's short name in `table`, `<format>_<fix>` (`fp8_sr_reset`; a simulated-stalling
+/// cell with its p: `fp32_skip_v_0.9`; in [`Table::Soap`] `soap_<format>_<fix>` and the AdamW
+/// reference `adamw_fp32`): what `--cells` takes, and the cell of the run's key in the results
+/// file.
+pub fn cell_short(table: Table, &(f, x): &Cell) -> String {
     match x.skip() {
         Some((_, p)) => format!("{}_{}_{p}", f.as_str(), x.as_str()),
+        None if table.soap((f, x)) => format!("soap_{}_{}", f.as_str(), x.as_str()),
+        None if table == Table::Soap => format!("adamw_{}", f.as_str()),
         None => format!("{}_{}", f.as_str(), x.as_str()),
     }
 }
 
-/// The cell's name (= its config file stem).
+/// A cell's states in reports: its format, and in [`Table::Soap`] the optimizer before it
+/// (`SOAP, bf16`, `AdamW, fp32`).
+pub fn states_label(table: Table, cell: Cell) -> String {
+    match (table, table.soap(cell)) {
+        (Table::Soap, true) => format!("SOAP, {}", cell.0.as_str()),
+        (Table::Soap, false) => format!("AdamW, {}", cell.0.as_str()),
+        _ => cell.0.as_str().into(),
+    }
+}
+
+/// The cell's name (its runs' `run.name` stem; = its config file stem, but for the cells that
+/// set more than their file: a simulated-stalling p, SOAP). Table 7's AdamW reference is the
+/// main table's FP32 cell under its name, so that its runs have that cell's fingerprint and are
+/// borrowed.
 pub fn cell_name(table: Table, cell: Cell) -> String {
     match table {
-        Table::Bf16Model | Table::ResetPolicies | Table::StallProbe => format!("llama100m_{}", cell_short(&cell)),
-        Table::Fp32Model => format!("llama100m_f32model_{}", cell_short(&cell)),
+        Table::Soap if !table.soap(cell) => cell_name(Table::Bf16Model, cell),
+        Table::Bf16Model | Table::ResetPolicies | Table::StallProbe | Table::Soap => format!("llama100m_{}", cell_short(table, &cell)),
+        Table::Fp32Model => format!("llama100m_f32model_{}", cell_short(table, &cell)),
     }
 }
 
 /// The cell's config file under the configs folder (a simulated-stalling cell: the FP32
-/// states' file, its p an override, [`Fix::overrides`]).
+/// states' file, its p an override, [`Fix::overrides`]; a SOAP cell: the main table's file of
+/// the same states, `optim.kind` an override, [`Table::overrides`]).
 pub fn cell_config(configs: &Path, table: Table, cell: Cell) -> PathBuf {
     let file = format!("{}.toml", cell_name(table, cell));
     match (table, cell.1) {
         (Table::StallProbe, _) => configs.join(format!("{}.toml", cell_name(Table::Bf16Model, (Fmt::Fp32, Fix::Plain)))),
+        (Table::Soap, _) => configs.join(format!("{}.toml", cell_name(Table::Bf16Model, cell))),
         (_, Fix::SrResetV | Fix::SrAdaptive) => configs.join("reset_policies").join(file),
         (Table::Bf16Model | Table::ResetPolicies, _) => configs.join(file),
         (Table::Fp32Model, _) => configs.join("fp32_model").join(file),
@@ -289,6 +336,14 @@ pub fn paper_loss(table: Table, (f, x): Cell) -> Option<f64> {
             (Fp8, SrAdaptive) => Some(3.225),
             _ => None,
         },
+        // Table 7 (LLaMA-100M): no AdamW number
+        Table::Soap => match (f, x) {
+            (Bf16, Plain) => Some(3.22),
+            (Bf16, Reset) => Some(3.19),
+            (Fp8, Plain) => Some(4.15),
+            (Fp8, Reset) => Some(3.23),
+            _ => None,
+        },
         Table::StallProbe => None,
     }
 }
@@ -300,6 +355,8 @@ pub enum Relation {
     Below,
     /// `lhs` does not have a lower loss than `rhs`.
     NotBelow,
+    /// `lhs` does not have a higher loss than `rhs` (a tie holds, as [`Relation::NotBelow`]'s).
+    NotAbove,
 }
 
 impl Relation {
@@ -308,6 +365,7 @@ impl Relation {
         match self {
             Relation::Below => d < 0.0,
             Relation::NotBelow => d >= 0.0,
+            Relation::NotAbove => d <= 0.0,
         }
     }
 }
@@ -339,6 +397,17 @@ pub fn claims(table: Table) -> Vec<Claim> {
                 prev = lhs;
             }
         }
+        return v;
+    }
+    if table == Table::Soap {
+        // Table 7: resets rescue SOAP's FP8 states and do not hurt its BF16 ones
+        v.push(below("SOAP + resets below SOAP, fp8 states".into(), (Fmt::Fp8, Fix::Reset), (Fmt::Fp8, Fix::Plain)));
+        v.push(Claim {
+            text: "SOAP + resets not above SOAP, bf16 states".into(),
+            lhs: (Fmt::Bf16, Fix::Reset),
+            rhs: (Fmt::Bf16, Fix::Plain),
+            relation: Relation::NotAbove,
+        });
         return v;
     }
     if table == Table::ResetPolicies {

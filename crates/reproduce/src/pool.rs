@@ -38,16 +38,17 @@ impl Job {
     }
 }
 
-/// The overrides of one (cell, seed) run: scale, state formats, the cell's own (a
-/// simulated-stalling p), then folder and seed, then the user's.
-pub fn run_overrides(scale: Scale, states: States, cell: Cell, runs_dir: &Path, name: &str, seed: usize, extra: &[String]) -> Vec<String> {
-    let mut o = scale_overrides(scale, cell);
+/// The overrides of one (cell, seed) run of `spec`'s table and scale: scale, state formats,
+/// the cell's own (SOAP, a simulated-stalling p: [`Table::overrides`]), then folder and seed,
+/// then the user's (`spec.extra`).
+pub fn run_overrides(spec: PlanSpec, states: States, cell: Cell, runs_dir: &Path, name: &str, seed: usize) -> Vec<String> {
+    let mut o = scale_overrides(spec.scale, cell);
     o.extend(states.overrides(cell.0));
-    o.extend(cell.1.overrides());
+    o.extend(spec.table.overrides(cell));
     o.push(format!("run.dir={}", toml_str(&runs_dir.to_string_lossy())));
     o.push(format!("run.name={}", toml_str(name)));
     o.push(format!("train.seed={seed}"));
-    o.extend(extra.iter().cloned());
+    o.extend(spec.extra.iter().cloned());
     o
 }
 
@@ -78,11 +79,11 @@ pub fn plan(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> 
             let config = cell_config(spec.configs, spec.table, cell);
             let name = format!("{}-s{seed}", cell_name(spec.table, cell));
             let runs_dir = states.runs_dir(spec.runs_root, spec.table, spec.scale, cell.0);
-            let overrides = run_overrides(spec.scale, states, cell, &runs_dir, &name, seed, spec.extra);
+            let overrides = run_overrides(spec, states, cell, &runs_dir, &name, seed);
             let cfg =
                 RunConfig::load(&config, &overrides).with_context(|| format!("cell {} (seed {seed})", cell_name(spec.table, cell)))?;
             jobs.push(Job {
-                planned: Planned { key: run_key(states.tag(cell.0), cell, seed), cell, fingerprint: fingerprint(&cfg) },
+                planned: Planned { key: run_key(states.tag(cell.0), spec.table, cell, seed), cell, fingerprint: fingerprint(&cfg) },
                 config,
                 run_dir: cfg.run_dir(),
                 max_steps: cfg.train.max_steps,

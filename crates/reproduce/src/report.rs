@@ -3,7 +3,7 @@
 //! stalled fractions beside the theory), the grid in the paper's layout, and the paper's
 //! orderings seed by seed. [`render`] is a pure function of the results.
 
-use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, Cell, Fix, Fmt, Table};
+use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, states_label, Cell, Fix, Fmt, Table};
 use super::results::CommandLog;
 use super::scale::Scale;
 use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat};
@@ -98,6 +98,9 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     if !info.states_text.is_empty() {
         let _ = writeln!(w, "{}\n", info.states_text);
     }
+    if table == Table::Soap {
+        let _ = writeln!(w, "{SOAP_SETTING}\n");
+    }
     let _ = writeln!(
         w,
         "Paper: LLaMA-100M on C4, {} (docs/numerics.md). Losses are final validation losses (nats/token); \
@@ -112,12 +115,26 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     );
 }
 
+/// What Table 7's report says about its runs' optimizer.
+const SOAP_SETTING: &str = "SOAP cells: `optim.kind = \"soap\"` (`crates/optim/src/soap`) at `[optim.soap]`'s \
+     defaults, the paper's A.9: eigenbasis refresh every 10 updates, preconditioner EMA (`shampoo_beta`) 0.999, a \
+     side longer than 10,000 (the embedding's and the head's vocabulary side) not preconditioned. m, v and the \
+     preconditioners L and R are stored in the cell's states (L and R in m's format, scale and rounding), written \
+     back with round-to-nearest; `resets` zero m, and v with L and R, at the main table's `*_reset` period for \
+     the format (the eigenbases stay). The `AdamW, fp32` cell is the main table's FP32-states run (`fp32_plain`, \
+     borrowed from its results file when its config is the same). Paper: Table 7, LLaMA-100M, which gives no \
+     AdamW number. Stalled `L,R` is the preconditioners' stalled fraction.";
+
 fn cell_rows(w: &mut String, table: Table, r: &Results) {
     let _ = writeln!(w, "## Final validation loss per cell\n");
+    let (stalled, reference) = match table {
+        Table::Soap => ("m / v / w / L,R", "AdamW fp32"),
+        t if t.bf16_model() => ("m / v / w", "fp32 states"),
+        _ => ("m / v", "fp32 states"),
+    };
     let _ = writeln!(
         w,
-        "| states | fix | paper | ours | seeds | Δ vs plain (paper) | Δ vs plain (ours) | Δ vs fp32 states (paper) | Δ vs fp32 states (ours) | stalled {} (ours) | paper's estimator m / v | theory v |",
-        if table.bf16_model() { "m / v / w" } else { "m / v" }
+        "| states | fix | paper | ours | seeds | Δ vs plain (paper) | Δ vs plain (ours) | Δ vs {reference} (paper) | Δ vs {reference} (ours) | stalled {stalled} (ours) | paper's estimator m / v | theory v |",
     );
     let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let base32 = (Fmt::Fp32, Fix::Plain);
@@ -130,14 +147,21 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
         };
         let vs_plain = if x == Fix::Plain { "—".into() } else { opt_stat(delta(r, c, plain), true) };
         let vs_32 = if c == base32 { "—".into() } else { opt_stat(delta(r, c, base32), true) };
-        let n = if table.bf16_model() { 3 } else { 2 };
-        let stall = fractions(&[run_stat(r, c, |x| x.stall_m), run_stat(r, c, |x| x.stall_v), run_stat(r, c, |x| x.stall_w)][..n]);
+        let n = stalled.split(" / ").count();
+        let stall = fractions(
+            &[
+                run_stat(r, c, |x| x.stall_m),
+                run_stat(r, c, |x| x.stall_v),
+                run_stat(r, c, |x| x.stall_w),
+                run_stat(r, c, |x| x.stall_precond),
+            ][..n],
+        );
         let unchanged = fractions(&[run_stat(r, c, |x| x.unchanged_m), run_stat(r, c, |x| x.unchanged_v)]);
         let loss = loss_stat(r, c);
         let _ = writeln!(
             w,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            f.as_str(),
+            states_label(table, c),
             x.label(),
             fixed_or(paper_loss(table, c), 3, "—"),
             opt_stat(loss, false) + if any_diverged(r, c) { " (diverged)" } else { "" },
@@ -162,8 +186,10 @@ fn fractions(stats: &[Option<Stat>]) -> String {
 }
 
 fn grid(w: &mut String, table: Table, r: &Results) {
-    if table == Table::StallProbe {
-        return probe_theory(w);
+    match table {
+        Table::StallProbe => return probe_theory(w),
+        Table::Soap => return soap_grid(w, r),
+        _ => {}
     }
     let _ = writeln!(w, "\n## Grid: ours (paper)\n");
     let _ = writeln!(w, "| states | fp32 | bf16 | fp8 | fp4 |");
@@ -177,12 +203,30 @@ fn grid(w: &mut String, table: Table, r: &Results) {
                 row.push_str(" — |");
                 continue;
             }
-            let ours = loss_stat(r, c).map_or("—".into(), |s| format!("{:.4}", s.mean)) + if any_diverged(r, c) { " diverged" } else { "" };
-            let paper = paper_loss(table, c).map_or(String::new(), |p| format!(" ({p:.3})"));
-            let _ = write!(row, " {ours}{paper} |");
+            let _ = write!(row, " {} |", grid_cell(table, r, c));
         }
         let _ = writeln!(w, "{row}");
     }
+}
+
+/// The loss of a cell as the grids give it: `3.2100`, `diverged` after it, the paper's in
+/// brackets where published.
+fn grid_cell(table: Table, r: &Results, c: Cell) -> String {
+    let ours = loss_stat(r, c).map_or("—".into(), |s| format!("{:.4}", s.mean)) + if any_diverged(r, c) { " diverged" } else { "" };
+    ours + &paper_loss(table, c).map_or(String::new(), |p| format!(" ({p:.3})"))
+}
+
+/// Table 7 in the paper's layout: SOAP with and without resets x BF16 and FP8 states, and the
+/// AdamW reference below it.
+fn soap_grid(w: &mut String, r: &Results) {
+    let _ = writeln!(w, "\n## Grid: ours (paper), the paper's Table 7 layout\n");
+    let _ = writeln!(w, "| optimizer | bf16 | fp8 |\n|---|---:|---:|");
+    for (label, x) in [("SOAP", Fix::Plain), ("SOAP + resets", Fix::Reset)] {
+        let [b, f] = [Fmt::Bf16, Fmt::Fp8].map(|f| grid_cell(Table::Soap, r, (f, x)));
+        let _ = writeln!(w, "| {label} | {b} | {f} |");
+    }
+    let _ =
+        writeln!(w, "\nAdamW with FP32 states (the reference, not in Table 7): {}.", grid_cell(Table::Soap, r, (Fmt::Fp32, Fix::Plain)));
 }
 
 /// For the stall probe, in place of the grid: where each format's v sits on the probe's axis,
@@ -268,7 +312,7 @@ fn kinds_compared(w: &mut String, table: Table, kinds: &[(&'static str, Results)
     let _ = writeln!(w, "|---|---|{}", "---:|".repeat(kinds.len()));
     let base32 = (Fmt::Fp32, Fix::Plain);
     for c in cells(table) {
-        let mut row = format!("| {} | {} |", c.0.as_str(), c.1.label());
+        let mut row = format!("| {} | {} |", states_label(table, c), c.1.label());
         for (_, r) in kinds {
             let loss = opt_stat(loss_stat(r, c), false);
             let vs = if c == base32 { String::new() } else { delta(r, c, base32).map_or(String::new(), |d| format!(" ({})", d.fmt(true))) };

@@ -64,6 +64,10 @@ pub struct Record {
     pub mean_unchanged_m: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_unchanged_v: Option<f64>,
+    /// Mean stalled fraction (stalled / updated) of SOAP's preconditioners L and R over the
+    /// second half; absent for AdamW runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_stall_precond: Option<f64>,
     /// The theory's stalled fraction of v (`lowbit_optim::theory`) for the run's v format.
     pub theory_stall_v: Option<f64>,
     /// Final validation loss not finite or above the initial one.
@@ -106,6 +110,7 @@ impl Record {
             mean_stall_w: s.mean_stall_w,
             mean_unchanged_m: s.mean_unchanged_m,
             mean_unchanged_v: s.mean_unchanged_v,
+            mean_stall_precond: s.mean_stall_precond,
             theory_stall_v: s.theory_stall_v,
             diverged,
             steps: s.steps,
@@ -130,6 +135,7 @@ impl Record {
             stall_w: self.mean_stall_w,
             unchanged_m: self.mean_unchanged_m,
             unchanged_v: self.mean_unchanged_v,
+            stall_precond: self.mean_stall_precond,
             theory_v: self.theory_stall_v,
             diverged: self.diverged,
         }
@@ -273,7 +279,7 @@ impl ResultsFile {
     }
 }
 
-/// The key of a run of `cell` with states kind label `states` and `seed`.
-pub fn run_key(states: &str, cell: Cell, seed: usize) -> RunKey {
-    RunKey { states: states.into(), cell: cell_short(&cell), seed }
+/// The key of a run of `table`'s `cell` with states kind label `states` and `seed`.
+pub fn run_key(states: &str, table: Table, cell: Cell, seed: usize) -> RunKey {
+    RunKey { states: states.into(), cell: cell_short(table, &cell), seed }
 }

@@ -19,6 +19,8 @@ pub struct RunResult {
     /// entries, zero-gradient entries included).
     pub unchanged_m: Option<f64>,
     pub unchanged_v: Option<f64>,
+    /// SOAP's preconditioners L and R (lowbit's estimator; `None` for AdamW runs).
+    pub stall_precond: Option<f64>,
     /// The theory's stalled fraction of v for the run's format, b2 and rounding
     /// (`lowbit_optim::theory`, recorded by the run).
     pub theory_v: Option<f64>,

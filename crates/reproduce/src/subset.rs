@@ -6,8 +6,8 @@ use super::paper::{cell_short, cells, Cell, Fmt, Table};
 use anyhow::{bail, Context, Result};
 
 /// The cells named by `--cells`, in the table's order. Each item is a cell's short name
-/// (`fp8_sr`, `fp4_sr_reset`, `fp32_plain`: [`cell_short`]) or a format (`fp4`: all of its
-/// cells in the table). Empty: every cell.
+/// (`fp8_sr`, `fp4_sr_reset`, `fp32_plain`, `soap_fp8_reset`: [`cell_short`]) or a format
+/// (`fp4`: all of its cells in the table). Empty: every cell.
 pub fn select_cells(table: Table, items: &[String]) -> Result<Vec<Cell>> {
     let all = cells(table);
     if items.is_empty() {
@@ -17,10 +17,10 @@ pub fn select_cells(table: Table, items: &[String]) -> Result<Vec<Cell>> {
     for item in items.iter().map(|s| s.trim()) {
         let hits: Vec<Cell> = match Fmt::ALL.iter().find(|f| f.as_str() == item) {
             Some(&f) => all.iter().copied().filter(|c| c.0 == f).collect(),
-            None => all.iter().copied().filter(|c| cell_short(c) == item).collect(),
+            None => all.iter().copied().filter(|c| cell_short(table, c) == item).collect(),
         };
         if hits.is_empty() {
-            let names: Vec<String> = all.iter().map(cell_short).collect();
+            let names: Vec<String> = all.iter().map(|c| cell_short(table, c)).collect();
             bail!(
                 "--cells: {item:?} is not a cell of the {} table nor a format; expected a format ({}) or one of: {}",
                 table.as_str(),

@@ -1,7 +1,7 @@
 //! Tests of `train reproduce`: every config resolves, the grids match the config files, the
 //! scale overrides, and the pure statistics / ordering checks / rendering on hand-made numbers.
 
-use lowbit_optim::{ResetRule, Rounding, ScaleKind, StateFormat, VZero};
+use lowbit_optim::{OptimizerKind, ResetRule, Rounding, ScaleKind, SoapConfig, StateFormat, VZero};
 use lowbit_reproduce::*;
 use lowbit_train::config::{RunConfig, WeightDtype};
 use std::collections::BTreeMap;
@@ -135,8 +135,10 @@ fn theory_configs_are_the_cells_on_the_theory_grids() {
 fn scales_override_the_run_and_reset_periods() {
     let cell = (Fmt::Fp8, Fix::SrReset);
     let path = cell_config(&configs(), Table::Bf16Model, cell);
+    let cfgs = configs();
     let load = |scale| {
-        let o = run_overrides(scale, States::Blockwise, cell, Path::new("runs/reproduce/x"), "c-s1", 1, &[]);
+        let spec = PlanSpec { table: Table::Bf16Model, scale, configs: &cfgs, runs_root: Path::new("runs/reproduce"), extra: &[] };
+        let o = run_overrides(spec, States::Blockwise, cell, Path::new("runs/reproduce/x"), "c-s1", 1);
         RunConfig::load(&path, &o).unwrap()
     };
     let smoke = load(Scale::Smoke);
@@ -459,7 +461,7 @@ fn stall_probe_cells_skip_one_state_and_borrow_p0_from_the_main_table() {
     assert_eq!(all.len(), 1 + 2 * SKIP_PROBS.len());
     assert_eq!(t.borrows_from(), Some(Table::Bf16Model));
     assert!(all.iter().all(|c| c.0 == Fmt::Fp32 && cell_config(&cfgs, t, *c) == configs().join("llama100m_fp32_plain.toml")));
-    let names: Vec<String> = all.iter().map(cell_short).collect();
+    let names: Vec<String> = all.iter().map(|c| cell_short(t, c)).collect();
     assert_eq!(&names[..3], ["fp32_plain", "fp32_skip_v_0.25", "fp32_skip_v_0.5"]);
     assert_eq!(names[10], "fp32_skip_m_0.99");
     assert_eq!(select_cells(t, &["fp32_skip_m_0.9".into()]).unwrap(), vec![(Fmt::Fp32, Fix::SkipM(900))]);
@@ -490,4 +492,102 @@ fn stall_probe_cells_skip_one_state_and_borrow_p0_from_the_main_table() {
     let md = render(t, Scale::H200Shuffled, &r, &RunInfo { seeds: vec![0], runs_total: 11, ..Default::default() });
     assert!(md.contains("| fp32 | v skipped, p = 0.75 |") && md.contains("## Where the formats sit"), "{md}");
     assert!(md.contains("| bf16 | 7 | 0.946 |") && md.contains("| fp8 (e4m3) | 3 | 1.000 |") && !md.contains("## Grid"), "{md}");
+}
+
+/// Table 7 (SOAP): AdamW with FP32 states, the main table's FP32 run (same name and
+/// fingerprint, so it is borrowed, under the name `adamw_fp32`), and SOAP on the main table's
+/// BF16 and FP8 `plain` / `reset` states at every scale, `optim.kind = "soap"` with the default
+/// `[optim.soap]` their only difference from those cells' runs; `--cells` by name or format.
+#[test]
+fn soap_cells_are_the_main_tables_states_under_soap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfgs, t) = (configs(), Table::Soap);
+    let all = cells(t);
+    let names: Vec<String> = all.iter().map(|c| cell_short(t, c)).collect();
+    assert_eq!(names, ["adamw_fp32", "soap_bf16_plain", "soap_bf16_reset", "soap_fp8_plain", "soap_fp8_reset"]);
+    assert_eq!((t.as_str(), t.borrows_from(), t.bf16_model()), ("soap", Some(Table::Bf16Model), true));
+    assert_eq!(select_cells(t, &["soap_fp8_reset".into()]).unwrap(), [(Fmt::Fp8, Fix::Reset)]);
+    assert_eq!(
+        select_cells(t, &["fp8".into(), "adamw_fp32".into()]).unwrap(),
+        [(Fmt::Fp32, Fix::Plain), (Fmt::Fp8, Fix::Plain), (Fmt::Fp8, Fix::Reset)]
+    );
+    assert!(select_cells(t, &["fp8_plain".into()]).is_err(), "the main table's name is not Table 7's");
+    assert_eq!(cell_name(t, (Fmt::Fp8, Fix::Reset)), "llama100m_soap_fp8_reset");
+    assert_eq!(cell_config(&cfgs, t, (Fmt::Fp8, Fix::Reset)), cfgs.join("llama100m_fp8_reset.toml"));
+    for scale in [Scale::Smoke, Scale::H200, Scale::H200Shuffled, Scale::Full] {
+        let spec = PlanSpec { table: t, scale, configs: &cfgs, runs_root: tmp.path(), extra: &[] };
+        let jobs = plan(spec, States::Paper, &all, &[0]).unwrap();
+        let main = plan(PlanSpec { table: Table::Bf16Model, ..spec }, States::Paper, &cells(Table::Bf16Model), &[0]).unwrap();
+        let of = |c: Cell| main.iter().find(|j| j.planned.cell == c).unwrap();
+        let reference = of((Fmt::Fp32, Fix::Plain));
+        assert_eq!(
+            (jobs[0].planned.fingerprint.as_str(), jobs[0].run_dir.file_name()),
+            (reference.planned.fingerprint.as_str(), reference.run_dir.file_name())
+        );
+        assert_eq!(jobs[0].planned.key, RunKey { states: SHARED.into(), cell: "adamw_fp32".into(), seed: 0 });
+        for j in &jobs[1..] {
+            let c = RunConfig::load(&j.config, &j.overrides).unwrap();
+            assert_eq!((c.optim.kind, c.optim.soap), (OptimizerKind::Soap, SoapConfig::default()), "{}", j.name(t));
+            let mut adamw = c.clone();
+            adamw.optim.kind = OptimizerKind::Adamw;
+            let m = of(j.planned.cell);
+            adamw.run = RunConfig::load(&m.config, &m.overrides).unwrap().run;
+            assert_eq!(adamw.to_toml(), resolved(m), "{} at {} changes more than the optimizer", j.name(t), scale.as_str());
+        }
+        // the paper's FP8 (E4M3, one amax scale per tensor), round to nearest, m and v (with L
+        // and R) reset at the format's period at this scale
+        let fp8 = RunConfig::load(&jobs[4].config, &jobs[4].overrides).unwrap();
+        let st = fp8.optim.states.resolve(fp8.optim.beta2).unwrap();
+        let k = reset_period(scale, Fmt::Fp8);
+        assert_eq!(
+            (st.m_format, st.block_size, st.m_scale, st.m_rounding, st.v_rounding),
+            (StateFormat::Fp8E4M3, 0, ScaleKind::Amax, Rounding::Nearest, Rounding::Nearest)
+        );
+        assert_eq!((st.m_reset_every, st.v_reset_every), (k, k), "{}", scale.as_str());
+    }
+}
+
+/// Table 7's orderings, seed by seed: FP8 SOAP with resets below FP8 SOAP (the paper: 3.23 vs
+/// 4.15), BF16 SOAP with resets not above BF16 SOAP (3.19 vs 3.22; a tie holds); and the report:
+/// optimizer and states per cell, the preconditioners' stalled fraction, deltas against AdamW
+/// FP32, the paper's layout with AdamW below it.
+#[test]
+fn soap_claims_and_report() {
+    let t = Table::Soap;
+    let c = claims(t);
+    assert_eq!(
+        c.iter().map(|c| (c.lhs, c.rhs, c.relation)).collect::<Vec<_>>(),
+        [
+            ((Fmt::Fp8, Fix::Reset), (Fmt::Fp8, Fix::Plain), Relation::Below),
+            ((Fmt::Bf16, Fix::Reset), (Fmt::Bf16, Fix::Plain), Relation::NotAbove),
+        ]
+    );
+    let paper: Vec<(f64, bool)> = c.iter().map(|c| paper_verdict(t, c).unwrap()).collect();
+    assert!((paper[0].0 + 0.92).abs() < 1e-12 && (paper[1].0 + 0.03).abs() < 1e-12 && paper[0].1 && paper[1].1, "{paper:?}");
+    assert_eq!(paper_loss(t, (Fmt::Fp32, Fix::Plain)), None, "Table 7 has no AdamW number");
+    let soap = |loss: f64, precond: f64| Some(RunResult { stall_precond: Some(precond), ..one(loss).unwrap() });
+    let mut r: Results = BTreeMap::new();
+    r.insert((Fmt::Fp32, Fix::Plain), vec![one(3.50), one(3.52)]);
+    r.insert((Fmt::Bf16, Fix::Plain), vec![soap(3.60, 0.8), soap(3.61, 0.8)]);
+    r.insert((Fmt::Bf16, Fix::Reset), vec![soap(3.60, 0.7), soap(3.63, 0.7)]); // a tie, then above
+    r.insert((Fmt::Fp8, Fix::Plain), vec![soap(4.20, 0.99), soap(4.30, 0.99)]);
+    r.insert((Fmt::Fp8, Fix::Reset), vec![soap(3.70, 0.9), soap(3.75, 0.9)]);
+    let bf16 = evaluate_claim(&r, &c[1]);
+    assert_eq!((bf16.outcome, bf16.seeds_holding), (Outcome::Mixed, 1));
+    assert_eq!(evaluate_claim(&r, &c[0]).outcome, Outcome::HoldsInAll);
+    let md = render(t, Scale::Smoke, &r, &RunInfo { seeds: vec![0, 1], runs_total: 10, ..Default::default() });
+    assert!(md.starts_with("# Reproduction of the paper's Table 7 (SOAP with low-precision states, BF16 model), scale `smoke`"), "{md}");
+    assert!(md.contains("`optim.kind = \"soap\"`") && md.contains("| Δ vs AdamW fp32 (ours) | stalled m / v / w / L,R (ours) |"), "{md}");
+    let row = md.lines().find(|l| l.starts_with("| SOAP, fp8 | resets |")).unwrap();
+    assert!(
+        row.contains("| 3.230 | 3.7250 ± 0.0354 | 2 | -0.920 | -0.5250 ± 0.0354 | — | +0.2150 ± 0.0212 | 0.500 / 0.900 / — / 0.900 |"),
+        "{row}"
+    );
+    let adamw = md.lines().find(|l| l.starts_with("| AdamW, fp32 | plain (nearest) |")).unwrap();
+    assert!(adamw.contains("| — | 3.5100 ± 0.0141 |") && adamw.contains("| 0.500 / 0.900 / — / — |"), "{adamw}");
+    assert!(md.contains("| SOAP + resets | 3.6150 (3.190) | 3.7250 (3.230) |"), "{md}");
+    assert!(md.contains("AdamW with FP32 states (the reference, not in Table 7): 3.5100."), "{md}");
+    let claim = md.lines().find(|l| l.starts_with("| SOAP + resets not above SOAP, bf16 states |")).unwrap();
+    assert!(claim.contains("| -0.030 | s0 +0.0000, s1 +0.0200 |") && claim.contains("| 1/2 | **mixed** |"), "{claim}");
+    assert!(!md.contains("## Grid: ours (paper)\n\n| states |"), "not the format grid");
 }
