@@ -10,6 +10,8 @@
 pub mod bench;
 pub mod bench_data;
 #[cfg(feature = "cuda")]
+pub mod bench_soap;
+#[cfg(feature = "cuda")]
 pub mod bench_training;
 pub mod config_path;
 pub mod fetch;

@@ -179,12 +179,17 @@ enum FetchCmd {
 /// What `train bench` times.
 #[derive(Subcommand)]
 enum BenchCmd {
-    /// The fused optimizer step on a preset's parameter shapes, every state format.
+    /// The fused optimizer step on a preset's parameter shapes, every state format; with
+    /// `--optimizer soap` SOAP's step beside AdamW's (memory, refresh cost).
     #[cfg(feature = "cuda")]
     Optimizer {
         /// Model preset whose parameter shapes are stepped.
         #[arg(long, default_value = "llama100m")]
         preset: String,
+        /// `adamw` (every state format, scale kind and rounding) or `soap` (SOAP beside AdamW,
+        /// FP32 / BF16 / FP8 / FP4 states, BF16 weights, two refresh intervals).
+        #[arg(long, default_value = "adamw", value_parser = ["adamw", "soap"])]
+        optimizer: String,
         /// Timed steps per configuration.
         #[arg(long, default_value_t = 20)]
         iters: usize,
@@ -362,7 +367,12 @@ fn bench(b: BenchCmd) -> Result<()> {
             args.first().map_or("", String::as_str)
         ),
         #[cfg(feature = "cuda")]
-        BenchCmd::Optimizer { preset, iters, formats, weights } => {
+        BenchCmd::Optimizer { preset, optimizer, .. } if optimizer == "soap" => {
+            let rows = lowbit_cli::bench_soap::soap(&preset, 2)?;
+            lowbit_train::outln!("{}", lowbit_cli::bench_soap::render(&preset, &rows));
+        }
+        #[cfg(feature = "cuda")]
+        BenchCmd::Optimizer { preset, iters, formats, weights, .. } => {
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
             lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
         }
