@@ -4,7 +4,8 @@
 //! `train.micro_batch` hung after the run folder was claimed).
 //!
 //! A lower bound, not a forecast: only what the run surely holds at once is counted, so that a
-//! config that fits is never refused. The weights, their gradients and the two moment states;
+//! config that fits is never refused. The weights, their gradients and the two moment states
+//! (SOAP: and its preconditioners with their FP32 bases);
 //! the composed ops' causal mask (`max_seq_len`² FP32, built at their first forward; none with
 //! the fused kernels); one micro-batch's logits in the weights' dtype (`micro_batch x seq_len
 //! x vocab` composed; the fused LM head holds at most [`LM_HEAD_CHUNK_ROWS`] rows of them), each
@@ -23,7 +24,8 @@ use lowbit_optim::StatesPlan;
 /// Bytes a run needs at the least, by part.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryFloor {
-    /// Weights, gradients (FP32) and the m and v states.
+    /// Weights, gradients (FP32) and the m and v states (with SOAP its preconditioners and
+    /// their bases).
     pub model_and_states: f64,
     /// One micro-batch's logits, each layer's input and one layer's attention scores.
     pub activations: f64,
@@ -49,14 +51,22 @@ impl MemoryFloor {
         // (group, elements, tensors): embedding and untied head, per layer q/o (h x h), k/v
         // (h x kv), gate/up/down, 2 norms, and the final norm
         let (hs, is) = (m.hidden_size, m.intermediate_size);
+        // (with the matrix's sides, for SOAP's preconditioners)
         let tensors = [
-            ("embed", m.vocab_size * hs, 1.0),
-            ("head", m.vocab_size * hs, 1.0),
-            ("attn", hs * hs, 2.0 * layers),
-            ("attn", hs * kv, 2.0 * layers),
-            ("mlp", hs * is, 3.0 * layers),
-            ("norm", hs, 2.0 * layers + 1.0),
+            ("embed", m.vocab_size * hs, 1.0, [m.vocab_size, hs]),
+            ("head", m.vocab_size * hs, 1.0, [m.vocab_size, hs]),
+            ("attn", hs * hs, 2.0 * layers, [hs, hs]),
+            ("attn", hs * kv, 2.0 * layers, [hs, kv]),
+            ("mlp", hs * is, 3.0 * layers, [hs, is]),
+            ("norm", hs, 2.0 * layers + 1.0, [0, 0]),
         ];
+        // SOAP (`optim.kind = "soap"`): L and R in m's format, and their FP32 bases, for each side
+        // of a matrix no longer than `optim.soap.max_precond_dim`
+        let soap = cfg.optim.kind == lowbit_optim::OptimizerKind::Soap;
+        let precond = |bits: u32, sides: [usize; 2]| -> f64 {
+            let kept = sides.iter().filter(|&&n| soap && n > 0 && n <= cfg.optim.soap.max_precond_dim);
+            kept.map(|&n| f(n) * f(n) * (f64::from(bits) / 8.0 + 4.0)).sum()
+        };
         let params = 2.0 * v * h + layers * (2.0 * h * h + 2.0 * h * f(kv) + 3.0 * h * i + 2.0 * h) + h;
         let weight_bytes = match cfg.model.dtype {
             WeightDtype::F32 => 4.0,
@@ -65,9 +75,9 @@ impl MemoryFloor {
         let shards = if cfg.train.zero == 1 { ranks.max(1) as f64 } else { 1.0 };
         let state_bytes: f64 = tensors
             .iter()
-            .map(|&(group, len, count)| {
+            .map(|&(group, len, count, sides)| {
                 let s = plan.for_tensor(group, len);
-                count * f(len) * f64::from(s.m_format.bits() + s.v_format.bits()) / 8.0
+                count * (f(len) * f64::from(s.m_format.bits() + s.v_format.bits()) / 8.0 + precond(s.m_format.bits(), sides))
             })
             .sum::<f64>()
             / shards;
@@ -160,6 +170,19 @@ mod tests {
         let m = cfg.model_config(32100).unwrap();
         let plan = StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
         (cfg, m, plan)
+    }
+
+    /// SOAP adds its preconditioners at m's width and their FP32 bases: with tiny's FP8 states
+    /// 1 + 4 bytes per entry of each L and R (hidden 128, intermediate 352, 2 layers; the
+    /// embedding's and the head's 32,100 rows are not preconditioned, their 128 columns are).
+    #[test]
+    fn soap_adds_its_preconditioners() {
+        let (mut cfg, m, plan) = tiny();
+        let adamw = MemoryFloor::of(&cfg, &m, &plan, 1).model_and_states;
+        cfg.optim.kind = lowbit_optim::OptimizerKind::Soap;
+        let soap = MemoryFloor::of(&cfg, &m, &plan, 1).model_and_states;
+        // embed + head: one 128^2 side each; q/o/k/v (8 per model): two 128^2 sides; gate/up/down (6): 128^2 + 352^2
+        assert_eq!(soap - adamw, 5.0 * (24.0 * 128.0 * 128.0 + 6.0 * 352.0 * 352.0));
     }
 
     /// Per-group states count at their own width: FP32 embedding and head states beside FP8

@@ -36,7 +36,11 @@ fn measured(preset: &str, format: &str) -> (usize, usize, usize) {
     };
     let bytes = |cfg: &RunConfig| {
         let plan = StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
-        states(cfg, plan, &params).unwrap().state_bytes()
+        let opt = states(cfg, plan, &params).unwrap();
+        // the banner's and summary.json's per-group bytes add up to the same total
+        let groups: usize = lowbit_train::logs::summary::StateGroup::of(&opt).iter().map(|g| g.state_bytes).sum();
+        assert_eq!(groups, opt.state_bytes(), "{preset} {format}: state_groups");
+        opt.state_bytes()
     };
     (params.num_params(), bytes(&cfg), bytes(&load("soap")))
 }

@@ -119,7 +119,9 @@ impl StateGroup {
                 groups.sort();
                 groups.dedup();
                 let params: usize = ts.iter().map(|t| t.info.len).sum();
-                let bytes: usize = ts.iter().map(|t| t.m.bytes() + t.v.bytes()).sum();
+                // with SOAP, each tensor's preconditioners and bases too
+                let precond = |i: usize| opt.soap.as_ref().map_or(0, |s| s.tensors[i].bytes());
+                let bytes: usize = ids.iter().map(|&i| opt.tensors[i].m.bytes() + opt.tensors[i].v.bytes() + precond(i)).sum();
                 StateGroup {
                     states: spec.describe(),
                     groups,
