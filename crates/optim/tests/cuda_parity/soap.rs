@@ -57,7 +57,14 @@ fn soap_write_backs_match_cpu_bit_for_bit() {
                         k.ema(&mut ds, &ut, &out, a, b, rounding, key, counts.device_ptr(&stream).0).unwrap();
                         let got = ds.download(&stream).unwrap().clone();
                         let label = format!("{} block {block} {kind:?} {rounding:?} n {n}", f.name());
-                        assert_eq!(got.code_bytes(), cpu.code_bytes(), "{label}: codes");
+                        // (FP32 states store the value itself: a NaN compares as NaN, its payload is the
+                        // hardware's, as the AdamW kernels' parity allows)
+                        match f {
+                            StateFormat::Fp32 => {
+                                assert!(got.decode_all().iter().zip(&cpu.decode_all()).all(|(x, y)| same_f32(*x, *y)), "{label}: codes")
+                            }
+                            _ => assert_eq!(got.code_bytes(), cpu.code_bytes(), "{label}: codes"),
+                        }
                         assert_eq!(
                             got.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
                             cpu.scales.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
@@ -97,7 +104,7 @@ fn soap_write_backs_match_cpu_bit_for_bit() {
 }
 
 /// A model of two square matrices (32 x 32, 24 x 24: full-rank preconditioners from the first
-/// update), a tall one whose long side is not preconditioned (40 x 8, max dim 16) and a
+/// update), a tall one whose long side is not preconditioned (40 x 8, max dim 32) and a
 /// vector; 12 SOAP updates (refresh every 5) on the GPU and on the CPU from the same random
 /// gradients. The products differ in rounding (cuBLAS vs the CPU's), so the weights agree within
 /// a tolerance: FP32 states within 1e-3 of the weights' largest move, FP8 states (per-tensor
@@ -116,7 +123,7 @@ fn soap_updates_match_cpu_within_tolerance() {
             .map(|(i, s)| ParamInfo { name: format!("p{i}"), group: "mlp".into(), len: s.iter().product(), weight_decay: s.len() == 2 })
             .collect();
         let mut host = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 9, infos);
-        let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.95, max_precond_dim: 16 };
+        let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.95, max_precond_dim: 32 };
         let dims: Vec<Vec<usize>> = shapes.iter().map(|s| s.to_vec()).collect();
         host.soap = Some(SoapStates::new(cfg, &host, &dims));
         let mut cpu = lowbit_optim::for_device(host.clone_states(), &Device::Cpu).unwrap();
