@@ -3,8 +3,8 @@
 //! write-backs by `kernels/optim/soap.cu` (bit for bit [`crate::soap::store`]'s given the same
 //! inputs: [`SoapKernels::ema`], [`SoapKernels::weights`]) and the eigenbasis refreshes on the
 //! host ([`crate::soap::basis`]: each refresh copies the preconditioner and its basis down and
-//! the new basis up, every `optim.soap.precondition_frequency` updates; a refresh that reorders
-//! a basis also moves v through the host). Stall counts are read once per update (it
+//! the new basis up, every `optim.soap.precondition_frequency` updates, all tensors' refreshes
+//! in parallel; a refresh that reorders a basis also moves v through the host). Stall counts are read once per update (it
 //! synchronises). States: fp32, bf16, fp8 (E4M3, E5M2) and fp4; int8 and e8mK run on the CPU.
 
 use crate::adapter::{check_sizes, Optimizer};
@@ -14,7 +14,7 @@ use crate::error::OptimError;
 use crate::format::{Rounding, StateFormat};
 use crate::kernel_abi::{kernel_format, round_id, scale_id};
 use crate::optimizer::LowbitAdamW;
-use crate::soap::step::{step_tensor, Shape, SoapStore, Which};
+use crate::soap::step::{apply_refreshes, refresh_all, step_tensor, Shape, SoapStore, Which};
 use crate::soap::{precond_key, store};
 use crate::stalls::{Counter, StallCounts};
 use crate::state::QuantState;
@@ -295,6 +295,23 @@ struct DeviceStore<'a> {
     shape: (usize, usize),
 }
 
+impl<'a> DeviceStore<'a> {
+    /// The store of tensor state `t` with weights `var`, counters at device address `at.0`,
+    /// matrix shape `at.1`.
+    fn new(k: &'a mut SoapKernels, t: &'a mut TensorDevice, dev: &Device, var: &Var, at: (u64, (usize, usize))) -> Self {
+        DeviceStore {
+            k,
+            t,
+            dev: dev.clone(),
+            weights: var.as_tensor().clone(),
+            counts: at.0,
+            elements: [0; GROUPS],
+            zeros: vec![],
+            shape: at.1,
+        }
+    }
+}
+
 impl SoapStore for DeviceStore<'_> {
     fn basis(&self, side: usize) -> Option<Tensor> {
         self.t.q[side].clone()
@@ -441,26 +458,26 @@ impl CudaSoap {
         let cfg = soap.config;
         let mut elements = Vec::with_capacity(params.len());
         let mut zeros = Vec::with_capacity(2 * params.len());
+        let mut refreshes = Vec::with_capacity(params.len());
+        let dev = Device::Cuda(self.dev.clone());
+        let at = |i: usize| (base + (i * GROUPS * 24) as u64, (soap.tensors[i].rows, soap.tensors[i].cols));
         for (i, (t, (var, grad))) in self.tensors.iter_mut().zip(params.iter().zip(grads)).enumerate() {
             let p = &soap.tensors[i];
             let shape = Shape { rows: p.rows, cols: p.cols, rotated: [p.l.is_some(), p.r.is_some()] };
             let keys = [precond_key(seed, update, i, 0), precond_key(seed, update, i, 1)];
-            let mut s = DeviceStore {
-                k: &mut self.kernels,
-                t,
-                dev: Device::Cuda(self.dev.clone()),
-                weights: var.as_tensor().clone(),
-                counts: base + (i * GROUPS * 24) as u64,
-                elements: [0; GROUPS],
-                zeros: vec![],
-                shape: (p.rows, p.cols),
-            };
-            step_tensor(&mut s, shape, grad, &plan.tensors[i], keys, &cfg, update)?;
+            let mut s = DeviceStore::new(&mut self.kernels, t, &dev, var, at(i));
+            refreshes.push(step_tensor(&mut s, shape, grad, &plan.tensors[i], keys, &cfg, update)?);
             elements.push(s.elements);
             if s.zeros.is_empty() {
                 s.zeros = vec![Tensor::zeros((), DType::U32, &s.dev)?, Tensor::zeros((), DType::U32, &s.dev)?];
             }
             zeros.extend(s.zeros);
+        }
+        let done = refresh_all(&refreshes);
+        for (i, ((t, req), res)) in self.tensors.iter_mut().zip(&refreshes).zip(done).enumerate() {
+            if !req.is_empty() {
+                apply_refreshes(&mut DeviceStore::new(&mut self.kernels, t, &dev, &params[i], at(i)), req, res)?;
+            }
         }
         let raw = stream.clone_dtoh(&self.counts).map_err(err)?;
         let zeros = Tensor::stack(&zeros, 0)?.to_vec1::<u32>()?;

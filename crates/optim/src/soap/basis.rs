@@ -2,10 +2,18 @@
 //! `get_orthogonal_matrix` / `get_orthogonal_matrix_QR`), on the host through faer: the first
 //! basis of a preconditioner is its full eigendecomposition (eigenvectors by descending
 //! eigenvalue), every later one a single power step with a QR decomposition. Matrices are
-//! square, `n x n`, FP32, row-major.
+//! square, `n x n`, FP32, row-major. faer runs single-threaded here ([`sequential`]): its results
+//! then do not depend on the machine's thread count (a run resumes exactly on another machine);
+//! the refreshes of different preconditioners run in parallel instead
+//! ([`super::step::refresh_all`]).
 
 use crate::error::OptimError;
-use faer::{Mat, Side};
+use faer::{Mat, Par, Side};
+
+/// faer single-threaded (its global setting; lowbit uses faer only here).
+fn sequential() {
+    faer::set_global_parallelism(Par::Seq);
+}
 
 /// The eigenvectors of the symmetric `n x n` matrix `a` (row-major), one per column, ordered by
 /// descending eigenvalue (the reference's `torch.linalg.eigh` then `flip`); computed in f64,
@@ -15,6 +23,7 @@ use faer::{Mat, Side};
 /// [`OptimError::Runtime`] when the decomposition does not converge (a NaN or infinite entry).
 pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
     assert_eq!(a.len(), n * n, "an n x n matrix");
+    sequential();
     let m = Mat::<f64>::from_fn(n, n, |i, j| f64::from(a[i * n + j]));
     let evd = m
         .self_adjoint_eigen(Side::Lower)
@@ -33,6 +42,7 @@ pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
 /// ([`super::store::permute`]).
 pub fn refresh(a: &[f32], q: &[f32], n: usize) -> (Vec<f32>, Vec<usize>) {
     assert!(a.len() == n * n && q.len() == n * n, "n x n matrices");
+    sequential();
     let a = Mat::<f32>::from_fn(n, n, |i, j| a[i * n + j]);
     let q = Mat::<f32>::from_fn(n, n, |i, j| q[i * n + j]);
     let aq = &a * &q;

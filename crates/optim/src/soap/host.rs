@@ -1,7 +1,7 @@
 //! SOAP on the host: the CPU reference's store ([`HostStore`]: the states as [`QuantState`]s,
 //! the write-backs [`super::store`]'s) and the CPU step over every tensor ([`step_all`]).
 
-use super::step::{step_tensor, Shape, SoapStore, Which};
+use super::step::{apply_refreshes, refresh_all, step_tensor, Shape, SoapStore, Which};
 use super::{precond_key, store, Precond};
 use crate::adamw::Weights;
 use crate::error::OptimError;
@@ -92,8 +92,8 @@ impl SoapStore for HostStore<'_> {
 }
 
 /// The CPU reference's SOAP update of every tensor of `opt` (which holds SOAP states) under
-/// `plan`: each parameter copied to the host, stepped ([`step_tensor`]) and written back.
-/// Returns each tensor's counts.
+/// `plan`: each parameter copied to the host, stepped ([`step_tensor`]) and written back; then
+/// the bases due for a refresh, all at once ([`refresh_all`]). Returns each tensor's counts.
 ///
 /// # Errors
 /// A parameter of another dtype than F32 or BF16, or a failing tensor operation.
@@ -101,7 +101,7 @@ pub fn step_all(opt: &mut LowbitAdamW, plan: &StepPlan, params: &[Var], grads: &
     let seed = opt.seed;
     let soap = opt.soap.as_mut().expect("SOAP states");
     let cfg = soap.config;
-    let mut out = Vec::with_capacity(params.len());
+    let (mut out, mut refreshes) = (Vec::with_capacity(params.len()), Vec::with_capacity(params.len()));
     for (i, ((t, p), (var, grad))) in opt.tensors.iter_mut().zip(&mut soap.tensors).zip(params.iter().zip(grads)).enumerate() {
         let v = var.as_tensor();
         let w = match v.dtype() {
@@ -112,13 +112,19 @@ pub fn step_all(opt: &mut LowbitAdamW, plan: &StepPlan, params: &[Var], grads: &
         let shape = Shape { rows: p.rows, cols: p.cols, rotated: [p.l.is_some(), p.r.is_some()] };
         let keys = [precond_key(seed, plan.update, i, 0), precond_key(seed, plan.update, i, 1)];
         let mut s = HostStore { t, p, w, counts: StallCounts::default() };
-        step_tensor(&mut s, shape, grad, &plan.tensors[i], keys, &cfg, plan.update)?;
+        refreshes.push(step_tensor(&mut s, shape, grad, &plan.tensors[i], keys, &cfg, plan.update)?);
         let new = match s.w {
             HostWeights::F32(w) => Tensor::from_vec(w, v.shape(), v.device())?,
             HostWeights::Bf16(w) => Tensor::from_vec(w.into_iter().map(bf16::from_bits).collect::<Vec<_>>(), v.shape(), v.device())?,
         };
         var.set(&new)?;
         out.push(s.counts);
+    }
+    let done = refresh_all(&refreshes);
+    for (((t, p), req), res) in opt.tensors.iter_mut().zip(&mut soap.tensors).zip(&refreshes).zip(done) {
+        if !req.is_empty() {
+            apply_refreshes(&mut HostStore { t, p, w: HostWeights::F32(vec![]), counts: StallCounts::default() }, req, res)?;
+        }
     }
     Ok(out)
 }

@@ -1,7 +1,7 @@
 //! One SOAP update of one tensor ([`step_tensor`], the equations of [`crate::soap`]), written
 //! once over [`SoapStore`]: the dense maths are candle operations on the tensor's device, the
 //! rounded write-backs the store's (the host's [`super::host`], the GPU's kernels), the
-//! eigenbasis refreshes the host's ([`super::basis`]).
+//! eigenbasis refreshes the host's ([`super::basis`]), every tensor's at once ([`refresh_all`]).
 
 use super::basis;
 use super::config::SoapConfig;
@@ -9,6 +9,7 @@ use crate::error::OptimError;
 use crate::format::Rounding;
 use crate::step_plan::TensorPlan;
 use candle_core::{DType, Tensor};
+use rayon::prelude::*;
 
 /// One state of a SOAP tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +73,9 @@ pub struct Shape {
 
 /// One SOAP update of one tensor with the gradient `grad` (any float dtype, `rows * cols`
 /// elements) under `plan` (AdamW's plan of this update: scalars, roundings, m/v/w keys),
-/// `precond_keys` the streams of L and R ([`super::precond_key`]).
+/// `precond_keys` the streams of L and R ([`super::precond_key`]). Returns the basis refreshes
+/// this update asks for (none between refreshes): the caller runs them for every tensor at
+/// once ([`refresh_all`]) and puts them in place ([`apply_refreshes`]) to complete the update.
 ///
 /// # Errors
 /// A tensor operation, a copy or an eigendecomposition failing.
@@ -84,7 +87,7 @@ pub fn step_tensor(
     precond_keys: [u64; 2],
     cfg: &SoapConfig,
     update: u64,
-) -> Result<(), OptimError> {
+) -> Result<Vec<Refresh>, OptimError> {
     let (h, r) = (&plan.scalars, &plan.roundings);
     let g = grad.to_dtype(DType::F32)?.reshape((shape.rows, shape.cols))?.affine(f64::from(h.grad_scale), 0.0)?;
     if h.reset_m {
@@ -106,7 +109,7 @@ pub fn step_tensor(
             let new = s.ema(which(k), &outer(k)?, bs, one_minus_bs, r.m, precond_keys[k])?;
             s.set_basis(k, basis::eigenbasis(&new.flatten_all()?.to_vec1::<f32>()?, dim(k))?)?;
         }
-        return Ok(());
+        return Ok(vec![]);
     }
     let (ql, qr) = (s.basis(0), s.basis(1));
     let rotate = |x: &Tensor| -> Result<Tensor, OptimError> {
@@ -135,15 +138,52 @@ pub fn step_tensor(
     let zero_grad = g.eq(0f32)?.to_dtype(DType::U32)?.sum_all()?;
     let zero_v = (v.eq(0f32)?.to_dtype(DType::U32)? * m_rot.ne(0f32)?.to_dtype(DType::U32)?)?.sum_all()?;
     s.count(zero_grad, zero_v)?;
-    let mut orders: [Option<Vec<usize>>; 2] = [None, None];
+    let mut refreshes = vec![];
     for &k in &sides {
         let new = s.ema(which(k), &outer(k)?, bs, one_minus_bs, r.m, precond_keys[k])?;
         if update.is_multiple_of(cfg.precondition_frequency) {
             let q = s.basis(k).expect("a basis after the first update").flatten_all()?.to_vec1::<f32>()?;
-            let (q, order) = basis::refresh(&new.flatten_all()?.to_vec1::<f32>()?, &q, dim(k));
-            s.set_basis(k, q)?;
-            orders[k] = Some(order);
+            refreshes.push(Refresh { side: k, n: dim(k), a: new.flatten_all()?.to_vec1::<f32>()?, q });
         }
+    }
+    Ok(refreshes)
+}
+
+/// A basis refresh that an update asks for (every `precondition_frequency` updates, for each
+/// side with a preconditioner): the preconditioner's new FP32 values and the current basis,
+/// both `n x n` row-major on the host. [`refresh_all`] computes them, [`apply_refreshes`] puts
+/// the results in place.
+#[derive(Debug, Clone)]
+pub struct Refresh {
+    pub side: usize,
+    pub n: usize,
+    pub a: Vec<f32>,
+    pub q: Vec<f32>,
+}
+
+/// The new bases and column orders ([`basis::refresh`]) of every tensor's refreshes, in
+/// parallel over all of them (rayon; faer single-threaded inside each, so the results do not
+/// depend on the thread count).
+pub fn refresh_all(requests: &[Vec<Refresh>]) -> Vec<Vec<(Vec<f32>, Vec<usize>)>> {
+    let flat: Vec<(usize, &Refresh)> = requests.iter().enumerate().flat_map(|(i, rs)| rs.iter().map(move |r| (i, r))).collect();
+    let done: Vec<(usize, (Vec<f32>, Vec<usize>))> = flat.par_iter().map(|(i, r)| (*i, basis::refresh(&r.a, &r.q, r.n))).collect();
+    let mut out: Vec<Vec<(Vec<f32>, Vec<usize>)>> = requests.iter().map(|_| vec![]).collect();
+    for (i, d) in done {
+        out[i].push(d);
+    }
+    out
+}
+
+/// Put one tensor's refreshed bases in place and move v's rows (left basis) and columns
+/// (right basis) with their new column order.
+///
+/// # Errors
+/// The store's upload or copy failing.
+pub fn apply_refreshes(s: &mut impl SoapStore, requests: &[Refresh], results: Vec<(Vec<f32>, Vec<usize>)>) -> Result<(), OptimError> {
+    let mut orders: [Option<Vec<usize>>; 2] = [None, None];
+    for (r, (q, order)) in requests.iter().zip(results) {
+        s.set_basis(r.side, q)?;
+        orders[r.side] = Some(order);
     }
     if orders.iter().any(Option::is_some) {
         s.permute_v(orders[0].as_deref(), orders[1].as_deref())?;
