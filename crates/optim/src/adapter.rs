@@ -104,17 +104,7 @@ impl Optimizer for LowbitAdamW {
     /// nothing (the next call plans the same update).
     fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Var], grads: &[Tensor]) -> Result<(), OptimError> {
         check_sizes(&self.tensors, params, grads)?;
-        let grad_scale = match scale {
-            GradScale::Host(f) => f,
-            GradScale::Device(gate) => {
-                crate::clip::check_gate(gate)?;
-                match gate.flatten_all()?.to_vec1::<f32>()?[..] {
-                    [_, skip] if skip != 0.0 => return Ok(()),
-                    [factor, _] => factor,
-                    _ => unreachable!("check_gate: two elements"),
-                }
-            }
-        };
+        let Some(grad_scale) = crate::clip::host_factor(scale)? else { return Ok(()) };
         let plan = self.plan(step, lr, grad_scale)?;
         if self.soap.is_some() {
             let out = crate::soap::host::step_all(self, &plan, params, grads)?;

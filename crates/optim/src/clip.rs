@@ -35,6 +35,25 @@ pub(crate) fn check_gate(gate: &Tensor) -> Result<(), OptimError> {
     Ok(())
 }
 
+/// The gradient factor of `scale` on the host: the factor itself, or the device gate's read
+/// back (it synchronises); `None` when the gate says skip (the step changes nothing).
+///
+/// # Errors
+/// A gate that is not F32 `[factor, skip]` ([`check_gate`]), or the copy failing.
+pub(crate) fn host_factor(scale: GradScale) -> Result<Option<f32>, OptimError> {
+    match scale {
+        GradScale::Host(f) => Ok(Some(f)),
+        GradScale::Device(gate) => {
+            check_gate(gate)?;
+            match gate.flatten_all()?.to_vec1::<f32>()?[..] {
+                [_, skip] if skip != 0.0 => Ok(None),
+                [factor, _] => Ok(Some(factor)),
+                _ => unreachable!("check_gate: two elements"),
+            }
+        }
+    }
+}
+
 /// The global gradient norm as reported, from Σ g² (FP64): its square root rounded to FP32
 /// (`inf` beyond `f32::MAX`, which makes the step skip).
 pub fn norm_of(sum_of_squares: f64) -> f32 {

@@ -439,17 +439,7 @@ impl CudaSoap {
         grads: &[Tensor],
     ) -> std::result::Result<(), OptimError> {
         check_sizes(&self.host.tensors, params, grads)?;
-        let grad_scale = match scale {
-            GradScale::Host(f) => f,
-            GradScale::Device(gate) => {
-                crate::clip::check_gate(gate)?;
-                match gate.flatten_all()?.to_vec1::<f32>()?[..] {
-                    [_, skip] if skip != 0.0 => return Ok(()),
-                    [factor, _] => factor,
-                    _ => unreachable!("check_gate: two elements"),
-                }
-            }
-        };
+        let Some(grad_scale) = crate::clip::host_factor(scale)? else { return Ok(()) };
         let plan = self.host.plan(update, lr, grad_scale)?;
         let stream = self.dev.cuda_stream();
         stream.memset_zeros(&mut self.counts).map_err(err)?;
