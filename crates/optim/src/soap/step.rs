@@ -161,13 +161,16 @@ pub struct Refresh {
     pub q: Vec<f32>,
 }
 
+/// A refreshed basis (`n x n` row-major) and its column order ([`basis::refresh`]).
+pub type Refreshed = (Vec<f32>, Vec<usize>);
+
 /// The new bases and column orders ([`basis::refresh`]) of every tensor's refreshes, in
 /// parallel over all of them (rayon; faer single-threaded inside each, so the results do not
 /// depend on the thread count).
-pub fn refresh_all(requests: &[Vec<Refresh>]) -> Vec<Vec<(Vec<f32>, Vec<usize>)>> {
+pub fn refresh_all(requests: &[Vec<Refresh>]) -> Vec<Vec<Refreshed>> {
     let flat: Vec<(usize, &Refresh)> = requests.iter().enumerate().flat_map(|(i, rs)| rs.iter().map(move |r| (i, r))).collect();
-    let done: Vec<(usize, (Vec<f32>, Vec<usize>))> = flat.par_iter().map(|(i, r)| (*i, basis::refresh(&r.a, &r.q, r.n))).collect();
-    let mut out: Vec<Vec<(Vec<f32>, Vec<usize>)>> = requests.iter().map(|_| vec![]).collect();
+    let done: Vec<(usize, Refreshed)> = flat.par_iter().map(|(i, r)| (*i, basis::refresh(&r.a, &r.q, r.n))).collect();
+    let mut out: Vec<Vec<Refreshed>> = requests.iter().map(|_| vec![]).collect();
     for (i, d) in done {
         out[i].push(d);
     }
@@ -179,7 +182,7 @@ pub fn refresh_all(requests: &[Vec<Refresh>]) -> Vec<Vec<(Vec<f32>, Vec<usize>)>
 ///
 /// # Errors
 /// The store's upload or copy failing.
-pub fn apply_refreshes(s: &mut impl SoapStore, requests: &[Refresh], results: Vec<(Vec<f32>, Vec<usize>)>) -> Result<(), OptimError> {
+pub fn apply_refreshes(s: &mut impl SoapStore, requests: &[Refresh], results: Vec<Refreshed>) -> Result<(), OptimError> {
     let mut orders: [Option<Vec<usize>>; 2] = [None, None];
     for (r, (q, order)) in requests.iter().zip(results) {
         s.set_basis(r.side, q)?;
