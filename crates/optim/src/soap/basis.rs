@@ -2,7 +2,7 @@
 //! `get_orthogonal_matrix` / `get_orthogonal_matrix_QR`), on the host through faer: the first
 //! basis of a preconditioner is its full eigendecomposition (eigenvectors by descending
 //! eigenvalue), every later one a single power step with a QR decomposition. Matrices are
-//! square, `n x n`, FP32, row-major. faer runs single-threaded here ([`sequential`]): its results
+//! square, `n x n`, FP32, row-major. faer runs single-threaded here (its global setting): its results
 //! then do not depend on the machine's thread count (a run resumes exactly on another machine);
 //! the refreshes of different preconditioners run in parallel instead
 //! ([`super::step::refresh_all`]).
