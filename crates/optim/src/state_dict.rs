@@ -127,35 +127,51 @@ impl LowbitAdamW {
                 load_state(get, &format!("{}.{kind}", t.info.name), s)?;
             }
         }
-        let soap_key = |name: &str| format!("{name}.soap_r.codes");
-        match &mut self.soap {
-            None => {
-                if let Some(t) = self.tensors.iter().find(|t| get(&soap_key(&t.info.name)).is_some()) {
-                    return Err(OptimError::State(format!(
-                        "{}: the checkpoint holds SOAP's states, the config asks for AdamW (optim.kind must match to resume)",
-                        soap_key(&t.info.name)
-                    )));
-                }
-            }
-            Some(soap) => {
-                for (t, p) in self.tensors.iter().zip(&mut soap.tensors) {
-                    for (side, s, q, n) in [("l", &mut p.l, &mut p.q_l, p.rows), ("r", &mut p.r, &mut p.q_r, p.cols)] {
-                        let Some(s) = s else { continue };
-                        load_state(get, &format!("{}.soap_{side}", t.info.name), s)?;
-                        let key = format!("{}.soap_q_{side}", t.info.name);
-                        *q = match get(&key) {
-                            None => vec![],
-                            Some(Array::F32(b)) if b.len() == n * n => b,
-                            Some(other) => {
-                                return Err(OptimError::State(format!(
-                                    "{key}: {} of {} values, expected F32 {n} x {n}",
-                                    other.dtype(),
-                                    array_len(&other)
-                                )))
-                            }
-                        };
+        // SOAP's arrays must be exactly the ones this config's states have: a checkpoint of the
+        // other optimizer, or of another `optim.soap.max_precond_dim` (a side preconditioned in
+        // one and not the other), is refused, never half read
+        let names: Vec<&str> = self.tensors.iter().map(|t| t.info.name.as_str()).collect();
+        let sides = |i: usize| match &self.soap {
+            Some(soap) => [soap.tensors[i].l.is_some(), soap.tensors[i].r.is_some()],
+            None => [false, false],
+        };
+        for (i, name) in names.iter().enumerate() {
+            for (k, side) in ["l", "r"].into_iter().enumerate() {
+                let key = format!("{name}.soap_{side}.codes");
+                let want = sides(i)[k];
+                let why = match (self.soap.is_some(), get(&key).is_some(), want) {
+                    (false, true, _) => "the checkpoint holds SOAP's states, the config asks for AdamW (optim.kind must match to resume)",
+                    (true, false, true) if (0..names.len()).all(|j| {
+                        ["l", "r"].iter().all(|s| get(&format!("{}.soap_{s}.codes", names[j])).is_none())
+                    }) =>
+                    {
+                        "the checkpoint holds AdamW's states, the config asks for SOAP (optim.kind must match to resume)"
                     }
-                }
+                    (true, true, false) | (true, false, true) => {
+                        "this side is preconditioned in one of the checkpoint and the config only (optim.soap.max_precond_dim must match to resume)"
+                    }
+                    _ => continue,
+                };
+                return Err(OptimError::State(format!("{key}: {why}")));
+            }
+        }
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        for (name, p) in names.iter().zip(self.soap.iter_mut().flat_map(|s| s.tensors.iter_mut())) {
+            for (side, s, q, n) in [("l", &mut p.l, &mut p.q_l, p.rows), ("r", &mut p.r, &mut p.q_r, p.cols)] {
+                let Some(s) = s else { continue };
+                load_state(get, &format!("{name}.soap_{side}"), s)?;
+                let key = format!("{name}.soap_q_{side}");
+                *q = match get(&key) {
+                    None => vec![],
+                    Some(Array::F32(b)) if b.len() == n * n => b,
+                    Some(other) => {
+                        return Err(OptimError::State(format!(
+                            "{key}: {} of {} values, expected F32 {n} x {n}",
+                            other.dtype(),
+                            array_len(&other)
+                        )))
+                    }
+                };
             }
         }
         match (adaptive_from(get)?, &mut self.adaptive) {

@@ -62,7 +62,7 @@ fn refresh_every_update_matches_the_reference_maths() {
     let mut opt = soap(StatesConfig::default(), cfg, 0);
     let p = params();
     run(&mut opt, &p, 1..=4);
-    // /tmp/soapref/ref.py of the commit that added this test (numpy 2.4, float64)
+    // scripts/soap_reference.py (numpy 2.4, float64)
     let want = [0.5056718322, -0.456067536, 0.0746796701, 0.8488937622, -0.6703868702, 0.3271989982, 0.6977434705, -0.9881445504];
     let got = values(&p);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -124,11 +124,18 @@ fn resume_through_the_state_dict_is_exact() {
     assert_eq!(a.soap, c.soap);
     assert_eq!(a.state_dict(), c.state_dict());
 
-    // an AdamW optimizer refuses SOAP's states, naming the key
-    let mut adamw = soap(states_again, cfg, 3);
+    // an AdamW optimizer refuses SOAP's states, naming the key; SOAP refuses AdamW's; another
+    // largest preconditioned dimension (the matrix's 3 rows no longer preconditioned) is refused
+    let mut adamw = soap(states_again.clone(), cfg, 3);
     adamw.soap = None;
     let e = adamw.load_state_dict(&mut |k| saved.get(k).cloned()).unwrap_err().to_string();
-    assert!(e.contains("w.soap_r.codes") && e.contains("optim.kind"), "{e}");
+    assert!(e.contains("w.soap_l.codes") && e.contains("SOAP's states") && e.contains("optim.kind"), "{e}");
+    let adamw_saved: HashMap<String, Array> = adamw.state_dict().into_iter().collect();
+    let e = soap(states_again.clone(), cfg, 3).load_state_dict(&mut |k| adamw_saved.get(k).cloned()).unwrap_err().to_string();
+    assert!(e.contains("AdamW's states") && e.contains("optim.kind"), "{e}");
+    let narrow = SoapConfig { max_precond_dim: 2, ..cfg };
+    let e = soap(states_again, narrow, 3).load_state_dict(&mut |k| saved.get(k).cloned()).unwrap_err().to_string();
+    assert!(e.contains("w.soap_l.codes") && e.contains("max_precond_dim"), "{e}");
 }
 
 /// Counts: after the first update every update writes m and v of both tensors (8 elements)

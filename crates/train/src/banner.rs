@@ -45,6 +45,13 @@ pub fn banner(
         cfg.train.device,
         spec.describe(),
     );
+    if let Some(soap) = &states.soap {
+        let c = &soap.config;
+        banner += &format!(
+            "\noptimizer: SOAP (m, v, L, R in these states; refresh every {} updates, preconditioner EMA {}, sides up to {} preconditioned; FP32 eigenbases)",
+            c.precondition_frequency, c.shampoo_beta, c.max_precond_dim
+        );
+    }
     let state_groups = StateGroup::of(states);
     if state_groups.len() > 1 {
         banner += &state_groups.iter().map(|g| format!("\n{}", g.line())).collect::<String>();

@@ -15,7 +15,8 @@ fn sequential() {
     faer::set_global_parallelism(Par::Seq);
 }
 
-/// The eigenvectors of the symmetric `n x n` matrix `a` (row-major), one per column, ordered by
+/// The eigenvectors of the `n x n` matrix `a` (row-major) made symmetric, (a + aᵀ) / 2 (a
+/// preconditioner rounded with block scales is not quite symmetric), one per column, ordered by
 /// descending eigenvalue (the reference's `torch.linalg.eigh` then `flip`); computed in f64,
 /// rounded once to FP32. Column signs are faer's (SOAP's update does not depend on them).
 ///
@@ -24,7 +25,7 @@ fn sequential() {
 pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
     assert_eq!(a.len(), n * n, "an n x n matrix");
     sequential();
-    let m = Mat::<f64>::from_fn(n, n, |i, j| f64::from(a[i * n + j]));
+    let m = Mat::<f64>::from_fn(n, n, |i, j| 0.5 * (f64::from(a[i * n + j]) + f64::from(a[j * n + i])));
     let evd = m
         .self_adjoint_eigen(Side::Lower)
         .map_err(|e| OptimError::Runtime(format!("SOAP eigenbasis of an {n} x {n} preconditioner: {e:?}")))?;
@@ -33,8 +34,8 @@ pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
     Ok((0..n * n).map(|k| u[(k / n, n - 1 - k % n)] as f32).collect())
 }
 
-/// One refresh of the basis `q` of the preconditioner `a` (both `n x n`, row-major), as the
-/// reference's `get_orthogonal_matrix_QR`: `aq = a q`; each column's eigenvalue estimate
+/// One refresh of the basis `q` of the preconditioner `a` (both `n x n`, row-major; `a` made
+/// symmetric as in [`eigenbasis`]), as the reference's `get_orthogonal_matrix_QR`: `aq = a q`; each column's eigenvalue estimate
 /// `q_j . aq_j`; the columns of `aq` sorted by it, descending (stable: ties keep their order);
 /// the new basis the Q factor of that matrix's QR decomposition (Householder, FP32).
 /// Returns the new basis and the order (`order[j]` = the old column that became column `j`):
@@ -43,7 +44,7 @@ pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
 pub fn refresh(a: &[f32], q: &[f32], n: usize) -> (Vec<f32>, Vec<usize>) {
     assert!(a.len() == n * n && q.len() == n * n, "n x n matrices");
     sequential();
-    let a = Mat::<f32>::from_fn(n, n, |i, j| a[i * n + j]);
+    let a = Mat::<f32>::from_fn(n, n, |i, j| 0.5 * (a[i * n + j] + a[j * n + i]));
     let q = Mat::<f32>::from_fn(n, n, |i, j| q[i * n + j]);
     let aq = &a * &q;
     let est: Vec<f64> = (0..n).map(|j| (0..n).map(|i| f64::from(q[(i, j)]) * f64::from(aq[(i, j)])).sum()).collect();

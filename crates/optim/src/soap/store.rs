@@ -116,6 +116,14 @@ mod tests {
                 assert_eq!(after[k].to_bits(), before[want_at(k)].to_bits(), "{f:?} element {k}");
             }
         }
+        // a 3-cycle (not its own inverse): row i of the result is old row order[i]
+        let v3: Vec<f32> = (1..=6).map(|x| x as f32).collect();
+        let mut s = state(StateFormat::Fp32, 0, &v3);
+        permute(&mut s, 3, 2, Some(&[2, 0, 1]), None);
+        assert_eq!(s.decode_all(), vec![5.0, 6.0, 1.0, 2.0, 3.0, 4.0]);
+        let mut s = state(StateFormat::Fp32, 0, &v3);
+        permute(&mut s, 2, 3, None, Some(&[1, 2, 0]));
+        assert_eq!(s.decode_all(), vec![2.0, 3.0, 1.0, 5.0, 6.0, 4.0]);
         // identity orders leave the state alone
         let mut s = state(StateFormat::Fp8E4M3, 4, &v);
         let before = s.clone();

@@ -294,6 +294,16 @@ impl RunConfig {
         if o.kind == OptimizerKind::Soap {
             o.soap.validate().map_err(anyhow::Error::msg)?;
             self.check_soap()?;
+        } else if !o.soap.is_default() {
+            let d = SoapConfig::default();
+            let key = if o.soap.precondition_frequency != d.precondition_frequency {
+                "precondition_frequency"
+            } else if o.soap.shampoo_beta != d.shampoo_beta {
+                "shampoo_beta"
+            } else {
+                "max_precond_dim"
+            };
+            bail!("optim.soap.{key}: SOAP's setting, read only with optim.kind = \"soap\" (optim.kind is \"{}\"): set optim.kind or remove it", o.kind.as_str());
         }
         for (k, v) in [("data.seq_len", self.data.seq_len), ("data.val_tokens", self.data.val_tokens)] {
             if v == 0 {
