@@ -309,6 +309,12 @@ pub fn run(a: &StallsArgs) -> Result<()> {
             continue;
         }
         let rows: Vec<StallRow> = read_rows(&path)?;
+        if a.state == Some(State::Precond) && !rows.is_empty() && rows.iter().all(|r| r.precond.is_empty()) {
+            anyhow::bail!(
+                "{}: --state precond: this run has no preconditioner counts (an AdamW run; SOAP's runs have them)",
+                a.run.display()
+            );
+        }
         let t = table(&rows, a.by, a.window);
         let mut text = String::new();
         if a.json {

@@ -226,4 +226,8 @@ fn a_soap_runs_stalls_show_the_preconditioners() {
     assert!(!std::fs::read_to_string(adamw.join("stalls.jsonl")).unwrap().contains("precond"));
     let out = common::train(dir.path(), &["stalls", adamw.to_str().unwrap()]);
     assert!(!out.stdout.contains("precond") && !out.stdout.contains("SOAP"), "{}", out.stdout);
+    // asking an AdamW run for the preconditioners is an error, not an empty table
+    let out = common::train(dir.path(), &["stalls", adamw.to_str().unwrap(), "--state", "precond"]);
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    assert!(out.stderr.contains("--state precond: this run has no preconditioner counts (an AdamW run"), "{}", out.stderr);
 }

@@ -21,10 +21,12 @@ pub fn select_cells(table: Table, items: &[String]) -> Result<Vec<Cell>> {
         };
         if hits.is_empty() {
             let names: Vec<String> = all.iter().map(|c| cell_short(table, c)).collect();
+            // only the formats this table has cells of
+            let formats: Vec<&str> = Fmt::ALL.iter().filter(|f| all.iter().any(|c| c.0 == **f)).map(|f| f.as_str()).collect();
             bail!(
-                "--cells: {item:?} is not a cell of the {} table nor a format; expected a format ({}) or one of: {}",
+                "--cells: {item:?} is not a cell of the {} table nor one of its formats; expected a format ({}) or one of: {}",
                 table.as_str(),
-                Fmt::ALL.map(Fmt::as_str).join(", "),
+                formats.join(", "),
                 names.join(", ")
             );
         }

@@ -512,6 +512,9 @@ fn soap_cells_are_the_main_tables_states_under_soap() {
         [(Fmt::Fp32, Fix::Plain), (Fmt::Fp8, Fix::Plain), (Fmt::Fp8, Fix::Reset)]
     );
     assert!(select_cells(t, &["fp8_plain".into()]).is_err(), "the main table's name is not Table 7's");
+    // a format the table has no cells of is refused, and the error lists only the table's own formats
+    let e = select_cells(t, &["fp4".into()]).unwrap_err().to_string();
+    assert!(e.contains("expected a format (fp32, bf16, fp8) or one of: adamw_fp32, soap_bf16_plain"), "{e}");
     assert_eq!(cell_name(t, (Fmt::Fp8, Fix::Reset)), "llama100m_soap_fp8_reset");
     assert_eq!(cell_config(&cfgs, t, (Fmt::Fp8, Fix::Reset)), cfgs.join("llama100m_fp8_reset.toml"));
     for scale in [Scale::Smoke, Scale::H200, Scale::H200Shuffled, Scale::Full] {
