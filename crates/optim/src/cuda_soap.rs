@@ -265,6 +265,19 @@ struct TensorDevice {
     q: [Option<Tensor>; 2],
 }
 
+impl TensorDevice {
+    /// The state `which` (`None`: a preconditioner this tensor does not have) and its counter
+    /// group (m 0, v 1, L and R 2).
+    fn state(&mut self, which: Which) -> (Option<&mut DeviceState>, usize) {
+        match which {
+            Which::M => (Some(&mut self.m), 0),
+            Which::V => (Some(&mut self.v), 1),
+            Which::L => (self.l.as_mut(), 2),
+            Which::R => (self.r.as_mut(), 2),
+        }
+    }
+}
+
 /// Counter groups per tensor in [`CudaSoap::counts`]: m, v, L + R, BF16 weights (3 u64 each).
 const GROUPS: usize = 4;
 
@@ -324,12 +337,7 @@ impl SoapStore for DeviceStore<'_> {
     }
 
     fn ema(&mut self, which: Which, u: &Tensor, a: f32, b: f32, rounding: Rounding, key: u64) -> std::result::Result<Tensor, OptimError> {
-        let (s, group) = match which {
-            Which::M => (Some(&mut self.t.m), 0),
-            Which::V => (Some(&mut self.t.v), 1),
-            Which::L => (self.t.l.as_mut(), 2),
-            Which::R => (self.t.r.as_mut(), 2),
-        };
+        let (s, group) = self.t.state(which);
         let s = s.ok_or_else(|| OptimError::State(format!("no {which:?} preconditioner")))?;
         let u = u.contiguous()?;
         let out = Tensor::zeros(u.shape(), DType::F32, &self.dev)?;
@@ -339,13 +347,7 @@ impl SoapStore for DeviceStore<'_> {
     }
 
     fn zero(&mut self, which: Which) -> std::result::Result<(), OptimError> {
-        let s = match which {
-            Which::M => Some(&mut self.t.m),
-            Which::V => Some(&mut self.t.v),
-            Which::L => self.t.l.as_mut(),
-            Which::R => self.t.r.as_mut(),
-        };
-        if let Some(s) = s {
+        if let (Some(s), _) = self.t.state(which) {
             let mut z = s.host.clone();
             z.set_zero();
             s.set(z, &self.k.stream)?;
