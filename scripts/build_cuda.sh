@@ -16,14 +16,21 @@ cd "$root"
 [ -x .cuda/bin/nvcc ] || ../shared/cuda/setup_cuda_home.sh .cuda
 export CUDA_HOME=$root/.cuda PATH=$root/.cuda/bin:$PATH NVCC=$root/.cuda/bin/nvcc
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CARGO_TARGET_DIR=$root/target-cuda
-# libnccl.so stub for the linker (the `nccl` feature; no NCCL here): every NCCL symbol cudarc can
-# reference, with SONAME libnccl.so.2, so the binary loads the GPU machine's real NCCL there.
-if [ ! -e .cuda/lib64/stubs/libnccl.so ]; then
-  nccl_sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.*/src/nccl/sys/mod.rs | tail -1)
-  grep -oP '^\s+(pub )?fn \K(nccl|pnccl)\w+(?=\()' "$nccl_sys" | sort -u \
-    | awk '{print "void " $1 "(void) {}"}' > .cuda/lib64/stubs/libnccl_stub.c
-  gcc -shared -fPIC -Wl,-soname,libnccl.so.2 -o .cuda/lib64/stubs/libnccl.so .cuda/lib64/stubs/libnccl_stub.c
-fi
+# Link stubs for the libraries no wheel here ships, each exporting every symbol cudarc can
+# reference with the real library's SONAME, so the binary loads the GPU machine's library there:
+# libnccl.so.2 (the `nccl` feature) and cuSOLVER 12 with its cuSPARSE 12 (CUDA 13.0; SOAP's
+# eigenbasis refresh on the GPU, lowbit-optim's `cuda` feature).
+stub() { # stub LIB SONAME CUDARC_MODULE SYMBOL_PREFIXES
+  [ -e ".cuda/lib64/stubs/$1.so" ] && return
+  local sys
+  sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.*/src/"$3"/sys/mod.rs | tail -1)
+  grep -oP "^\s+(pub )?(unsafe )?fn \K($4)\w+(?=\()" "$sys" | sort -u \
+    | awk '{print "void " $1 "(void) {}"}' > ".cuda/lib64/stubs/$1_stub.c"
+  gcc -shared -fPIC -Wl,-soname,"$2" -o ".cuda/lib64/stubs/$1.so" ".cuda/lib64/stubs/$1_stub.c"
+}
+stub libnccl libnccl.so.2 nccl 'nccl|pnccl'
+stub libcusolver libcusolver.so.12 cusolver 'cusolver'
+stub libcusparse libcusparse.so.12 cusparse 'cusparse'
 # One cargo invocation, one feature set (cuda + nccl for every crate): a second feature set
 # would build candle's CUDA kernels again (~15 min here). The test binaries' paths are read
 # from cargo's JSON messages.

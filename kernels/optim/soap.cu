@@ -15,12 +15,16 @@
 // Each thread takes pairs of elements (2i, 2i + 1): the two FP4 codes of a byte are written by
 // one thread.
 // soap_weights_<P>: p = p * decay - lr * n, BF16 weights rounded and counted (counts[0..3]).
+// soap_direction: the update in the rotated basis (step.rs `direction`, candle's operations
+// there: affine, sqrt, affine, div), out = (m * ibc1 + 0) / (sqrt(v * ibc2 + 0) * 1 + eps); the
+// zero entries of g counted into counts[0], the elements with v = 0 and m != 0 into counts[1].
 #include "codec.cuh"
 #include "warp.cuh"
 
 #define SOAP_THREADS 256
 #define SOAP_EMA_ARGS_BYTES 88
 #define SOAP_WEIGHTS_ARGS_BYTES 56
+#define SOAP_DIRECTION_ARGS_BYTES 64
 
 // cuda_soap.rs `EmaArgs` (same order, #[repr(C)]).
 struct EmaArgs {
@@ -41,6 +45,14 @@ struct WeightsArgs {
     unsigned pad;
 };
 static_assert(sizeof(WeightsArgs) == SOAP_WEIGHTS_ARGS_BYTES, "WeightsArgs layout (cuda_soap.rs)");
+
+// cuda_soap.rs `DirectionArgs`: g, m (rotated), v, out: n FP32 values each.
+struct DirectionArgs {
+    unsigned long long g, m, v, out, n, counts;
+    float ibc1, ibc2, eps;
+    unsigned pad;
+};
+static_assert(sizeof(DirectionArgs) == SOAP_DIRECTION_ARGS_BYTES, "DirectionArgs layout (cuda_soap.rs)");
 
 struct Count {
     unsigned updated = 0, stalled = 0, unchanged = 0;
@@ -185,3 +197,19 @@ SOAP_EMA(fp4e2m1, FMT_E2M1)
 SOAP_EMA(fp4ue2m2, FMT_UE2M2)
 extern "C" __global__ void __launch_bounds__(SOAP_THREADS) soap_weights_f32(const WeightsArgs w) { weights<FMT_F32>(w); }
 extern "C" __global__ void __launch_bounds__(SOAP_THREADS) soap_weights_bf16(const WeightsArgs w) { weights<FMT_BF16>(w); }
+
+extern "C" __global__ void __launch_bounds__(SOAP_THREADS) soap_direction(const DirectionArgs d) {
+    const float *g = (const float*)d.g, *m = (const float*)d.m, *v = (const float*)d.v;
+    float* out = (float*)d.out;
+    unsigned zero_grad = 0, zero_v = 0;
+    for (unsigned long long i = thread_index(); i < d.n; i += thread_count()) {
+        const float mi = m[i], vi = v[i];
+        out[i] = (mi * d.ibc1 + 0.0f) / (sqrtf(vi * d.ibc2 + 0.0f) * 1.0f + d.eps);
+        zero_grad += g[i] == 0.0f;
+        zero_v += vi == 0.0f && mi != 0.0f;
+    }
+    const unsigned x[2] = {warp_sum(zero_grad), warp_sum(zero_v)};
+    if (threadIdx.x % 32 == 0)
+        for (int i = 0; i < 2; i++)
+            if (x[i]) atomicAdd((unsigned long long*)d.counts + i, (unsigned long long)x[i]);
+}

@@ -1,20 +1,22 @@
 //! SOAP on a CUDA device ([`CudaSoap`]): the update of [`crate::soap::step`] with the dense maths
 //! as candle operations on the device (cuBLAS products, element-wise ops), the rounded
-//! write-backs by `kernels/optim/soap.cu` (bit for bit [`crate::soap::store`]'s given the same
-//! inputs: [`SoapKernels::ema`], [`SoapKernels::weights`]) and the eigenbasis refreshes on the
-//! host ([`crate::soap::basis`]: each refresh copies the preconditioner and its basis down and
-//! the new basis up, every `optim.soap.precondition_frequency` updates, all tensors' refreshes
-//! in parallel; a refresh that reorders a basis also moves v through the host). Stall counts are read once per update (it
+//! write-backs and the update direction by `kernels/optim/soap.cu` (bit for bit
+//! [`crate::soap::store`]'s and [`crate::soap::step::direction`]'s given the same inputs:
+//! [`SoapKernels::ema`], [`SoapKernels::weights`], [`SoapKernels::direction`]) and the new
+//! eigenbases by [`crate::cuda_refresh`] (the QR power step on the device through cuSOLVER, every
+//! `optim.soap.precondition_frequency` updates; a matrix's first basis on the host). A refresh
+//! that reorders a basis moves v through the host. Stall counts are read once per update (it
 //! synchronises). States: fp32, bf16, fp8 (E4M3, E5M2) and fp4; int8 and e8mK run on the CPU.
 
 use crate::adapter::{check_sizes, Optimizer};
 use crate::clip::GradScale;
 use crate::cuda::{element_address, err};
+use crate::cuda_refresh::QrRefresh;
 use crate::error::OptimError;
 use crate::format::{Rounding, StateFormat};
 use crate::kernel_abi::{kernel_format, round_id, scale_id};
 use crate::optimizer::LowbitAdamW;
-use crate::soap::step::{apply_refreshes, refresh_all, step_tensor, Shape, SoapStore, Which};
+use crate::soap::step::{apply_refreshes, step_tensor, Direction, Shape, SoapStore, Which};
 use crate::soap::{precond_key, store};
 use crate::stalls::{Counter, StallCounts};
 use crate::state::QuantState;
@@ -67,6 +69,24 @@ struct WeightsArgs {
 }
 unsafe impl DeviceRepr for WeightsArgs {}
 const _: () = assert!(std::mem::size_of::<WeightsArgs>() == 56, "soap.cu SOAP_WEIGHTS_ARGS_BYTES");
+
+/// `struct DirectionArgs` of soap.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct DirectionArgs {
+    g: u64,
+    m: u64,
+    v: u64,
+    out: u64,
+    n: u64,
+    counts: u64,
+    ibc1: f32,
+    ibc2: f32,
+    eps: f32,
+    pad: u32,
+}
+unsafe impl DeviceRepr for DirectionArgs {}
+const _: () = assert!(std::mem::size_of::<DirectionArgs>() == 64, "soap.cu SOAP_DIRECTION_ARGS_BYTES");
 
 /// The formats soap.cu has kernels for.
 const FORMATS: [StateFormat; 6] =
@@ -127,6 +147,7 @@ pub struct SoapKernels {
     ema: Vec<[CudaFunction; 3]>,
     /// FP32 and BF16 weights.
     weights: [CudaFunction; 2],
+    direction: CudaFunction,
     /// Per-tensor amax and old scale (soap.cu `aux`).
     aux: CudaSlice<u32>,
 }
@@ -164,8 +185,9 @@ impl SoapKernels {
             })
             .collect::<Result<_>>()?;
         let weights = [f("soap_weights_f32".into())?, f("soap_weights_bf16".into())?];
+        let direction = f("soap_direction".into())?;
         let aux = stream.alloc_zeros::<u32>(2).map_err(err)?;
-        Ok(SoapKernels { stream, ema, weights, aux })
+        Ok(SoapKernels { stream, ema, weights, direction, aux })
     }
 
     /// `new = a * old + b * u` of every element of `s` (u: contiguous F32 of its length, on
@@ -253,6 +275,35 @@ impl SoapKernels {
         b.arg(&args);
         unsafe { b.launch(grid(args.len)) }.map(|_| ()).map_err(err)
     }
+
+    /// The update direction in the rotated basis ([`crate::soap::step::direction`]) of the
+    /// contiguous F32 tensors `g`, `m_rot`, `v` into `out` (all of one length); the zero entries
+    /// of `g` added to `counts[0]`, the elements with v = 0 and m' != 0 to `counts[1]`.
+    ///
+    /// # Errors
+    /// A tensor of another dtype or length, or a launch failing.
+    pub fn direction(&self, g: &Tensor, m_rot: &Tensor, v: &Tensor, out: &Tensor, d: Direction, counts: u64) -> Result<()> {
+        let n = out.elem_count();
+        if [g, m_rot, v].iter().any(|t| t.elem_count() != n) {
+            candle_core::bail!("SOAP direction: g, m', v and the output differ in length");
+        }
+        let s = &self.stream;
+        let args = DirectionArgs {
+            g: f32_address(g, s, "SOAP gradient")?,
+            m: f32_address(m_rot, s, "SOAP rotated first moment")?,
+            v: f32_address(v, s, "SOAP second moment")?,
+            out: f32_address(out, s, "SOAP direction")?,
+            n: n as u64,
+            counts,
+            ibc1: d.inv_bias_correction1,
+            ibc2: d.inv_bias_correction2,
+            eps: d.eps,
+            pad: 0,
+        };
+        let mut b = s.launch_builder(&self.direction);
+        b.arg(&args);
+        unsafe { b.launch(grid(n as u64)) }.map(|_| ()).map_err(err)
+    }
 }
 
 /// One tensor's SOAP states on the device.
@@ -280,6 +331,8 @@ impl TensorDevice {
 
 /// Counter groups per tensor in [`CudaSoap::counts`]: m, v, L + R, BF16 weights (3 u64 each).
 const GROUPS: usize = 4;
+/// Counters per tensor: the groups', then zero gradients and zero v with m' != 0.
+const SLOTS: usize = 3 * GROUPS + 2;
 
 /// SOAP with states on a CUDA device: the [`Optimizer`] for `optim.kind = "soap"` there.
 pub struct CudaSoap {
@@ -287,9 +340,10 @@ pub struct CudaSoap {
     /// [`CudaSoap::download`]).
     pub host: LowbitAdamW,
     kernels: SoapKernels,
+    refresh: QrRefresh,
     dev: CudaDevice,
     tensors: Vec<TensorDevice>,
-    /// Updated / stalled / unchanged per tensor and [`GROUPS`] group, this update's.
+    /// [`SLOTS`] counters per tensor, this update's.
     counts: CudaSlice<u64>,
     last: Option<(u64, Vec<StallCounts>)>,
 }
@@ -304,7 +358,6 @@ struct DeviceStore<'a> {
     counts: u64,
     /// Elements written per group (host side: the kernels count the rest).
     elements: [u64; GROUPS],
-    zeros: Vec<Tensor>,
     shape: (usize, usize),
 }
 
@@ -319,7 +372,6 @@ impl<'a> DeviceStore<'a> {
             weights: var.as_tensor().clone(),
             counts: at.0,
             elements: [0; GROUPS],
-            zeros: vec![],
             shape: at.1,
         }
     }
@@ -330,9 +382,8 @@ impl SoapStore for DeviceStore<'_> {
         self.t.q[side].clone()
     }
 
-    fn set_basis(&mut self, side: usize, q: Vec<f32>) -> std::result::Result<(), OptimError> {
-        let n = if side == 0 { self.shape.0 } else { self.shape.1 };
-        self.t.q[side] = Some(Tensor::from_vec(q, (n, n), &self.dev)?);
+    fn set_basis(&mut self, side: usize, q: Tensor) -> std::result::Result<(), OptimError> {
+        self.t.q[side] = Some(q.contiguous()?);
         Ok(())
     }
 
@@ -372,10 +423,11 @@ impl SoapStore for DeviceStore<'_> {
         Ok(())
     }
 
-    fn count(&mut self, zero_grad: Tensor, zero_v: Tensor) -> std::result::Result<(), OptimError> {
-        self.zeros.push(zero_grad);
-        self.zeros.push(zero_v);
-        Ok(())
+    fn direction(&mut self, g: &Tensor, m_rot: &Tensor, v: &Tensor, d: Direction) -> std::result::Result<Tensor, OptimError> {
+        let (g, m_rot, v) = (g.contiguous()?, m_rot.contiguous()?, v.contiguous()?);
+        let out = Tensor::zeros(m_rot.shape(), DType::F32, &self.dev)?;
+        self.k.direction(&g, &m_rot, &v, &out, d, self.counts + (24 * GROUPS) as u64)?;
+        Ok(out)
     }
 }
 
@@ -387,6 +439,7 @@ impl CudaSoap {
     pub fn new(host: LowbitAdamW, dev: &CudaDevice) -> Result<Self> {
         let Some(soap) = &host.soap else { candle_core::bail!("CudaSoap: the states hold no SOAP preconditioners") };
         let kernels = SoapKernels::load(dev)?;
+        let refresh = QrRefresh::new(dev).map_err(err)?;
         let stream = dev.cuda_stream();
         let device = Device::Cuda(dev.clone());
         let up = |s: &QuantState| DeviceState::upload(s, &stream);
@@ -405,8 +458,8 @@ impl CudaSoap {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let counts = stream.alloc_zeros::<u64>(host.tensors.len().max(1) * GROUPS * 3).map_err(err)?;
-        Ok(CudaSoap { host, kernels, dev: dev.clone(), tensors, counts, last: None })
+        let counts = stream.alloc_zeros::<u64>(host.tensors.len().max(1) * SLOTS).map_err(err)?;
+        Ok(CudaSoap { host, kernels, refresh, dev: dev.clone(), tensors, counts, last: None })
     }
 
     /// Copy the device states (moments, preconditioners, bases) into `self.host` and return it.
@@ -449,10 +502,9 @@ impl CudaSoap {
         let (seed, soap) = (self.host.seed, self.host.soap.as_ref().expect("SOAP states"));
         let cfg = soap.config;
         let mut elements = Vec::with_capacity(params.len());
-        let mut zeros = Vec::with_capacity(2 * params.len());
         let mut refreshes = Vec::with_capacity(params.len());
         let dev = Device::Cuda(self.dev.clone());
-        let at = |i: usize| (base + (i * GROUPS * 24) as u64, (soap.tensors[i].rows, soap.tensors[i].cols));
+        let at = |i: usize| (base + (i * SLOTS * 8) as u64, (soap.tensors[i].rows, soap.tensors[i].cols));
         for (i, (t, (var, grad))) in self.tensors.iter_mut().zip(params.iter().zip(grads)).enumerate() {
             let p = &soap.tensors[i];
             let shape = Shape { rows: p.rows, cols: p.cols, rotated: [p.l.is_some(), p.r.is_some()] };
@@ -460,26 +512,21 @@ impl CudaSoap {
             let mut s = DeviceStore::new(&mut self.kernels, t, &dev, var, at(i));
             refreshes.push(step_tensor(&mut s, shape, grad, &plan.tensors[i], keys, &cfg, update)?);
             elements.push(s.elements);
-            if s.zeros.is_empty() {
-                s.zeros = vec![Tensor::zeros((), DType::U32, &s.dev)?, Tensor::zeros((), DType::U32, &s.dev)?];
-            }
-            zeros.extend(s.zeros);
         }
-        let done = refresh_all(&refreshes);
+        let done = self.refresh.refresh_all(&refreshes)?;
         for (i, ((t, req), res)) in self.tensors.iter_mut().zip(&refreshes).zip(done).enumerate() {
             if !req.is_empty() {
                 apply_refreshes(&mut DeviceStore::new(&mut self.kernels, t, &dev, &params[i], at(i)), req, res)?;
             }
         }
         let raw = stream.clone_dtoh(&self.counts).map_err(err)?;
-        let zeros = Tensor::stack(&zeros, 0)?.to_vec1::<u32>()?;
         let counts = raw
-            .chunks_exact(GROUPS * 3)
+            .chunks_exact(SLOTS)
             .zip(&elements)
-            .zip(zeros.chunks_exact(2))
-            .map(|((c, e), z)| {
+            .map(|(c, e)| {
                 let kind = |g: usize| Counter { updated: c[3 * g], stalled: c[3 * g + 1], unchanged: c[3 * g + 2], elements: e[g] };
-                StallCounts { m: kind(0), v: kind(1), w: kind(3), zero_grad: u64::from(z[0]), zero_v: u64::from(z[1]), precond: kind(2) }
+                let z = &c[3 * GROUPS..];
+                StallCounts { m: kind(0), v: kind(1), w: kind(3), zero_grad: z[0], zero_v: z[1], precond: kind(2) }
             })
             .collect();
         self.last = Some((update, counts));

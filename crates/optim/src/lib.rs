@@ -54,6 +54,8 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+pub mod cuda_refresh;
+#[cfg(feature = "cuda")]
 pub mod cuda_soap;
 pub mod error;
 pub mod format;

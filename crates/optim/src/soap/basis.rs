@@ -5,7 +5,8 @@
 //! square, `n x n`, FP32, row-major. faer runs single-threaded here (its global setting): its results
 //! then do not depend on the machine's thread count (a run resumes exactly on another machine);
 //! the refreshes of different preconditioners run in parallel instead
-//! ([`super::step::refresh_all`]).
+//! ([`super::step::refresh_all`]). On the GPU the refresh's QR runs there (`crate::cuda_refresh`,
+//! cuSOLVER), its column order from [`order`].
 
 use crate::error::OptimError;
 use faer::{Mat, Par, Side};
@@ -34,6 +35,30 @@ pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
     Ok((0..n * n).map(|k| u[(k / n, n - 1 - k % n)] as f32).collect())
 }
 
+/// A basis on the host (`n x n` row-major FP32) and its column order (`order[j]`: the old column
+/// that became column `j`).
+pub type HostBasis = (Vec<f32>, Vec<usize>);
+
+/// The new basis of the `n x n` preconditioner `a` (row-major FP32): its [`eigenbasis`] when
+/// there is no basis yet (`q` None; the order is the identity), else a [`refresh`] of `q`.
+///
+/// # Errors
+/// An eigendecomposition not converging.
+pub fn update(a: &[f32], q: Option<&[f32]>, n: usize) -> Result<HostBasis, OptimError> {
+    match q {
+        None => Ok((eigenbasis(a, n)?, (0..n).collect())),
+        Some(q) => Ok(refresh(a, q, n)),
+    }
+}
+
+/// The columns' order by descending eigenvalue estimate `est` (stable: ties keep their order):
+/// `order[j]` is the column that goes to position `j`.
+pub fn order(est: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..est.len()).collect();
+    order.sort_by(|&x, &y| est[y].total_cmp(&est[x]));
+    order
+}
+
 /// One refresh of the basis `q` of the preconditioner `a` (both `n x n`, row-major; `a` made
 /// symmetric as in [`eigenbasis`]), as the reference's `get_orthogonal_matrix_QR`: `aq = a q`; each column's eigenvalue estimate
 /// `q_j . aq_j`; the columns of `aq` sorted by it, descending (stable: ties keep their order);
@@ -41,15 +66,14 @@ pub fn eigenbasis(a: &[f32], n: usize) -> Result<Vec<f32>, OptimError> {
 /// Returns the new basis and the order (`order[j]` = the old column that became column `j`):
 /// the second moment's entries along this side move with their eigenvectors
 /// ([`super::store::permute`]).
-pub fn refresh(a: &[f32], q: &[f32], n: usize) -> (Vec<f32>, Vec<usize>) {
+pub fn refresh(a: &[f32], q: &[f32], n: usize) -> HostBasis {
     assert!(a.len() == n * n && q.len() == n * n, "n x n matrices");
     sequential();
     let a = Mat::<f32>::from_fn(n, n, |i, j| 0.5 * (a[i * n + j] + a[j * n + i]));
     let q = Mat::<f32>::from_fn(n, n, |i, j| q[i * n + j]);
     let aq = &a * &q;
     let est: Vec<f64> = (0..n).map(|j| (0..n).map(|i| f64::from(q[(i, j)]) * f64::from(aq[(i, j)])).sum()).collect();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&x, &y| est[y].total_cmp(&est[x]));
+    let order = order(&est);
     let power = Mat::<f32>::from_fn(n, n, |i, j| aq[(i, order[j])]);
     let qn = power.qr().compute_Q();
     ((0..n * n).map(|k| qn[(k / n, k % n)]).collect(), order)

@@ -1,7 +1,7 @@
 //! SOAP on the host: the CPU reference's store ([`HostStore`]: the states as [`QuantState`]s,
 //! the write-backs [`super::store`]'s) and the CPU step over every tensor ([`step_all`]).
 
-use super::step::{apply_refreshes, refresh_all, step_tensor, Shape, SoapStore, Which};
+use super::step::{apply_refreshes, direction, refresh_all, step_tensor, Direction, Shape, SoapStore, Which};
 use super::{precond_key, store, Precond};
 use crate::adamw::Weights;
 use crate::error::OptimError;
@@ -45,8 +45,8 @@ impl SoapStore for HostStore<'_> {
         (!q.is_empty()).then(|| Tensor::from_slice(q, (n, n), &Device::Cpu).expect("n x n basis"))
     }
 
-    fn set_basis(&mut self, side: usize, q: Vec<f32>) -> Result<(), OptimError> {
-        *(if side == 0 { &mut self.p.q_l } else { &mut self.p.q_r }) = q;
+    fn set_basis(&mut self, side: usize, q: Tensor) -> Result<(), OptimError> {
+        *(if side == 0 { &mut self.p.q_l } else { &mut self.p.q_r }) = q.flatten_all()?.to_vec1::<f32>()?;
         Ok(())
     }
 
@@ -84,10 +84,11 @@ impl SoapStore for HostStore<'_> {
         Ok(())
     }
 
-    fn count(&mut self, zero_grad: Tensor, zero_v: Tensor) -> Result<(), OptimError> {
-        self.counts.zero_grad += u64::from(zero_grad.to_scalar::<u32>()?);
-        self.counts.zero_v += u64::from(zero_v.to_scalar::<u32>()?);
-        Ok(())
+    fn direction(&mut self, g: &Tensor, m_rot: &Tensor, v: &Tensor, d: Direction) -> Result<Tensor, OptimError> {
+        let (n, zero_grad, zero_v) = direction(g, m_rot, v, d)?;
+        self.counts.zero_grad += zero_grad;
+        self.counts.zero_v += zero_v;
+        Ok(n)
     }
 }
 
@@ -120,7 +121,7 @@ pub fn step_all(opt: &mut LowbitAdamW, plan: &StepPlan, params: &[Var], grads: &
         var.set(&new)?;
         out.push(s.counts);
     }
-    let done = refresh_all(&refreshes);
+    let done = refresh_all(&refreshes)?;
     for (((t, p), req), res) in opt.tensors.iter_mut().zip(&mut soap.tensors).zip(&refreshes).zip(done) {
         if !req.is_empty() {
             apply_refreshes(&mut HostStore { t, p, w: HostWeights::F32(vec![]), counts: StallCounts::default() }, req, res)?;

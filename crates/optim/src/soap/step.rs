@@ -1,7 +1,8 @@
 //! One SOAP update of one tensor ([`step_tensor`], the equations of [`crate::soap`]), written
 //! once over [`SoapStore`]: the dense maths are candle operations on the tensor's device, the
-//! rounded write-backs the store's (the host's [`super::host`], the GPU's kernels), the
-//! eigenbasis refreshes the host's ([`super::basis`]), every tensor's at once ([`refresh_all`]).
+//! rounded write-backs and the update direction the store's (the host's [`super::host`], the
+//! GPU's kernels), the eigenbases every tensor's at once after the update ([`Refresh`]: on the
+//! host [`refresh_all`], on the GPU `crate::cuda_refresh`).
 
 use super::basis;
 use super::config::SoapConfig;
@@ -29,11 +30,11 @@ pub trait SoapStore {
     /// The basis of side 0 (left) or 1 (right), `n x n` FP32 on the tensor's device; `None`
     /// before the first update.
     fn basis(&self, side: usize) -> Option<Tensor>;
-    /// Replace the basis of `side` (row-major `n x n`).
+    /// Replace the basis of `side` (`n x n` F32 on the tensor's device).
     ///
     /// # Errors
-    /// The upload failing.
-    fn set_basis(&mut self, side: usize, q: Vec<f32>) -> Result<(), OptimError>;
+    /// A copy failing.
+    fn set_basis(&mut self, side: usize, q: Tensor) -> Result<(), OptimError>;
     /// `new = a * old + b * u` per element (FP32, no FMA), written back rounded
     /// ([`super::store::ema_write`]) and counted; returns `new` (u's shape, FP32).
     ///
@@ -55,11 +56,36 @@ pub trait SoapStore {
     /// # Errors
     /// A copy failing.
     fn permute_v(&mut self, rows: Option<&[usize]>, cols: Option<&[usize]>) -> Result<(), OptimError>;
-    /// Count the zero gradients and the updates with v = 0 and m' != 0 (U32 scalars).
+    /// The update in the rotated basis, N' of [`crate::soap`] ([`direction`], FP32, `m_rot`'s
+    /// shape), counting the zero entries of `g` and the elements with v = 0 and m' != 0.
     ///
     /// # Errors
-    /// A copy failing.
-    fn count(&mut self, zero_grad: Tensor, zero_v: Tensor) -> Result<(), OptimError>;
+    /// A tensor operation or launch failing.
+    fn direction(&mut self, g: &Tensor, m_rot: &Tensor, v: &Tensor, d: Direction) -> Result<Tensor, OptimError>;
+}
+
+/// The scalars of SOAP's update direction: AdamW's bias corrections (reciprocals) and eps.
+#[derive(Debug, Clone, Copy)]
+pub struct Direction {
+    pub inv_bias_correction1: f32,
+    pub inv_bias_correction2: f32,
+    pub eps: f32,
+}
+
+/// The reference update direction in the rotated basis, per element `N' = m' * ibc1 /
+/// (sqrt(v * ibc2) + eps)` (FP32, candle operations on the tensors' device), with the count of
+/// zero entries of `g` and of elements with v = 0 and m' != 0 (each moves by lr * m'/eps, the
+/// mechanism `stalls.jsonl`'s `zero_v` tracks).
+///
+/// # Errors
+/// A tensor operation failing.
+pub fn direction(g: &Tensor, m_rot: &Tensor, v: &Tensor, d: Direction) -> Result<(Tensor, u64, u64), OptimError> {
+    let denom = (v.affine(f64::from(d.inv_bias_correction2), 0.0)?.sqrt()? + f64::from(d.eps))?;
+    let n = (m_rot.affine(f64::from(d.inv_bias_correction1), 0.0)? / denom)?;
+    let count = |t: Tensor| -> Result<u64, OptimError> { Ok(t.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()?.into()) };
+    let zero_grad = count(g.eq(0f32)?)?;
+    let zero_v = count((v.eq(0f32)?.to_dtype(DType::U32)? * m_rot.ne(0f32)?.to_dtype(DType::U32)?)?)?;
+    Ok((n, zero_grad, zero_v))
 }
 
 /// The shape and settings of one tensor's update.
@@ -73,12 +99,13 @@ pub struct Shape {
 
 /// One SOAP update of one tensor with the gradient `grad` (any float dtype, `rows * cols`
 /// elements) under `plan` (AdamW's plan of this update: scalars, roundings, m/v/w keys),
-/// `precond_keys` the streams of L and R ([`super::precond_key`]). Returns the basis refreshes
-/// this update asks for (none between refreshes): the caller runs them for every tensor at
-/// once ([`refresh_all`]) and puts them in place ([`apply_refreshes`]) to complete the update.
+/// `precond_keys` the streams of L and R ([`super::precond_key`]). Returns the new bases this
+/// update asks for (the first bases at a matrix's first update, a refresh every
+/// `precondition_frequency` updates, none between): the caller computes them for every tensor
+/// at once ([`refresh_all`]) and puts them in place ([`apply_refreshes`]) to complete the update.
 ///
 /// # Errors
-/// A tensor operation, a copy or an eigendecomposition failing.
+/// A tensor operation or a write-back failing.
 pub fn step_tensor(
     s: &mut impl SoapStore,
     shape: Shape,
@@ -105,11 +132,12 @@ pub fn step_tensor(
     // G Gᵀ (left) or Gᵀ G (right)
     let outer = |k: usize| -> Result<Tensor, OptimError> { Ok(if k == 0 { g.matmul(&g.t()?)? } else { g.t()?.matmul(&g)? }) };
     if sides.iter().any(|&k| s.basis(k).is_none()) {
+        let mut first = vec![];
         for &k in &sides {
-            let new = s.ema(which(k), &outer(k)?, bs, one_minus_bs, r.m, precond_keys[k])?;
-            s.set_basis(k, basis::eigenbasis(&new.flatten_all()?.to_vec1::<f32>()?, dim(k))?)?;
+            let a = s.ema(which(k), &outer(k)?, bs, one_minus_bs, r.m, precond_keys[k])?;
+            first.push(Refresh { side: k, n: dim(k), a, q: None });
         }
-        return Ok(vec![]);
+        return Ok(first);
     }
     let (ql, qr) = (s.basis(0), s.basis(1));
     let rotate = |x: &Tensor| -> Result<Tensor, OptimError> {
@@ -126,8 +154,8 @@ pub fn step_tensor(
     let m = s.ema(Which::M, &g, h.beta1, h.one_minus_beta1, r.m, plan.keys.m)?;
     let v = s.ema(Which::V, &g_rot.sqr()?, h.beta2, h.one_minus_beta2, r.v, plan.keys.v)?;
     let m_rot = rotate(&m)?;
-    let denom = (v.affine(f64::from(h.inv_bias_correction2), 0.0)?.sqrt()? + f64::from(h.eps))?;
-    let mut n = (m_rot.affine(f64::from(h.inv_bias_correction1), 0.0)? / denom)?;
+    let d = Direction { inv_bias_correction1: h.inv_bias_correction1, inv_bias_correction2: h.inv_bias_correction2, eps: h.eps };
+    let mut n = s.direction(&g, &m_rot, &v, d)?;
     if let Some(q) = &ql {
         n = q.matmul(&n)?;
     }
@@ -135,46 +163,57 @@ pub fn step_tensor(
         n = n.matmul(&q.t()?)?;
     }
     s.weights(&n, h.lr, h.decay, r.w, plan.keys.w)?;
-    let zero_grad = g.eq(0f32)?.to_dtype(DType::U32)?.sum_all()?;
-    let zero_v = (v.eq(0f32)?.to_dtype(DType::U32)? * m_rot.ne(0f32)?.to_dtype(DType::U32)?)?.sum_all()?;
-    s.count(zero_grad, zero_v)?;
     let mut refreshes = vec![];
     for &k in &sides {
-        let new = s.ema(which(k), &outer(k)?, bs, one_minus_bs, r.m, precond_keys[k])?;
+        let a = s.ema(which(k), &outer(k)?, bs, one_minus_bs, r.m, precond_keys[k])?;
         if update.is_multiple_of(cfg.precondition_frequency) {
-            let q = s.basis(k).expect("a basis after the first update").flatten_all()?.to_vec1::<f32>()?;
-            refreshes.push(Refresh { side: k, n: dim(k), a: new.flatten_all()?.to_vec1::<f32>()?, q });
+            refreshes.push(Refresh { side: k, n: dim(k), a, q: s.basis(k) });
         }
     }
     Ok(refreshes)
 }
 
-/// A basis refresh that an update asks for (every `precondition_frequency` updates, for each
-/// side with a preconditioner): the preconditioner's new FP32 values and the current basis,
-/// both `n x n` row-major on the host. [`refresh_all`] computes them, [`apply_refreshes`] puts
-/// the results in place.
+/// A new basis that an update asks for, of one side with a preconditioner: its full
+/// eigendecomposition at the matrix's first update (`q` None), a QR power step from the current
+/// basis `q` every `precondition_frequency` updates after ([`basis::update`]). `a` is the
+/// preconditioner's new FP32 values, `n x n` (as `q`) on the tensor's device.
 #[derive(Debug, Clone)]
 pub struct Refresh {
     pub side: usize,
     pub n: usize,
-    pub a: Vec<f32>,
-    pub q: Vec<f32>,
+    pub a: Tensor,
+    pub q: Option<Tensor>,
 }
 
-/// A refreshed basis (`n x n` row-major) and its column order ([`basis::refresh`]).
-pub type Refreshed = (Vec<f32>, Vec<usize>);
+/// A new basis (`n x n` F32 on the tensor's device) and its column order (`order[j]`: the old
+/// column that became column `j`; the identity for a first basis).
+pub type Refreshed = (Tensor, Vec<usize>);
 
-/// The new bases and column orders ([`basis::refresh`]) of every tensor's refreshes, in
-/// parallel over all of them (rayon; faer single-threaded inside each, so the results do not
-/// depend on the thread count).
-pub fn refresh_all(requests: &[Vec<Refresh>]) -> Vec<Vec<Refreshed>> {
-    let flat: Vec<(usize, &Refresh)> = requests.iter().enumerate().flat_map(|(i, rs)| rs.iter().map(move |r| (i, r))).collect();
-    let done: Vec<(usize, Refreshed)> = flat.par_iter().map(|(i, r)| (*i, basis::refresh(&r.a, &r.q, r.n))).collect();
-    let mut out: Vec<Vec<Refreshed>> = requests.iter().map(|_| vec![]).collect();
-    for (i, d) in done {
-        out[i].push(d);
+/// The new bases of every tensor's requests on the host ([`basis::update`]), in parallel over all
+/// of them (rayon; faer single-threaded inside each, so the results do not depend on the thread
+/// count): each request's matrices copied to the host, its basis copied back to `a`'s device.
+///
+/// # Errors
+/// A copy failing, or an eigendecomposition not converging.
+pub fn refresh_all(requests: &[Vec<Refresh>]) -> Result<Vec<Vec<Refreshed>>, OptimError> {
+    let host = |t: &Tensor| -> Result<Vec<f32>, OptimError> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+    let mut flat = vec![];
+    for r in requests.iter().flatten() {
+        flat.push((host(&r.a)?, r.q.as_ref().map(host).transpose()?, r.n));
     }
-    out
+    let done: Vec<Result<basis::HostBasis, OptimError>> = flat.par_iter().map(|(a, q, n)| basis::update(a, q.as_deref(), *n)).collect();
+    let mut done = done.into_iter();
+    requests
+        .iter()
+        .map(|rs| {
+            rs.iter()
+                .map(|r| {
+                    let (q, order) = done.next().expect("one result per request")?;
+                    Ok((Tensor::from_vec(q, (r.n, r.n), r.a.device())?, order))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Put one tensor's refreshed bases in place and move v's rows (left basis) and columns
@@ -186,7 +225,7 @@ pub fn apply_refreshes(s: &mut impl SoapStore, requests: &[Refresh], results: Ve
     let mut orders: [Option<Vec<usize>>; 2] = [None, None];
     for (r, (q, order)) in requests.iter().zip(results) {
         s.set_basis(r.side, q)?;
-        orders[r.side] = Some(order);
+        orders[r.side] = (!order.iter().enumerate().all(|(i, &j)| i == j)).then_some(order);
     }
     if orders.iter().any(Option::is_some) {
         s.permute_v(orders[0].as_deref(), orders[1].as_deref())?;

@@ -1,14 +1,17 @@
 //! SOAP on the GPU against the CPU reference: the write-back kernels (`kernels/optim/soap.cu`)
 //! bit for bit given the same inputs, for every format they take x rounding x scale block
 //! (128, 64, 256, per tensor) x scale kind, from random states, on odd lengths with edge values
-//! (zeros, subnormals, huge, +-Inf, NaN); whole SOAP updates (candle's cuBLAS products against
-//! the CPU's) within a stated tolerance.
+//! (zeros, subnormals, huge, +-Inf, NaN), and the direction kernel bit for bit; the basis
+//! refresh on the GPU (cuSOLVER) against the host's (faer) and whole SOAP updates (candle's cuBLAS
+//! products against the CPU's) within stated tolerances.
 
 use super::kernels::{gpu, same_f32, values};
 use candle_core::cuda::cudarc::driver::DevicePtr;
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_optim::adamw::{write_back, Skip, Weights};
+use lowbit_optim::cuda_refresh::QrRefresh;
 use lowbit_optim::cuda_soap::{DeviceState, SoapKernels};
+use lowbit_optim::soap::step::{direction, refresh_all, Direction, Refresh};
 use lowbit_optim::format::scale::ScaleKind;
 use lowbit_optim::soap::store::{ema_write, weights_write};
 use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, SoapConfig, SoapStates, StateFormat, StatesConfig};
@@ -164,5 +167,84 @@ fn soap_updates_match_cpu_within_tolerance() {
         let s = gpu_opt.states().unwrap();
         let p = &s.soap.as_ref().unwrap().tensors;
         assert!(p[0].q_l.len() == 32 * 32 && p[2].q_l.is_empty() && p[2].q_r.len() == 64);
+    }
+}
+
+/// The direction kernel (`soap_direction`) against the reference's candle operations on the CPU
+/// (`soap::step::direction`), same inputs with zeros in g, m' and v: values bit for bit (NaN as
+/// NaN) and both counts equal.
+#[test]
+fn soap_direction_matches_cpu_bit_for_bit() {
+    let dev = gpu();
+    let Device::Cuda(cd) = &dev else { unreachable!() };
+    let stream = cd.cuda_stream();
+    let k = SoapKernels::load(cd).unwrap();
+    let counts = stream.alloc_zeros::<u64>(2).unwrap();
+    let n = 5003;
+    let g = values(21, n, 0.5, true);
+    let m = values(22, n, 0.01, true);
+    let v: Vec<f32> = values(23, n, 0.001, true).into_iter().map(|x| x * x).collect();
+    let d = Direction { inv_bias_correction1: 1.0 / (1.0 - 0.9f32.powi(7)), inv_bias_correction2: 1.0 / (1.0 - 0.999f32.powi(7)), eps: 1e-8 };
+    let t = |x: &[f32], on: &Device| Tensor::from_slice(x, n, on).unwrap();
+    let (want, zero_grad, zero_v) = direction(&t(&g, &Device::Cpu), &t(&m, &Device::Cpu), &t(&v, &Device::Cpu), d).unwrap();
+    let out = Tensor::zeros(n, DType::F32, &dev).unwrap();
+    k.direction(&t(&g, &dev), &t(&m, &dev), &t(&v, &dev), &out, d, counts.device_ptr(&stream).0).unwrap();
+    let (got, want) = (out.to_vec1::<f32>().unwrap(), want.to_vec1::<f32>().unwrap());
+    let differ = got.iter().zip(&want).filter(|(a, b)| !same_f32(**a, **b)).count();
+    assert_eq!(differ, 0, "direction: {differ} of {n} elements differ");
+    assert!(zero_grad > 0 && zero_v > 0, "the inputs hold zeros ({zero_grad}, {zero_v})");
+    assert_eq!(stream.clone_dtoh(&counts).unwrap(), vec![zero_grad, zero_v], "zero gradients, zero v with m' != 0");
+}
+
+/// The refresh on the GPU (`QrRefresh`: candle products, cuSOLVER QR) against the host's
+/// (faer) for requests of 5 sizes up to 300 (a first basis and power steps): preconditioners
+/// with well-separated eigenvalues (Q diag(λ) Qᵀ, λ_j = 1 + j), rotated, from a basis with
+/// its columns shuffled. Orders equal; each column equal up to sign within 1e-3 (FP32 QR of
+/// matrices whose products round differently, condition number up to 300).
+#[test]
+fn soap_refresh_on_gpu_matches_host() {
+    let dev = gpu();
+    let Device::Cuda(cd) = &dev else { unreachable!() };
+    let qr = QrRefresh::new(cd).unwrap();
+    let sizes = [3usize, 17, 64, 129, 300];
+    let mut requests = vec![];
+    for (i, &n) in sizes.iter().enumerate() {
+        // an orthogonal matrix from the host's eigenbasis of a random symmetric one
+        let r = values(300 + i as u64, n * n, 1.0, false);
+        let sym: Vec<f32> = (0..n * n).map(|k| r[k] + r[(k % n) * n + k / n]).collect();
+        let u = lowbit_optim::soap::basis::eigenbasis(&sym, n).unwrap();
+        let a: Vec<f32> = (0..n * n)
+            .map(|k| (0..n).map(|j| f64::from(u[(k / n) * n + j]) * (1.0 + j as f64) * f64::from(u[(k % n) * n + j])).sum::<f64>() as f32)
+            .collect();
+        // the current basis: u's columns in a shuffled order, slightly off
+        let shuffle: Vec<usize> = (0..n).map(|j| (j * 7 + 3) % n).collect();
+        let noise = values(400 + i as u64, n * n, 1e-3, false);
+        let q: Vec<f32> = (0..n * n).map(|k| u[(k / n) * n + shuffle[k % n]] + noise[k]).collect();
+        let on = |x: &[f32], d: &Device| Tensor::from_slice(x, (n, n), d).unwrap();
+        let first = i == 0;
+        requests.push((on(&a, &dev), (!first).then(|| on(&q, &dev)), on(&a, &Device::Cpu), (!first).then(|| on(&q, &Device::Cpu)), n));
+    }
+    let req = |gpu_side: bool| -> Vec<Vec<Refresh>> {
+        requests
+            .iter()
+            .map(|(ag, qg, ac, qc, n)| {
+                let (a, q) = if gpu_side { (ag.clone(), qg.clone()) } else { (ac.clone(), qc.clone()) };
+                vec![Refresh { side: 0, n: *n, a, q }]
+            })
+            .collect()
+    };
+    let got = qr.refresh_all(&req(true)).unwrap();
+    let want = refresh_all(&req(false)).unwrap();
+    for ((g, w), n) in got.iter().zip(&want).zip(sizes) {
+        let ((gq, go), (wq, wo)) = (&g[0], &w[0]);
+        assert_eq!(go, wo, "n {n}: column order");
+        let (gq, wq) = (gq.flatten_all().unwrap().to_vec1::<f32>().unwrap(), wq.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        let mut worst = 0f32;
+        for c in 0..n {
+            let sign = if (0..n).map(|r| gq[r * n + c] * wq[r * n + c]).sum::<f32>() < 0.0 { -1.0 } else { 1.0 };
+            worst = (0..n).map(|r| (gq[r * n + c] - sign * wq[r * n + c]).abs()).fold(worst, f32::max);
+        }
+        println!("refresh n {n}: largest |GPU - CPU| of a basis entry (up to column sign) {worst:.2e}");
+        assert!(worst < 1e-3, "n {n}: bases differ by {worst}");
     }
 }
