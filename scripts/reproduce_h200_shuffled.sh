@@ -16,6 +16,9 @@
 #                        seed by seed; its figure is drawn into OUT
 #   soap[:SEEDS]         Table 7: SOAP with BF16 / FP8 states, with and without resets (default
 #                        0-1), seed by seed; its AdamW FP32 cell is the main table's run
+#   soap_fp8_sr          Table 7's FP8 SOAP cells (plain, resets) with stochastic rounding of m, v,
+#                        L and R (the table's cells round to nearest)
+#   soap_fp8_block128    Table 7's FP8 SOAP cells with 128-element scale blocks (m, v, L, R)
 #   embed_head_fp32      FP8 plain with the embedding's and the head's states in FP32
 #   v_zero_exclude       FP8 plain with a zero-free v (optim.states.v_zero = "exclude")
 #   v_only_keep          FP8 SR + v-only resets keeping the v of idle elements
@@ -70,6 +73,11 @@ for step in "$@"; do
     fp32model*) reproduce "" fp32-model "${arg:-0-1}" ;;
     probe*) reproduce "" stall-probe "${arg:-0}" ;;
     soap*) reproduce "" soap "${arg:-0-1}" ;;
+    soap_fp8_sr)
+      reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset \
+        --set optim.states.m_rounding=stochastic --set optim.states.v_rounding=stochastic ;;
+    soap_fp8_block128)
+      reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset --set optim.states.block_size=128 ;;
     embed_head_fp32)
       reproduce "$step" bf16-model "$seeds" --cells fp8_plain "${fp32[@]//GROUP/embed}" "${fp32[@]//GROUP/head}" ;;
     v_zero_exclude) reproduce "$step" bf16-model "$seeds" --cells fp8_plain --set optim.states.v_zero=exclude ;;
