@@ -19,6 +19,7 @@
 #   soap_fp8_sr          Table 7's FP8 SOAP cells (plain, resets) with stochastic rounding of m, v,
 #                        L and R (the table's cells round to nearest)
 #   soap_fp8_block128    Table 7's FP8 SOAP cells with 128-element scale blocks (m, v, L, R)
+#   soap_fp8_precond_fp32  Table 7's FP8 SOAP cells with L and R in FP32 (optim.soap.precond_format)
 #   embed_head_fp32      FP8 plain with the embedding's and the head's states in FP32
 #   v_zero_exclude       FP8 plain with a zero-free v (optim.states.v_zero = "exclude")
 #   v_only_keep          FP8 SR + v-only resets keeping the v of idle elements
@@ -78,6 +79,8 @@ for step in "$@"; do
         --set optim.states.m_rounding=stochastic --set optim.states.v_rounding=stochastic ;;
     soap_fp8_block128)
       reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset --set optim.states.block_size=128 ;;
+    soap_fp8_precond_fp32)
+      reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset --set 'optim.soap.precond_format="fp32"' ;;
     embed_head_fp32)
       reproduce "$step" bf16-model "$seeds" --cells fp8_plain "${fp32[@]//GROUP/embed}" "${fp32[@]//GROUP/head}" ;;
     v_zero_exclude) reproduce "$step" bf16-model "$seeds" --cells fp8_plain --set optim.states.v_zero=exclude ;;

@@ -90,6 +90,7 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         ("train.keep_checkpoints=0", "train.keep_checkpoints: must be > 0"),
         ("run.dir=\"\"", "run.dir: must name a folder (\".\" for the working directory)"),
         ("optim.soap.shampoo_beta=0.5", "optim.soap.shampoo_beta: SOAP's setting, read only with optim.kind = \"soap\""),
+        ("optim.soap.precond_format=\"fp32\"", "optim.soap.precond_format: SOAP's setting, read only with optim.kind = \"soap\""),
     ] {
         let r = train(d, &["--config", "c.toml", "--set", set]);
         assert_eq!(r.code, Some(1), "{set}");
@@ -99,6 +100,7 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
     for (set, needle) in [
         ("optim.soap.shampoo_beta=1.0", "optim.soap.shampoo_beta: must be in [0, 1), got 1"),
         ("optim.soap.precondition_frequency=0", "optim.soap.precondition_frequency: must be >= 1"),
+        ("optim.soap.precond_format=\"fp9\"", "optim.soap.precond_format: unknown state format `fp9`"),
         ("optim.states.v_skip_prob=0.5", "optim.states.v_skip_prob: simulated stalling is AdamW's probe"),
         ("train.zero=1", "train.zero: SOAP's states are not sharded"),
     ] {

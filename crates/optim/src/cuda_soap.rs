@@ -365,15 +365,7 @@ impl<'a> DeviceStore<'a> {
     /// The store of tensor state `t` with weights `var`, counters at device address `at.0`,
     /// matrix shape `at.1`.
     fn new(k: &'a mut SoapKernels, t: &'a mut TensorDevice, dev: &Device, var: &Var, at: (u64, (usize, usize))) -> Self {
-        DeviceStore {
-            k,
-            t,
-            dev: dev.clone(),
-            weights: var.as_tensor().clone(),
-            counts: at.0,
-            elements: [0; GROUPS],
-            shape: at.1,
-        }
+        DeviceStore { k, t, dev: dev.clone(), weights: var.as_tensor().clone(), counts: at.0, elements: [0; GROUPS], shape: at.1 }
     }
 }
 

@@ -4,7 +4,9 @@
 
 use candle_core::{Device, Tensor, Var};
 use lowbit_optim::state_dict::Array;
-use lowbit_optim::{GradScale, Hyper, LowbitAdamW, Optimizer, ParamInfo, ResetEvery, Rounding, SoapConfig, SoapStates, StatesConfig};
+use lowbit_optim::{
+    GradScale, Hyper, LowbitAdamW, Optimizer, ParamInfo, ResetEvery, Rounding, SoapConfig, SoapStates, StateFormat, StatesConfig,
+};
 use std::collections::HashMap;
 
 const W0: [f32; 6] = [0.5, -0.25, 0.125, 0.75, -0.5, 0.375];
@@ -58,7 +60,7 @@ fn run(opt: &mut LowbitAdamW, p: &[Var], steps: std::ops::RangeInclusive<usize>)
 /// 2, so v's rows move): the weights within 2e-6. The vector steps as plain Adam.
 #[test]
 fn refresh_every_update_matches_the_reference_maths() {
-    let cfg = SoapConfig { precondition_frequency: 1, shampoo_beta: 0.95, max_precond_dim: 10_000 };
+    let cfg = SoapConfig { precondition_frequency: 1, shampoo_beta: 0.95, max_precond_dim: 10_000, ..Default::default() };
     let mut opt = soap(StatesConfig::default(), cfg, 0);
     let p = params();
     run(&mut opt, &p, 1..=4);
@@ -74,7 +76,7 @@ fn refresh_every_update_matches_the_reference_maths() {
 /// R hold (1 - bs) G Gᵀ and (1 - bs) Gᵀ G; the vector steps at once.
 #[test]
 fn first_update_builds_the_bases_only() {
-    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.5, max_precond_dim: 10_000 };
+    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.5, max_precond_dim: 10_000, ..Default::default() };
     let mut opt = soap(StatesConfig::default(), cfg, 0);
     let p = params();
     run(&mut opt, &p, 1..=1);
@@ -106,7 +108,7 @@ fn resume_through_the_state_dict_is_exact() {
         block_size: 0,
         ..Default::default()
     };
-    let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.9, max_precond_dim: 10_000 };
+    let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.9, max_precond_dim: 10_000, ..Default::default() };
     let mut a = soap(states.clone(), cfg, 3);
     let pa = params();
     run(&mut a, &pa, 1..=6);
@@ -144,7 +146,7 @@ fn resume_through_the_state_dict_is_exact() {
 #[test]
 fn preconditioners_are_counted_and_sized() {
     let states = StatesConfig { m_format: "bf16".into(), v_format: "bf16".into(), ..Default::default() };
-    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.999, max_precond_dim: 10_000 };
+    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.999, max_precond_dim: 10_000, ..Default::default() };
     let mut opt = soap(states, cfg, 0);
     let p = params();
     let g = grads(1);
@@ -171,7 +173,7 @@ fn preconditioners_are_counted_and_sized() {
 #[test]
 fn a_reset_of_v_zeroes_the_preconditioners() {
     let states = StatesConfig { v_reset_every: ResetEvery::Steps(3), ..Default::default() };
-    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.5, max_precond_dim: 10_000 };
+    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.5, max_precond_dim: 10_000, ..Default::default() };
     let mut opt = soap(states, cfg, 0);
     let p = params();
     run(&mut opt, &p, 1..=4);
@@ -187,11 +189,39 @@ fn a_reset_of_v_zeroes_the_preconditioners() {
 /// matrix with a limit of 2 is rotated on its right side only.
 #[test]
 fn long_sides_are_not_preconditioned() {
-    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.95, max_precond_dim: 2 };
+    let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.95, max_precond_dim: 2, ..Default::default() };
     let mut opt = soap(StatesConfig::default(), cfg, 0);
     let pc = &opt.soap.as_ref().unwrap().tensors[0];
     assert!(pc.l.is_none() && pc.r.is_some());
     let p = params();
     run(&mut opt, &p, 1..=3);
     assert!(values(&p)[..6] != W0[..]);
+}
+
+/// `precond_format` stores L and R in their own format: with FP8 moments (one scale per tensor)
+/// and FP32 preconditioners, L after update 1 is exactly (1 - bs) G1 G1ᵀ (FP8 L is not: its
+/// grid rounds it), m and v stay FP8, and the bytes shrink or grow with the format.
+#[test]
+fn preconditioners_take_their_own_format() {
+    let states = StatesConfig { m_format: "fp8".into(), v_format: "fp8".into(), block_size: 0, ..Default::default() };
+    let base = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.5, max_precond_dim: 10_000, ..Default::default() };
+    let fp32 = SoapConfig { precond_format: Some(StateFormat::Fp32), ..base };
+    let g = G[0];
+    let exact: Vec<f32> = (0..9).map(|k| 0.5 * (0..2).map(|c| g[(k / 3) * 2 + c] * g[(k % 3) * 2 + c]).sum::<f32>()).collect();
+    let mut l = vec![];
+    let mut bytes = vec![];
+    for cfg in [base, fp32] {
+        let mut opt = soap(states.clone(), cfg, 0);
+        let p = params();
+        run(&mut opt, &p, 1..=1);
+        let pc = &opt.soap.as_ref().unwrap().tensors[0];
+        assert_eq!(opt.tensors[0].m.format, StateFormat::Fp8E4M3);
+        l.push((pc.l.as_ref().unwrap().format, pc.l.as_ref().unwrap().decode_all()));
+        bytes.push(pc.bytes());
+    }
+    assert_eq!(l[0].0, StateFormat::Fp8E4M3);
+    assert_ne!(l[0].1, exact, "FP8 rounds L");
+    assert_eq!(l[1], (StateFormat::Fp32, exact));
+    // L 3 x 3 and R 2 x 2: 13 codes of 1 byte + 2 scales, or 13 FP32 values; both + FP32 bases
+    assert_eq!(bytes, vec![13 + 8 + 52, 52 + 52]);
 }

@@ -48,8 +48,14 @@ pub fn banner(
     if let Some(soap) = &states.soap {
         let c = &soap.config;
         banner += &format!(
-            "\noptimizer: SOAP (m, v, L, R in these states; refresh every {} updates, preconditioner EMA {}, sides up to {} preconditioned; FP32 eigenbases)",
-            c.precondition_frequency, c.shampoo_beta, c.max_precond_dim
+            "\noptimizer: SOAP ({}; refresh every {} updates, preconditioner EMA {}, sides up to {} preconditioned; FP32 eigenbases)",
+            match c.precond_format {
+                Some(f) => format!("m and v in these states, L and R in {}", f.name()),
+                None => "m, v, L, R in these states".into(),
+            },
+            c.precondition_frequency,
+            c.shampoo_beta,
+            c.max_precond_dim
         );
     }
     let state_groups = StateGroup::of(states);

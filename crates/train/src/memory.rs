@@ -60,8 +60,8 @@ impl MemoryFloor {
             ("mlp", hs * is, 3.0 * layers, [hs, is]),
             ("norm", hs, 2.0 * layers + 1.0, [0, 0]),
         ];
-        // SOAP (`optim.kind = "soap"`): L and R in m's format, and their FP32 bases, for each side
-        // of a matrix no longer than `optim.soap.max_precond_dim`
+        // SOAP (`optim.kind = "soap"`): L and R in m's format (or `optim.soap.precond_format`),
+        // and their FP32 bases, for each side of a matrix no longer than `optim.soap.max_precond_dim`
         let soap = cfg.optim.kind == lowbit_optim::OptimizerKind::Soap;
         let precond = |bits: u32, sides: [usize; 2]| -> f64 {
             let kept = sides.iter().filter(|&&n| soap && n > 0 && n <= cfg.optim.soap.max_precond_dim);
@@ -77,7 +77,8 @@ impl MemoryFloor {
             .iter()
             .map(|&(group, len, count, sides)| {
                 let s = plan.for_tensor(group, len);
-                count * (f(len) * f64::from(s.m_format.bits() + s.v_format.bits()) / 8.0 + precond(s.m_format.bits(), sides))
+                let precond_bits = cfg.optim.soap.precond_format.unwrap_or(s.m_format).bits();
+                count * (f(len) * f64::from(s.m_format.bits() + s.v_format.bits()) / 8.0 + precond(precond_bits, sides))
             })
             .sum::<f64>()
             / shards;

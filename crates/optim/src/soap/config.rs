@@ -4,7 +4,8 @@
 //! every 10 updates, largest preconditioned dimension 10,000, preconditioner EMA 0.999.
 
 use crate::error::OptimError;
-use serde::{Deserialize, Serialize};
+use crate::format::StateFormat;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Which optimizer a run trains with (`optim.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -45,12 +46,32 @@ pub struct SoapConfig {
     /// A side of a matrix longer than this keeps no preconditioner and is not rotated (the
     /// 32,100-row embedding's rows): SOAP's `max_precond_dim`.
     pub max_precond_dim: usize,
+    /// The storage format of L and R (a first-moment format name of `optim.states.m_format`:
+    /// `fp32`, `bf16`, `fp8`, ...); `None` (the default, left out): m's format, block size,
+    /// scale kind. Another format than m's takes m's block size and its own default scale kind.
+    /// L and R are written with m's rounding either way.
+    #[serde(serialize_with = "format_out", deserialize_with = "format_in", skip_serializing_if = "Option::is_none")]
+    pub precond_format: Option<StateFormat>,
 }
 
 impl Default for SoapConfig {
     fn default() -> Self {
-        SoapConfig { precondition_frequency: 10, shampoo_beta: 0.999, max_precond_dim: 10_000 }
+        SoapConfig { precondition_frequency: 10, shampoo_beta: 0.999, max_precond_dim: 10_000, precond_format: None }
     }
+}
+
+/// `precond_format` as its config name.
+fn format_out<S: Serializer>(f: &Option<StateFormat>, s: S) -> Result<S::Ok, S::Error> {
+    match f {
+        Some(f) => s.serialize_str(f.name()),
+        None => s.serialize_none(),
+    }
+}
+
+/// `precond_format` from a config name ([`StateFormat::parse`] as m's format).
+fn format_in<'de, D: Deserializer<'de>>(d: D) -> Result<Option<StateFormat>, D::Error> {
+    let name = String::deserialize(d)?;
+    StateFormat::parse(&name, false).map(Some).map_err(|e| serde::de::Error::custom(format!("optim.soap.precond_format: {e}")))
 }
 
 impl SoapConfig {

@@ -27,8 +27,8 @@
 //! Resets: m with `m_reset_every`, v and the two preconditioners with `v_reset_every` (the
 //! paper's section 6.3 zeroes L and R with the moments); the bases stay. L and R need no bias
 //! correction: eigenvectors and the QR power step do not depend on their scale.
-//! L and R take m's format, block size, scale kind and rounding (they are signed); their random
-//! streams are [`precond_key`]'s.
+//! L and R take m's format, block size, scale kind and rounding (they are signed), or the format
+//! `optim.soap.precond_format` names; their random streams are [`precond_key`]'s.
 
 pub mod basis;
 pub mod config;
@@ -59,16 +59,20 @@ pub struct Precond {
 
 impl Precond {
     /// Fresh states of a tensor of shape `dims` whose moments are `t`'s: a matrix gets L and R
-    /// for each side no longer than `max_dim`, in m's format; any other shape none.
-    pub fn new(t: &TensorState, dims: &[usize], max_dim: usize) -> Precond {
+    /// for each side no longer than `config.max_precond_dim`, in `config.precond_format` (m's
+    /// format, block size and scale kind by default; another format takes m's block size and
+    /// its own default scale kind); any other shape none.
+    pub fn new(t: &TensorState, dims: &[usize], config: &SoapConfig) -> Precond {
         let (rows, cols) = match dims {
             [r, c] => (*r, *c),
             _ => (1, t.info.len),
         };
         let matrix = dims.len() == 2;
+        let format = config.precond_format.unwrap_or(t.spec.m_format);
+        let scale = if format == t.spec.m_format { t.spec.m_scale } else { format.default_scale() };
         let side = |n: usize| {
-            (matrix && n <= max_dim)
-                .then(|| QuantState::zeros(t.spec.m_format, n * n, t.spec.block_size, true).with_scale_kind(t.spec.m_scale))
+            (matrix && n <= config.max_precond_dim)
+                .then(|| QuantState::zeros(format, n * n, t.spec.block_size, true).with_scale_kind(scale))
         };
         Precond { rows, cols, l: side(rows), r: side(cols), q_l: vec![], q_r: vec![] }
     }
@@ -101,7 +105,7 @@ impl SoapStates {
             .zip(dims)
             .map(|(t, d)| {
                 assert_eq!(d.iter().product::<usize>(), t.info.len, "{}: shape {d:?}", t.info.name);
-                Precond::new(t, d, config.max_precond_dim)
+                Precond::new(t, d, &config)
             })
             .collect();
         SoapStates { config, tensors }

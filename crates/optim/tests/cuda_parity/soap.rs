@@ -11,8 +11,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use lowbit_optim::adamw::{write_back, Skip, Weights};
 use lowbit_optim::cuda_refresh::QrRefresh;
 use lowbit_optim::cuda_soap::{DeviceState, SoapKernels};
-use lowbit_optim::soap::step::{direction, refresh_all, Direction, Refresh};
 use lowbit_optim::format::scale::ScaleKind;
+use lowbit_optim::soap::step::{direction, refresh_all, Direction, Refresh};
 use lowbit_optim::soap::store::{ema_write, weights_write};
 use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, SoapConfig, SoapStates, StateFormat, StatesConfig};
 
@@ -126,7 +126,7 @@ fn soap_updates_match_cpu_within_tolerance() {
             .map(|(i, s)| ParamInfo { name: format!("p{i}"), group: "mlp".into(), len: s.iter().product(), weight_decay: s.len() == 2 })
             .collect();
         let mut host = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 9, infos);
-        let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.95, max_precond_dim: 32 };
+        let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.95, max_precond_dim: 32, ..Default::default() };
         let dims: Vec<Vec<usize>> = shapes.iter().map(|s| s.to_vec()).collect();
         host.soap = Some(SoapStates::new(cfg, &host, &dims));
         let mut cpu = lowbit_optim::for_device(host.clone_states(), &Device::Cpu).unwrap();
@@ -184,7 +184,8 @@ fn soap_direction_matches_cpu_bit_for_bit() {
     let g = values(21, n, 0.5, true);
     let m = values(22, n, 0.01, true);
     let v: Vec<f32> = values(23, n, 0.001, true).into_iter().map(|x| x * x).collect();
-    let d = Direction { inv_bias_correction1: 1.0 / (1.0 - 0.9f32.powi(7)), inv_bias_correction2: 1.0 / (1.0 - 0.999f32.powi(7)), eps: 1e-8 };
+    let d =
+        Direction { inv_bias_correction1: 1.0 / (1.0 - 0.9f32.powi(7)), inv_bias_correction2: 1.0 / (1.0 - 0.999f32.powi(7)), eps: 1e-8 };
     let t = |x: &[f32], on: &Device| Tensor::from_slice(x, n, on).unwrap();
     let (want, zero_grad, zero_v) = direction(&t(&g, &Device::Cpu), &t(&m, &Device::Cpu), &t(&v, &Device::Cpu), d).unwrap();
     let out = Tensor::zeros(n, DType::F32, &dev).unwrap();

@@ -300,6 +300,8 @@ impl RunConfig {
                 "precondition_frequency"
             } else if o.soap.shampoo_beta != d.shampoo_beta {
                 "shampoo_beta"
+            } else if o.soap.precond_format.is_some() {
+                "precond_format"
             } else {
                 "max_precond_dim"
             };
