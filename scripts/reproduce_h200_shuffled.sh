@@ -73,7 +73,7 @@ for step in "$@"; do
     policies*) reproduce "" reset-policies "${arg:-0-2}" --cells fp8_sr_reset_v,fp8_sr_adaptive ;;
     fp32model*) reproduce "" fp32-model "${arg:-0-1}" ;;
     probe*) reproduce "" stall-probe "${arg:-0}" ;;
-    soap*) reproduce "" soap "${arg:-0-1}" ;;
+    soap | soap:*) reproduce "" soap "${arg:-0-1}" ;;
     soap_fp8_sr)
       reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset \
         --set optim.states.m_rounding=stochastic --set optim.states.v_rounding=stochastic ;;

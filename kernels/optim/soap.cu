@@ -1,6 +1,7 @@
-// SOAP's write-backs on the GPU: the twins of crates/optim/src/soap/store.rs (`ema_write`,
-// `weights_write`), bit for bit given the same inputs; the dense maths around them are candle
-// operations (crates/optim/src/soap/step.rs). Launched by crates/optim/src/cuda_soap.rs.
+// SOAP's write-backs and update direction on the GPU: the twins of crates/optim/src/soap/store.rs
+// (`ema_write`, `weights_write`) and soap/step.rs (`direction`), bit for bit given the same
+// inputs; the products around them are candle operations (crates/optim/src/soap/step.rs), the
+// refresh's QR cuSOLVER's (crates/optim/src/cuda_refresh.rs). Launched by crates/optim/src/cuda_soap.rs.
 //
 // soap_ema_*: state x (m, v, L or R) of format F, new = a * decode(x) + b * u per element
 // (no FMA: this folder compiles with -fmad=false), the new FP32 values written to `out` (the

@@ -3,8 +3,8 @@
 //! GPU, BF16 weights, per state format (FP32, BF16, FP8 E4M3 per tensor as the paper's FP8
 //! cells, FP4 in 128-blocks): the states' bytes per parameter (moments, preconditioners L and
 //! R in the states' format, FP32 eigenbases), AdamW's step, SOAP's step between refreshes, a
-//! refresh step (one QR power step per preconditioner on the host, `optim.soap`'s defaults),
-//! the first update (full eigendecompositions), and the step amortised over the refresh
+//! refresh step (one QR power step per preconditioner on the GPU, `optim.soap`'s defaults),
+//! the first update (full eigendecompositions on the host), and the step amortised over the refresh
 //! interval with the refresh's share of it.
 
 use anyhow::{Context, Result};

@@ -1,10 +1,12 @@
 //! SOAP's new eigenbases on a CUDA device ([`QrRefresh`]): the QR power step of
 //! [`crate::soap::basis::refresh`] (SOAP's reference `get_orthogonal_matrix_QR`) with the products
 //! as candle operations and the Householder QR by cuSOLVER (`cusolverDnSgeqrf` +
-//! `cusolverDnSorgqr`, FP32), every request of an update queued on the device's stream, with one
-//! copy to the host between the two halves (the eigenvalue estimates, for the column order).
-//! A matrix's first basis, a full eigendecomposition, stays on the host (faer, f64, once per
-//! matrix: [`crate::soap::basis::eigenbasis`]).
+//! `cusolverDnSorgqr`, FP32), every request of an update queued on the device's stream; the
+//! eigenvalue estimates of all requests come to the host in one copy (for the column order) and
+//! cuSOLVER's status words in one more at the end. A matrix's first basis, a full
+//! eigendecomposition, stays on the host ([`crate::soap::step::refresh_all`]: faer, f64, once per
+//! matrix). The products follow the run's matmul precision: under `model.matmul_precision =
+//! "tf32"` L Q is a TF32 product, as the update's rotations are.
 //!
 //! Against the CPU reference (faer's QR in FP32, estimates summed in f64 there and here): the
 //! products round differently, so bases agree within FP32 rounding up to each column's sign
@@ -14,12 +16,11 @@
 use crate::cuda::{element_address, err};
 use crate::error::OptimError;
 use crate::soap::basis;
-use crate::soap::step::{Refresh, Refreshed};
+use crate::soap::step::{refresh_all, Refresh, Refreshed};
 use candle_core::cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use candle_core::{CudaDevice, DType, Tensor};
 use cudarc::cusolver::safe::DnHandle;
 use cudarc::cusolver::sys;
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// cuSOLVER on one device's stream (the stream candle's operations use).
@@ -33,10 +34,11 @@ fn solver_err(what: &str, e: impl std::fmt::Debug) -> OptimError {
 }
 
 impl QrRefresh {
-    /// A cuSOLVER handle on `dev`'s stream.
+    /// A cuSOLVER handle on `dev`'s stream (a CUDA build links libcusolver.so.12: without it the
+    /// binary does not start).
     ///
     /// # Errors
-    /// cuSOLVER failing to start (its library missing: libcusolver.so.12 of CUDA 13).
+    /// cuSOLVER failing to create its handle.
     pub fn new(dev: &CudaDevice) -> Result<Self, OptimError> {
         let stream = dev.cuda_stream();
         let solver = DnHandle::new(stream.clone()).map_err(|e| solver_err("cusolverDnCreate", e))?;
@@ -52,15 +54,11 @@ impl QrRefresh {
     pub fn refresh_all(&self, requests: &[Vec<Refresh>]) -> Result<Vec<Vec<Refreshed>>, OptimError> {
         let flat: Vec<&Refresh> = requests.iter().flatten().collect();
         let mut done: Vec<Option<Refreshed>> = flat.iter().map(|_| None).collect();
-        // first bases: the matrices down, faer's eigh in parallel, the bases up
-        let mut first = vec![];
-        for (i, r) in flat.iter().enumerate().filter(|(_, r)| r.q.is_none()) {
-            first.push((i, r.a.flatten_all()?.to_vec1::<f32>()?));
-        }
-        let bases: Vec<Result<Vec<f32>, OptimError>> = first.par_iter().map(|(i, a)| basis::eigenbasis(a, flat[*i].n)).collect();
-        for ((i, _), q) in first.iter().zip(bases) {
-            let r = flat[*i];
-            done[*i] = Some((Tensor::from_vec(q?, (r.n, r.n), r.a.device())?, (0..r.n).collect()));
+        // first bases: on the host, as the CPU reference computes them
+        let first: Vec<usize> = (0..flat.len()).filter(|&i| flat[i].q.is_none()).collect();
+        let bases = refresh_all(&first.iter().map(|&i| vec![flat[i].clone()]).collect::<Vec<_>>())?;
+        for (&i, mut b) in first.iter().zip(bases) {
+            done[i] = b.pop();
         }
         // power steps: A Q and the estimates q_j . (A Q)_j queued for all, one copy down
         let mut steps = vec![];
@@ -74,17 +72,19 @@ impl QrRefresh {
         }
         if !steps.is_empty() {
             let est = Tensor::cat(&steps.iter().map(|s| s.2.clone()).collect::<Vec<_>>(), 0)?.to_vec1::<f64>()?;
-            let largest = steps.iter().map(|s| flat[s.0].n).max().unwrap_or(1);
-            let mut ws = Workspace::new(self, largest, steps.len())?;
+            // the columns sorted; row-major Pᵀ is column-major P, the layout cuSOLVER takes and gives
             let mut at = 0;
-            for (k, (i, aq, _)) in steps.into_iter().enumerate() {
+            let mut sorted = vec![];
+            for (i, aq, _) in steps {
                 let n = flat[i].n;
                 let order = basis::order(&est[at..at + n]);
                 at += n;
                 let idx = Tensor::from_vec(order.iter().map(|&j| j as u32).collect::<Vec<_>>(), n, aq.device())?;
-                // row-major Pᵀ is column-major P, the layout cuSOLVER takes and gives
-                let p = aq.index_select(&idx, 1)?.t()?.contiguous()?;
-                self.q_factor(&p, n, &mut ws, k)?;
+                sorted.push((i, aq.index_select(&idx, 1)?.t()?.contiguous()?, order));
+            }
+            let mut ws = Workspace::new(self, &sorted.iter().map(|(i, p, _)| (flat[*i].n, p)).collect::<Vec<_>>())?;
+            for (k, (i, p, order)) in sorted.into_iter().enumerate() {
+                self.q_factor(&p, flat[i].n, &mut ws, k)?;
                 done[i] = Some((p.t()?.contiguous()?, order));
             }
             ws.check()?;
@@ -103,8 +103,8 @@ impl QrRefresh {
         let (info, _i) = ws.info.device_ptr_mut(s);
         let (n, lwork) = (n as i32, ws.lwork);
         let info = info + (8 * k) as u64;
-        // SAFETY: a is n x n F32 on this stream's device, tau holds >= n, work lwork >= both
-        // calls' query for n <= the workspace's size, info two ints at 2k.
+        // SAFETY: a is n x n F32 on this stream's device, tau holds >= n, lwork >= both calls'
+        // queries for this n (Workspace::new), info two ints at 2k.
         unsafe {
             sys::cusolverDnSgeqrf(self.solver.cu(), n, n, a, n, tau as *mut f32, work as *mut f32, lwork, info as *mut i32)
                 .result()
@@ -117,8 +117,8 @@ impl QrRefresh {
     }
 }
 
-/// cuSOLVER's scratch for one refresh: the Householder scalars, the work area (the larger of
-/// the two calls' queries for the largest matrix) and a status word per call.
+/// cuSOLVER's scratch for one refresh: the Householder scalars, the work area (the largest of
+/// the two calls' queries over the refresh's matrix sizes) and a status word per call.
 struct Workspace {
     tau: CudaSlice<f32>,
     work: CudaSlice<f32>,
@@ -128,16 +128,19 @@ struct Workspace {
 }
 
 impl Workspace {
-    /// Scratch for `count` QR decompositions of at most `n x n`.
-    fn new(r: &QrRefresh, n: usize, count: usize) -> Result<Self, OptimError> {
+    /// Scratch for the QR decompositions of `matrices` (`n` and the column-major `n x n` F32
+    /// tensor), queried once per distinct size on a matrix of that size.
+    fn new(r: &QrRefresh, matrices: &[(usize, &Tensor)]) -> Result<Self, OptimError> {
         let s = &r.stream;
-        let mut tau = s.alloc_zeros::<f32>(n).map_err(err)?;
-        let mut probe = s.alloc_zeros::<f32>(n * n).map_err(err)?;
-        let (ni, mut geqrf, mut orgqr) = (n as i32, 0i32, 0i32);
-        {
-            let (a, _a) = probe.device_ptr_mut(s);
+        let largest = matrices.iter().map(|m| m.0).max().unwrap_or(1);
+        let mut tau = s.alloc_zeros::<f32>(largest).map_err(err)?;
+        let mut lwork = 1i32;
+        let mut seen = std::collections::BTreeSet::new();
+        for &(n, p) in matrices.iter().filter(|m| seen.insert(m.0)) {
+            let a = element_address(p, s, "SOAP power step")?;
             let (t, _t) = tau.device_ptr_mut(s);
-            // SAFETY: size queries on an n x n matrix and n scalars of this device.
+            let (ni, mut geqrf, mut orgqr) = (n as i32, 0i32, 0i32);
+            // SAFETY: size queries on an n x n F32 matrix and n scalars of this device.
             unsafe {
                 sys::cusolverDnSgeqrf_bufferSize(r.solver.cu(), ni, ni, a as *mut f32, ni, &mut geqrf)
                     .result()
@@ -146,10 +149,10 @@ impl Workspace {
                     .result()
                     .map_err(|e| solver_err("cusolverDnSorgqr_bufferSize", e))?;
             }
+            lwork = lwork.max(geqrf).max(orgqr);
         }
-        let lwork = geqrf.max(orgqr).max(1);
         let work = s.alloc_zeros::<f32>(lwork as usize).map_err(err)?;
-        let info = s.alloc_zeros::<i32>(2 * count).map_err(err)?;
+        let info = s.alloc_zeros::<i32>(2 * matrices.len()).map_err(err)?;
         Ok(Workspace { tau, work, lwork, info, stream: s.clone() })
     }
 

@@ -4,8 +4,8 @@
 //! GPU's kernels), the eigenbases every tensor's at once after the update ([`Refresh`]: on the
 //! host [`refresh_all`], on the GPU `crate::cuda_refresh`).
 
-use super::basis;
 use super::config::SoapConfig;
+use super::{basis, store};
 use crate::error::OptimError;
 use crate::format::Rounding;
 use crate::step_plan::TensorPlan;
@@ -225,7 +225,7 @@ pub fn apply_refreshes(s: &mut impl SoapStore, requests: &[Refresh], results: Ve
     let mut orders: [Option<Vec<usize>>; 2] = [None, None];
     for (r, (q, order)) in requests.iter().zip(results) {
         s.set_basis(r.side, q)?;
-        orders[r.side] = (!order.iter().enumerate().all(|(i, &j)| i == j)).then_some(order);
+        orders[r.side] = (!store::is_identity(&order)).then_some(order);
     }
     if orders.iter().any(Option::is_some) {
         s.permute_v(orders[0].as_deref(), orders[1].as_deref())?;

@@ -42,13 +42,18 @@ pub fn weights_write(w: Weights, n: &[f32], lr: f32, decay: f32, rounding: Round
     c
 }
 
+/// Whether a column order leaves every column in place.
+pub fn is_identity(order: &[usize]) -> bool {
+    order.iter().enumerate().all(|(i, &j)| i == j)
+}
+
 /// Reorders the second moment of a `rows x cols` matrix (row-major) after a refresh:
 /// `rows_order[i]` is the old row that becomes row `i` (a refreshed left basis), `cols_order`
 /// likewise for columns. Exact (codes moved) for unscaled states and one scale per tensor; a
 /// block-scaled state is decoded, moved and encoded again with round-to-nearest (its blocks
 /// take new members), which moves values by at most half a step of the new block's grid.
 pub fn permute(state: &mut QuantState, rows: usize, cols: usize, rows_order: Option<&[usize]>, cols_order: Option<&[usize]>) {
-    let identity = |o: Option<&[usize]>| o.is_none_or(|o| o.iter().enumerate().all(|(i, &j)| i == j));
+    let identity = |o: Option<&[usize]>| o.is_none_or(is_identity);
     if identity(rows_order) && identity(cols_order) {
         return;
     }
