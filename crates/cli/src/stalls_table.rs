@@ -241,7 +241,8 @@ fn describe(run: &Path) -> String {
     };
     let soap = match cfg.optim.kind {
         OptimizerKind::Soap => {
-            format!("SOAP (L and R in m's format, refresh every {} updates), ", cfg.optim.soap.precondition_frequency)
+            let lr = cfg.optim.soap.precond_format.map_or("m's format".to_string(), |f| f.name().to_string());
+            format!("SOAP (L and R in {lr}, refresh every {} updates), ", cfg.optim.soap.precondition_frequency)
         }
         OptimizerKind::Adamw => String::new(),
     };

@@ -100,7 +100,7 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
     for (set, needle) in [
         ("optim.soap.shampoo_beta=1.0", "optim.soap.shampoo_beta: must be in [0, 1), got 1"),
         ("optim.soap.precondition_frequency=0", "optim.soap.precondition_frequency: must be >= 1"),
-        ("optim.soap.precond_format=\"fp9\"", "optim.soap.precond_format: unknown state format `fp9`"),
+        ("optim.soap.precond_format=\"fp9\"", "unknown state format `fp9` (expected one of fp32, bf16, fp8, fp8e4m3, fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8, e8m1 .. e8m7) (key `optim.soap.precond_format`)"),
         ("optim.states.v_skip_prob=0.5", "optim.states.v_skip_prob: simulated stalling is AdamW's probe"),
         ("train.zero=1", "train.zero: SOAP's states are not sharded"),
     ] {

@@ -221,6 +221,16 @@ fn a_soap_runs_stalls_show_the_preconditioners() {
     assert!(all.ends_with(&format!("{:>14}  {:>12.3}", format!("{:.3}", rows[7].frac.precond.unwrap()), every)), "{all}");
     let only = common::train(dir.path(), &["stalls", run_dir.to_str().unwrap(), "--state", "precond"]);
     assert!(only.stdout.contains("name   precond latest  precond mean\n"), "{}", only.stdout);
+    // with optim.soap.precond_format the header names L and R's own format
+    let own = dir.path().join("soap_own_lr");
+    std::fs::create_dir(&own).unwrap();
+    for f in ["stalls.jsonl", "config.toml"] {
+        std::fs::copy(run_dir.join(f), own.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(own.join("config.toml")).unwrap();
+    std::fs::write(own.join("config.toml"), text + "\n[optim.soap]\nprecond_format = \"bf16\"\n").unwrap();
+    let out = common::train(dir.path(), &["stalls", own.to_str().unwrap()]);
+    assert!(out.stdout.lines().next().unwrap().contains(": SOAP (L and R in bf16, refresh every 10 updates)"), "{}", out.stdout);
     // an AdamW run of the same config: no precond key in its rows, no column
     let adamw = tiny_run(dir.path(), "adamw");
     assert!(!std::fs::read_to_string(adamw.join("stalls.jsonl")).unwrap().contains("precond"));

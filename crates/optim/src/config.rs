@@ -468,15 +468,7 @@ impl StatesSpec {
     /// reset rule.
     pub fn describe(&self) -> String {
         let state = |f: StateFormat, kind: ScaleKind, r: Rounding| {
-            let scale = match (f.minifloat(), self.block_size) {
-                (Some(_), 0) => format!(", {} scale per tensor", kind.as_str()),
-                (Some(_), b) => format!(", {} scales per {b}", kind.as_str()),
-                (None, _) if f.is_scaled() => {
-                    format!(", absmax scales per {}", if self.block_size == 0 { "tensor".to_string() } else { self.block_size.to_string() })
-                }
-                _ => String::new(),
-            };
-            format!("{} ({}{scale})", f.name(), r.as_str())
+            format!("{} ({}{})", f.name(), r.as_str(), scale_words(f, kind, self.block_size))
         };
         let resets = match (self.reset, self.m_reset_every, self.v_reset_every) {
             (ResetRule::Adaptive, ..) => format!("adaptive (Alg. 2, s0 = {})", self.reset_s0),
@@ -504,6 +496,19 @@ impl StatesSpec {
     pub fn v_only_reset_at(&self, step: u64) -> bool {
         let bc = self.bias_correction;
         reset_at(step, self.v_reset_every, bc).0 && !reset_at(step, self.m_reset_every, bc).0
+    }
+}
+
+/// The scales of a state in `f` with scale kind `kind` and `block` elements per scale (0: one
+/// per tensor) as the banner words them, after a comma (`", amax scale per tensor"`,
+/// `", pow2 scales per 128"`, `", absmax scales per 64"` for int8; empty for unscaled formats).
+pub fn scale_words(f: StateFormat, kind: ScaleKind, block: usize) -> String {
+    let per = if block == 0 { "tensor".to_string() } else { block.to_string() };
+    match (f.minifloat(), block) {
+        (Some(_), 0) => format!(", {} scale per tensor", kind.as_str()),
+        (Some(_), b) => format!(", {} scales per {b}", kind.as_str()),
+        (None, _) if f.is_scaled() => format!(", absmax scales per {per}"),
+        _ => String::new(),
     }
 }
 

@@ -119,8 +119,9 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
 const SOAP_SETTING: &str = "SOAP cells: `optim.kind = \"soap\"` (`crates/optim/src/soap`) at `[optim.soap]`'s \
      defaults, the paper's A.9: eigenbasis refresh every 10 updates, preconditioner EMA (`shampoo_beta`) 0.999, a \
      side longer than 10,000 (the embedding's and the head's vocabulary side) not preconditioned. m, v and the \
-     preconditioners L and R are stored in the cell's states (L and R in m's format, scale and rounding), written \
-     back with round-to-nearest; `resets` zero m, and v with L and R, at the main table's `*_reset` period for \
+     preconditioners L and R are stored in the cell's states (L and R in m's format, scale and rounding; \
+     `optim.soap.precond_format` gives them a format of their own, as the `soap_fp8_precond_fp32` ablation \
+     does), written back with round-to-nearest; `resets` zero m, and v with L and R, at the main table's `*_reset` period for \
      the format (the eigenbases stay). The `AdamW, fp32` cell is the main table's FP32-states run (`fp32_plain`, \
      borrowed from its results file when its config is the same). Paper: Table 7, LLaMA-100M, which gives no \
      AdamW number. Stalled `L,R` is the preconditioners' stalled fraction.";

@@ -49,9 +49,9 @@ pub fn banner(
         let c = &soap.config;
         banner += &format!(
             "\noptimizer: SOAP ({}; refresh every {} updates, preconditioner EMA {}, sides up to {} preconditioned; FP32 eigenbases)",
-            match c.precond_format {
-                Some(f) => format!("m and v in these states, L and R in {}", f.name()),
-                None => "m, v, L, R in these states".into(),
+            match (c.precond_format, soap.precond_storage()) {
+                (Some(_), Some(lr)) => format!("m and v in these states, L and R in {lr}"),
+                _ => "m, v, L, R in these states".into(),
             },
             c.precondition_frequency,
             c.shampoo_beta,

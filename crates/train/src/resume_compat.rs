@@ -187,6 +187,16 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
             says(&now.tensor_states)
         );
     }
+    // (a checkpoint of the other optimizer is refused by its arrays, `load_state_dict`)
+    if let (Some(saved_precond), Some(precond)) = (&saved.precond, &now.precond) {
+        if saved_precond != precond {
+            bail!(
+                "{}: the checkpoint's SOAP preconditioners L and R are stored in {saved_precond}, the config asks for \
+                 {precond} (optim.soap.precond_format must match to resume: the stored codes are read in the config's format)",
+                file.display()
+            );
+        }
+    }
     // (v_zero: a checkpoint without it was written as "keep")
     let (saved_v_zero, v_zero) = (saved.v_zero.unwrap_or(VZero::Keep), now.v_zero.unwrap_or(VZero::Keep));
     if (saved.m_format, saved.v_format, saved.block_size, saved_v_zero) != (now.m_format, now.v_format, now.block_size, v_zero) {

@@ -75,6 +75,11 @@ pub struct TrainState {
     /// (and in checkpoints written before per-group states existed).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tensor_states: std::collections::BTreeMap<String, String>,
+    /// How SOAP's preconditioners L and R are stored (`lowbit_optim::SoapStates::precond_storage`:
+    /// format and scales), to refuse a config whose `optim.soap.precond_format` would read their
+    /// codes in another format; `None` for AdamW, and in checkpoints written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precond: Option<String>,
 }
 
 fn one_rank() -> u64 {
@@ -108,6 +113,7 @@ impl TrainState {
             ranks: ranks as u64,
             global_batch: global_batch as u64,
             tensor_states: opt.tensors.iter().filter(|t| t.spec != spec).map(|t| (t.info.name.clone(), t.spec.describe())).collect(),
+            precond: opt.soap.as_ref().and_then(|s| s.precond_storage()),
         }
     }
 
@@ -247,6 +253,7 @@ mod tests {
             ranks: 2,
             global_batch: 16,
             tensor_states: Default::default(),
+            precond: None,
         })
         .unwrap();
         v.as_object_mut().unwrap().remove("rng");

@@ -147,6 +147,25 @@ fn resume_is_bit_identical_streaming_through_a_shuffle_buffer() {
     assert_eq!(data["buffer_tokens"].dims(), &[64 * 33], "64 rows of seq_len + 1 = 33 ids");
 }
 
+/// SOAP (FP8 m with L and R in its format, a refresh every 2 updates, so the run refreshes
+/// its eigenbases before and after the checkpoint): exact resume, the bases saved. A config
+/// whose `optim.soap.precond_format` would read the stored L and R in another format of the
+/// same size (FP8 E5M2 for E4M3) is refused before anything loads, naming the key.
+#[test]
+fn soap_resumes_bit_identical_and_only_with_its_preconditioner_format() {
+    let sets = ["optim.kind=\"soap\"", "optim.soap.precondition_frequency=2", "optim.states.m_format=\"fp8e4m3\""];
+    let (tmp, full) = check_exact_resume("soap", &sets, 5, 3, "float32");
+    // the older of the two kept checkpoints (step 6; from the last one there is nothing to resume)
+    let ck = checkpoint::list(&full).unwrap().into_iter().next().unwrap().1;
+    let state: Value = serde_json::from_slice(&read(&ck.join("state.json"))).unwrap();
+    assert_eq!(state["precond"], "fp8e4m3 (pow2 scales per 32)");
+    let other = [&sets[..], &["optim.soap.precond_format=\"fp8e5m2\""]].concat();
+    one_line_error(
+        launch(config(tmp.path(), "soap_e5m2", &other), Some(ck), None),
+        &["state.json", "L and R are stored in fp8e4m3 (pow2 scales per 32)", "fp8e5m2 (pow2 scales per 32)", "optim.soap.precond_format"],
+    );
+}
+
 /// The adaptive reset rule (Alg. 2) carries its state in the checkpoint: a run resumed in the
 /// middle of a cycle resets at the same updates, bit for bit. With b2 = 0.9 the threshold E(j)
 /// falls fast and s0 = 0.05 counts the ~half of v's entries that stay unchanged here, so the rule

@@ -100,6 +100,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         ranks: 1,
         global_batch: 2,
         tensor_states: Default::default(),
+        precond: None,
     };
     (varmap, opt, state)
 }

@@ -71,7 +71,7 @@ fn format_out<S: Serializer>(f: &Option<StateFormat>, s: S) -> Result<S::Ok, S::
 /// `precond_format` from a config name ([`StateFormat::parse`] as m's format).
 fn format_in<'de, D: Deserializer<'de>>(d: D) -> Result<Option<StateFormat>, D::Error> {
     let name = String::deserialize(d)?;
-    StateFormat::parse(&name, false).map(Some).map_err(|e| serde::de::Error::custom(format!("optim.soap.precond_format: {e}")))
+    StateFormat::parse(&name, false).map(Some).map_err(serde::de::Error::custom)
 }
 
 impl SoapConfig {

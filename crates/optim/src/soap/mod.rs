@@ -110,6 +110,16 @@ impl SoapStates {
             .collect();
         SoapStates { config, tensors }
     }
+
+    /// How L and R are stored, as the start banner and a checkpoint's `state.json` word it:
+    /// the format with its scales (`"fp8e4m3 (amax scale per tensor)"`, `"bf16"`); `None` when
+    /// no tensor has a preconditioner. The first preconditioned tensor's: with
+    /// `optim.soap.precond_format` every tensor's; without it each tensor's follows its m.
+    pub fn precond_storage(&self) -> Option<String> {
+        let s = self.tensors.iter().find_map(|p| p.l.as_ref().or(p.r.as_ref()))?;
+        let scales = crate::config::scale_words(s.format, s.scale_kind, s.block);
+        Some(if scales.is_empty() { s.format.name().to_string() } else { format!("{} ({})", s.format.name(), &scales[2..]) })
+    }
 }
 
 /// The random stream of update `update`'s write-back of preconditioner `side` (0: L, 1: R) of
