@@ -80,10 +80,7 @@ for step in "$@"; do
     soap_fp8_block128)
       reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset --set optim.states.block_size=128 ;;
     soap_fp8_precond_fp32)
-      # (optim.kind = "soap" too: the table's AdamW reference cell resolves with every --set,
-      # and refuses a SOAP key; the --cells given are SOAP's anyway)
-      reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset --set 'optim.kind="soap"' \
-        --set 'optim.soap.precond_format="fp32"' ;;
+      reproduce "$step" soap "$seeds" --cells soap_fp8_plain,soap_fp8_reset --set 'optim.soap.precond_format="fp32"' ;;
     embed_head_fp32)
       reproduce "$step" bf16-model "$seeds" --cells fp8_plain "${fp32[@]//GROUP/embed}" "${fp32[@]//GROUP/head}" ;;
     v_zero_exclude) reproduce "$step" bf16-model "$seeds" --cells fp8_plain --set optim.states.v_zero=exclude ;;

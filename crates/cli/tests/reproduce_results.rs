@@ -432,6 +432,18 @@ fn soap_borrows_only_the_adamw_reference() {
     assert!(md.contains("Reproduction of the paper's Table 7 (SOAP with low-precision states, BF16 model)"), "{md}");
     assert!(md.contains("1 of 10 runs (5 cells x seeds 0, 1)") && md.contains("llama100m_soap_bf16_plain-s0"), "{md}");
     assert!(md.contains("AdamW with FP32 states (the reference, not in Table 7): 6.0000."), "{md}");
+    // a SOAP key in --set, which the AdamW reference cell's config refuses: the command still
+    // reports its SOAP cells, the reference shown as missing (it cannot have runs of that config)
+    let set = tmp.path().join("with_set");
+    std::fs::create_dir_all(set.join("committed")).unwrap();
+    let (set_out, set_committed) = (set.join("out"), set.join("committed"));
+    let dirs = [("--configs", &cfgs), ("--runs", &runs), ("--out", &set_out), ("--merge", &set_committed)];
+    let mut args = vec!["reproduce", "--table", "soap", "--scale", "smoke", "--report-only", "--seed-list", "0"];
+    args.extend(["--cells", "soap_fp8_plain", "--set", "optim.soap.precond_format=\"fp32\""]);
+    args.extend(dirs.iter().flat_map(|(flag, d)| [*flag, d.to_str().unwrap()]));
+    let (ok, md, err) = train(&args, tmp.path());
+    assert!(ok, "{err}");
+    assert!(md.contains("AdamW with FP32 states (the reference, not in Table 7): —."), "{md}");
 }
 
 /// Two commands through the real runner (2-step runs of one cell on the CPU): each merges its

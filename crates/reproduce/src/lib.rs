@@ -40,7 +40,7 @@ pub use paper::{
     cell_config, cell_name, cell_short, cells, claims, paper_loss, paper_verdict, states_label, Cell, Claim, Fix, Fmt, Relation, Table,
     SKIP_PROBS,
 };
-pub use pool::{detect_gpus, gpus_from, pick_gpu, plan, read_record, run_overrides, Job, PlanSpec};
+pub use pool::{detect_gpus, gpus_from, pick_gpu, plan, plan_loadable, read_record, run_overrides, Job, PlanSpec};
 pub use report::{render, RunInfo};
 pub use results::{fingerprint, results_name, CommandLog, Planned, Record, ResultsFile, RunKey};
 pub use scale::{reset_period, scale_description, scale_overrides, Scale};
@@ -164,7 +164,7 @@ fn borrow_shared_runs(a: &ReproduceArgs, spec: PlanSpec, kinds: &[States], seeds
     all.sort_unstable();
     all.dedup();
     for &k in kinds {
-        for j in plan(spec, k, &cells(a.table), &all)? {
+        for j in plan_loadable(spec, k, &cells(a.table), &all) {
             if file.find(&j.planned).is_some() {
                 continue;
             }
@@ -303,7 +303,7 @@ fn report_for(a: &ReproduceArgs, spec: PlanSpec, kind: States, seeds: &[usize], 
     let mut candidates: Vec<usize> = seeds.iter().copied().chain(file.seeds()).collect();
     candidates.sort_unstable();
     candidates.dedup();
-    let all = plan(spec, kind, &cells(a.table), &candidates)?;
+    let all = plan_loadable(spec, kind, &cells(a.table), &candidates);
     let found = |j: &&Job| file.find(&j.planned).is_some();
     let shown: Vec<usize> =
         candidates.into_iter().filter(|s| seeds.contains(s) || all.iter().filter(found).any(|j| j.planned.key.seed == *s)).collect();
@@ -312,7 +312,7 @@ fn report_for(a: &ReproduceArgs, spec: PlanSpec, kind: States, seeds: &[usize], 
     let kinds = if kind == States::Paper {
         let mut v = Vec::new();
         for k in [States::Paper, States::Blockwise, States::Theory] {
-            let p: Vec<Planned> = plan(spec, k, &cells(a.table), &shown)?.into_iter().map(|j| j.planned).collect();
+            let p: Vec<Planned> = plan_loadable(spec, k, &cells(a.table), &shown).into_iter().map(|j| j.planned).collect();
             v.push((k.as_str(), file.results(&p)));
         }
         v

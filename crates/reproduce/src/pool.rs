@@ -72,28 +72,36 @@ pub struct PlanSpec<'a> {
 
 /// Plan the runs of one states kind over `cells` and `seeds` (seed-major, so partial results
 /// stay paired), loading each config.
+///
+/// # Errors
+/// A cell's config that does not load with the overrides (naming the cell and seed).
 pub fn plan(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> Result<Vec<Job>> {
-    let mut jobs = Vec::new();
-    for &seed in seeds {
-        for &cell in cells {
-            let config = cell_config(spec.configs, spec.table, cell);
-            let name = format!("{}-s{seed}", cell_name(spec.table, cell));
-            let runs_dir = states.runs_dir(spec.runs_root, spec.table, spec.scale, cell.0);
-            let overrides = run_overrides(spec, states, cell, &runs_dir, &name, seed);
-            let cfg =
-                RunConfig::load(&config, &overrides).with_context(|| format!("cell {} (seed {seed})", cell_name(spec.table, cell)))?;
-            jobs.push(Job {
-                planned: Planned { key: run_key(states.tag(cell.0), spec.table, cell, seed), cell, fingerprint: fingerprint(&cfg) },
-                config,
-                run_dir: cfg.run_dir(),
-                max_steps: cfg.train.max_steps,
-                lr: cfg.optim.lr,
-                cuda: cfg.train.device.starts_with("cuda"),
-                overrides,
-            });
-        }
-    }
-    Ok(jobs)
+    seeds.iter().flat_map(|&seed| cells.iter().map(move |&cell| plan_one(spec, states, cell, seed))).collect()
+}
+
+/// [`plan`] for the cells a command shows or borrows but does not run: a cell whose config the
+/// `--set` overrides make invalid (a SOAP key on the AdamW reference cell) cannot have runs of
+/// that config, so it is left out (shown as missing) instead of failing the command.
+pub fn plan_loadable(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[usize]) -> Vec<Job> {
+    seeds.iter().flat_map(|&seed| cells.iter().filter_map(move |&cell| plan_one(spec, states, cell, seed).ok())).collect()
+}
+
+/// One run of [`plan`].
+fn plan_one(spec: PlanSpec, states: States, cell: Cell, seed: usize) -> Result<Job> {
+    let config = cell_config(spec.configs, spec.table, cell);
+    let name = format!("{}-s{seed}", cell_name(spec.table, cell));
+    let runs_dir = states.runs_dir(spec.runs_root, spec.table, spec.scale, cell.0);
+    let overrides = run_overrides(spec, states, cell, &runs_dir, &name, seed);
+    let cfg = RunConfig::load(&config, &overrides).with_context(|| format!("cell {} (seed {seed})", cell_name(spec.table, cell)))?;
+    Ok(Job {
+        planned: Planned { key: run_key(states.tag(cell.0), spec.table, cell, seed), cell, fingerprint: fingerprint(&cfg) },
+        config,
+        run_dir: cfg.run_dir(),
+        max_steps: cfg.train.max_steps,
+        lr: cfg.optim.lr,
+        cuda: cfg.train.device.starts_with("cuda"),
+        overrides,
+    })
 }
 
 /// The record of a finished run folder, or `None` when its summary is missing or it did not
