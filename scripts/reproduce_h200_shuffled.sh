@@ -29,6 +29,9 @@
 #   fp4_per_tensor       A.10: FP4 SR with and without resets, one scale per tensor
 #   model_60m[:CELLS], model_100m[:CELLS]  Table 4: the model-scale cells (default all of
 #                        Table 4's; CELLS as --cells) at the paper's lr for 60M/100M (1e-3)
+#   batch_B              steps vs tokens per step: FP32 states, FP8 plain and FP8 SR + resets at
+#                        B x 256 tokens per step (B = 32 .. 512; micro-batches of at most 128)
+#                        for the scale's 78.6M tokens (2400 x 128 / B steps, warmup 10%)
 # Each ablation runs the seeds in ABLATION_SEEDS (default 0-2).
 set -uo pipefail
 TRAIN=$1
@@ -100,6 +103,13 @@ for step in "$@"; do
       k=${step#fp4_period_}
       reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.m_reset_every="$k" \
         --set optim.states.v_reset_every="$k" ;;
+    batch_*)
+      b=${step#batch_} micro=128
+      [ "$b" -lt 128 ] && micro=$b
+      steps=$((2400 * 128 / b))
+      reproduce "$step" bf16-model "$seeds" --cells fp32_plain,fp8_plain,fp8_sr_reset \
+        --set train.micro_batch="$micro" --set train.grad_accum=$((b / micro)) \
+        --set train.max_steps="$steps" --set optim.warmup_steps=$((steps / 10)) ;;
     *)
       echo "unknown step $step" >&2
       exit 2
