@@ -5,7 +5,10 @@
 The model is what a PyTorch user writes for speed (as nanoGPT / torchtitan do): a fused
 q/k/v `Linear` and a fused gate/up `Linear`, `F.rms_norm`, RoPE (HF rotate_half),
 `F.scaled_dot_product_attention(is_causal=True)` (cuDNN / flash on Hopper), an untied LM head
-and `F.cross_entropy`, no biases; weights in `--dtype`; AdamW(fused=True) with FP32 states,
+with its rows padded to a multiple of `--pad-vocab` (64: nanoGPT's 50257 -> 50304, llm.c's
+padded vocabulary; T5's 32100 rows give a 2-byte-aligned row stride that sends the head's
+products to slow `align2` kernels) and `F.cross_entropy` over the true vocabulary's columns
+(the padding never enters the loss), no biases; weights in `--dtype`; AdamW(fused=True) with FP32 states,
 no gradient clipping; random token ids (throughput does not depend on the text). Same
 presets as lowbit (`crates/model/src/config.rs`, T5 vocabulary 32100).
 
@@ -14,8 +17,11 @@ Prints one JSON row: {"system": "torch_eager" | "torch_llama_compile", "dtype", 
 `train bench training` does: 6 * N_matmul + 12 * L * T * d FLOPs per token (the LM head
 counts, the embedding lookup does not) against the H200 SXM's dense peak of the products' type,
 as `train bench training` (crates/cli/src/bench_training.rs): 989 TFLOP/s BF16, 494 TF32, 67 FP32.
-Usage: python3 scripts/bench_torch_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile] [--tf32]
-       [--profile 3]  (the top CUDA kernels of 3 more steps on stderr)
+Usage: python3 scripts/bench_torch_llama.py --preset llama100m --batch 128 --seq 256 --dtype bf16 --steps 15 [--compile]
+       [--mode reduce-overhead] [--tf32] [--profile 3]  (the top CUDA kernels of 3 more steps on stderr)
+`--mode` is torch.compile's: `default`, `reduce-overhead` (the step's kernels replayed as CUDA
+graphs: no launch gaps, what a careful user tries for a small model) or
+`max-autotune-no-cudagraphs` (Triton GEMM templates autotuned against cuBLAS).
 """
 import argparse
 import json
@@ -58,12 +64,13 @@ def rope(x, cos, sin):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab, h, inter, heads, layers, seq):
+    def __init__(self, vocab, h, inter, heads, layers, seq, pad_vocab=1):
         super().__init__()
+        self.vocab = vocab
         self.embed = nn.Embedding(vocab, h)
         self.blocks = nn.ModuleList(Block(h, inter, heads) for _ in range(layers))
         self.norm = nn.Parameter(torch.ones(h))
-        self.head = nn.Linear(h, vocab, bias=False)
+        self.head = nn.Linear(h, -(-vocab // pad_vocab) * pad_vocab, bias=False)
         d = h // heads
         inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
         ang = torch.outer(torch.arange(seq).float(), inv)
@@ -76,8 +83,8 @@ class Llama(nn.Module):
         cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
         for blk in self.blocks:
             x = blk(x, cos, sin)
-        logits = self.head(F.rms_norm(x, (x.shape[-1],), self.norm, 1e-6))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        logits = self.head(F.rms_norm(x, (x.shape[-1],), self.norm, 1e-6))[..., : self.vocab]
+        return F.cross_entropy(logits.float().reshape(-1, self.vocab), targets.reshape(-1))
 
 
 def flops_per_token(vocab, h, inter, layers, seq):
@@ -94,7 +101,13 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--vocab", type=int, default=32100)
+    ap.add_argument("--pad-vocab", type=int, default=64,
+                    help="the head's rows padded to a multiple of this (1: none, the comparator before 2026-12-06)")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--mode", default="default",
+                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"],
+                    help="torch.compile's mode (with --compile)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, CUDA graph capture)")
     ap.add_argument("--tf32", action="store_true", help="FP32 matmuls with TF32 inputs (allow_tf32)")
     ap.add_argument("--profile", metavar="STEPS", type=int, default=0,
                     help="after timing, profile STEPS more steps and print the top CUDA kernels to stderr (ms per step)")
@@ -104,22 +117,24 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
     torch.manual_seed(0)
-    model = Llama(a.vocab, h, inter, heads, layers, a.seq).to("cuda", dtype=dtype)
+    model = Llama(a.vocab, h, inter, heads, layers, a.seq, a.pad_vocab).to("cuda", dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    fwd = torch.compile(model) if a.compile else model
+    fwd = torch.compile(model, mode=a.mode) if a.compile else model
     x = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device="cuda")
+    ids, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
     def step():
-        fwd(x[:, :-1], x[:, 1:]).backward()
+        fwd(ids, targets).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    secs, peak_gib = timed(step, a.steps)
+    secs, peak_gib = timed(step, a.steps, a.warmup)
     tps = a.steps * a.batch * a.seq / secs
     peak = PEAK["bf16" if a.dtype == "bf16" else "tf32" if a.tf32 else "fp32"]
     print(json.dumps({"system": "torch_llama_compile" if a.compile else "torch_llama_eager",
                       "impl": "plain PyTorch LLaMA (scripts/bench_torch_llama.py)", "preset": a.preset,
                       "params": sum(p.numel() for p in model.parameters()), "dtype": a.dtype,
+                      "compile_mode": a.mode if a.compile else None, "pad_vocab": a.pad_vocab,
                       "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "micro_batch": a.batch,
                       "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": peak_gib,
                       "mfu": tps * flops_per_token(a.vocab, h, inter, layers, a.seq) / peak}))

@@ -23,13 +23,17 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
     m = mx;
 }
 
+// The row's max and sum of exponentials; with `stage` (shared memory, v elements) each element
+// read is also kept there, so that a second pass over the row reads the block's copy.
 template <typename T, int VEC>
-__device__ void row_max_sum(const T* xr, int v, float* smem, float* m_out, float* s_out) {
+__device__ void row_max_sum(const T* xr, int v, float* smem, float* m_out, float* s_out, T* stage = nullptr) {
     float m = -INFINITY, s = 0.f;
     int full = v / VEC * VEC;
+#pragma unroll 4
     for (int j = threadIdx.x * VEC; j < full; j += blockDim.x * VEC) {
         float x[VEC];
         load_vec<T, VEC>(xr + j, x);
+        if (stage) store_vec<T, VEC>(stage + j, x);  // T -> FP32 -> T is exact
         float cm = x[0];
 #pragma unroll
         for (int k = 1; k < VEC; k++) cm = fmaxf(cm, x[k]);
@@ -40,7 +44,10 @@ __device__ void row_max_sum(const T* xr, int v, float* smem, float* m_out, float
 #pragma unroll
         for (int k = 0; k < VEC; k++) s += __expf(x[k] - m);
     }
-    for (int j = full + threadIdx.x; j < v; j += blockDim.x) combine(m, s, to_f(xr[j]), 1.f);
+    for (int j = full + threadIdx.x; j < v; j += blockDim.x) {
+        if (stage) stage[j] = xr[j];
+        combine(m, s, to_f(xr[j]), 1.f);
+    }
     for (int o = 16; o > 0; o >>= 1) combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();  // smem may still be read by a previous reduction
@@ -72,12 +79,18 @@ __device__ void cross_entropy_fwd(const T* x, const uint32_t* target, const floa
 
 // dx = coef * (softmax(x) - onehot(target)) per row (dx may be x: in place); when `nll` is
 // not null also nll[row] = coef * (logsumexp(x) - x[target]), as cross_entropy_fwd with w = coef.
-template <typename T, int VEC>
+// STAGED: the row is kept in dynamic shared memory (v elements of T) by the max/sum pass and
+// the gradient pass reads that copy: one read and one write of the row in global memory where
+// the unstaged kernel reads it twice. Each thread sees the same elements in the same order
+// either way, so both give the same bits.
+template <typename T, int VEC, bool STAGED>
 __device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const float* coef, T* dx, float* nll, int v,
                                   int ld) {
     __shared__ float smem[2 * WARPS];
+    extern __shared__ __align__(16) unsigned char staged_row[];
     int row = blockIdx.x;
     const T* xr = x + (size_t)row * ld;
+    T* stage = STAGED ? reinterpret_cast<T*>(staged_row) : nullptr;
     T* dr = dx + (size_t)row * ld;
     float c = coef[row];
     for (int j = v + threadIdx.x; j < ld; j += blockDim.x) dr[j] = from_f<T>(0.f);  // padding
@@ -87,25 +100,28 @@ __device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const floa
         return;
     }
     float m, s;
-    row_max_sum<T, VEC>(xr, v, smem, &m, &s);
+    row_max_sum<T, VEC>(xr, v, smem, &m, &s, stage);  // its barriers complete the copy
+    const T* src = STAGED ? stage : xr;
     float scale = c / s;
     int tg = (int)target[row];
-    float xt = to_f(xr[tg]);
+    float xt = to_f(src[tg]);
     __syncthreads();  // x[target] is read before any thread overwrites it
     if (nll && threadIdx.x == 0) nll[row] = c * (m + logf(s) - xt);
     int full = v / VEC * VEC;
+#pragma unroll 4
     for (int j = threadIdx.x * VEC; j < full; j += blockDim.x * VEC) {
         float e[VEC];
-        load_vec<T, VEC>(xr + j, e);
+        load_vec<T, VEC>(src + j, e);
 #pragma unroll
         for (int k = 0; k < VEC; k++) e[k] = __expf(e[k] - m) * scale - (j + k == tg ? c : 0.f);
         store_vec<T, VEC>(dr + j, e);
     }
     for (int j = full + threadIdx.x; j < v; j += blockDim.x)
-        dr[j] = from_f<T>(__expf(to_f(xr[j]) - m) * scale - (j == tg ? c : 0.f));
+        dr[j] = from_f<T>(__expf(to_f(src[j]) - m) * scale - (j == tg ? c : 0.f));
 }
 
-// extern "C" entry points: cross_entropy_fwd<V>_<dtype>, cross_entropy_bwd<V>_<dtype>.
+// extern "C" entry points: cross_entropy_fwd<V>_<dtype>, cross_entropy_bwd<V>_<dtype>,
+// cross_entropy_bwd_staged<V>_<dtype> (v * sizeof(T) bytes of dynamic shared memory).
 #define CROSS_ENTROPY_ENTRIES(T, S, V)                                                                           \
     extern "C" __global__ void cross_entropy_fwd##V##_##S(const T* x, const uint32_t* target, const float* w,   \
                                                           float* nll, int v, int ld) {                           \
@@ -113,7 +129,12 @@ __device__ void cross_entropy_bwd(const T* x, const uint32_t* target, const floa
     }                                                                                                            \
     extern "C" __global__ void cross_entropy_bwd##V##_##S(const T* x, const uint32_t* target, const float* coef, \
                                                           T* dx, float* nll, int v, int ld) {                    \
-        cross_entropy_bwd<T, V>(x, target, coef, dx, nll, v, ld);                                                \
+        cross_entropy_bwd<T, V, false>(x, target, coef, dx, nll, v, ld);                                         \
+    }                                                                                                            \
+    extern "C" __global__ void cross_entropy_bwd_staged##V##_##S(const T* x, const uint32_t* target,            \
+                                                                 const float* coef, T* dx, float* nll, int v,    \
+                                                                 int ld) {                                       \
+        cross_entropy_bwd<T, V, true>(x, target, coef, dx, nll, v, ld);                                          \
     }
 CROSS_ENTROPY_ENTRIES(bf16, bf16, 1)
 CROSS_ENTROPY_ENTRIES(bf16, bf16, 8)

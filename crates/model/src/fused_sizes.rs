@@ -18,6 +18,20 @@ pub(crate) fn row_chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize,
     (0..n).step_by(chunk).map(move |r0| (r0, chunk.min(n - r0)))
 }
 
+/// Largest logits row, in bytes, that the cross-entropy backward keeps in shared memory
+/// (`cross_entropy_bwd_staged`, `kernels/model/cross_entropy.cuh`): it then reads the row from
+/// global memory once instead of twice. 112 KiB leaves room for two blocks per SM on Hopper
+/// (228 KiB of shared memory per SM, 227 KiB per block).
+pub(crate) const CE_STAGED_MAX_BYTES: usize = 112 * 1024;
+
+/// The dynamic shared memory (bytes) of the cross-entropy backward for rows of `v` elements of
+/// `elt` bytes: the row's size, or `None` above [`CE_STAGED_MAX_BYTES`] (the unstaged kernel).
+/// The T5 vocabulary's BF16 rows (32,100 x 2 B) are staged, its FP32 rows (125 KiB) are not.
+pub(crate) fn ce_staged_bytes(v: usize, elt: usize) -> Option<usize> {
+    let bytes = (v * elt).div_ceil(16) * 16;
+    (bytes <= CE_STAGED_MAX_BYTES).then_some(bytes)
+}
+
 /// Positions grouped by id: `(order, offsets, unique)`: `order` the positions sorted by id
 /// (stable: positions ascend within an id), `unique` the distinct ids ascending, and id
 /// `unique[k]`'s positions at `order[offsets[k]..offsets[k + 1]]` (`offsets` has one more
@@ -187,6 +201,15 @@ mod tests {
         assert_eq!(header_value(flash, "LDH_PAD"), FLASH_BF16_PAD as i64);
         assert_eq!(header_value(flash_f32, "LD_PAD"), FLASH_F32_PAD as i64);
         assert_eq!(header_value(flash_f32, "LP_PAD"), FLASH_F32_SCORE_PAD as i64);
+    }
+
+    #[test]
+    fn cross_entropy_stages_rows_up_to_112_kib() {
+        assert_eq!(ce_staged_bytes(32100, 2), Some(64_208), "T5's vocabulary, BF16");
+        assert_eq!(ce_staged_bytes(32100, 4), None, "T5's vocabulary, FP32: 128,400 B");
+        assert_eq!(ce_staged_bytes(301, 4), Some(1_216), "rounded up to 16 bytes");
+        assert_eq!(ce_staged_bytes(57_344, 2), Some(114_688));
+        assert_eq!(ce_staged_bytes(57_345, 2), None);
     }
 
     #[test]

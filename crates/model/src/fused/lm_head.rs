@@ -6,7 +6,7 @@
 //! fused linear cross-entropy and llm.c do): three matrix products per chunk in all.
 
 use super::{aligned, alloc, args, cuda_device, launch, tensor_ptr, wrap, zero_padded, Gemm, BLOCK_THREADS};
-use crate::fused_sizes::row_chunks;
+use crate::fused_sizes::{ce_staged_bytes, row_chunks};
 use crate::kernels::LM_HEAD_CHUNK_ROWS;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
@@ -36,12 +36,20 @@ fn check(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Resul
     Ok(())
 }
 
-/// Launches `cross_entropy_fwd` or `cross_entropy_bwd` (`name`), one block per row of `rows`
-/// rows of row stride `ld` elements: 8 elements per access where the rows and the buffers
-/// `ptrs` are 16-byte aligned, else one.
-fn launch_rows(dev: &CudaDevice, name: &str, dtype: DType, (rows, ld): (usize, usize), ptrs: &[u64], a: &[super::Arg]) -> Result<()> {
+/// Launches `cross_entropy_fwd`, `cross_entropy_bwd` or `cross_entropy_bwd_staged` (`name`),
+/// one block per row of `rows` rows of row stride `ld` elements, with `smem` bytes of dynamic
+/// shared memory: 8 elements per access where the rows and the buffers `ptrs` are 16-byte
+/// aligned, else one.
+fn launch_rows(
+    dev: &CudaDevice,
+    name: &str,
+    dtype: DType,
+    (rows, ld, smem): (usize, usize, usize),
+    ptrs: &[u64],
+    a: &[super::Arg],
+) -> Result<()> {
     let per_access = if (ld * dtype.size_in_bytes()).is_multiple_of(16) && super::aligned16(ptrs) { 8 } else { 1 };
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
     launch(dev, &format!("{name}{per_access}"), dtype, cfg, a)
 }
 
@@ -120,13 +128,16 @@ impl Chunks {
     }
 
     /// For each chunk of rows: the logits, then the rows' weighted NLL into `nll` (F32
-    /// `[N]`), and with `grads` the logits' gradient (`coef_r · (softmax − onehot)`, in place)
+    /// `[N]`), and with `grads` the logits' gradient (`coef_r · (softmax − onehot)`, in place,
+    /// from a copy of the row in shared memory where [`ce_staged_bytes`] allows: the same bits)
     /// and from it `dh[rows] = dlogits · w_pad` and `dw += dlogitsᵀ · hidden[rows]`
     /// (`dh` in the model's dtype, `dw` F32 `[av, h]`).
     fn run(&self, nll: u64, grads: Option<(u64, u64)>) -> Result<()> {
         let (dev, dtype, (n, h, av)) = (&self.dev, self.dtype, (self.n, self.h, self.av));
         let (_buf, logits) = alloc(dev, dtype, LM_HEAD_CHUNK_ROWS.min(n) * av)?;
         let (vi, ld, elt) = (self.v as i32, av as i32, dtype.size_in_bytes());
+        // the backward keeps each row in shared memory where it fits: one read of the logits
+        let staged = ce_staged_bytes(self.v, elt);
         for (r0, rows) in row_chunks(n, LM_HEAD_CHUNK_ROWS) {
             let hid = self.hidden + (r0 * h * elt) as u64;
             Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
@@ -137,18 +148,22 @@ impl Chunks {
                     dev,
                     "cross_entropy_fwd",
                     dtype,
-                    (rows, av),
+                    (rows, av, 0),
                     &[logits],
                     &args![logits, self.target + off, self.coef + off, nll_r, vi, ld],
                 )?;
                 continue;
             };
             // the padding columns of dlogits become 0
+            let (name, smem) = match staged {
+                Some(bytes) => ("cross_entropy_bwd_staged", bytes),
+                None => ("cross_entropy_bwd", 0),
+            };
             launch_rows(
                 dev,
-                "cross_entropy_bwd",
+                name,
                 dtype,
-                (rows, av),
+                (rows, av, smem),
                 &[logits],
                 &args![logits, self.target + off, self.coef + off, logits, nll_r, vi, ld],
             )?;
