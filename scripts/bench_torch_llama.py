@@ -5,10 +5,12 @@
 The model is what a PyTorch user writes for speed (as nanoGPT / torchtitan do): a fused
 q/k/v `Linear` and a fused gate/up `Linear`, `F.rms_norm`, RoPE (HF rotate_half),
 `F.scaled_dot_product_attention(is_causal=True)` (cuDNN / flash on Hopper), an untied LM head
-with its rows padded to a multiple of `--pad-vocab` (64: nanoGPT's 50257 -> 50304, llm.c's
-padded vocabulary; T5's 32100 rows give a 2-byte-aligned row stride that sends the head's
-products to slow `align2` kernels) and `F.cross_entropy` over the true vocabulary's columns
-(the padding never enters the loss), no biases; weights in `--dtype`; AdamW(fused=True) with FP32 states,
+with its rows padded to a multiple of `--pad-vocab` (64, as llm.c pads its vocabulary and
+nanoGPT its 50257 -> 50304; T5's 32100 rows give a 2-byte-aligned row stride that sends the
+head's products to slow `align2` kernels) and `F.cross_entropy` over the true vocabulary's
+columns as llm.c (the padding never enters the loss; in eager mode the slice's backward
+writes a zero-filled gradient of the padded width, which torch.compile fuses away), no
+biases; weights in `--dtype`; AdamW(fused=True) with FP32 states,
 no gradient clipping; random token ids (throughput does not depend on the text). Same
 presets as lowbit (`crates/model/src/config.rs`, T5 vocabulary 32100).
 
@@ -107,11 +109,14 @@ def main():
     ap.add_argument("--mode", default="default",
                     choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"],
                     help="torch.compile's mode (with --compile)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, CUDA graph capture)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed steps first (compilation, CUDA graph capture; 3 before 2026-12-06)")
     ap.add_argument("--tf32", action="store_true", help="FP32 matmuls with TF32 inputs (allow_tf32)")
     ap.add_argument("--profile", metavar="STEPS", type=int, default=0,
                     help="after timing, profile STEPS more steps and print the top CUDA kernels to stderr (ms per step)")
     a = ap.parse_args()
+    if a.pad_vocab < 1:
+        ap.error("--pad-vocab must be >= 1 (1: no padding)")
     h, inter, heads, layers = PRESETS[a.preset]
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
@@ -133,7 +138,9 @@ def main():
     peak = PEAK["bf16" if a.dtype == "bf16" else "tf32" if a.tf32 else "fp32"]
     print(json.dumps({"system": "torch_llama_compile" if a.compile else "torch_llama_eager",
                       "impl": "plain PyTorch LLaMA (scripts/bench_torch_llama.py)", "preset": a.preset,
-                      "params": sum(p.numel() for p in model.parameters()), "dtype": a.dtype,
+                      # the model's parameters: the head's padding rows are not counted
+                      "params": sum(p.numel() for p in model.parameters()) - (model.head.weight.shape[0] - a.vocab) * h,
+                      "dtype": a.dtype,
                       "compile_mode": a.mode if a.compile else None, "pad_vocab": a.pad_vocab,
                       "matmul_precision": "tf32" if a.tf32 else "fp32", "batch": a.batch, "micro_batch": a.batch,
                       "seq": a.seq, "tokens_per_s": tps, "peak_memory_gib": peak_gib,

@@ -21,15 +21,25 @@ pub(crate) fn row_chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize,
 /// Largest logits row, in bytes, that the cross-entropy backward keeps in shared memory
 /// (`cross_entropy_bwd_staged`, `kernels/model/cross_entropy.cuh`): it then reads the row from
 /// global memory once instead of twice. 112 KiB leaves room for two blocks per SM on Hopper
-/// (228 KiB of shared memory per SM, 227 KiB per block).
+/// (228 KiB of shared memory per SM, 227 KiB per block); the launcher lowers it to what the
+/// device allows one block ([`ce_stage_limit`]).
 pub(crate) const CE_STAGED_MAX_BYTES: usize = 112 * 1024;
 
+/// The staging limit for a device whose blocks may opt in to `optin` bytes of shared memory
+/// (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`): [`CE_STAGED_MAX_BYTES`], or less
+/// 1 KiB for the kernel's static shared memory where the device allows less (Ada and
+/// Ampere consumer parts: 99 KiB).
+pub(crate) fn ce_stage_limit(optin: usize) -> usize {
+    CE_STAGED_MAX_BYTES.min(optin.saturating_sub(1024))
+}
+
 /// The dynamic shared memory (bytes) of the cross-entropy backward for rows of `v` elements of
-/// `elt` bytes: the row's size, or `None` above [`CE_STAGED_MAX_BYTES`] (the unstaged kernel).
-/// The T5 vocabulary's BF16 rows (32,100 x 2 B) are staged, its FP32 rows (125 KiB) are not.
-pub(crate) fn ce_staged_bytes(v: usize, elt: usize) -> Option<usize> {
+/// `elt` bytes: the row's size rounded up to 16 bytes, or `None` above `limit`
+/// ([`ce_stage_limit`]: the unstaged kernel). On Hopper the T5 vocabulary's BF16 rows
+/// (32,100 x 2 B) are staged, its FP32 rows (125 KiB) are not.
+pub(crate) fn ce_staged_bytes(v: usize, elt: usize, limit: usize) -> Option<usize> {
     let bytes = (v * elt).div_ceil(16) * 16;
-    (bytes <= CE_STAGED_MAX_BYTES).then_some(bytes)
+    (bytes <= limit).then_some(bytes)
 }
 
 /// Positions grouped by id: `(order, offsets, unique)`: `order` the positions sorted by id
@@ -205,11 +215,17 @@ mod tests {
 
     #[test]
     fn cross_entropy_stages_rows_up_to_112_kib() {
-        assert_eq!(ce_staged_bytes(32100, 2), Some(64_208), "T5's vocabulary, BF16");
-        assert_eq!(ce_staged_bytes(32100, 4), None, "T5's vocabulary, FP32: 128,400 B");
-        assert_eq!(ce_staged_bytes(301, 4), Some(1_216), "rounded up to 16 bytes");
-        assert_eq!(ce_staged_bytes(57_344, 2), Some(114_688));
-        assert_eq!(ce_staged_bytes(57_345, 2), None);
+        let hopper = ce_stage_limit(227 * 1024);
+        assert_eq!(hopper, 112 * 1024);
+        assert_eq!(ce_staged_bytes(32100, 2, hopper), Some(64_208), "T5's vocabulary, BF16");
+        assert_eq!(ce_staged_bytes(32100, 4, hopper), None, "T5's vocabulary, FP32: 128,400 B");
+        assert_eq!(ce_staged_bytes(301, 4, hopper), Some(1_216), "rounded up to 16 bytes");
+        assert_eq!(ce_staged_bytes(57_344, 2, hopper), Some(114_688));
+        assert_eq!(ce_staged_bytes(57_345, 2, hopper), None);
+        let ada = ce_stage_limit(99 * 1024);
+        assert_eq!(ada, 98 * 1024);
+        assert_eq!(ce_staged_bytes(50_304, 2, ada), None, "a 50,304 vocabulary: 100,608 B");
+        assert_eq!(ce_staged_bytes(32100, 2, ada), Some(64_208));
     }
 
     #[test]

@@ -6,17 +6,19 @@
 //! fused linear cross-entropy and llm.c do): three matrix products per chunk in all.
 
 use super::{aligned, alloc, args, cuda_device, launch, tensor_ptr, wrap, zero_padded, Gemm, BLOCK_THREADS};
-use crate::fused_sizes::{ce_staged_bytes, row_chunks};
+use crate::fused_sizes::{ce_stage_limit, ce_staged_bytes, row_chunks};
 use crate::kernels::LM_HEAD_CHUNK_ROWS;
+use candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as SMEM_OPTIN;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
-/// Checks the shapes and dtypes of `hidden` `[N, H]`, the head `w` `[V, H]`, `target` u32
-/// `[N]` and `weight` F32 `[N]`.
+/// Checks the shapes and dtypes of `hidden` `[N, H]`, the head `w` `[V, H]` (`V >= 1`),
+/// `target` u32 `[N]` and `weight` F32 `[N]`.
 fn check(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Result<()> {
     let (n, h) = hidden.dims2()?;
-    let (_, wh) = w.dims2()?;
-    if wh != h
+    let (wv, wh) = w.dims2()?;
+    if wv == 0
+        || wh != h
         || w.dtype() != hidden.dtype()
         || target.dims1()? != n
         || weight.dims1()? != n
@@ -69,7 +71,7 @@ pub fn loss(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Re
     let (hp, wp) = (tensor_ptr(hidden, "hidden")?, tensor_ptr(w, "lm_head")?);
     let chunks = Chunks::new(&dev, dtype, hp, wp, tensor_ptr(target, "target")?, tensor_ptr(weight, "weight")?, (n, h, v))?;
     let (_nll, nll) = alloc(&dev, DType::F32, n)?;
-    chunks.run(nll, None)?;
+    chunks.run(nll, None, None)?;
     Ok(wrap(ordered_sum(&dev, nll, n)?, ()))
 }
 
@@ -77,8 +79,25 @@ pub fn loss(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor) -> Re
 /// dtype) and `w` (F32, summed over the chunks: the training pass rounds it to the weight's
 /// dtype or adds it to a running sum), for the training pass (`crate::passes`). `scale`
 /// enters the rows' loss coefficients, so the gradients come out of the chunks' products
-/// scaled.
+/// scaled. The loss gradient keeps each row of logits in shared memory where it fits
+/// ([`loss_and_grads_staging`] with `stage_rows = true`).
 pub fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Tensor, scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    loss_and_grads_staging(hidden, w, target, weight, scale, true)
+}
+
+/// [`loss_and_grads`], choosing how the loss gradient reads the logits: with `stage_rows` each
+/// row that fits the device's shared memory (up to 112 KiB, `fused_sizes::ce_staged_bytes`) is
+/// read from global memory once and kept in shared memory for the gradient pass; without it
+/// every row is read twice. Both give the same bits (the same elements in the same order per
+/// thread); `stage_rows = false` is for that check and for timing the two kernels.
+pub fn loss_and_grads_staging(
+    hidden: &Tensor,
+    w: &Tensor,
+    target: &Tensor,
+    weight: &Tensor,
+    scale: f64,
+    stage_rows: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
     check(hidden, w, target, weight)?;
     let (dev, dtype) = (cuda_device(hidden)?, hidden.dtype());
     let ((n, h), (v, _)) = (hidden.dims2()?, w.dims2()?);
@@ -87,7 +106,13 @@ pub fn loss_and_grads(hidden: &Tensor, w: &Tensor, target: &Tensor, weight: &Ten
     let chunks = Chunks::new(&dev, dtype, hp, wp, tensor_ptr(target, "target")?, tensor_ptr(&coef, "coef")?, (n, h, v))?;
     let (_nll, nll) = alloc(&dev, DType::F32, n)?;
     let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, chunks.av * h)?);
-    chunks.run(nll, Some((dh, dw)))?;
+    let staged = if stage_rows {
+        let optin = dev.cuda_stream().context().attribute(SMEM_OPTIN).map_err(|e| super::err(format!("fused lm_head: {e}")))?;
+        ce_staged_bytes(v, dtype.size_in_bytes(), ce_stage_limit(optin as usize))
+    } else {
+        None
+    };
+    chunks.run(nll, Some((dh, dw)), staged)?;
     let dw = wrap(dw_s, (chunks.av, h)).narrow(0, 0, v)?;
     Ok((wrap(ordered_sum(&dev, nll, n)?, ()), wrap(dh_s, (n, h)), dw))
 }
@@ -129,15 +154,13 @@ impl Chunks {
 
     /// For each chunk of rows: the logits, then the rows' weighted NLL into `nll` (F32
     /// `[N]`), and with `grads` the logits' gradient (`coef_r · (softmax − onehot)`, in place,
-    /// from a copy of the row in shared memory where [`ce_staged_bytes`] allows: the same bits)
+    /// from a copy of the row in shared memory of `staged` bytes where that is given: the same bits)
     /// and from it `dh[rows] = dlogits · w_pad` and `dw += dlogitsᵀ · hidden[rows]`
     /// (`dh` in the model's dtype, `dw` F32 `[av, h]`).
-    fn run(&self, nll: u64, grads: Option<(u64, u64)>) -> Result<()> {
+    fn run(&self, nll: u64, grads: Option<(u64, u64)>, staged: Option<usize>) -> Result<()> {
         let (dev, dtype, (n, h, av)) = (&self.dev, self.dtype, (self.n, self.h, self.av));
         let (_buf, logits) = alloc(dev, dtype, LM_HEAD_CHUNK_ROWS.min(n) * av)?;
         let (vi, ld, elt) = (self.v as i32, av as i32, dtype.size_in_bytes());
-        // the backward keeps each row in shared memory where it fits: one read of the logits
-        let staged = ce_staged_bytes(self.v, elt);
         for (r0, rows) in row_chunks(n, LM_HEAD_CHUNK_ROWS) {
             let hid = self.hidden + (r0 * h * elt) as u64;
             Gemm { m: rows, n: av, k: h, a_t: false, b_t: true, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }

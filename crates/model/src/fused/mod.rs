@@ -55,7 +55,7 @@ const FLASH_F32_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flash_att
 /// Shared memory a block may use without opting in (bytes).
 const DEFAULT_SMEM: u32 = 48 * 1024;
 
-fn err(e: impl std::fmt::Display) -> candle_core::Error {
+pub(crate) fn err(e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Cuda(e.to_string().into())
 }
 
