@@ -4,7 +4,7 @@
 
 use crate::config::{RunConfig, WeightDtype};
 use lowbit_data::PassSize;
-use lowbit_optim::{LowbitAdamW, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
+use lowbit_optim::{BiasCorrection, LowbitAdamW, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
 
 /// Every [`setting_warnings`] and the [`passes_warning`] of a run of `cfg` with the optimizer
 /// states `states` over a training text of `pass`.
@@ -64,6 +64,16 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
              (v_reset_every is 0, a multiple of m_reset_every, or the adaptive rule resets both)"
                 .into(),
         );
+    }
+    let v_resets = spec.reset == ResetRule::Adaptive || (spec.v_reset_every > 0 && spec.v_reset_every < max_steps);
+    if spec.bias_correction == BiasCorrection::Continue && v_resets {
+        w.push(format!(
+            "optim.states.bias_correction = \"continue\" with resets of v: after a reset v holds one step's (1 - beta2) g^2 \
+             while its correction stays near 1, so the next updates are up to 1/sqrt(1 - beta2) = {:.0}x too large; with \
+             v-only resets it cost 1.5-2.7 nats at LLaMA-20M (reproduce/departures.md, section 3). \"restart\" (the \
+             default) is the paper's",
+            1.0 / (1.0 - cfg.optim.beta2).sqrt()
+        ));
     }
     if spec.resets_v_without_m() && spec.v_reset_every < max_steps {
         w.push(format!(
@@ -213,6 +223,17 @@ mod tests {
         // with v-only resets it acts: only the note on them
         let w = warnings(&["optim.states.v_reset_idle=\"keep\"", "optim.states.v_reset_every=30"]);
         assert!(w.len() == 1 && w[0].starts_with("optim.states: v resets every 30"), "{w:?}");
+    }
+
+    #[test]
+    fn a_continued_bias_correction_with_resets_of_v() {
+        let sym = ["optim.states.bias_correction=\"continue\"", "optim.states.m_reset_every=20", "optim.states.v_reset_every=20"];
+        let w = one(&sym, "optim.states.bias_correction = \"continue\" with resets of v");
+        assert!(w.contains("= 32x too large"), "beta2 0.999: {w}");
+        let adaptive = ["optim.states.bias_correction=\"continue\"", "optim.states.reset=\"adaptive\"", "optim.states.v_format=\"fp8\""];
+        one(&adaptive, "optim.states.bias_correction = \"continue\"");
+        // m resets alone leave v's correction right
+        assert_eq!(warnings(&["optim.states.bias_correction=\"continue\"", "optim.states.m_reset_every=20"]), Vec::<String>::new());
     }
 
     #[test]
