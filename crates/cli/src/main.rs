@@ -149,7 +149,7 @@ enum Cmd {
     #[command(subcommand)]
     Data(DataCmd),
     /// Speed benchmarks: `train bench data`; with a CUDA build also `train bench optimizer`,
-    /// `train bench training`.
+    /// `train bench training`, `train bench lm-head`.
     #[command(subcommand)]
     Bench(BenchCmd),
 }
@@ -256,7 +256,24 @@ enum BenchCmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// `optimizer`, `training`: need a CUDA build.
+    /// The training pass's LM head and loss at a preset's shape, the loss gradient with rows
+    /// of logits kept in shared memory against rows read twice (the same bits): ms per call.
+    #[cfg(feature = "cuda")]
+    LmHead {
+        /// Model preset (its hidden size; T5's vocabulary of 32,100).
+        #[arg(long, default_value = "llama20m")]
+        preset: String,
+        /// Rows: tokens per step (128 x 256 by default).
+        #[arg(long, default_value_t = 32768)]
+        tokens: usize,
+        /// Weight and activation dtype: bf16 or f32.
+        #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+        dtype: String,
+        /// Calls per timed window (7 windows per variant, alternating).
+        #[arg(long, default_value_t = 5)]
+        iters: usize,
+    },
+    /// `optimizer`, `training`, `lm-head`: need a CUDA build.
     #[cfg(not(feature = "cuda"))]
     #[command(external_subcommand)]
     Gpu(Vec<String>),
@@ -375,6 +392,11 @@ fn bench(b: BenchCmd) -> Result<()> {
         BenchCmd::Optimizer { preset, iters, formats, weights, .. } => {
             let (copy, rows) = bench::optimizer(&preset, iters, &formats, &weights)?;
             lowbit_train::outln!("{}", bench::render(&preset, copy, &rows));
+        }
+        #[cfg(feature = "cuda")]
+        BenchCmd::LmHead { preset, tokens, dtype, iters } => {
+            let row = lowbit_cli::bench_lm_head::lm_head(&preset, tokens, &dtype, iters)?;
+            lowbit_train::outln!("{}", lowbit_cli::bench_lm_head::render(&row));
         }
         BenchCmd::Data { config, batch, seq, batches, sets } => {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
