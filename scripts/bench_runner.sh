@@ -7,8 +7,10 @@
 # run of the same model in `train bench training` (the large-batch step alone).
 # Usage, on the GPU machine with the token shards in data/local/tok/ (docs/reproduce.md):
 #   scripts/bench_runner.sh TRAIN OUT [STEPS [JOBS [CELLS]]]    # defaults: 600, 3, fp32_plain,fp8_plain,fp8_sr
-# Writes OUT/runner_rows.jsonl (one JSON row per table and jobs) and prints them.
+# Writes OUT/runner_rows.jsonl (one JSON row per table and jobs) and prints them. One GPU: the
+# first, unless CUDA_VISIBLE_DEVICES says which (the runner spreads its jobs over every GPU it sees).
 set -euo pipefail
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 TRAIN=$1
 OUT=$2
 STEPS=${3:-600}
@@ -24,8 +26,10 @@ for table in bf16-model fp32-model; do
     --set 'data.validation=["data/local/tok/corpus/en-validation.*.tokens.zst"]' --json "$OUT/single_$table.jsonl" >&2
   for jobs in 1 "$JOBS"; do
     dir=$OUT/runner_${table}_$jobs
+    rm -rf "$dir" "/tmp/bench_runner_${table}_$jobs" # a results file already there would skip the runs
     "$TRAIN" reproduce --table "$table" --scale h200-shuffled --cells "$CELLS" --seed-list 0 --jobs "$jobs" \
-      --set train.max_steps="$STEPS" --runs "/tmp/bench_runner_${table}_$jobs" --out "$dir" >"$dir.log" 2>&1
+      --set train.max_steps="$STEPS" --runs "/tmp/bench_runner_${table}_$jobs" --out "$dir" >"$dir.log" 2>&1 \
+      || { tail -50 "$dir.log" >&2; exit 1; }
     python3 - "$dir/$table-h200-shuffled-results.json" "$OUT/single_$table.jsonl" "$table" "$jobs" >>"$ROWS" <<'PY'
 import json, sys
 results, single, table, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

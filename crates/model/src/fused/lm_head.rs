@@ -106,15 +106,22 @@ pub fn loss_and_grads_staging(
     let chunks = Chunks::new(&dev, dtype, hp, wp, tensor_ptr(target, "target")?, tensor_ptr(&coef, "coef")?, (n, h, v))?;
     let (_nll, nll) = alloc(&dev, DType::F32, n)?;
     let ((dh_s, dh), (dw_s, dw)) = (alloc(&dev, dtype, n * h)?, alloc(&dev, DType::F32, chunks.av * h)?);
-    let staged = if stage_rows {
-        let optin = dev.cuda_stream().context().attribute(SMEM_OPTIN).map_err(|e| super::err(format!("fused lm_head: {e}")))?;
-        ce_staged_bytes(v, dtype.size_in_bytes(), ce_stage_limit(optin as usize))
-    } else {
-        None
-    };
+    let staged = if stage_rows { staged_row_bytes(&dev, v, dtype)? } else { None };
     chunks.run(nll, Some((dh, dw)), staged)?;
     let dw = wrap(dw_s, (chunks.av, h)).narrow(0, 0, v)?;
     Ok((wrap(ordered_sum(&dev, nll, n)?, ()), wrap(dh_s, (n, h)), dw))
+}
+
+/// The shared memory (bytes) in which [`loss_and_grads`] keeps each row of `v` logits of
+/// `dtype` on `dev`, or `None` where a row does not fit (every row is then read twice): the
+/// row's size up to 112 KiB, less where the device's blocks may opt in to less
+/// (`fused_sizes::ce_stage_limit`).
+///
+/// # Errors
+/// The driver's, reading the device's shared memory per block.
+pub fn staged_row_bytes(dev: &CudaDevice, v: usize, dtype: DType) -> Result<Option<usize>> {
+    let optin = dev.cuda_stream().context().attribute(SMEM_OPTIN).map_err(|e| super::err(format!("fused lm_head: {e}")))?;
+    Ok(ce_staged_bytes(v, dtype.size_in_bytes(), ce_stage_limit(optin as usize)))
 }
 
 /// The padded head and the chunk loop of both passes.

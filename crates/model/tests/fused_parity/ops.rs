@@ -529,13 +529,17 @@ fn lm_head_cross_entropy_matches_composed() {
 
 /// The loss gradient from rows kept in shared memory against the kernel that reads every row
 /// twice (`lm_head::loss_and_grads_staging`): the same bits for the loss and both gradients,
-/// BF16 and FP32, a vocabulary that is not a multiple of 8 (the tail loop) and T5's (staged in
-/// BF16 only on Hopper), one chunk and two.
+/// BF16 and FP32, a vocabulary that is not a multiple of 8 (the tail loop) and T5's, one chunk
+/// and two. The staged kernel runs where `staged_row_bytes` says so: V = 301 in both dtypes and
+/// T5's in BF16 (its FP32 rows, 125 KiB, are read twice in both calls).
 #[test]
 fn lm_head_staged_rows_give_the_same_bits() {
     let dev = gpu();
+    let Device::Cuda(cuda) = &dev else { unreachable!() };
     for dtype in DTYPES {
         for (n, h, v) in [(4100, 64, 301), (600, 96, 32100)] {
+            let staged_bytes = lm_head::staged_row_bytes(cuda, v, dtype).unwrap();
+            assert_eq!(staged_bytes.is_some(), v == 301 || dtype == DType::BF16, "{dtype:?} V = {v}: {staged_bytes:?}");
             let hidden = var(&[n, h], 1.0, 21, dtype, &dev);
             let w = var(&[v, h], 0.2, 22, dtype, &dev);
             let target = Tensor::from_vec((0..n).map(|i| ((i * 7919) % v) as u32).collect::<Vec<_>>(), n, &dev).unwrap();
