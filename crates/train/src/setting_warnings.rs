@@ -176,15 +176,19 @@ pub fn passes_warning(cfg: &RunConfig, pass: PassSize, passes: f64) -> Option<St
 mod tests {
     use super::*;
 
-    /// The warnings of the tiny CPU config with `sets`, on a model whose largest tensor has
-    /// 4096 elements.
-    fn warnings(sets: &[&str]) -> Vec<String> {
+    /// The tiny CPU config (100 steps, warmup 10) with `sets`.
+    fn tiny(sets: &[&str]) -> RunConfig {
         let base = "[model]\npreset = \"tiny\"\n[data]\n[optim]\nwarmup_steps = 10\n[train]\nmax_steps = 100\n";
         let mut v: toml::Value = toml::from_str(base).unwrap();
         for s in sets {
             crate::config::apply_override(&mut v, s).unwrap();
         }
-        let cfg: RunConfig = serde::Deserialize::deserialize(v).unwrap();
+        serde::Deserialize::deserialize(v).unwrap()
+    }
+
+    /// The warnings of [`tiny`] with `sets`, on a model whose largest tensor has 4096 elements.
+    fn warnings(sets: &[&str]) -> Vec<String> {
+        let cfg = tiny(sets);
         let spec = cfg.optim.states.resolve(cfg.optim.beta2).unwrap();
         setting_warnings(&cfg, &spec, 4096)
     }
@@ -250,15 +254,10 @@ mod tests {
         assert!(w.len() == 1 && w[0].starts_with("optim.states: v resets every 30"), "{w:?}");
     }
 
-    /// [`continued_bias_correction`] for the tiny config with `sets`, over groups `attn` and
-    /// `mlp` (tensors of 4096 elements).
+    /// [`continued_bias_correction`] for [`tiny`] with `sets`, over groups `attn` and `mlp`
+    /// (tensors of 4096 elements).
     fn continued(sets: &[&str]) -> Option<String> {
-        let base = "[model]\npreset = \"tiny\"\n[data]\n[optim]\nwarmup_steps = 10\n[train]\nmax_steps = 100\n";
-        let mut v: toml::Value = toml::from_str(base).unwrap();
-        for s in sets {
-            crate::config::apply_override(&mut v, s).unwrap();
-        }
-        let cfg: RunConfig = serde::Deserialize::deserialize(v).unwrap();
+        let cfg = tiny(sets);
         let plan = lowbit_optim::StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
         let specs = [("attn", plan.for_tensor("attn", 4096)), ("mlp", plan.for_tensor("mlp", 4096))];
         continued_bias_correction(&cfg, plan.base.reset, specs.iter().map(|(g, s)| (*g, s)))
