@@ -20,8 +20,8 @@ use lowbit_optim::cuda::CudaAdamW;
 use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
 use std::time::Instant;
 
-/// Timed windows per configuration; the median is reported.
-const REPEATS: usize = 7;
+/// Timed windows per configuration; the median is reported (also `bench lm-head`'s).
+pub(crate) const REPEATS: usize = 7;
 
 /// One measured configuration.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -69,8 +69,9 @@ fn copy_bandwidth(dev: &CudaDevice, iters: usize) -> Result<f64> {
     Ok(median(windows))
 }
 
-/// Median of the REPEATS timed windows.
-fn median(mut windows: Vec<f64>) -> f64 {
+/// Median of timed windows (the upper one of an even count); also `bench soap`'s and
+/// `bench lm-head`'s.
+pub(crate) fn median(mut windows: Vec<f64>) -> f64 {
     windows.sort_by(f64::total_cmp);
     windows[windows.len() / 2]
 }

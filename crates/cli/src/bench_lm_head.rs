@@ -3,17 +3,15 @@
 //! product, the loss gradient, and the products for dh and dW) at a preset's shape, once with
 //! the loss gradient keeping each row of logits in shared memory (read once) and once reading
 //! every row twice, alternating in the same process: milliseconds per call, the median of
-//! [`REPEATS`] windows of `iters` calls each. The two give the same bits (`fused_parity`), so
+//! `REPEATS` (7) windows of `iters` calls each. The two give the same bits (`fused_parity`), so
 //! the difference is the time of the second read.
 
+use crate::bench::{median, REPEATS};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use lowbit_model::fused::lm_head;
 use lowbit_model::LlamaConfig;
 use std::time::Instant;
-
-/// Timed windows per variant; the median is reported.
-const REPEATS: usize = 7;
 
 /// The two variants at one shape.
 #[derive(Debug, Clone)]
@@ -80,10 +78,6 @@ pub fn lm_head(preset: &str, rows: usize, dtype: &str, iters: usize) -> Result<L
             }
         }
     }
-    let median = |mut x: Vec<f64>| {
-        x.sort_by(f64::total_cmp);
-        x[x.len() / 2]
-    };
     Ok(LmHeadRow {
         preset: preset.into(),
         dtype: dtype.into(),

@@ -7,6 +7,7 @@
 //! the first update (full eigendecompositions on the host), and the step amortised over the refresh
 //! interval with the refresh's share of it.
 
+use crate::bench::median;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_model::{init::param_specs, LlamaConfig};
@@ -28,11 +29,6 @@ pub struct SoapRow {
     /// SOAP's step amortised over `precondition_frequency` updates, and the refresh's share.
     pub amortised_ms: f64,
     pub refresh_share: f64,
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// Time SOAP and AdamW on `preset`'s shapes over `cycles` refresh intervals (at least 2): every
