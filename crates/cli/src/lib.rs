@@ -4,7 +4,7 @@
 //! (`lowbit-reproduce`): `train` itself ([`launcher`] for `--gpus N`, [`signals`] for Ctrl-C
 //! and SIGTERM, [`config_path`] for bare config names, [`progress`] for the bar), `predict` ([`predict`]), `stalls`
 //! ([`stalls_table`]), `plot` ([`plot`]; [`reset_period_plot`] and [`stall_probe_plot`] from reproduce results), `data fetch c4` ([`fetch`]), `data tokenize` ([`tokenize`]), `bench data` ([`bench_data`]) and, in CUDA builds,
-//! `bench optimizer` ([`mod@bench`]), `bench training` (`bench_training`) and `bench lm-head`
+//! `bench optimizer` (`bench`), `bench training` (`bench_training`) and `bench lm-head`
 //! (`bench_lm_head`).
 
 #[cfg(feature = "cuda")]
