@@ -40,8 +40,8 @@ impl Llama {
     /// Mean next-token loss over the positions where `mask` is nonzero, as
     /// [`masked_cross_entropy`](crate::loss::masked_cross_entropy) of [`Llama::forward`]: `input`,
     /// `target` `[B, T]` u32, `mask` `[B, T]` (1 = counts) → F32 scalar. With
-    /// [`Kernels::Composed`](crate::kernels::Kernels::Composed) differentiable under candle's
-    /// autograd; with [`Kernels::Fused`](crate::kernels::Kernels::Fused) the LM head and the loss
+    /// [`crate::kernels::Kernels::Composed`] differentiable under candle's
+    /// autograd; with [`crate::kernels::Kernels::Fused`] the LM head and the loss
     /// run in chunks of rows (`crate::fused::lm_head::loss`: the `[B, T, V]` logits are never
     /// held) and no graph is kept (validation; train with [`Llama::training_pass`]).
     pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
@@ -55,9 +55,9 @@ impl Llama {
 
     /// The forward pass for training on `scale` times [`Llama::loss`]; its
     /// [`TrainingPass::backward`] gives the gradient of every weight. With
-    /// [`Kernels::Fused`](crate::kernels::Kernels::Fused) the backward is explicit (`explicit`:
+    /// [`crate::kernels::Kernels::Fused`] the backward is explicit (`explicit`:
     /// each op's backward function in reverse order, each gradient written once); with
-    /// [`Kernels::Composed`](crate::kernels::Kernels::Composed) it is candle's `loss.backward()`.
+    /// [`crate::kernels::Kernels::Composed`] it is candle's `loss.backward()`.
     ///
     /// `input_ids`: the values of `input` on the host (row-major, `B * T`), when the caller
     /// has them (a trainer copied them to the device): the fused backward groups the

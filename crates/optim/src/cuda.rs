@@ -8,7 +8,7 @@
 //! apply: one launch per dtype pair for every LLaMA preset; three for per-tensor scaling:
 //! amax, step, scales); the gradient factor from the host, or read by the kernels from the
 //! device's clip decision ([`GradScale::Device`]: a skip makes every launch a no-op);
-//! step counters (stalls and zero gradients, [`DeviceCounters`]) added on the device into a
+//! step counters (stalls and zero gradients, `DeviceCounters`) added on the device into a
 //! ring of [`COUNTER_RING`] step slots that the host reads when it wants (no synchronisation
 //! in the step itself), [`COUNT_LAG`] steps late. [`CudaAdamW`] is the [`Optimizer`] on a CUDA
 //! device.

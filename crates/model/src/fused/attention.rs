@@ -1,6 +1,6 @@
 //! Causal self-attention (reference: the scores, softmax and product of
 //! [`crate::attention::Attention::forward`]). Head dim 64 or 128: the FlashAttention-2
-//! kernels ([`super::flash`]: tensor cores for BF16, CUDA cores for FP32; no `[T, T]`
+//! kernels (`fused::flash`: tensor cores for BF16, CUDA cores for FP32; no `[T, T]`
 //! score matrix in memory (the FP32 backward keeps dQ partials of about that size within
 //! the pass), no head relayout). Otherwise (other head dims, unaligned buffers):
 //! scores by cuBLAS, a fused causal softmax, and a backward that recomputes the scores

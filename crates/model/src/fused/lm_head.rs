@@ -1,7 +1,7 @@
 //! The LM head and the cross-entropy as one op, in chunks of rows (reference:
 //! [`crate::loss::masked_cross_entropy`] of [`crate::mlp::linear`]'s logits): the logits
 //! exist only for [`LM_HEAD_CHUNK_ROWS`] rows at a time, in the model's dtype, with the vocabulary
-//! padded to a multiple of 8 with zero rows of the head (see [`super::aligned`]). For
+//! padded to a multiple of 8 with zero rows of the head (see `fused::aligned`). For
 //! training the gradients come from each chunk's logits while they exist (as Liger-Kernel's
 //! fused linear cross-entropy and llm.c do): three matrix products per chunk in all.
 

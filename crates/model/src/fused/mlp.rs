@@ -1,7 +1,7 @@
 //! SwiGLU's input half, `silu(x · w_gateᵀ) * (x · w_upᵀ)` (reference: [`crate::mlp::Mlp`]),
 //! as one op: both projections in one matrix product against the packed, zero-padded
 //! `[w_gate; w_up]`, then the gate, with the intermediate width padded to a multiple of 8
-//! (see [`super::aligned`]). The packed product's output is the backward's input (as the
+//! (see `fused::aligned`). The packed product's output is the backward's input (as the
 //! composed ops keep `g` and `u`).
 
 use super::{
