@@ -279,8 +279,9 @@ mod explicit {
             let h = model.cfg.hidden_size;
             let ids = input.flatten_all()?.contiguous()?;
             // the ids on the host (read back now, while the device is idle or about to be, unless
-            // the caller has them), grouped while the device runs the layers: the backward then
-            // waits for no read
+            // the caller has them), grouped on a second core while this one launches the layers
+            // (at LLaMA-20M the device runs them faster than one core can do both): the
+            // backward then waits for no read
             let read;
             let host_ids = match input_ids {
                 Some(h) => h,
@@ -289,8 +290,14 @@ mod explicit {
                     &read[..]
                 }
             };
-            let (x, delta, saved) = layers(model, &ids, (b, t), true)?;
-            let ids = embedding::Grouping::new(host_ids, model.cfg.vocab_size, input.device())?;
+            let vocab = model.cfg.vocab_size;
+            let (layers_out, grouped) = std::thread::scope(|s| {
+                let grouping = s.spawn(|| embedding::HostGrouping::new(host_ids, vocab));
+                (layers(model, &ids, (b, t), true), grouping.join())
+            });
+            let (x, delta, saved) = layers_out?;
+            let grouped = grouped.map_err(|_| candle_core::Error::Msg("training pass: the id grouping thread panicked".into()))?;
+            let ids = grouped?.upload(input.device())?;
             let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
             let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
             let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;

@@ -26,8 +26,9 @@ pub fn forward(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
 }
 
 /// Positions grouped by token id, on the device: the input of [`backward`]. Made on the
-/// host from the ids ([`Grouping::new`]), so a training pass can make it while the device
-/// runs the forward and the backward need not wait for an id read.
+/// host from the ids ([`Grouping::new`], or [`HostGrouping::new`] then
+/// [`HostGrouping::upload`]), so a training pass can make it while the device runs the
+/// forward and the backward need not wait for an id read.
 pub struct Grouping {
     /// Positions sorted by id (ascending positions within an id), `[N]` u32.
     order: Tensor,
@@ -41,17 +42,38 @@ impl Grouping {
     /// The grouping of `ids` (host values), uploaded to `device`. Errors: an id not below
     /// `vocab` (the table's rows), which the backward would write past the table.
     pub fn new(ids: &[u32], vocab: usize, device: &candle_core::Device) -> Result<Self> {
-        let (order, offsets, unique) = group_by_id(ids);
-        if let Some(&max) = unique.last() {
+        HostGrouping::new(ids, vocab)?.upload(device)
+    }
+}
+
+/// A [`Grouping`] still on the host: made without the device (on any thread: the training
+/// pass makes it on a second core while the first launches the layers), then uploaded.
+pub struct HostGrouping {
+    order: Vec<u32>,
+    offsets: Vec<u32>,
+    unique: Vec<u32>,
+}
+
+impl HostGrouping {
+    /// The grouping of `ids`. Errors: an id not below `vocab` (the table's rows), which the
+    /// backward would write past the table.
+    pub fn new(ids: &[u32], vocab: usize) -> Result<Self> {
+        if let Some(&max) = ids.iter().max() {
             if max as usize >= vocab {
                 candle_core::bail!("embedding: input id {max} is not below the vocabulary size {vocab}");
             }
         }
-        let n_unique = unique.len();
+        let (order, offsets, unique) = group_by_id(ids, vocab);
+        Ok(HostGrouping { order, offsets, unique })
+    }
+
+    /// The grouping on `device` (three host-to-device copies).
+    pub fn upload(self, device: &candle_core::Device) -> Result<Grouping> {
+        let (n, n_unique) = (self.order.len(), self.unique.len());
         Ok(Grouping {
-            order: Tensor::from_vec(order, ids.len(), device)?,
-            offsets: Tensor::from_vec(offsets, n_unique + 1, device)?,
-            unique: Tensor::from_vec(unique, n_unique, device)?,
+            order: Tensor::from_vec(self.order, n, device)?,
+            offsets: Tensor::from_vec(self.offsets, n_unique + 1, device)?,
+            unique: Tensor::from_vec(self.unique, n_unique, device)?,
         })
     }
 }
