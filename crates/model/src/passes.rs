@@ -296,7 +296,10 @@ mod explicit {
                 (layers(model, &ids, (b, t), true), grouping.join())
             });
             let (x, delta, saved) = layers_out?;
-            let grouped = grouped.map_err(|_| candle_core::Error::Msg("training pass: the id grouping thread panicked".into()))?;
+            let grouped = grouped.map_err(|panic| {
+                let why = panic.downcast_ref::<&str>().copied().or(panic.downcast_ref::<String>().map(String::as_str));
+                candle_core::Error::Msg(format!("training pass: the id grouping thread panicked: {}", why.unwrap_or("(no message)")))
+            })?;
             let ids = grouped?.upload(input.device())?;
             let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
             let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;

@@ -59,9 +59,10 @@ impl Scale {
             Scale::Smoke => 2,
             Scale::H200 => (H200_STEPS_PER_S * COMMAND_RUN_S / H200_STEPS as f64) as usize,
             // one run fills the GPU at 128 x 256; a second one overlaps start-up and
-            // validation: 0.88x (H200, 13 runs) to 0.94x (H100) of one run's tokens/s alone
-            // over whole tables; a third helps the BF16 model's short runs and costs the FP32
-            // model's 4% (bench/training_h100.md, scripts/bench_runner.sh)
+            // validation: with 2 at once the main table's 13 runs made 0.88x of one run's
+            // tokens/s alone (H200), A.10's 2 runs 0.94x (H100); three at once against one at a
+            // time helps the BF16 model's 300-step runs (+27%) and costs the FP32 model's 4%
+            // (bench/training_h100.md, scripts/bench_runner.sh)
             Scale::H200Shuffled => 2,
             Scale::Full => 1,
         }
