@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The reproduce runner's throughput on one GPU at the tables' shape (issue 52's last figure):
 # the same LLaMA-20M runs of `train reproduce --scale h200-shuffled` (128 x 256 tokens per step,
-# cut to STEPS steps), for the BF16-model table and the FP32-model one (Table 2), first one run
-# at a time and then JOBS at once; tokens/s of all runs together = their tokens over the
+# cut to STEPS steps), for the BF16-model table and the FP32-model one (Table 2), one run at a
+# time and then each count of JOBS (comma-separated) at once; tokens/s of all runs together = their tokens over the
 # command's wall time (start-up and validation included, as the tables pay them), beside one
 # run of the same model in `train bench training` (the large-batch step alone).
 # Usage, on the GPU machine with the token shards in data/local/tok/ (docs/reproduce.md):
-#   scripts/bench_runner.sh TRAIN OUT [STEPS [JOBS [CELLS]]]    # defaults: 600, 3, fp32_plain,fp8_plain,fp8_sr
+#   scripts/bench_runner.sh TRAIN OUT [STEPS [JOBS [CELLS]]]    # defaults: 300, 2,3 (2: the scale's default), fp32_plain,fp8_plain,fp8_sr
 # Writes OUT/runner_rows.jsonl (one JSON row per table and jobs) and prints them. One GPU: the
 # first, unless CUDA_VISIBLE_DEVICES says which (the runner spreads its jobs over every GPU it sees).
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 TRAIN=$1
 OUT=$2
-STEPS=${3:-600}
-JOBS=${4:-3}
+STEPS=${3:-300}
+JOBS=${4:-2,3}
 CELLS=${5:-fp32_plain,fp8_plain,fp8_sr}
 mkdir -p "$OUT"
 ROWS=$OUT/runner_rows.jsonl
@@ -24,7 +24,7 @@ for table in bf16-model fp32-model; do
   "$TRAIN" bench training --preset llama20m --batch 128 --seq 256 --dtype "$dtype" --warmup 5 --steps 20 \
     --set 'data.train=["data/local/tok/corpus/en-train.*.tokens.zst"]' \
     --set 'data.validation=["data/local/tok/corpus/en-validation.*.tokens.zst"]' --json "$OUT/single_$table.jsonl" >&2
-  for jobs in 1 "$JOBS"; do
+  for jobs in 1 ${JOBS//,/ }; do
     dir=$OUT/runner_${table}_$jobs
     rm -rf "$dir" "/tmp/bench_runner_${table}_$jobs" # a results file already there would skip the runs
     "$TRAIN" reproduce --table "$table" --scale h200-shuffled --cells "$CELLS" --seed-list 0 --jobs "$jobs" \
