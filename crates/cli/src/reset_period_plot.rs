@@ -5,7 +5,8 @@
 //!   `scripts/reproduce_h200_shuffled.sh` (`fp8_period_K`, `fp4_period_K`), cell
 //!   `<fmt>_sr_reset` with both periods set to K;
 //! * `<results>/bf16-model-<scale>-results.json`: the main table's `<fmt>_sr_reset` at the
-//!   scale's period ([`reset_period`], the paper's K* scaled) and `<fmt>_sr` (no resets).
+//!   scale's period ([`reset_period`], the paper's K* scaled) and `<fmt>_sr` (no resets); an
+//!   ablation at K* adds only the seeds the table lacks.
 //!
 //! Writes `fig4-reset-period-<scale>.{svg,png}` (the mean over seeds vs K; SR alone
 //! dashed; K* marked by a dashed vertical line) and `.md` (every seed's loss).
@@ -56,7 +57,12 @@ fn collect(results: &Path, scale: Scale) -> Result<BTreeMap<Fmt, FormatRuns>> {
             let folder = entry.file_name().to_string_lossy().into_owned();
             let Some(k) = folder.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else { continue };
             let losses = cell_losses(&entry.path().join(&file), scale, fmt, &format!("{name}_sr_reset"))?;
-            runs.by_period.entry(k).or_default().extend(losses);
+            // the main table's record of a seed stays: an ablation at K* only adds seeds the
+            // table lacks (the figure pairs K* and SR alone from the same runs)
+            let period = runs.by_period.entry(k).or_default();
+            for (seed, loss) in losses {
+                period.entry(seed).or_insert(loss);
+            }
         }
         runs.by_period.retain(|_, l| !l.is_empty());
         if !runs.by_period.is_empty() {
@@ -183,8 +189,8 @@ mod tests {
         std::fs::write(path, serde_json::to_string(&file).unwrap()).unwrap();
     }
 
-    /// The main table's K* cell, an ablation's K and SR alone land in their rows with their
-    /// seeds' mean; runs of the other state kinds (theory) are not mixed in; a format without
+    /// The main table's K* cell (an ablation rerun of K* adding only the seeds the table
+    /// lacks), an ablation's K and SR alone land in their rows with their seeds' mean; runs of the other state kinds (theory) are not mixed in; a format without
     /// runs is left out; no runs at all is an error.
     #[test]
     fn the_table_holds_every_period_and_seed() {
@@ -203,13 +209,18 @@ mod tests {
             ],
         );
         write_results(&dir.path().join("departures/fp4_period_1000").join(&name), &[("fp4_sr_reset", 0, 3.65), ("fp4_sr_reset", 1, 3.67)]);
+        // a rerun of K* (another card): the table's seeds 0 and 1 stay, its seed 2 is added
+        write_results(
+            &dir.path().join("departures/fp4_period_200").join(&name),
+            &[("fp4_sr_reset", 0, 3.10), ("fp4_sr_reset", 1, 3.10), ("fp4_sr_reset", 2, 3.74)],
+        );
         write_results(&dir.path().join("departures/fp8_zero/").join(&name), &[("fp8_sr_reset", 0, 9.0)]);
         let runs = collect(dir.path(), scale).unwrap();
         assert_eq!(runs.keys().copied().collect::<Vec<_>>(), [Fmt::Fp4], "fp8 has no runs");
         let md = table(&runs, scale);
-        assert!(md.contains("| fp4 | 200 (K*) | 3.7000 | 3.7200 | 3.7100 |"), "{md}");
-        assert!(md.contains("| fp4 | 1000 | 3.6500 | 3.6700 | 3.6600 |"), "{md}");
-        assert!(md.contains("| fp4 | none | 3.6600 |  | 3.6600 |"), "{md}");
+        assert!(md.contains("| fp4 | 200 (K*) | 3.7000 | 3.7200 | 3.7400 | 3.7200 |"), "{md}");
+        assert!(md.contains("| fp4 | 1000 | 3.6500 | 3.6700 |  | 3.6600 |"), "{md}");
+        assert!(md.contains("| fp4 | none | 3.6600 |  |  | 3.6600 |"), "{md}");
         let files = plot_reset_periods(dir.path(), scale, &dir.path().join("fig")).unwrap();
         assert_eq!(files.len(), 3);
         assert!(files.iter().all(|f| f.is_file()));
