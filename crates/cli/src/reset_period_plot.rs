@@ -190,8 +190,9 @@ mod tests {
     }
 
     /// The main table's K* cell (an ablation rerun of K* adding only the seeds the table
-    /// lacks), an ablation's K and SR alone land in their rows with their seeds' mean; runs of the other state kinds (theory) are not mixed in; a format without
-    /// runs is left out; no runs at all is an error.
+    /// lacks), an ablation's K and SR alone land in their rows with their seeds' mean; runs of
+    /// the other state kinds (theory) are not mixed in; a format without runs is left out; no
+    /// runs at all is an error.
     #[test]
     fn the_table_holds_every_period_and_seed() {
         let dir = tempfile::tempdir().unwrap();

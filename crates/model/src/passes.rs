@@ -293,13 +293,10 @@ mod explicit {
             let vocab = model.cfg.vocab_size;
             let (layers_out, grouped) = std::thread::scope(|s| {
                 let grouping = s.spawn(|| embedding::HostGrouping::new(host_ids, vocab));
-                (layers(model, &ids, (b, t), true), grouping.join())
+                // (a panic there is this thread's, with its message)
+                (layers(model, &ids, (b, t), true), grouping.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             });
             let (x, delta, saved) = layers_out?;
-            let grouped = grouped.map_err(|panic| {
-                let why = panic.downcast_ref::<&str>().copied().or(panic.downcast_ref::<String>().map(String::as_str));
-                candle_core::Error::Msg(format!("training pass: the id grouping thread panicked: {}", why.unwrap_or("(no message)")))
-            })?;
             let ids = grouped?.upload(input.device())?;
             let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
             let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
