@@ -6,7 +6,7 @@
 # command's wall time (start-up and validation included, as the tables pay them), beside one
 # run of the same model in `train bench training` (the large-batch step alone).
 # Usage, on the GPU machine with the token shards in data/local/tok/ (docs/reproduce.md):
-#   scripts/bench_runner.sh TRAIN OUT [STEPS [JOBS [CELLS]]]    # defaults: 300, 2,3 (2: the scale's default), fp32_plain,fp8_plain,fp8_sr
+#   scripts/bench_runner.sh TRAIN OUT [STEPS [JOBS [CELLS]]]    # defaults: 300, 2,3 (one at a time, the scale's default, always runs first), fp32_plain,fp8_plain,fp8_sr
 # Writes OUT/runner_rows.jsonl (one JSON row per table and jobs) and prints them. One GPU: the
 # first, unless CUDA_VISIBLE_DEVICES says which (the runner spreads its jobs over every GPU it sees).
 set -euo pipefail

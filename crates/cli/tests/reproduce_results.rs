@@ -248,6 +248,8 @@ fn runs_spread_over_every_gpu() {
     assert_eq!(Scale::H200.default_jobs(2), 20);
     assert_eq!(Scale::H200.default_jobs(0), 10);
     assert_eq!(Scale::Smoke.default_jobs(0), 2);
+    // one full-length run fills the GPU at 128 x 256 (bench/training_h100.md)
+    assert_eq!(Scale::H200Shuffled.default_jobs(2), 2);
 }
 
 /// The h200 scale's numbers: 10 runs of 4000 steps fit one command's 510 s at the measured

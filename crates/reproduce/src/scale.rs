@@ -58,12 +58,13 @@ impl Scale {
         match self {
             Scale::Smoke => 2,
             Scale::H200 => (H200_STEPS_PER_S * COMMAND_RUN_S / H200_STEPS as f64) as usize,
-            // one run fills the GPU at 128 x 256; a second one overlaps start-up and
-            // validation: with 2 at once the main table's 13 runs made 0.88x of one run's
-            // tokens/s alone (H200), A.10's 2 runs 0.94x (H100); three at once against one at a
-            // time helps the BF16 model's 300-step runs (+27%) and costs the FP32 model's 4%
+            // one run fills the GPU at 128 x 256, and a full-length run pays ~1 s of start-up
+            // and validation: one at a time, runs made 0.97x of one run's tokens/s alone
+            // (H100, 12-06: five in 136 s), against 0.88x with 2 at once (the main table's 13
+            // runs, H200), 0.94x (A.10's 2, H100) and 0.89x with 3 (the FP32 model's Table 2, H100,
+            // 12-07). Only 300-step runs, where start-up weighs 8x more, gain from company
             // (bench/training_h100.md, scripts/bench_runner.sh)
-            Scale::H200Shuffled => 2,
+            Scale::H200Shuffled => 1,
             Scale::Full => 1,
         }
     }
@@ -252,7 +253,7 @@ pub fn scale_description(scale: Scale) -> String {
              over the text), warmup {warmup} and cosine to 10% as the paper, peak lr {lr:e} (the best \
              of the FP32-state sweep, `bench/lr_sweep_h200.md`, kept for every cell as the paper \
              keeps its lr across precisions), validation every 600 steps on 250k tokens of the \
-             corpus's validation shard, CUDA, {jobs} runs at once. Reset periods: the paper's, {}.\n\
+             corpus's validation shard, CUDA, {jobs} run(s) at once per GPU by default (`--jobs`). Reset periods: the paper's, {}.\n\
              Why this shape: at 128 x 256 one run fills the H200 (~3.3M tokens/s, ~24 s per run); \
              2400 steps is above the issue's 2000-step floor and stays under 2 passes, so a table \
              of 13 cells x 3 seeds fits one session's device time; the paper's 512 x 256 would \
