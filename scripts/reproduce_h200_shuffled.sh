@@ -3,9 +3,11 @@
 # deadline: the tables (reproduce/<table>-h200-shuffled-*) and the departure ablations
 # (reproduce/departures/<name>/: the same table runner with one --set, so their records never
 # replace the table's). Every `train reproduce` call reads the committed results (--merge) and
-# writes the merged results and reports to OUT; a run finished before the deadline is kept,
-# one cut by it is not. A device command returns at most 8 files, so the ablations' folders
-# are packed into OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`).
+# writes the merged results and reports to OUT; a run finished before the deadline is kept, and
+# a run that would not finish by it (at the length of the longest run of its call) is not
+# started (`train reproduce --deadline`), so the command ends early instead of losing it. A
+# device command returns at most 8 files, so the ablations' folders are packed into
+# OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`).
 # Copy OUT/* over reproduce/ and commit it before the next command.
 # Usage (on the GPU machine, from the repository root, token shards in data/local/tok/, see
 # docs/reproduce.md): scripts/reproduce_h200_shuffled.sh TRAIN OUT DEADLINE_S STEP...
@@ -62,8 +64,9 @@ reproduce() {
         return 1
       fi
       echo "== $(date +%T) $table ${name:-table} seed $s ($left s left)"
+      # --deadline: no run starts that would be cut (exit 75 then stops the steps after it)
       timeout "$left" "$TRAIN" reproduce --table "$table" --scale h200-shuffled --seed-list "$s" --runs /tmp/rr \
-        --out "$out" --merge "$merge" "$@" || return 1
+        --out "$out" --merge "$merge" --deadline $((left - 5)) "$@" || return 1
     done
   done
 }

@@ -338,7 +338,8 @@ fn rank_prefix() -> String {
 }
 
 /// The command's exit status: 0 done, 130 / 143 a training run stopped by an interrupt with a
-/// checkpoint (see [`train`]); an error exits 1.
+/// checkpoint (see [`train`]), 75 runs that `reproduce --deadline` left unstarted
+/// ([`lowbit_reproduce::EXIT_RUNS_LEFT`]); an error exits 1.
 fn real_main() -> Result<i32> {
     let cli = Cli::parse();
     match cli.cmd {
@@ -364,7 +365,9 @@ fn real_main() -> Result<i32> {
                     Err(e) => lowbit_train::errln!("reproduce: no stall-probe figure: {e:#}"),
                 }
             }
-            ran?
+            if ran? > 0 {
+                return Ok(lowbit_reproduce::EXIT_RUNS_LEFT);
+            }
         }
         Some(Cmd::Data(DataCmd::Fetch(FetchCmd::C4(args)))) => fetch::fetch_c4(&args)?,
         Some(Cmd::Data(DataCmd::Tokenize(args))) => tokenize::tokenize(&args)?,

@@ -499,6 +499,47 @@ fn commands_fill_the_file_and_never_rerun_a_finished_run() {
     assert!(md.contains("2 of 28 runs (14 cells x seeds 0, 1)"), "{md}");
 }
 
+/// `--deadline`: a run that would end after it (at the longest finished run's length) is not
+/// started; before a run finishes nothing is known and runs start; no deadline, no limit.
+#[test]
+fn a_run_that_would_end_after_the_deadline_is_not_started() {
+    let s = std::time::Duration::from_secs;
+    assert!(fits(s(400), Some(s(150)), Some(s(560))), "400 + 150 <= 560");
+    assert!(fits(s(410), Some(s(150)), Some(s(560))), "ends exactly at the deadline");
+    assert!(!fits(s(411), Some(s(150)), Some(s(560))));
+    assert!(fits(s(600), None, Some(s(560))), "no run finished yet: nothing known");
+    assert!(fits(s(10_000), Some(s(150)), None));
+}
+
+/// Through the runner (2-step runs of one cell, one at a time on the CPU): with `--deadline 0`
+/// the first run starts (nothing is known), the second is left, named, and the command exits
+/// 75 with the first run's record kept; the same command without the deadline goes on.
+#[test]
+fn deadline_leaves_runs_for_the_next_command_and_exits_75() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, runs) = (tmp.path().join("out"), tmp.path().join("runs"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (o, r) = (out.to_str().unwrap(), runs.to_str().unwrap());
+    let mut args = vec!["reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", "0-1"];
+    args.extend(["--jobs", "1", "--set", "train.max_steps=2", "--out", o, "--runs", r]);
+    let with_deadline = [&args[..], &["--deadline", "0"]].concat();
+    let out_of = |a: &[&str]| Command::new(env!("CARGO_BIN_EXE_train")).args(a).current_dir(&repo).output().unwrap();
+    let first = out_of(&with_deadline);
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("1 run(s) not started")
+            && err.contains("1 run(s) left by --deadline for the next command")
+            && err.contains("llama100m_f32model_fp32_plain-s1"),
+        "{err}"
+    );
+    let file = || ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap();
+    assert_eq!(file().runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0]);
+    let second = out_of(&args);
+    assert_eq!(second.status.code(), Some(0), "{}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(file().runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0, 1]);
+}
+
 /// A second `train reproduce` on the same table, scale and `--out` while one is running is
 /// refused up front, naming the first (two at once split the cells and overwrote each other's
 /// records); the lock goes with the command.

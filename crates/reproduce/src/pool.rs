@@ -157,6 +157,19 @@ pub struct PoolSpec {
     pub gpus: Vec<String>,
     /// CPU threads per child (`RAYON_NUM_THREADS`, unless the parent sets it).
     pub threads: usize,
+    /// Start no run that would end after this time from the pool's start ([`fits`]).
+    pub deadline: Option<Duration>,
+}
+
+/// Whether a run started `elapsed` after the pool's start ends by `deadline`, taking the
+/// longest run the pool has finished (`longest`) as its length: a device command's time
+/// limit cuts a run that does not, and its work is lost. Before the first run ends nothing
+/// is known, and every run fits; without a deadline every run fits.
+pub fn fits(elapsed: Duration, longest: Option<Duration>, deadline: Option<Duration>) -> bool {
+    match (longest, deadline) {
+        (Some(l), Some(d)) => elapsed + l <= d,
+        _ => true,
+    }
 }
 
 fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
@@ -200,14 +213,28 @@ fn step_reached(job: &Job) -> u64 {
 /// Run `todo` as child processes, `spec.jobs` at a time, each CUDA run on the least-loaded
 /// GPU, saying when each starts and, every 30 s, the step each running one has reached.
 /// `done` gets every run as it ends, with its record (`None`: it failed or did not finish),
-/// the GPU it ran on and its seconds; an error from `done` stops the pool.
-pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option<Record>, Option<&str>, f64) -> Result<()>) -> Result<()> {
-    let mut queue = todo.iter();
+/// the GPU it ran on and its seconds; an error from `done` stops the pool. Returns the runs
+/// not started because they would end after `spec.deadline` ([`fits`]), in `todo`'s order.
+pub fn run_all<'a>(
+    todo: &[&'a Job],
+    spec: &PoolSpec,
+    mut done: impl FnMut(&Job, Option<Record>, Option<&str>, f64) -> Result<()>,
+) -> Result<Vec<&'a Job>> {
+    let mut queue = todo.iter().peekable();
     let mut load = vec![0usize; spec.gpus.len()];
     let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
+    let (started, mut longest, mut left) = (Instant::now(), None::<Duration>, Vec::new());
     let mut said = Instant::now();
     loop {
         while running.len() < spec.jobs.max(1) {
+            if queue.peek().is_some() && !fits(started.elapsed(), longest, spec.deadline) {
+                left = queue.by_ref().copied().collect();
+                lowbit_train::errln!(
+                    "reproduce: {} run(s) not started: at the longest finished run's {:.0}s each would end after --deadline",
+                    left.len(),
+                    longest.unwrap_or_default().as_secs_f64()
+                );
+            }
             let Some(&j) = queue.next() else { break };
             let gpu = if j.cuda { pick_gpu(&load) } else { None };
             match spawn(j, gpu.map(|g| spec.gpus[g].as_str()), spec.threads) {
@@ -225,7 +252,7 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
             }
         }
         if running.is_empty() {
-            return Ok(());
+            return Ok(left);
         }
         std::thread::sleep(Duration::from_millis(200));
         if said.elapsed() >= STATUS_EVERY {
@@ -252,6 +279,9 @@ pub fn run_all(todo: &[&Job], spec: &PoolSpec, mut done: impl FnMut(&Job, Option
                     load[g] -= 1;
                 }
                 let rec = if status.success() { read_record(j) } else { None };
+                if rec.is_some() {
+                    longest = longest.max(Some(t0.elapsed()));
+                }
                 done(j, rec, gpu.map(|g| spec.gpus[g].as_str()), t0.elapsed().as_secs_f64())?;
             } else {
                 i += 1;
