@@ -499,21 +499,32 @@ fn commands_fill_the_file_and_never_rerun_a_finished_run() {
     assert!(md.contains("2 of 28 runs (14 cells x seeds 0, 1)"), "{md}");
 }
 
-/// `--deadline`: a run that would end after it (at the longest finished run's length) is not
-/// started; before a run finishes nothing is known and runs start; no deadline, no limit.
+/// `--deadline`: a run that would end after it is not started; with no length known or no
+/// deadline, every run starts. A run's length from the file: the newest command with as many
+/// runs at once, its seconds over its waves of `jobs` runs.
 #[test]
 fn a_run_that_would_end_after_the_deadline_is_not_started() {
-    let s = std::time::Duration::from_secs;
-    assert!(fits(s(400), Some(s(150)), Some(s(560))), "400 + 150 <= 560");
-    assert!(fits(s(410), Some(s(150)), Some(s(560))), "ends exactly at the deadline");
-    assert!(!fits(s(411), Some(s(150)), Some(s(560))));
-    assert!(fits(s(600), None, Some(s(560))), "no run finished yet: nothing known");
-    assert!(fits(s(10_000), Some(s(150)), None));
+    let (t, s) = (std::time::Instant::now(), std::time::Duration::from_secs);
+    assert!(fits(t, Some(s(150)), Some(t + s(560))));
+    assert!(fits(t + s(410), Some(s(150)), Some(t + s(560))), "ends exactly at the deadline");
+    assert!(!fits(t + s(411), Some(s(150)), Some(t + s(560))));
+    assert!(fits(t + s(600), None, Some(t + s(560))), "no length known");
+    assert!(fits(t + s(10_000), Some(s(150)), None));
+    let log = |runs, wall_s, jobs| CommandLog { command: String::new(), runs, wall_s, jobs, gpus: 1, states: vec![] };
+    assert_eq!(log(3, 471.0, 3).run_seconds(), Some(471.0), "one wave of three");
+    assert_eq!(log(13, 330.0, 2).run_seconds(), Some(330.0 / 7.0), "seven waves of two");
+    assert_eq!(log(0, 5.0, 1).run_seconds(), None);
+    let mut file = ResultsFile::new(Table::Fp32Model, Scale::H200Shuffled);
+    file.commands = vec![log(2, 290.0, 1), log(3, 471.0, 3), log(4, 560.0, 1)];
+    assert_eq!(file.expected_run_seconds(1), Some(140.0), "the newest at --jobs 1");
+    assert_eq!(file.expected_run_seconds(3), Some(471.0));
+    assert_eq!(file.expected_run_seconds(2), None);
 }
 
 /// Through the runner (2-step runs of one cell, one at a time on the CPU): with `--deadline 0`
-/// the first run starts (nothing is known), the second is left, named, and the command exits
-/// 75 with the first run's record kept; the same command without the deadline goes on.
+/// the first run starts (no length known yet), the second is left, named, and the command
+/// exits 75 with the first run's record kept; again with `--deadline 0`, the file's command
+/// gives the length and no run starts; without the deadline the same command goes on.
 #[test]
 fn deadline_leaves_runs_for_the_next_command_and_exits_75() {
     let tmp = tempfile::tempdir().unwrap();
@@ -524,20 +535,29 @@ fn deadline_leaves_runs_for_the_next_command_and_exits_75() {
     args.extend(["--jobs", "1", "--set", "train.max_steps=2", "--out", o, "--runs", r]);
     let with_deadline = [&args[..], &["--deadline", "0"]].concat();
     let out_of = |a: &[&str]| Command::new(env!("CARGO_BIN_EXE_train")).args(a).current_dir(&repo).output().unwrap();
+    let seeds = || {
+        let file = ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap();
+        file.runs.iter().map(|r| r.seed).collect::<Vec<_>>()
+    };
     let first = out_of(&with_deadline);
     let err = String::from_utf8_lossy(&first.stderr);
     assert_eq!(first.status.code(), Some(75), "{err}");
     assert!(
-        err.contains("1 run(s) not started")
+        err.contains("1 run(s) not started: a run takes ~")
+            && err.contains("(the longest finished here)")
             && err.contains("1 run(s) left by --deadline for the next command")
             && err.contains("llama100m_f32model_fp32_plain-s1"),
         "{err}"
     );
-    let file = || ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap();
-    assert_eq!(file().runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0]);
-    let second = out_of(&args);
-    assert_eq!(second.status.code(), Some(0), "{}", String::from_utf8_lossy(&second.stderr));
-    assert_eq!(file().runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(seeds(), [0]);
+    let again = out_of(&with_deadline);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(75), "{err}");
+    assert!(err.contains("(the results file's last command at this --jobs)") && !err.contains("reproduce: started "), "{err}");
+    assert_eq!(seeds(), [0]);
+    let last = out_of(&args);
+    assert_eq!(last.status.code(), Some(0), "{}", String::from_utf8_lossy(&last.stderr));
+    assert_eq!(seeds(), [0, 1]);
 }
 
 /// A second `train reproduce` on the same table, scale and `--out` while one is running is

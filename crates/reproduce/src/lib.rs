@@ -88,10 +88,12 @@ pub struct ReproduceArgs {
     /// `nvidia-smi -L`).
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Start no run that would end more than SECONDS after the command's start, at the length
-    /// of the longest run it has finished (before one finishes, runs start as usual): for a
-    /// time limit that would cut a run and lose its work. The runs left are named and the
-    /// command exits 75 (EX_TEMPFAIL): the same command again goes on with them.
+    /// Start no run that would end more than SECONDS after the command's start: for a time
+    /// limit that would cut a run and lose its work. A run's length: the longest this command
+    /// has finished, before that the results file's newest command with as many runs at once
+    /// (its seconds over its waves of --jobs runs), else unknown (the run starts). The runs
+    /// left are named and the command exits 75 (EX_TEMPFAIL): the same command again goes on
+    /// with them; a failed run makes it exit 1 all the same.
     #[arg(long, value_name = "SECONDS")]
     pub deadline: Option<u64>,
     /// Seed COUNT: seeds 0..N, paired across cells (default: smoke 1, h200 2, h200-shuffled 3,
@@ -207,6 +209,7 @@ pub const EXIT_RUNS_LEFT: i32 = 75;
 /// kinds, an FP32 or BF16 cell, once) that the results file does not hold yet, then one
 /// report per kind from the file. Returns the count of runs `--deadline` left unstarted.
 pub fn run(a: &ReproduceArgs) -> Result<usize> {
+    let command_start = Instant::now();
     let seeds = seeds_to_run(a.seeds, a.seed_list.as_deref(), a.scale.default_seeds())?;
     let selected = select_cells(a.table, &a.cells)?;
     let spec = PlanSpec { table: a.table, scale: a.scale, configs: &a.configs, runs_root: &a.runs, extra: &a.set };
@@ -249,8 +252,9 @@ pub fn run(a: &ReproduceArgs) -> Result<usize> {
         let started = Instant::now();
         let (mut finished, mut ran) = (0usize, 0usize);
         let mut made: Vec<String> = Vec::new();
-        let deadline = a.deadline.map(Duration::from_secs);
-        let pool = pool::PoolSpec { jobs: at_once, gpus: gpus.clone(), threads: (cpus / at_once).max(1), deadline };
+        let deadline = a.deadline.map(|s| command_start + Duration::from_secs(s));
+        let expected = file.expected_run_seconds(at_once).map(Duration::from_secs_f64);
+        let pool = pool::PoolSpec { jobs: at_once, gpus: gpus.clone(), threads: (cpus / at_once).max(1), deadline, expected };
         let not_started = pool::run_all(&todo, &pool, |j, rec, gpu, secs| {
             finished += 1;
             let loss = lowbit_train::output::fixed(rec.as_ref().and_then(|r| r.final_val_loss), 4);

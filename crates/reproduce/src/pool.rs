@@ -157,17 +157,19 @@ pub struct PoolSpec {
     pub gpus: Vec<String>,
     /// CPU threads per child (`RAYON_NUM_THREADS`, unless the parent sets it).
     pub threads: usize,
-    /// Start no run that would end after this time from the pool's start ([`fits`]).
-    pub deadline: Option<Duration>,
+    /// Start no run that would end after this instant ([`fits`]).
+    pub deadline: Option<Instant>,
+    /// A run's length until one of the pool's runs finishes (from the results file's earlier
+    /// commands: [`crate::ResultsFile::expected_run_seconds`]).
+    pub expected: Option<Duration>,
 }
 
-/// Whether a run started `elapsed` after the pool's start ends by `deadline`, taking the
-/// longest run the pool has finished (`longest`) as its length: a device command's time
-/// limit cuts a run that does not, and its work is lost. Before the first run ends nothing
-/// is known, and every run fits; without a deadline every run fits.
-pub fn fits(elapsed: Duration, longest: Option<Duration>, deadline: Option<Duration>) -> bool {
-    match (longest, deadline) {
-        (Some(l), Some(d)) => elapsed + l <= d,
+/// Whether a run of length `run` started at `now` ends by `deadline`: a device command's time
+/// limit cuts a run that does not, and its work is lost. With no length known, or no
+/// deadline, every run fits.
+pub fn fits(now: Instant, run: Option<Duration>, deadline: Option<Instant>) -> bool {
+    match (run, deadline) {
+        (Some(r), Some(d)) => now + r <= d,
         _ => true,
     }
 }
@@ -214,7 +216,9 @@ fn step_reached(job: &Job) -> u64 {
 /// GPU, saying when each starts and, every 30 s, the step each running one has reached.
 /// `done` gets every run as it ends, with its record (`None`: it failed or did not finish),
 /// the GPU it ran on and its seconds; an error from `done` stops the pool. Returns the runs
-/// not started because they would end after `spec.deadline` ([`fits`]), in `todo`'s order.
+/// not started because they would end after `spec.deadline` ([`fits`], a run's length: the
+/// longest of the pool's finished runs, before one finishes `spec.expected`), in `todo`'s
+/// order.
 pub fn run_all<'a>(
     todo: &[&'a Job],
     spec: &PoolSpec,
@@ -223,16 +227,20 @@ pub fn run_all<'a>(
     let mut queue = todo.iter().peekable();
     let mut load = vec![0usize; spec.gpus.len()];
     let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
-    let (started, mut longest, mut left) = (Instant::now(), None::<Duration>, Vec::new());
+    let (mut longest, mut left) = (None::<Duration>, Vec::new());
     let mut said = Instant::now();
     loop {
         while running.len() < spec.jobs.max(1) {
-            if queue.peek().is_some() && !fits(started.elapsed(), longest, spec.deadline) {
+            let run = longest.or(spec.expected);
+            if queue.peek().is_some() && !fits(Instant::now(), run, spec.deadline) {
                 left = queue.by_ref().copied().collect();
+                let to_go = spec.deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 lowbit_train::errln!(
-                    "reproduce: {} run(s) not started: at the longest finished run's {:.0}s each would end after --deadline",
+                    "reproduce: {} run(s) not started: a run takes ~{:.0}s ({}), {:.0}s are left before --deadline",
                     left.len(),
-                    longest.unwrap_or_default().as_secs_f64()
+                    run.unwrap_or_default().as_secs_f64(),
+                    if longest.is_some() { "the longest finished here" } else { "the results file's last command at this --jobs" },
+                    to_go.unwrap_or_default().as_secs_f64()
                 );
             }
             let Some(&j) = queue.next() else { break };

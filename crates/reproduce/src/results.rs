@@ -167,6 +167,13 @@ impl CommandLog {
     pub fn made_runs_of(&self, kind: States) -> bool {
         self.states.is_empty() || self.states.iter().any(|s| s == kind.as_str() || (kind != States::Theory && s == SHARED))
     }
+
+    /// Seconds one of its runs took, modelling the command as waves of `jobs` runs at once:
+    /// `wall_s / ceil(runs / jobs)` (start-up of the command included); `None` for a command
+    /// that finished no run.
+    pub fn run_seconds(&self) -> Option<f64> {
+        (self.runs > 0).then(|| self.wall_s / self.runs.div_ceil(self.jobs.max(1)) as f64)
+    }
 }
 
 /// A planned run as the results file sees it: its key and config fingerprint.
@@ -196,6 +203,12 @@ impl ResultsFile {
     /// An empty file for a table and scale.
     pub fn new(table: Table, scale: Scale) -> Self {
         ResultsFile { table: table.as_str().into(), scale: scale.as_str().into(), commands: vec![], runs: vec![] }
+    }
+
+    /// Seconds a run takes with `jobs` at once, as the newest command of the file that ran
+    /// that many at once measured it ([`CommandLog::run_seconds`]); `None` when none did.
+    pub fn expected_run_seconds(&self, jobs: usize) -> Option<f64> {
+        self.commands.iter().rev().find(|c| c.jobs == jobs).and_then(CommandLog::run_seconds)
     }
 
     /// Read `path`, or an empty file when it does not exist; an error names the file when it

@@ -58,12 +58,12 @@ impl Scale {
         match self {
             Scale::Smoke => 2,
             Scale::H200 => (H200_STEPS_PER_S * COMMAND_RUN_S / H200_STEPS as f64) as usize,
-            // one run fills the GPU at 128 x 256, and a full-length run pays ~1 s of start-up
-            // and validation: one at a time, runs made 0.97x of one run's tokens/s alone
-            // (H100, 12-06: five in 136 s), against 0.88x with 2 at once (the main table's 13
-            // runs, H200), 0.94x (A.10's 2, H100) and 0.89x with 3 (the FP32 model's Table 2, H100,
-            // 12-07). Only 300-step runs, where start-up weighs 8x more, gain from company
-            // (bench/training_h100.md, scripts/bench_runner.sh)
+            // one run fills the GPU at 128 x 256, and a full-length run pays ~1.6 s of start-up
+            // and validation: one at a time, runs made 0.96-0.97x of one run's tokens/s alone
+            // (H100, 12-06: five in 136-138 s), against ~0.90x with 2 at once (H100, 12-05),
+            // 0.88x (the main table's 13 runs, H200), 0.94x (A.10's 2, H100) and 0.89x with 3
+            // (Table 2's first runs, FP32 model, H100, 12-07). Only 300-step runs, where
+            // start-up weighs 8x more, gain from company (bench/training_h100.md)
             Scale::H200Shuffled => 1,
             Scale::Full => 1,
         }
