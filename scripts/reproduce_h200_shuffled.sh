@@ -4,8 +4,9 @@
 # (reproduce/departures/<name>/: the same table runner with one --set, so their records never
 # replace the table's). Every `train reproduce` call reads the committed results (--merge) and
 # writes the merged results and reports to OUT; a run finished before the deadline is kept, and
-# a run that would not finish by it (at the length of the longest run of its call) is not
-# started (`train reproduce --deadline`), so the command ends early instead of losing it. A
+# a run that would not finish by it (at the longest run its call finished, before that the
+# results file's last command's run length) is not started (`train reproduce --deadline`), so
+# the command ends early instead of losing it. A
 # device command returns at most 8 files, so the ablations' folders are packed into
 # OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`).
 # Copy OUT/* over reproduce/ and commit it before the next command.
