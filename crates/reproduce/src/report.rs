@@ -6,7 +6,7 @@
 use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, states_label, Cell, Fix, Fmt, Table};
 use super::results::CommandLog;
 use super::scale::Scale;
-use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat};
+use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat, Verdict};
 use lowbit_optim::{theory, Rounding};
 use lowbit_train::output::fixed_or;
 use std::fmt::Write as _;
@@ -252,15 +252,38 @@ fn probe_theory(w: &mut String) {
 /// unsigned E2M2).
 pub const PROBE_FORMATS: [(&str, u32); 3] = [("bf16", 7), ("fp8 (e4m3)", 3), ("fp4 (ue2m2)", 2)];
 
+/// Whether an ordering has a verdict paired in fewer seeds than `full`, the most any of the
+/// table's orderings is paired in (a table filling in seed by seed): it holds, or does not,
+/// only so far. Cells shared with another table may have more seeds than the table was run
+/// with, so the report's seed list is not the measure.
+fn judged_so_far(v: &Verdict, full: usize) -> bool {
+    matches!(v.outcome, Outcome::HoldsInAll | Outcome::Mixed | Outcome::DoesNotHold) && v.per_seed.len() < full
+}
+
+/// The report's word for a verdict: [`Outcome::word`], or, paired in fewer seeds than `full`
+/// ([`judged_so_far`]), the outcome in the seeds run so far ("holds in the 1 seed run so far
+/// (of 2)").
+fn outcome_text(v: &Verdict, full: usize) -> String {
+    if !judged_so_far(v, full) {
+        return v.outcome.word().into();
+    }
+    let k = v.per_seed.len();
+    let run = format!("in the {k} seed{} run so far (of {full})", if k == 1 { "" } else { "s" });
+    match v.outcome {
+        Outcome::HoldsInAll => format!("holds {run}"),
+        Outcome::DoesNotHold => format!("does not hold {run}"),
+        _ => format!("mixed {run}"),
+    }
+}
+
 fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
     let _ = writeln!(w, "\n## The paper's orderings\n");
     let _ = writeln!(w, "| claim | paper Δ | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |");
     let _ = writeln!(w, "|---|---:|---:|---:|---:|---|");
-    let counts = [Outcome::HoldsInAll, Outcome::Mixed, Outcome::DoesNotHold]
-        .map(|o| claims(table).iter().filter(|c| evaluate_claim(r, c).outcome == o).count());
-    for c in claims(table) {
-        let v = evaluate_claim(r, &c);
-        let paper = match paper_verdict(table, &c) {
+    let verdicts: Vec<_> = claims(table).into_iter().map(|c| (evaluate_claim(r, &c), c)).collect();
+    let full = verdicts.iter().map(|(v, _)| v.per_seed.len()).max().unwrap_or(0);
+    for (v, c) in &verdicts {
+        let paper = match paper_verdict(table, c) {
             Some((d, h)) => format!("{d:+.3}{}", if h { "" } else { " (!)" }),
             None if table == Table::Bf16Model => "— (Table 2)".into(),
             None => "— (not published)".into(),
@@ -275,17 +298,25 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
             opt_stat(v.delta, true),
             v.seeds_holding,
             v.per_seed.len(),
-            v.outcome.word()
+            outcome_text(v, full)
         );
     }
-    let n = claims(table).len();
+    let partial = verdicts.iter().filter(|(v, _)| judged_so_far(v, full)).count();
+    let counts = [Outcome::HoldsInAll, Outcome::Mixed, Outcome::DoesNotHold]
+        .map(|o| verdicts.iter().filter(|(v, _)| v.outcome == o && !judged_so_far(v, full)).count());
+    let so_far = if partial == 0 {
+        String::new()
+    } else {
+        format!(", {partial} on fewer seeds than the others' {full} so far (not established until their runs are in)")
+    };
     let _ = writeln!(
         w,
-        "\nOf {n} orderings: {} hold in all seeds, {} mixed, {} do not hold, {} not judged.",
+        "\nOf {} orderings: {} hold in all seeds, {} mixed, {} do not hold{so_far}, {} not judged.",
+        verdicts.len(),
         counts[0],
         counts[1],
         counts[2],
-        n - counts.iter().sum::<usize>()
+        verdicts.len() - partial - counts.iter().sum::<usize>()
     );
     let diverged: Vec<String> = cells(table).into_iter().filter(|&c| any_diverged(r, c)).map(|c| cell_name(table, c)).collect();
     if !diverged.is_empty() {

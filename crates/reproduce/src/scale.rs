@@ -254,10 +254,11 @@ pub fn scale_description(scale: Scale) -> String {
              of the FP32-state sweep, `bench/lr_sweep_h200.md`, kept for every cell as the paper \
              keeps its lr across precisions), validation every 600 steps on 250k tokens of the \
              corpus's validation shard, CUDA, {jobs} run(s) at once per GPU by default (`--jobs`). Reset periods: the paper's, {}.\n\
-             Why this shape: at 128 x 256 one BF16-model run fills the H200 (~3.3M tokens/s, ~24 s \
-             per run; an FP32-model run, Table 2's, takes ~143 s on an H100); \
-             2400 steps is above the issue's 2000-step floor and stays under 2 passes, so a table \
-             of 13 cells x 3 seeds fits one session's device time; the paper's 512 x 256 would \
+             Why this shape: at 128 x 256 one BF16-model run fills the GPU (~3.3M tokens/s on the \
+             H200, ~24 s per run; ~26 s on an H100); 2400 steps is above the issue's 2000-step \
+             floor and stays under 2 passes, so the main table's 13 cells x 3 seeds fit one \
+             session's device time (an FP32-model run takes ~143 s on an H100: Table 2's 14 x 2, \
+             ~67 min, take two or three sessions); the paper's 512 x 256 would \
              leave ~1250 steps within 4 passes. Still 5x smaller than the paper's model and \
              ~30x fewer tokens: expect smaller gaps than the paper's, and call an ordering only \
              when it holds in every seed.",
