@@ -366,7 +366,7 @@ fn report_only_renders_from_the_merged_results_file() {
     assert!(claim.contains("| s0 -0.1000 |") && claim.contains("| 1/1 | **holds in the 1 seed run so far (of 2)** |"), "{claim}");
     assert!(
         md.contains(
-            "Of 13 orderings: 1 hold in all seeds, 1 mixed, 0 do not hold, 1 on fewer seeds than the others' 2 so far \
+            "Of 13 orderings: 1 hold in all seeds, 1 mixed, 0 do not hold, 1 paired in fewer seeds than the others' 2 so far \
              (not established until their runs are in), 10 not judged."
         ),
         "{md}"

@@ -252,17 +252,24 @@ fn probe_theory(w: &mut String) {
 /// unsigned E2M2).
 pub const PROBE_FORMATS: [(&str, u32); 3] = [("bf16", 7), ("fp8 (e4m3)", 3), ("fp4 (ue2m2)", 2)];
 
-/// Whether an ordering has a verdict paired in fewer seeds than `full`, the most any of the
-/// table's orderings is paired in (a table filling in seed by seed): it holds, or does not,
-/// only so far. Cells shared with another table may have more seeds than the table was run
-/// with, so the report's seed list is not the measure.
+/// Whether an outcome is a verdict (holds, mixed, does not hold) rather than "not judged".
+fn judged(v: &Verdict) -> bool {
+    matches!(v.outcome, Outcome::HoldsInAll | Outcome::Mixed | Outcome::DoesNotHold)
+}
+
+/// Whether a judged ordering is paired in fewer seeds than `full`, the most any judged ordering
+/// of the table is paired in (a table filling in seed by seed): it holds, is mixed or does not
+/// hold only so far. A seed in which no ordering has both cells does not count, so a cell
+/// borrowed from another table with more seeds (the main table's FP32 states in the stall probe
+/// and SOAP) does not make the table's own orderings partial; an ordering between two borrowed
+/// cells (Table 6's SR + resets against plain and against SR) does count the other table's seeds.
 fn judged_so_far(v: &Verdict, full: usize) -> bool {
-    matches!(v.outcome, Outcome::HoldsInAll | Outcome::Mixed | Outcome::DoesNotHold) && v.per_seed.len() < full
+    judged(v) && v.per_seed.len() < full
 }
 
 /// The report's word for a verdict: [`Outcome::word`], or, paired in fewer seeds than `full`
 /// ([`judged_so_far`]), the outcome in the seeds run so far ("holds in the 1 seed run so far
-/// (of 2)").
+/// (of 2)", "mixed in the 2 seeds run so far (of 3)").
 fn outcome_text(v: &Verdict, full: usize) -> String {
     if !judged_so_far(v, full) {
         return v.outcome.word().into();
@@ -272,7 +279,8 @@ fn outcome_text(v: &Verdict, full: usize) -> String {
     match v.outcome {
         Outcome::HoldsInAll => format!("holds {run}"),
         Outcome::DoesNotHold => format!("does not hold {run}"),
-        _ => format!("mixed {run}"),
+        Outcome::Mixed => format!("mixed {run}"),
+        Outcome::Diverged | Outcome::Missing => unreachable!("not judged: no verdict so far"),
     }
 }
 
@@ -281,7 +289,7 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
     let _ = writeln!(w, "| claim | paper Δ | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |");
     let _ = writeln!(w, "|---|---:|---:|---:|---:|---|");
     let verdicts: Vec<_> = claims(table).into_iter().map(|c| (evaluate_claim(r, &c), c)).collect();
-    let full = verdicts.iter().map(|(v, _)| v.per_seed.len()).max().unwrap_or(0);
+    let full = verdicts.iter().filter(|(v, _)| judged(v)).map(|(v, _)| v.per_seed.len()).max().unwrap_or(0);
     for (v, c) in &verdicts {
         let paper = match paper_verdict(table, c) {
             Some((d, h)) => format!("{d:+.3}{}", if h { "" } else { " (!)" }),
@@ -307,7 +315,7 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
     let so_far = if partial == 0 {
         String::new()
     } else {
-        format!(", {partial} on fewer seeds than the others' {full} so far (not established until their runs are in)")
+        format!(", {partial} paired in fewer seeds than the others' {full} so far (not established until their runs are in)")
     };
     let _ = writeln!(
         w,

@@ -258,7 +258,7 @@ pub fn scale_description(scale: Scale) -> String {
              H200, ~24 s per run; ~26 s on an H100); 2400 steps is above the issue's 2000-step \
              floor and stays under 2 passes, so the main table's 13 cells x 3 seeds fit one \
              session's device time (an FP32-model run takes ~143 s on an H100: Table 2's 14 x 2, \
-             ~67 min, take two or three sessions); the paper's 512 x 256 would \
+             ~67 min, take three sessions or more); the paper's 512 x 256 would \
              leave ~1250 steps within 4 passes. Still 5x smaller than the paper's model and \
              ~30x fewer tokens: expect smaller gaps than the paper's, and call an ordering only \
              when it holds in every seed.",
