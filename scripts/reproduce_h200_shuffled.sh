@@ -29,6 +29,8 @@
 #   v_only_continue      FP8 SR + v-only resets, bias correction continued
 #   fp4_period_K         FP4 SR + resets of m and v every K steps
 #   fp8_period_K         FP8 SR + resets of m and v every K steps (Fig. 4)
+#   fp4_m_only, fp4_v_only  FP4 SR + resets of m only / v only every 200 steps (the paper's
+#                        FP4 period), the other state never reset
 #   fp4_per_tensor       A.10: FP4 SR with and without resets, one scale per tensor
 #   model_60m[:CELLS], model_100m[:CELLS]  Table 4: the model-scale cells (default all of
 #                        Table 4's; CELLS as --cells) at the paper's lr for 60M/100M (1e-3)
@@ -107,6 +109,10 @@ for step in "$@"; do
       k=${step#fp4_period_}
       reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.m_reset_every="$k" \
         --set optim.states.v_reset_every="$k" ;;
+    fp4_m_only | fp4_v_only)
+      never=v
+      [ "$step" = fp4_v_only ] && never=m
+      reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states."$never"_reset_every=0 ;;
     batch_*)
       b=${step#batch_} micro=128
       [ "$b" -lt 128 ] && micro=$b
