@@ -31,6 +31,9 @@
 #   fp8_period_K         FP8 SR + resets of m and v every K steps (Fig. 4)
 #   fp4_m_only, fp4_v_only  FP4 SR + resets of m only / v only every 200 steps (the paper's
 #                        FP4 period), the other state never reset
+#   fp4_same_card        the table's FP4 SR and FP4 SR + resets cells again, on this command's
+#                        card: the baseline for fp4_m_only / fp4_v_only run beside it, and
+#                        whether the card repeats the table's (or departures/fp4_period_200's) bits
 #   fp4_per_tensor       A.10: FP4 SR with and without resets, one scale per tensor
 #   model_60m[:CELLS], model_100m[:CELLS]  Table 4: the model-scale cells (default all of
 #                        Table 4's; CELLS as --cells) at the paper's lr for 60M/100M (1e-3)
@@ -100,6 +103,7 @@ for step in "$@"; do
       k=${step#fp8_period_}
       reproduce "$step" bf16-model "$seeds" --cells fp8_sr_reset --set optim.states.m_reset_every="$k" \
         --set optim.states.v_reset_every="$k" ;;
+    fp4_same_card) reproduce "$step" bf16-model "$seeds" --cells fp4_sr,fp4_sr_reset ;;
     fp4_per_tensor) reproduce "$step" bf16-model "$seeds" --cells fp4_sr,fp4_sr_reset --set optim.states.block_size=0 ;;
     model_60m* | model_100m*)
       name=${step%%:*}
