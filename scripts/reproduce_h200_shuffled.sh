@@ -8,7 +8,8 @@
 # results file's last command's run length) is not started (`train reproduce --deadline`), so
 # the command ends early instead of losing it. A
 # device command returns at most 8 files, so the ablations' folders are packed into
-# OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`).
+# OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`), and the runs'
+# training logs (loss, stalled fractions, validation) into OUT/train-logs.tar.
 # Copy OUT/* over reproduce/ and commit it before the next command.
 # Usage (on the GPU machine, from the repository root, token shards in data/local/tok/, see
 # docs/reproduce.md): scripts/reproduce_h200_shuffled.sh TRAIN OUT DEADLINE_S STEP...
@@ -31,6 +32,10 @@
 #   fp8_period_K         FP8 SR + resets of m and v every K steps (Fig. 4)
 #   fp4_m_only, fp4_v_only  FP4 SR + resets of m only / v only every 200 steps (the paper's
 #                        FP4 period), the other state never reset
+#   fp4_m_only_continue  fp4_m_only with the bias-correction counter kept counting over resets
+#   fp32_m_only          FP32 states with m reset every 200 steps (v never): fp4_m_only's
+#                        control without quantization
+#   fp32_period_K        FP32 states with m and v reset every K steps
 #   fp4_same_card        the table's FP4 SR and FP4 SR + resets cells again, on this command's
 #                        card: the baseline for fp4_m_only / fp4_v_only run beside it, and
 #                        whether the card repeats the table's (or departures/fp4_period_200's) bits
@@ -71,7 +76,7 @@ reproduce() {
       fi
       echo "== $(date +%T) $table ${name:-table} seed $s ($left s left)"
       # --deadline: no run starts that would be cut (exit 75 then stops the steps after it)
-      timeout "$left" "$TRAIN" reproduce --table "$table" --scale h200-shuffled --seed-list "$s" --runs /tmp/rr \
+      timeout "$left" "$TRAIN" reproduce --table "$table" --scale h200-shuffled --seed-list "$s" --runs "/tmp/rr/${name:-tables}" \
         --out "$out" --merge "$merge" --deadline $((left - 5)) "$@" || return 1
     done
   done
@@ -113,6 +118,14 @@ for step in "$@"; do
       k=${step#fp4_period_}
       reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.m_reset_every="$k" \
         --set optim.states.v_reset_every="$k" ;;
+    fp4_m_only_continue)
+      reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.v_reset_every=0 \
+        --set optim.states.bias_correction=continue ;;
+    fp32_m_only) reproduce "$step" bf16-model "$seeds" --cells fp32_plain --set optim.states.m_reset_every=200 ;;
+    fp32_period_*)
+      k=${step#fp32_period_}
+      reproduce "$step" bf16-model "$seeds" --cells fp32_plain --set optim.states.m_reset_every="$k" \
+        --set optim.states.v_reset_every="$k" ;;
     fp4_m_only | fp4_v_only)
       never=v
       [ "$step" = fp4_v_only ] && never=m
@@ -130,6 +143,7 @@ for step in "$@"; do
       ;;
   esac || break
 done
+find /tmp/rr -name train.log | tar cf "$OUT/train-logs.tar" -T - 2>/dev/null
 if [ -d "$OUT/departures" ]; then
   tar cf "$OUT/departures.tar" -C "$OUT" departures && rm -rf "$OUT/departures"
 fi
