@@ -464,6 +464,12 @@ impl StatesSpec {
         self.v_reset_every > 0 && (self.m_reset_every == 0 || !self.v_reset_every.is_multiple_of(self.m_reset_every))
     }
 
+    /// Whether m resets at updates where v does not (an m-only reset: with the bias-correction
+    /// counter restarted, m's first update after it is a single gradient over v's long average).
+    pub fn resets_m_without_v(&self) -> bool {
+        self.m_reset_every > 0 && (self.v_reset_every == 0 || !self.m_reset_every.is_multiple_of(self.v_reset_every))
+    }
+
     /// One line for a run's banner: formats with their scale kinds and blocks, roundings, the
     /// reset rule.
     pub fn describe(&self) -> String {
@@ -534,6 +540,7 @@ mod tests {
         let s = resolve("m_format = \"fp4\"\nv_format = \"bf16\"\nscale = \"pow2\"\nv_reset_every = 300").unwrap();
         assert_eq!((s.m_scale, s.m_reset_every, s.v_reset_every), (ScaleKind::Pow2, 0, 300));
         assert!(s.resets_v_without_m(), "a v-only reset is allowed (the paper's asymmetric policy)");
+        assert!(!s.resets_m_without_v());
         assert!(s.v_only_reset_at(301) && !s.v_only_reset_at(300));
         assert_eq!(
             s.describe(),

@@ -11,12 +11,20 @@ use lowbit_optim::{BiasCorrection, LowbitAdamW, ResetRule, Rounding, ScaleChoice
 pub fn for_run(cfg: &RunConfig, states: &LowbitAdamW, pass: PassSize) -> Vec<String> {
     let largest = states.tensors.iter().map(|t| t.info.len).max().unwrap_or(0);
     let passes = passes_planned(cfg, pass);
-    let per_group = states.tensors.iter().map(|t| (t.info.group.as_str(), &t.spec));
+    let per_group: Vec<_> = states.tensors.iter().map(|t| (t.info.group.as_str(), &t.spec)).collect();
     setting_warnings(cfg, &states.spec, largest)
         .into_iter()
-        .chain(continued_bias_correction(cfg, states.spec.reset, per_group))
+        .chain(continued_bias_correction(cfg, states.spec.reset, per_group.iter().copied()))
+        .chain(restarted_m_without_v(cfg, states.spec.reset, per_group.iter().copied()))
         .chain(passes_warning(cfg, pass, passes))
         .collect()
+}
+
+/// The tensor groups of `per_group` whose states `pick` selects, each named once, in order;
+/// `None` when none is.
+fn groups_where<'a>(per_group: impl IntoIterator<Item = (&'a str, &'a StatesSpec)>, pick: impl Fn(&StatesSpec) -> bool) -> Option<String> {
+    let groups: std::collections::BTreeSet<&str> = per_group.into_iter().filter(|(_, s)| pick(s)).map(|(g, _)| g).collect();
+    (!groups.is_empty()).then(|| groups.into_iter().collect::<Vec<_>>().join(", "))
 }
 
 /// The warning for `bias_correction = "continue"` where v is reset (periodically within the
@@ -32,11 +40,7 @@ pub fn continued_bias_correction<'a>(
 ) -> Option<String> {
     let max_steps = cfg.train.max_steps;
     let resets_v = |s: &StatesSpec| reset == ResetRule::Adaptive || (s.v_reset_every > 0 && s.v_reset_every < max_steps);
-    let groups: std::collections::BTreeSet<&str> =
-        per_group.into_iter().filter(|(_, s)| s.bias_correction == BiasCorrection::Continue && resets_v(s)).map(|(g, _)| g).collect();
-    if groups.is_empty() {
-        return None;
-    }
+    let groups = groups_where(per_group, |s| s.bias_correction == BiasCorrection::Continue && resets_v(s))?;
     let (b1, b2) = (cfg.optim.beta1, cfg.optim.beta2);
     let joint = (1..=100_000).map(|k| (1.0 - b1.powi(k)) / (1.0 - b2.powi(k)).sqrt()).fold(0.0, f64::max);
     Some(format!(
@@ -44,8 +48,38 @@ pub fn continued_bias_correction<'a>(
          step's (1 - beta2) g^2 while its correction stays near 1, so the updates are too large: up to {joint:.1}x where m \
          resets with v, {:.0}x right after a reset of v alone (v-only resets with it cost 1.5-2.7 nats at LLaMA-20M, \
          reproduce/departures.md section 3). \"restart\" (the default) is the paper's",
-        groups.into_iter().collect::<Vec<_>>().join(", "),
+        groups,
         1.0 / (1.0 - b2).sqrt()
+    ))
+}
+
+/// The warning for periodic resets of m at updates where v does not reset, with the
+/// bias-correction counter restarted (the default), over the tensor groups' states
+/// `per_group`: the first update after such a reset divides one gradient, m_hat = g, by v's
+/// long average, v_hat >= (1 − β2)·g², so an element's step can reach lr / sqrt(1 − β2)
+/// against Adam's lr (1 − β1) / sqrt(1 − β2) (Kingma & Ba 2015, 2.1). `None` when no group
+/// has such resets within the run (the adaptive rule resets m and v together).
+pub fn restarted_m_without_v<'a>(
+    cfg: &RunConfig,
+    reset: ResetRule,
+    per_group: impl IntoIterator<Item = (&'a str, &'a StatesSpec)>,
+) -> Option<String> {
+    let max_steps = cfg.train.max_steps;
+    let m_alone = |s: &StatesSpec| {
+        reset != ResetRule::Adaptive
+            && s.bias_correction == BiasCorrection::Restart
+            && s.resets_m_without_v()
+            && s.m_reset_every < max_steps
+    };
+    let groups = groups_where(per_group, m_alone)?;
+    let (b1, b2) = (cfg.optim.beta1, cfg.optim.beta2);
+    Some(format!(
+        "optim.states: m resets without v (tensor groups {groups}): m's bias correction restarts while v keeps its long \
+         average, so right after each such reset an element's step can reach {:.0}x lr, against Adam's {:.1}x (m-only \
+         resets cost 0.64-0.67 nats at LLaMA-20M with FP4 states, reproduce/departures.md section 2). Reset v with m \
+         (the paper's Alg. 1), or set bias_correction = \"continue\"",
+        1.0 / (1.0 - b2).sqrt(),
+        (1.0 - b1) / (1.0 - b2).sqrt()
     ))
 }
 
@@ -279,6 +313,30 @@ mod tests {
         assert!(w.contains("(tensor groups mlp)"), "{w}");
         let w = continued(&["optim.states.v_reset_every=30", "optim.states.groups.attn.bias_correction=\"continue\""]).unwrap();
         assert!(w.contains("(tensor groups attn)"), "{w}");
+    }
+
+    /// [`restarted_m_without_v`] for [`tiny`] with `sets`, over groups `attn` and `mlp`.
+    fn m_alone(sets: &[&str]) -> Option<String> {
+        let cfg = tiny(sets);
+        let plan = lowbit_optim::StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
+        let specs = [("attn", plan.for_tensor("attn", 4096)), ("mlp", plan.for_tensor("mlp", 4096))];
+        restarted_m_without_v(&cfg, plan.base.reset, specs.iter().map(|(g, s)| (*g, s)))
+    }
+
+    #[test]
+    fn restarted_m_resets_without_v() {
+        let w = m_alone(&["optim.states.m_reset_every=20"]).unwrap();
+        assert!(w.contains("(tensor groups attn, mlp)") && w.contains("reach 32x lr, against Adam's 3.2x"), "{w}");
+        // m every 20, v every 40: m resets alone at 21, 61, ...
+        assert!(m_alone(&["optim.states.m_reset_every=20", "optim.states.v_reset_every=40"]).is_some());
+        // v with every m reset, the counter continuing, or no m reset within the run: none
+        assert_eq!(m_alone(&["optim.states.m_reset_every=20", "optim.states.v_reset_every=20"]), None);
+        assert_eq!(m_alone(&["optim.states.m_reset_every=40", "optim.states.v_reset_every=20"]), None);
+        assert_eq!(m_alone(&["optim.states.m_reset_every=20", "optim.states.bias_correction=\"continue\""]), None);
+        assert_eq!(m_alone(&["optim.states.m_reset_every=100"]), None);
+        assert_eq!(m_alone(&["optim.states.v_reset_every=30"]), None, "v-only resets");
+        let w = m_alone(&["optim.states.groups.mlp.m_reset_every=20"]).unwrap();
+        assert!(w.contains("(tensor groups mlp)"), "{w}");
     }
 
     #[test]
