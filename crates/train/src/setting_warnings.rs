@@ -288,13 +288,24 @@ mod tests {
         assert!(w.len() == 1 && w[0].starts_with("optim.states: v resets every 30"), "{w:?}");
     }
 
-    /// [`continued_bias_correction`] for [`tiny`] with `sets`, over groups `attn` and `mlp`
-    /// (tensors of 4096 elements).
-    fn continued(sets: &[&str]) -> Option<String> {
+    /// The per-group warnings, [`continued_bias_correction`] and [`restarted_m_without_v`], for
+    /// [`tiny`] with `sets`, over groups `attn` and `mlp` (tensors of 4096 elements).
+    fn group_warnings(sets: &[&str]) -> [Option<String>; 2] {
         let cfg = tiny(sets);
         let plan = lowbit_optim::StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
         let specs = [("attn", plan.for_tensor("attn", 4096)), ("mlp", plan.for_tensor("mlp", 4096))];
-        continued_bias_correction(&cfg, plan.base.reset, specs.iter().map(|(g, s)| (*g, s)))
+        let per_group = || specs.iter().map(|(g, s)| (*g, s));
+        [continued_bias_correction(&cfg, plan.base.reset, per_group()), restarted_m_without_v(&cfg, plan.base.reset, per_group())]
+    }
+
+    fn continued(sets: &[&str]) -> Option<String> {
+        let [c, _] = group_warnings(sets);
+        c
+    }
+
+    fn m_alone(sets: &[&str]) -> Option<String> {
+        let [_, m] = group_warnings(sets);
+        m
     }
 
     #[test]
@@ -313,14 +324,6 @@ mod tests {
         assert!(w.contains("(tensor groups mlp)"), "{w}");
         let w = continued(&["optim.states.v_reset_every=30", "optim.states.groups.attn.bias_correction=\"continue\""]).unwrap();
         assert!(w.contains("(tensor groups attn)"), "{w}");
-    }
-
-    /// [`restarted_m_without_v`] for [`tiny`] with `sets`, over groups `attn` and `mlp`.
-    fn m_alone(sets: &[&str]) -> Option<String> {
-        let cfg = tiny(sets);
-        let plan = lowbit_optim::StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
-        let specs = [("attn", plan.for_tensor("attn", 4096)), ("mlp", plan.for_tensor("mlp", 4096))];
-        restarted_m_without_v(&cfg, plan.base.reset, specs.iter().map(|(g, s)| (*g, s)))
     }
 
     #[test]
