@@ -8,9 +8,11 @@
 # results file's last command's run length) is not started (`train reproduce --deadline`), so
 # the command ends early instead of losing it. A
 # device command returns at most 8 files, so the ablations' folders are packed into
-# OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`), and the runs'
-# training logs (loss, stalled fractions, validation) into OUT/train-logs.tar.
-# Copy OUT/* over reproduce/ and commit it before the next command.
+# OUT/departures.tar at the end (`tar xf OUT/departures.tar -C reproduce`), and this command's
+# runs' logs (train.log, metrics.jsonl, stalls.jsonl: per-step loss and stalled fractions) into
+# OUT/train-logs.tar, for reading (not committed). FORCE=1 reruns runs already recorded
+# (`train reproduce --force`), e.g. to get their logs.
+# Copy OUT/* but train-logs.tar over reproduce/ and commit it before the next command.
 # Usage (on the GPU machine, from the repository root, token shards in data/local/tok/, see
 # docs/reproduce.md): scripts/reproduce_h200_shuffled.sh TRAIN OUT DEADLINE_S STEP...
 #   main[:SEEDS]         main table (bf16-model), seeds as --seed-list (default 0-2), seed by seed
@@ -35,7 +37,8 @@
 #   fp4_m_only_continue  fp4_m_only with the bias-correction counter kept counting over resets
 #   fp32_m_only          FP32 states with m reset every 200 steps (v never): fp4_m_only's
 #                        control without quantization
-#   fp32_period_K        FP32 states with m and v reset every K steps
+#   fp32_period_K        FP32 states with m and v reset every K steps (K = 0: never, the
+#                        table's FP32 cell again, a same-card baseline)
 #   fp4_same_card        the table's FP4 SR and FP4 SR + resets cells again, on this command's
 #                        card: the baseline for fp4_m_only / fp4_v_only run beside it, and
 #                        whether the card repeats the table's (or departures/fp4_period_200's) bits
@@ -52,6 +55,9 @@ OUT=$2
 DEADLINE=$(($(date +%s) + $3))
 shift 3
 seeds=${ABLATION_SEEDS:-0-2}
+force=()
+[ "${FORCE:-0}" = 1 ] && force=(--force)
+stamp=$(mktemp)
 table4=fp32_plain,bf16_plain,bf16_sr_reset,fp8_plain,fp8_sr_reset,fp4_plain,fp4_sr_reset
 fp32=(--set optim.states.groups.GROUP.m_format=fp32 --set optim.states.groups.GROUP.v_format=fp32)
 
@@ -77,7 +83,7 @@ reproduce() {
       echo "== $(date +%T) $table ${name:-table} seed $s ($left s left)"
       # --deadline: no run starts that would be cut (exit 75 then stops the steps after it)
       timeout "$left" "$TRAIN" reproduce --table "$table" --scale h200-shuffled --seed-list "$s" --runs "/tmp/rr/${name:-tables}" \
-        --out "$out" --merge "$merge" --deadline $((left - 5)) "$@" || return 1
+        --out "$out" --merge "$merge" --deadline $((left - 5)) "${force[@]}" "$@" || return 1
     done
   done
 }
@@ -143,7 +149,8 @@ for step in "$@"; do
       ;;
   esac || break
 done
-find /tmp/rr -name train.log | tar cf "$OUT/train-logs.tar" -T - 2>/dev/null
+find /tmp/rr -newer "$stamp" \( -name train.log -o -name metrics.jsonl -o -name stalls.jsonl \) |
+  tar cf "$OUT/train-logs.tar" -T - 2>/dev/null
 if [ -d "$OUT/departures" ]; then
   tar cf "$OUT/departures.tar" -C "$OUT" departures && rm -rf "$OUT/departures"
 fi

@@ -15,13 +15,13 @@ pub fn for_run(cfg: &RunConfig, states: &LowbitAdamW, pass: PassSize) -> Vec<Str
     setting_warnings(cfg, &states.spec, largest)
         .into_iter()
         .chain(continued_bias_correction(cfg, states.spec.reset, per_group.iter().copied()))
-        .chain(restarted_m_without_v(cfg, states.spec.reset, per_group.iter().copied()))
+        .chain(restarted_m_without_v(cfg, per_group.iter().copied()))
         .chain(passes_warning(cfg, pass, passes))
         .collect()
 }
 
-/// The tensor groups of `per_group` whose states `pick` selects, each named once, in order;
-/// `None` when none is.
+/// The tensor groups of `per_group` whose states `pick` selects, each named once, sorted by
+/// name; `None` when none is.
 fn groups_where<'a>(per_group: impl IntoIterator<Item = (&'a str, &'a StatesSpec)>, pick: impl Fn(&StatesSpec) -> bool) -> Option<String> {
     let groups: std::collections::BTreeSet<&str> = per_group.into_iter().filter(|(_, s)| pick(s)).map(|(g, _)| g).collect();
     (!groups.is_empty()).then(|| groups.into_iter().collect::<Vec<_>>().join(", "))
@@ -55,29 +55,23 @@ pub fn continued_bias_correction<'a>(
 
 /// The warning for periodic resets of m at updates where v does not reset, with the
 /// bias-correction counter restarted (the default), over the tensor groups' states
-/// `per_group`: the first update after such a reset divides one gradient, m_hat = g, by v's
-/// long average, v_hat >= (1 − β2)·g², so an element's step can reach lr / sqrt(1 − β2)
-/// against Adam's lr (1 − β1) / sqrt(1 − β2) (Kingma & Ba 2015, 2.1). `None` when no group
-/// has such resets within the run (the adaptive rule resets m and v together).
-pub fn restarted_m_without_v<'a>(
-    cfg: &RunConfig,
-    reset: ResetRule,
-    per_group: impl IntoIterator<Item = (&'a str, &'a StatesSpec)>,
-) -> Option<String> {
+/// `per_group`: m's counter restarts and v's counts on, so the first update after such a reset
+/// divides one gradient, m_hat = g, by v's long average, v_hat >= (1 − β2)·g² / (1 − β2^t), and
+/// an element's step can reach lr·sqrt(1 − β2^t) / sqrt(1 − β2) (up to 1 / sqrt(1 − β2)), ten
+/// times Adam's at the same t; in Kingma & Ba's single-spike case (2015, 2.1) Adam's is
+/// lr (1 − β1) / sqrt(1 − β2). `None` when no group has such resets within the run (the
+/// adaptive rule resets m and v together, with periods of 0).
+pub fn restarted_m_without_v<'a>(cfg: &RunConfig, per_group: impl IntoIterator<Item = (&'a str, &'a StatesSpec)>) -> Option<String> {
     let max_steps = cfg.train.max_steps;
-    let m_alone = |s: &StatesSpec| {
-        reset != ResetRule::Adaptive
-            && s.bias_correction == BiasCorrection::Restart
-            && s.resets_m_without_v()
-            && s.m_reset_every < max_steps
-    };
+    let m_alone = |s: &StatesSpec| s.bias_correction == BiasCorrection::Restart && s.resets_m_without_v() && s.m_reset_every < max_steps;
     let groups = groups_where(per_group, m_alone)?;
     let (b1, b2) = (cfg.optim.beta1, cfg.optim.beta2);
     Some(format!(
         "optim.states: m resets without v (tensor groups {groups}): m's bias correction restarts while v keeps its long \
-         average, so right after each such reset an element's step can reach {:.0}x lr, against Adam's {:.1}x (m-only \
-         resets cost 0.64-0.67 nats at LLaMA-20M with FP4 states, reproduce/departures.md section 2). Reset v with m \
-         (the paper's Alg. 1), or set bias_correction = \"continue\"",
+         average, so right after each such reset an element's step can reach up to {:.0}x lr, where Adam's single-spike \
+         step is {:.1}x (m-only resets cost 0.64-0.67 nats at LLaMA-20M with FP4 states, reproduce/departures.md section \
+         2). Reset v whenever m resets (v_reset_every dividing m_reset_every, the paper's Alg. 1 when equal), or, with \
+         m-only resets, set bias_correction = \"continue\"",
         1.0 / (1.0 - b2).sqrt(),
         (1.0 - b1) / (1.0 - b2).sqrt()
     ))
@@ -295,7 +289,7 @@ mod tests {
         let plan = lowbit_optim::StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
         let specs = [("attn", plan.for_tensor("attn", 4096)), ("mlp", plan.for_tensor("mlp", 4096))];
         let per_group = || specs.iter().map(|(g, s)| (*g, s));
-        [continued_bias_correction(&cfg, plan.base.reset, per_group()), restarted_m_without_v(&cfg, plan.base.reset, per_group())]
+        [continued_bias_correction(&cfg, plan.base.reset, per_group()), restarted_m_without_v(&cfg, per_group())]
     }
 
     fn continued(sets: &[&str]) -> Option<String> {
@@ -329,7 +323,7 @@ mod tests {
     #[test]
     fn restarted_m_resets_without_v() {
         let w = m_alone(&["optim.states.m_reset_every=20"]).unwrap();
-        assert!(w.contains("(tensor groups attn, mlp)") && w.contains("reach 32x lr, against Adam's 3.2x"), "{w}");
+        assert!(w.contains("(tensor groups attn, mlp)") && w.contains("reach up to 32x lr, where Adam's single-spike step is 3.2x"), "{w}");
         // m every 20, v every 40: m resets alone at 21, 61, ...
         assert!(m_alone(&["optim.states.m_reset_every=20", "optim.states.v_reset_every=40"]).is_some());
         // v with every m reset, the counter continuing, or no m reset within the run: none
