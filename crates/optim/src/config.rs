@@ -542,7 +542,7 @@ mod tests {
         assert!(s.resets_v_without_m(), "a v-only reset is allowed (the paper's asymmetric policy)");
         assert!(!s.resets_m_without_v());
         // m every 20, v every 40: m alone at 21, 61, ...; m every 40, v every 20: never
-        let periods = |m: u64, v: u64| StatesSpec { m_reset_every: m, v_reset_every: v, ..s.clone() };
+        let periods = |m: u64, v: u64| StatesSpec { m_reset_every: m, v_reset_every: v, ..s };
         assert!(periods(20, 40).resets_m_without_v() && periods(20, 0).resets_m_without_v());
         assert!(!periods(40, 20).resets_m_without_v() && !periods(20, 20).resets_m_without_v() && !periods(0, 20).resets_m_without_v());
         assert!(s.v_only_reset_at(301) && !s.v_only_reset_at(300));
