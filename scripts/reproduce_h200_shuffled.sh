@@ -110,9 +110,11 @@ for step in "$@"; do
     v_only_keep) reproduce "$step" reset-policies "$seeds" --cells fp8_sr_reset_v --set optim.states.v_reset_idle=keep ;;
     v_only_continue)
       reproduce "$step" reset-policies "$seeds" --cells fp8_sr_reset_v --set optim.states.bias_correction=continue ;;
-    fp8_period_*)
-      k=${step#fp8_period_}
-      reproduce "$step" bf16-model "$seeds" --cells fp8_sr_reset --set optim.states.m_reset_every="$k" \
+    fp4_period_* | fp8_period_* | fp32_period_*)
+      format=${step%%_period_*} k=${step#*_period_}
+      cell=${format}_sr_reset
+      [ "$format" = fp32 ] && cell=fp32_plain
+      reproduce "$step" bf16-model "$seeds" --cells "$cell" --set optim.states.m_reset_every="$k" \
         --set optim.states.v_reset_every="$k" ;;
     fp4_same_card) reproduce "$step" bf16-model "$seeds" --cells fp4_sr,fp4_sr_reset ;;
     fp4_per_tensor) reproduce "$step" bf16-model "$seeds" --cells fp4_sr,fp4_sr_reset --set optim.states.block_size=0 ;;
@@ -120,18 +122,10 @@ for step in "$@"; do
       name=${step%%:*}
       reproduce "$name" bf16-model "$seeds" --cells "${arg:-$table4}" --set "model.preset=\"llama${name#model_}\"" \
         --set optim.lr=1e-3 ;;
-    fp4_period_*)
-      k=${step#fp4_period_}
-      reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.m_reset_every="$k" \
-        --set optim.states.v_reset_every="$k" ;;
     fp4_m_only_continue)
       reproduce "$step" bf16-model "$seeds" --cells fp4_sr_reset --set optim.states.v_reset_every=0 \
         --set optim.states.bias_correction=continue ;;
     fp32_m_only) reproduce "$step" bf16-model "$seeds" --cells fp32_plain --set optim.states.m_reset_every=200 ;;
-    fp32_period_*)
-      k=${step#fp32_period_}
-      reproduce "$step" bf16-model "$seeds" --cells fp32_plain --set optim.states.m_reset_every="$k" \
-        --set optim.states.v_reset_every="$k" ;;
     fp4_m_only | fp4_v_only)
       never=v
       [ "$step" = fp4_v_only ] && never=m
@@ -151,6 +145,7 @@ for step in "$@"; do
 done
 find /tmp/rr -newer "$stamp" \( -name train.log -o -name metrics.jsonl -o -name stalls.jsonl \) |
   tar cf "$OUT/train-logs.tar" -T - 2>/dev/null
+rm -f "$stamp"
 if [ -d "$OUT/departures" ]; then
   tar cf "$OUT/departures.tar" -C "$OUT" departures && rm -rf "$OUT/departures"
 fi
