@@ -128,7 +128,7 @@ enum Cmd {
         out: Option<PathBuf>,
         /// Instead of runs: the paper's Fig. 4 (final validation loss of SR + resets against
         /// the reset period K, per format) of this reproduce scale, from the main table's
-        /// results and the `departures/<fmt>_period_<K>/` ablations under `--results`.
+        /// records and the `<fmt>_period_<K>` ablations' under `--results`.
         #[arg(long, value_name = "SCALE", conflicts_with = "runs")]
         reset_periods: Option<lowbit_reproduce::Scale>,
         /// Instead of runs: the paper's section 3.3 (final validation loss of FP32 states whose
@@ -357,10 +357,10 @@ fn real_main() -> Result<i32> {
         }
         Some(Cmd::Plot { runs, out, .. }) => plot::plot_command(&runs, out.as_deref())?,
         Some(Cmd::Reproduce(args)) => {
-            let ran = lowbit_reproduce::run(&args);
-            if args.table == lowbit_reproduce::Table::StallProbe {
+            let ran = lowbit_reproduce::run(&args, env!("LOWBIT_GIT_COMMIT").trim_start_matches("commit "));
+            if let (Some(lowbit_reproduce::Table::StallProbe), Some(scale)) = (args.table, args.scale) {
                 // the figure from whatever the results file holds, also after a failed run
-                match stall_probe_plot::plot_stall_probe(&args.out, args.scale, &args.out) {
+                match stall_probe_plot::plot_stall_probe(&args.out, scale, &args.out) {
                     Ok(files) => files.iter().for_each(|f| lowbit_train::errln!("reproduce: wrote {}", f.display())),
                     Err(e) => lowbit_train::errln!("reproduce: no stall-probe figure: {e:#}"),
                 }

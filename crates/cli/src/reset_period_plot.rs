@@ -1,10 +1,10 @@
 //! The paper's Fig. 4, reset-period sensitivity (arXiv:2603.16731v1, §6.2): the final
 //! validation loss of SR + resets (m and v every K updates) against K, per state format, from
 //! the runs `train reproduce` keeps:
-//! * `<results>/departures/<fmt>_period_<K>/bf16-model-<scale>-results.json`: the ablations of
-//!   `scripts/reproduce_h200_shuffled.sh` (`fp8_period_K`, `fp4_period_K`), cell
+//! * `<results>/records/ablations/<fmt>_period_<K>/bf16-model-<scale>-results.json`: the
+//!   ablations `fp8_period_K`, `fp4_period_K` (`train reproduce --ablation`), cell
 //!   `<fmt>_sr_reset` with both periods set to K;
-//! * `<results>/bf16-model-<scale>-results.json`: the main table's `<fmt>_sr_reset` at the
+//! * `<results>/records/bf16-model-<scale>-results.json`: the main table's `<fmt>_sr_reset` at the
 //!   scale's period ([`reset_period`], the paper's K* scaled) and `<fmt>_sr` (no resets); an
 //!   ablation at K* adds only the seeds the table lacks.
 //!
@@ -13,7 +13,7 @@
 
 use crate::plot::{render, Panel, Series};
 use anyhow::{Context, Result};
-use lowbit_reproduce::{reset_period, results_name, Fmt, ResultsFile, Scale, States, Table};
+use lowbit_reproduce::{ablations, reset_period, results_path, Fmt, ResultsFile, Scale, States, Table};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -38,25 +38,18 @@ fn cell_losses(path: &Path, scale: Scale, fmt: Fmt, cell: &str) -> Result<Losses
 
 /// Every format's runs under `results` at `scale`.
 fn collect(results: &Path, scale: Scale) -> Result<BTreeMap<Fmt, FormatRuns>> {
-    let file = results_name(Table::Bf16Model, scale);
     let mut out = BTreeMap::new();
     for fmt in [Fmt::Fp8, Fmt::Fp4] {
         let name = fmt.as_str();
         let mut runs = FormatRuns::default();
-        let main = results.join(&file);
+        let main = results_path(results, Table::Bf16Model, scale, None);
         runs.by_period.insert(reset_period(scale, fmt), cell_losses(&main, scale, fmt, &format!("{name}_sr_reset"))?);
         runs.no_reset = cell_losses(&main, scale, fmt, &format!("{name}_sr"))?;
-        let departures = results.join("departures");
         let prefix = format!("{name}_period_");
-        let entries = match std::fs::read_dir(&departures) {
-            Ok(e) => e.collect::<std::io::Result<Vec<_>>>().with_context(|| departures.display().to_string())?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
-            Err(e) => return Err(e).with_context(|| departures.display().to_string()),
-        };
-        for entry in entries {
-            let folder = entry.file_name().to_string_lossy().into_owned();
-            let Some(k) = folder.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else { continue };
-            let losses = cell_losses(&entry.path().join(&file), scale, fmt, &format!("{name}_sr_reset"))?;
+        for a in ablations().into_iter().filter(|a| a.scale == scale) {
+            let Some(k) = a.name.strip_prefix(&prefix).and_then(|k| k.parse::<u64>().ok()) else { continue };
+            let path = results_path(results, Table::Bf16Model, scale, Some(&a.name));
+            let losses = cell_losses(&path, scale, fmt, &format!("{name}_sr_reset"))?;
             // the main table's record of a seed stays: an ablation at K* only adds seeds the
             // table lacks (the figure pairs K* and SR alone from the same runs)
             let period = runs.by_period.entry(k).or_default();
@@ -154,7 +147,7 @@ pub fn plot_reset_periods(results: &Path, scale: Scale, out: &Path) -> Result<Ve
     let runs = collect(results, scale)?;
     if runs.is_empty() {
         anyhow::bail!(
-            "no SR + resets runs of scale {} under {} (the main table's bf16-model results and departures/<fmt>_period_<K>/)",
+            "no SR + resets runs of scale {} under {} (the main table's bf16-model records and the <fmt>_period_<K> ablations' under records/)",
             scale.as_str(),
             results.display()
         );
@@ -197,9 +190,9 @@ mod tests {
     fn the_table_holds_every_period_and_seed() {
         let dir = tempfile::tempdir().unwrap();
         let scale = Scale::H200Shuffled;
-        let name = results_name(Table::Bf16Model, scale);
+        let at = |ablation: Option<&str>| results_path(dir.path(), Table::Bf16Model, scale, ablation);
         write_results(
-            &dir.path().join(&name),
+            &at(None),
             &[
                 ("fp4_sr_reset", 0, 3.70),
                 ("fp4_sr_reset", 1, 3.72),
@@ -209,13 +202,11 @@ mod tests {
                 ("fp4_sr_reset@theory", 2, 9.9),
             ],
         );
-        write_results(&dir.path().join("departures/fp4_period_1000").join(&name), &[("fp4_sr_reset", 0, 3.65), ("fp4_sr_reset", 1, 3.67)]);
+        write_results(&at(Some("fp4_period_1000")), &[("fp4_sr_reset", 0, 3.65), ("fp4_sr_reset", 1, 3.67)]);
         // a rerun of K* (another card): the table's seeds 0 and 1 stay, its seed 2 is added
-        write_results(
-            &dir.path().join("departures/fp4_period_200").join(&name),
-            &[("fp4_sr_reset", 0, 3.10), ("fp4_sr_reset", 1, 3.10), ("fp4_sr_reset", 2, 3.74)],
-        );
-        write_results(&dir.path().join("departures/fp8_zero/").join(&name), &[("fp8_sr_reset", 0, 9.0)]);
+        write_results(&at(Some("fp4_period_200")), &[("fp4_sr_reset", 0, 3.10), ("fp4_sr_reset", 1, 3.10), ("fp4_sr_reset", 2, 3.74)]);
+        // an ablation that is no period sweep is not read
+        write_results(&at(Some("v_zero_exclude")), &[("fp8_sr_reset", 0, 9.0)]);
         let runs = collect(dir.path(), scale).unwrap();
         assert_eq!(runs.keys().copied().collect::<Vec<_>>(), [Fmt::Fp4], "fp8 has no runs");
         let md = table(&runs, scale);

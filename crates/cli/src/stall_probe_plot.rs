@@ -2,14 +2,14 @@
 //! validation loss of FP32 states whose m or v write-backs are skipped with probability p
 //! (`train reproduce --table stall-probe`, [`Table::StallProbe`]) against p, with the stall
 //! theory's stalled fraction of each format's v marked on the axis, so a reader sees where
-//! BF16, FP8 and FP4 states sit. Reads `<results>/stall-probe-<scale>-results.json` (its p = 0
+//! BF16, FP8 and FP4 states sit. Reads `<results>/records/stall-probe-<scale>-results.json` (its p = 0
 //! runs are the main table's FP32 cell, copied in by `train reproduce`); writes
 //! `stall-probe-<scale>.{svg,png}` (the mean over seeds).
 
 use crate::plot::{render, Panel, Series};
 use anyhow::{Context, Result};
 use lowbit_optim::{theory, Rounding};
-use lowbit_reproduce::{cell_short, cells, report::PROBE_FORMATS, results_name, ResultsFile, Scale, Table, SHARED};
+use lowbit_reproduce::{cell_short, cells, report::PROBE_FORMATS, results_path, ResultsFile, Scale, Table, SHARED};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -73,7 +73,7 @@ fn panel(probe: &Probe, scale: Scale) -> Panel {
 /// No probe runs of the scale under `results`, a results file that does not parse, or an
 /// output file that cannot be written.
 pub fn plot_stall_probe(results: &Path, scale: Scale, out: &Path) -> Result<Vec<PathBuf>> {
-    let path = results.join(results_name(Table::StallProbe, scale));
+    let path = results_path(results, Table::StallProbe, scale, None);
     let probe = collect(&path, scale)?;
     if probe.values().all(|by_p| by_p.keys().all(|&p| p == 0)) {
         anyhow::bail!("no simulated-stalling runs of scale {} in {} (train reproduce --table stall-probe)", scale.as_str(), path.display());
@@ -92,7 +92,7 @@ mod tests {
     fn runs_land_on_their_curve_and_the_figure_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let scale = Scale::H200Shuffled;
-        let path = dir.path().join(results_name(Table::StallProbe, scale));
+        let path = results_path(dir.path(), Table::StallProbe, scale, None);
         let write = |runs: &[(&str, &str, usize, f64)]| {
             let runs: Vec<serde_json::Value> = runs
                 .iter()
@@ -103,6 +103,7 @@ mod tests {
                 })
                 .collect();
             let file = serde_json::json!({"table": "stall-probe", "scale": "h200-shuffled", "commands": [], "runs": runs});
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
         };
         write(&[("shared", "fp32_plain", 0, 3.60)]);

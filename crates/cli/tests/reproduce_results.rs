@@ -72,31 +72,45 @@ fn fingerprint_ignores_the_runs_folder_only() {
     assert_ne!(fingerprint(&load(&["optim.states.m_format=\"e8m3\""])), base);
 }
 
-/// Every record of the committed results files (`reproduce/*-results.json`) has the fingerprint
-/// that today's configs give its run: a change to the configs or to the config format (a new
-/// setting in the resolved TOML) that would leave the committed tables stale fails here, not on
-/// the device, where the runner would silently run every cell again.
+/// Every record of the committed results files (`reproduce/records/`, the tables' and every
+/// ablation's) has the fingerprint that today's configs give its run (for an ablation, with its
+/// overrides): a change to the configs, to the config format (a new setting in the resolved
+/// TOML) or to an ablation's overrides that would leave committed records stale fails here, not
+/// on the device, where the runner would silently run every cell again; and `train reproduce
+/// --ablation NAME` reruns exactly the runs its records hold.
 #[test]
 fn committed_results_match_todays_configs() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reproduce");
-    let mut checked = 0;
-    for table in [Table::Fp32Model, Table::Bf16Model, Table::ResetPolicies, Table::Soap] {
-        for scale in [Scale::Smoke, Scale::H200] {
-            let file = ResultsFile::load(&dir.join(results_name(table, scale)), table, scale).unwrap();
-            let spec = PlanSpec { table, scale, configs: &configs(), runs_root: Path::new("/tmp/runs"), extra: &[] };
-            let planned: Vec<Planned> = [States::Paper, States::Blockwise, States::Theory]
-                .into_iter()
-                .flat_map(|s| plan(spec, s, &cells(table), &file.seeds()).unwrap())
-                .map(|j| j.planned)
-                .collect();
-            for r in &file.runs {
-                let p = planned.iter().find(|p| p.key == r.key()).unwrap_or_else(|| panic!("{:?}: not a cell", r.key()));
-                assert_eq!(r.fingerprint, p.fingerprint, "{} {:?}: stale record", results_name(table, scale), r.key());
-                checked += 1;
-            }
+    let mut targets: Vec<(Table, Scale, Option<Ablation>)> = vec![];
+    for table in [Table::Fp32Model, Table::Bf16Model, Table::ResetPolicies, Table::Soap, Table::StallProbe] {
+        for scale in [Scale::Smoke, Scale::H200, Scale::H200Shuffled, Scale::PaperUpdates] {
+            targets.push((table, scale, None));
         }
     }
-    assert!(checked >= 66 + 40 + 18, "{checked} records checked: the h200 results files are committed");
+    targets.extend(ablations().into_iter().map(|a| (a.table, a.scale, Some(a))));
+    let (mut checked, mut files) = (0, 0);
+    for (table, scale, ablation) in targets {
+        let path = results_path(&dir, table, scale, ablation.as_ref().map(|a| a.name.as_str()));
+        if !path.exists() {
+            continue;
+        }
+        files += 1;
+        let file = ResultsFile::load(&path, table, scale).unwrap();
+        let extra = ablation.as_ref().map_or(vec![], |a| a.overrides.clone());
+        let spec = PlanSpec { table, scale, configs: &configs(), runs_root: Path::new("/tmp/runs"), extra: &extra };
+        let planned: Vec<Planned> = [States::Paper, States::Blockwise, States::Theory]
+            .into_iter()
+            .flat_map(|s| plan_loadable(spec, s, &cells(table), &file.seeds()))
+            .map(|j| j.planned)
+            .collect();
+        for r in &file.runs {
+            let p = planned.iter().find(|p| p.key == r.key()).unwrap_or_else(|| panic!("{}: {:?} is not a cell", path.display(), r.key()));
+            assert_eq!(r.fingerprint, p.fingerprint, "{} {:?}: stale record", path.display(), r.key());
+            checked += 1;
+        }
+    }
+    assert!(files >= 11 + 27, "{files} results files: the tables' and the 27 ablations' are committed");
+    assert!(checked >= 446, "{checked} records checked");
 }
 
 #[test]
@@ -253,28 +267,20 @@ fn runs_spread_over_every_gpu() {
 }
 
 /// The h200 scale's numbers: 10 runs of 4000 steps fit one command's 510 s at the measured
-/// 81 steps/s per GPU (FP32 model), 11 do not; the description carries the derivation and
-/// the BF16 model's measured speed.
+/// 81 steps/s per GPU (FP32 model), 11 do not.
 #[test]
 fn h200_scale_is_sized_from_the_measured_speed() {
     let steps = 4000.0;
     assert!(10.0 * steps / 81.0 <= 510.0 && 11.0 * steps / 81.0 > 510.0);
-    let d = scale_description(Scale::H200);
-    for s in [
-        "16.4M tokens per run",
-        "~81 optimizer steps/s",
-        "345 s",
-        "41310 FP32-model steps per GPU",
-        "10 runs at once per GPU",
-        "~176",
-        "54 runs",
-        "FP4 19",
-    ] {
-        assert!(d.contains(s), "{s:?} missing from: {d}");
-    }
+    assert_eq!(Scale::H200.jobs_per_gpu(), 10);
 }
 
 // ───────── through the binary ─────────
+
+/// The smoke results file of `table` under the reproduce folder `root`.
+fn results_at(root: &Path, table: Table) -> PathBuf {
+    results_path(root, table, Scale::Smoke, None)
+}
 
 fn train(args: &[&str], cwd: &Path) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_train")).args(args).current_dir(cwd).output().unwrap();
@@ -322,7 +328,7 @@ fn report_only_renders_from_the_merged_results_file() {
         }
     }
     file.upsert(record("paper", "fp4_sr", 0, "00000000", 1.0)); // an older config
-    file.save(&committed.join("fp32-model-smoke-results.json")).unwrap();
+    file.save(&results_at(&committed, Table::Fp32Model)).unwrap();
     let out = tmp.path().join("out");
     let args = [
         "reproduce",
@@ -346,12 +352,12 @@ fn report_only_renders_from_the_merged_results_file() {
     assert!(ok, "{err}");
     assert_eq!(std::fs::read_to_string(out.join("fp32-model-smoke.md")).unwrap().trim_end(), md.trim_end());
     assert_eq!(
-        ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap(),
+        ResultsFile::load(&results_at(&out, Table::Fp32Model), Table::Fp32Model, Scale::Smoke).unwrap(),
         file,
-        "the merged file goes beside the report"
+        "the merged file goes into --out's records"
     );
     assert!(
-        md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 7 of 28 runs (14 cells x seeds 0, 1)"),
+        md.contains("Rendered from `records/fp32-model-smoke-results.json`: 7 of 28 runs (14 cells x seeds 0, 1)"),
         "seed 1 is in the file: {md}"
     );
     assert!(md.contains("1 record(s) of the results file with another config"), "{md}");
@@ -401,21 +407,25 @@ fn reset_policies_borrow_the_main_tables_runs() {
             file.upsert(record(&k.states, &k.cell, k.seed, &j.planned.fingerprint, 6.0 + 0.01 * i as f64));
         }
     }
-    file.save(&committed.join("bf16-model-smoke-results.json")).unwrap();
-    own.save(&committed.join("reset-policies-smoke-results.json")).unwrap();
+    file.save(&results_at(&committed, Table::Bf16Model)).unwrap();
+    own.save(&results_at(&committed, Table::ResetPolicies)).unwrap();
     let (out, (ok, md, err)) = (tmp.path().join("out"), report_only(tmp.path(), "reset-policies", "0"));
     assert!(ok, "{err}");
-    let own = ResultsFile::load(&out.join("reset-policies-smoke-results.json"), Table::ResetPolicies, Scale::Smoke).unwrap();
+    let own = ResultsFile::load(&results_at(&out, Table::ResetPolicies), Table::ResetPolicies, Scale::Smoke).unwrap();
     let cells_held: Vec<&str> = own.runs.iter().map(|r| r.cell.as_str()).collect();
     assert_eq!(cells_held, ["fp8_plain", "fp8_sr", "fp8_sr_reset", "fp32_plain"], "the shared cells, and only those");
     let sr = own.runs.iter().find(|r| r.cell == "fp8_sr").unwrap();
     assert_eq!(sr.final_val_loss, Some(7.77), "a stale record of the main table never replaces a current one");
     assert!(md.contains("Reproduction of the paper's Table 6 (FP8 reset policies, BF16 model)"), "{md}");
     assert!(md.contains("4 of 6 runs (6 cells x seed 0)"), "{md}");
-    assert!(md.contains("llama100m_fp8_sr_reset_v-s0, llama100m_fp8_sr_adaptive-s0"), "the policies are left to run: {md}");
+    assert!(md.contains("fp8_sr_reset_v-s0, fp8_sr_adaptive-s0"), "the policies are left to run: {md}");
+    // the tiny model is no size of the paper's: no paper loss beside its runs, only the
+    // paper's deltas (at LLaMA-100M) of the orderings
+    assert!(md.contains("No paper loss is shown beside these runs"), "{md}");
     let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
-    assert!(row.contains("| 3.223 |"), "Table 6's symmetric policy: {row}");
-    assert!(md.contains("| SR + v resets only | — | — | — (3.212) |"), "{md}");
+    assert!(!row.contains("3.223"), "Table 6's symmetric policy is not this cell: {row}");
+    assert!(md.contains("| SR + v resets only | — | — | — |"), "{md}");
+    assert!(md.contains("| claim | paper Δ (LLaMA-100M) |"), "{md}");
 }
 
 /// Table 7 (SOAP) reads its AdamW reference from the main table's results file, under its own
@@ -435,15 +445,15 @@ fn soap_borrows_only_the_adamw_reference() {
         let fp = if k.seed == 1 { "00000000" } else { &j.planned.fingerprint };
         file.upsert(record(&k.states, &k.cell, k.seed, fp, 6.0 + k.seed as f64));
     }
-    file.save(&committed.join("bf16-model-smoke-results.json")).unwrap();
+    file.save(&results_at(&committed, Table::Bf16Model)).unwrap();
     let (out, (ok, md, err)) = (tmp.path().join("out"), report_only(tmp.path(), "soap", "0-1"));
     assert!(ok, "{err}");
-    let own = ResultsFile::load(&out.join("soap-smoke-results.json"), Table::Soap, Scale::Smoke).unwrap();
+    let own = ResultsFile::load(&results_at(&out, Table::Soap), Table::Soap, Scale::Smoke).unwrap();
     let held: Vec<(&str, &str, usize, Option<f64>)> =
         own.runs.iter().map(|r| (r.states.as_str(), r.cell.as_str(), r.seed, r.final_val_loss)).collect();
     assert_eq!(held, [(SHARED, "adamw_fp32", 0, Some(6.0))], "the reference of seed 0 only");
     assert!(md.contains("Reproduction of the paper's Table 7 (SOAP with low-precision states, BF16 model)"), "{md}");
-    assert!(md.contains("1 of 10 runs (5 cells x seeds 0, 1)") && md.contains("llama100m_soap_bf16_plain-s0"), "{md}");
+    assert!(md.contains("1 of 10 runs (5 cells x seeds 0, 1)") && md.contains("soap_bf16_plain-s0"), "{md}");
     assert!(md.contains("AdamW with FP32 states (the reference, not in Table 7): 6.0000."), "{md}");
     // a SOAP key in --set, which the AdamW reference cell's config refuses: the command still
     // reports its SOAP cells, the reference shown as missing (it cannot have runs of that config)
@@ -486,7 +496,7 @@ fn commands_fill_the_file_and_never_rerun_a_finished_run() {
         ];
         let (ok, _, err) = train(&args, &repo);
         assert!(ok, "{err}");
-        (ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap(), err)
+        (ResultsFile::load(&results_at(&out, Table::Fp32Model), Table::Fp32Model, Scale::Smoke).unwrap(), err)
     };
     let (first, err) = cmd("0");
     assert!(err.contains("reproduce: started ") && err.contains("fp32_plain-s0 (log "), "{err}");
@@ -547,7 +557,7 @@ fn deadline_leaves_runs_for_the_next_command_and_exits_75() {
     let with_deadline = [&args[..], &["--deadline", "0"]].concat();
     let out_of = |a: &[&str]| Command::new(env!("CARGO_BIN_EXE_train")).args(a).current_dir(&repo).output().unwrap();
     let seeds = || {
-        let file = ResultsFile::load(&out.join("fp32-model-smoke-results.json"), Table::Fp32Model, Scale::Smoke).unwrap();
+        let file = ResultsFile::load(&results_at(&out, Table::Fp32Model), Table::Fp32Model, Scale::Smoke).unwrap();
         file.runs.iter().map(|r| r.seed).collect::<Vec<_>>()
     };
     let first = out_of(&with_deadline);
@@ -578,8 +588,8 @@ fn deadline_leaves_runs_for_the_next_command_and_exits_75() {
 fn a_second_runner_on_the_same_results_file_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let lock_path = out.join("fp32-model-smoke-results.json.lock");
+    std::fs::create_dir_all(out.join(RECORDS)).unwrap();
+    let lock_path = results_at(&out, Table::Fp32Model).with_extension("json.lock");
     let held = lowbit_train::run_folder::lock_file(&lock_path, |_, _| unreachable!()).unwrap();
     let args = ["reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--out", out.to_str().unwrap()];
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -595,4 +605,107 @@ fn a_second_runner_on_the_same_results_file_is_refused() {
     let (ok, _, err) = train(&args, &repo);
     assert!(ok, "{err}");
     assert!(!lock_path.exists(), "the command's lock is gone with it");
+}
+
+/// `train reproduce --ablation NAME --report-only` over records made for that ablation, with
+/// `--merge` (the committed folder): records ready under `<merge>/records/ablations/<name>/`.
+fn ablation_report(tmp: &Path, name: &str, set: &[&str], records: &[(&str, usize, f64, usize)]) -> (bool, String, String) {
+    let (cfgs, runs, committed, out) = (configs(), tmp.join("runs"), tmp.join("committed"), tmp.join("out"));
+    let ab = ablation(name).unwrap();
+    let extra: Vec<String> = ab.overrides.iter().cloned().chain(set.iter().map(|s| s.to_string())).collect();
+    let spec = PlanSpec { table: ab.table, scale: ab.scale, configs: &cfgs, runs_root: &runs, extra: &extra };
+    let cells = select_cells(ab.table, &ab.cells).unwrap();
+    let jobs = plan(spec, States::Paper, &cells, &[0, 1]).unwrap();
+    let mut file = ResultsFile::new(ab.table, ab.scale);
+    for &(cell, seed, loss, params) in records {
+        let j = jobs.iter().find(|j| (j.planned.key.cell.as_str(), j.planned.key.seed) == (cell, seed)).unwrap();
+        let mut r = record(&j.planned.key.states, cell, seed, &j.planned.fingerprint, loss);
+        r.params = params;
+        r.card = Some("NVIDIA H100 80GB HBM3".into());
+        file.upsert(r);
+    }
+    let path = results_path(&committed, ab.table, ab.scale, Some(name));
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    file.save(&path).unwrap();
+    let mut args = vec!["reproduce", "--ablation", name, "--report-only"];
+    for s in set {
+        args.extend(["--set", s]);
+    }
+    let dirs = [("--configs", &cfgs), ("--runs", &runs), ("--out", &out), ("--merge", &committed)];
+    args.extend(dirs.iter().flat_map(|(flag, d)| [*flag, d.to_str().unwrap()]));
+    train(&args, tmp)
+}
+
+/// An ablation's report is rendered from its runs' resolved config: a reset-period override at
+/// another model size shows no paper number beside its runs (neither the 100M main table's
+/// 3.260 nor Table 4's 60M 3.48: the state settings are not the paper's cell), its heading
+/// names the model size and the overrides, and its missing-run list names only the runs the
+/// ablation plans (its one cell, its seeds 0-1), not the table's other cells or a seed 2.
+#[test]
+fn an_ablation_report_shows_only_its_runs_and_no_paper_number() {
+    let tmp = tempfile::tempdir().unwrap();
+    let set = ["model.preset=\"llama60m\""];
+    let (ok, md, err) = ablation_report(tmp.path(), "fp4_period_400", &set, &[("fp4_sr_reset", 0, 3.61, 58_100_000)]);
+    assert!(ok, "{err}");
+    let out = tmp.path().join("out");
+    assert_eq!(std::fs::read_to_string(out.join("ablations/fp4_period_400.md")).unwrap().trim_end(), md.trim_end());
+    assert!(md.starts_with("# Ablation `fp4_period_400`: FP4 SR + resets of m and v every 400 steps (Fig. 4)"), "{md}");
+    assert!(md.contains("Rendered from `../records/ablations/fp4_period_400/bf16-model-h200-shuffled-results.json`: 1 of 2 runs (1 cells x seeds 0, 1); 58.1M parameters"), "{md}");
+    assert!(md.contains("`llama60m` model (58.1M parameters), BF16 weights and activations"), "{md}");
+    assert!(
+        md.contains("Overrides of every run beyond its cell and the scale: `optim.states.m_reset_every=400`, `optim.states.v_reset_every=400`, `model.preset=\"llama60m\"`."),
+        "{md}"
+    );
+    assert!(md.contains("**1 run(s) missing** (not run yet, failed, or did not finish): fp4_sr_reset-s1.\n"), "{md}");
+    assert!(md.contains("No paper number is shown"), "{md}");
+    for paper in ["3.260", "3.480", "3.48 ", "(paper)", "-0.060", "-0.040"] {
+        assert!(!md.contains(paper), "{paper:?} in {md}");
+    }
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| fp")).collect();
+    assert_eq!(rows.len(), 1, "only the ablation's cell: {rows:?}");
+    assert!(rows[0].starts_with("| fp4 | SR + resets | 3.6100 | 1 | H100 |"), "{}", rows[0]);
+    assert!(md.contains("Cards: H100."), "{md}");
+}
+
+/// The model-scale ablation at 60M keeps the paper's state settings: its cells are the paper's
+/// cells at a size the paper publishes (Table 4), so Table 4's 60M numbers stand beside them and
+/// the orderings quote Table 4's 60M deltas (FP4 3.52 -> 3.48: -0.040), never the 100M table's.
+#[test]
+fn the_60m_ablation_sits_beside_table_4s_60m_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = [("fp4_plain", 0, 3.80, 58_100_000), ("fp4_sr_reset", 0, 3.82, 58_100_000)];
+    let (ok, md, err) = ablation_report(tmp.path(), "model_60m", &[], &runs);
+    assert!(ok, "{err}");
+    assert!(md.contains("Paper: LLaMA-60M, Table 4 (model scale), on C4"), "{md}");
+    let row = md.lines().find(|l| l.starts_with("| fp4 | SR + resets |")).unwrap();
+    assert!(row.starts_with("| fp4 | SR + resets | 3.480 | 3.8200 | 1 | H100 | -0.040 | +0.0200 |"), "{row}");
+    let claim = md.lines().find(|l| l.starts_with("| SR + resets below plain, fp4 states |")).unwrap();
+    assert!(claim.contains("| -0.040 | s0 +0.0200 |") && claim.contains("**does not hold"), "{claim}");
+    assert!(md.contains("| claim | paper Δ (LLaMA-60M) |"), "{md}");
+    assert!(!md.contains("3.260") && !md.contains("3.320"), "no 100M number: {md}");
+    // 14 planned runs (7 cells x seeds 0, 1): the two recorded, twelve named missing
+    assert!(md.contains("2 of 14 runs (7 cells x seeds 0, 1)") && md.contains("**12 run(s) missing**"), "{md}");
+}
+
+/// `--list-ablations` names every ablation with its table, cells and purpose; `--ablation`
+/// refuses an unknown name (listing the known) and a `--scale` other than its own.
+#[test]
+fn ablations_are_listed_and_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ok, list, err) = train(&["reproduce", "--list-ablations"], tmp.path());
+    assert!(ok, "{err}");
+    for name in ["fp4_period_400", "fp8_period_2000", "soap_fp8_block128", "model_60m", "batch_512", "v_only_keep", "fp4_variant_mx"] {
+        assert!(list.lines().any(|l| l.starts_with(name)), "{name} not listed: {list}");
+    }
+    assert!(
+        list.contains("fp4_period_400 ") && list.contains("bf16-model h200-shuffled [fp4_sr_reset] seeds 0-1: FP4 SR + resets"),
+        "{list}"
+    );
+    assert_eq!(list.lines().count(), ablations().len());
+    let (ok, _, err) = train(&["reproduce", "--ablation", "fp4_period_7"], tmp.path());
+    assert!(!ok && err.contains("--ablation \"fp4_period_7\": no such ablation") && err.contains("fp4_period_400"), "{err}");
+    let (ok, _, err) = train(&["reproduce", "--ablation", "fp4_period_400", "--scale", "smoke"], tmp.path());
+    assert!(!ok && err.contains("runs at scale h200-shuffled, not --scale smoke"), "{err}");
+    let (ok, _, err) = train(&["reproduce", "--scale", "smoke"], tmp.path());
+    assert!(!ok && err.contains("--table"), "{err}");
 }

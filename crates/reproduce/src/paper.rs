@@ -299,10 +299,72 @@ pub fn cell_config(configs: &Path, table: Table, cell: Cell) -> PathBuf {
     }
 }
 
-/// The paper's final validation loss of a cell (docs/numerics.md), where published.
-pub fn paper_loss(table: Table, (f, x): Cell) -> Option<f64> {
+/// The model sizes the paper publishes losses for (its LLaMA presets; lowbit's `model.preset`
+/// of the same name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PaperModel {
+    /// LLaMA-60M (Table 4 only: the main table's plain and SR + resets cells).
+    Llama60m,
+    /// LLaMA-100M: every table.
+    Llama100m,
+    /// LLaMA-350M (Table 4 only).
+    Llama350m,
+}
+
+impl PaperModel {
+    /// The paper model a `model.preset` names (`llama60m`, `llama100m`, `llama350m`); `None`
+    /// for a size the paper has no table of (`llama20m`, `tiny`) or explicit dimensions.
+    pub fn from_preset(preset: Option<&str>) -> Option<PaperModel> {
+        match preset? {
+            "llama60m" => Some(PaperModel::Llama60m),
+            "llama100m" => Some(PaperModel::Llama100m),
+            "llama350m" => Some(PaperModel::Llama350m),
+            _ => None,
+        }
+    }
+    /// `LLaMA-100M`, as reports name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            PaperModel::Llama60m => "LLaMA-60M",
+            PaperModel::Llama100m => "LLaMA-100M",
+            PaperModel::Llama350m => "LLaMA-350M",
+        }
+    }
+    /// Where the paper gives this size's numbers of `table`: `Table 4` for 60M and 350M (main
+    /// table only), the table's own name for 100M; `None` where it gives none.
+    pub fn source(self, table: Table) -> Option<&'static str> {
+        match (self, table) {
+            (PaperModel::Llama100m, _) => Some(table.title()),
+            (_, Table::Bf16Model) => Some("Table 4 (model scale)"),
+            _ => None,
+        }
+    }
+}
+
+/// The paper's final validation loss of a cell of `table` at model size `model`
+/// (docs/numerics.md: the main table and Tables 2, 6, 7 at LLaMA-100M; Table 4 gives the main
+/// table's plain and SR + resets cells at 60M and 350M too), where published.
+pub fn paper_loss(table: Table, model: PaperModel, (f, x): Cell) -> Option<f64> {
     use Fix::*;
     use Fmt::*;
+    if model != PaperModel::Llama100m {
+        let [bf16, fp8, fp4] = match (table, model) {
+            (Table::Bf16Model, PaperModel::Llama60m) => [(3.52, 3.45), (3.53, 3.44), (3.52, 3.48)],
+            (Table::Bf16Model, PaperModel::Llama350m) => [(2.99, 2.92), (3.02, 2.92), (3.03, 2.97)],
+            _ => return None,
+        };
+        let (plain, fixed) = match f {
+            Bf16 => bf16,
+            Fp8 => fp8,
+            Fp4 => fp4,
+            Fp32 => return None,
+        };
+        return match x {
+            Plain => Some(plain),
+            SrReset => Some(fixed),
+            _ => None,
+        };
+    }
     match table {
         Table::Bf16Model => match (f, x) {
             (Bf16, Plain) => Some(3.27),
@@ -449,9 +511,9 @@ pub fn claims(table: Table) -> Vec<Claim> {
     v
 }
 
-/// The paper's verdict on a claim, where both cells have a published number: `lhs - rhs`
-/// and whether the relation holds.
-pub fn paper_verdict(table: Table, c: &Claim) -> Option<(f64, bool)> {
-    let d = paper_loss(table, c.lhs)? - paper_loss(table, c.rhs)?;
+/// The paper's verdict on a claim at model size `model`, where both cells have a published
+/// number: `lhs - rhs` and whether the relation holds.
+pub fn paper_verdict(table: Table, model: PaperModel, c: &Claim) -> Option<(f64, bool)> {
+    let d = paper_loss(table, model, c.lhs)? - paper_loss(table, model, c.rhs)?;
     Some((d, c.relation.holds(d)))
 }

@@ -29,6 +29,8 @@ pub struct Job {
     pub lr: f64,
     /// The run trains on a CUDA device (gets a GPU of its own).
     pub cuda: bool,
+    /// Its resolved config (the setting a report describes, the cell it is compared with).
+    pub cfg: RunConfig,
 }
 
 impl Job {
@@ -87,7 +89,10 @@ pub fn plan_loadable(spec: PlanSpec, states: States, cells: &[Cell], seeds: &[us
 }
 
 /// One run of [`plan`].
-fn plan_one(spec: PlanSpec, states: States, cell: Cell, seed: usize) -> Result<Job> {
+///
+/// # Errors
+/// The cell's config does not load with the overrides.
+pub fn plan_one(spec: PlanSpec, states: States, cell: Cell, seed: usize) -> Result<Job> {
     let config = cell_config(spec.configs, spec.table, cell);
     let name = format!("{}-s{seed}", cell_name(spec.table, cell));
     let runs_dir = states.runs_dir(spec.runs_root, spec.table, spec.scale, cell.0);
@@ -101,6 +106,7 @@ fn plan_one(spec: PlanSpec, states: States, cell: Cell, seed: usize) -> Result<J
         lr: cfg.optim.lr,
         cuda: cfg.train.device.starts_with("cuda"),
         overrides,
+        cfg,
     })
 }
 

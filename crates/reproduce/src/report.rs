@@ -3,24 +3,70 @@
 //! stalled fractions beside the theory), the grid in the paper's layout, and the paper's
 //! orderings seed by seed. [`render`] is a pure function of the results.
 
-use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, states_label, Cell, Fix, Fmt, Table};
+use super::paper::{cell_name, cells, claims, paper_loss, paper_verdict, states_label, Cell, Claim, Fix, Fmt, PaperModel, Table};
 use super::results::CommandLog;
 use super::scale::Scale;
 use super::stats::{any_diverged, delta, evaluate_claim, loss_stat, run_stat, Outcome, Results, Stat, Verdict};
 use lowbit_optim::{theory, Rounding};
 use lowbit_train::output::fixed_or;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+/// Which of the paper's numbers a report may show beside its runs: a paper number appears
+/// only beside a cell whose runs are the paper's cell (its state settings as the cell's config
+/// file at the scale: formats, scales, rounding, resets, optimizer) at a model size the paper
+/// publishes that table for (docs/numerics.md); an ablation that changes a cell's states, and
+/// a model size the paper has no table of, show their own numbers alone.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PaperBasis {
+    /// The paper's model of the report's runs (their `model.preset`); `None`: a size the paper
+    /// has no table of (`llama20m`, `tiny`).
+    pub model: Option<PaperModel>,
+    /// The cells whose runs have the paper cell's state settings.
+    pub cells: Vec<Cell>,
+}
+
+impl PaperBasis {
+    /// The basis of runs that are the paper's cells at LLaMA-100M (the configs as written).
+    pub fn paper_cells(table: Table) -> PaperBasis {
+        PaperBasis { model: Some(PaperModel::Llama100m), cells: cells(table) }
+    }
+    /// The paper's model size whose table this report's cells can be set beside.
+    fn published(&self, table: Table) -> Option<PaperModel> {
+        self.model.filter(|m| m.source(table).is_some())
+    }
+    /// The paper's loss of `cell`, where its runs are the paper's cell at a published size.
+    pub fn loss(&self, table: Table, cell: Cell) -> Option<f64> {
+        let m = self.published(table)?;
+        self.cells.contains(&cell).then(|| paper_loss(table, m, cell)).flatten()
+    }
+    /// The size whose deltas the orderings quote: the runs' own where the paper publishes it,
+    /// else LLaMA-100M (the orderings are the paper's claims; the column names the size).
+    fn claim_model(&self, table: Table) -> PaperModel {
+        self.published(table).unwrap_or(PaperModel::Llama100m)
+    }
+    /// The paper's delta and verdict of an ordering, where both of its cells are the paper's
+    /// cells (not an ablation's).
+    fn claim(&self, table: Table, c: &Claim) -> Option<(f64, bool)> {
+        (self.cells.contains(&c.lhs) && self.cells.contains(&c.rhs)).then(|| paper_verdict(table, self.claim_model(table), c)).flatten()
+    }
+}
 
 /// What the report says about how it was made.
 #[derive(Debug, Clone, Default)]
 pub struct RunInfo {
-    /// The name of the results file the report is rendered from (beside the report).
+    /// The report's title; empty: the table's ("Reproduction of the paper's ...").
+    pub title: String,
+    /// The results file the report is rendered from, as the report names it (a path relative
+    /// to the report).
     pub results_file: String,
     /// The commands that filled it.
     pub commands: Vec<CommandLog>,
     /// Seeds the report covers.
     pub seeds: Vec<usize>,
-    /// Runs the report expects (cells x seeds) and the names of those missing.
+    /// The cells the report shows, in the table's order; empty: every cell of the table.
+    pub cells: Vec<Cell>,
+    /// Runs the report expects (its cells x seeds) and the names of those missing.
     pub runs_total: usize,
     pub runs_missing: Vec<String>,
     /// Records of this kind in the results file whose config differs from today's (other
@@ -30,13 +76,47 @@ pub struct RunInfo {
     pub params: Option<usize>,
     pub steps: Option<u64>,
     pub tokens_per_run: Option<u64>,
-    /// Scale text (normally [`super::scale_description`]).
-    pub scale_text: String,
+    /// The runs' setting, from their resolved config ([`crate::setting::describe`]).
+    pub setting: String,
+    /// The `--set` overrides every run of the report got beyond its cell and scale (an
+    /// ablation's, the command's).
+    pub overrides: Vec<String>,
     /// What the FP8/FP4 cells store their states in ([`super::States::description`]).
     pub states_text: String,
+    /// Which of the paper's numbers may appear ([`PaperBasis`]).
+    pub paper: PaperBasis,
+    /// The card of each shown run, by (cell, seed) (`H100`, `H200`, `cpu`; absent: not
+    /// recorded).
+    pub cards: BTreeMap<(Cell, usize), String>,
     /// The results of every states kind (label, results over the same seeds), for the section
     /// that compares them cell by cell; empty: no such section.
     pub kinds: Vec<(&'static str, Results)>,
+}
+
+impl RunInfo {
+    /// The cells the report shows ([`RunInfo::cells`], else the whole table).
+    fn rows(&self, table: Table) -> Vec<Cell> {
+        if self.cells.is_empty() {
+            cells(table)
+        } else {
+            self.cells.clone()
+        }
+    }
+    /// The distinct cards of a cell's shown runs, joined by `/` (`—` when none is recorded).
+    fn cell_cards(&self, c: Cell) -> String {
+        let mut v: Vec<&str> = self.cards.iter().filter(|((cell, _), _)| *cell == c).map(|(_, k)| k.as_str()).collect();
+        v.sort_unstable();
+        v.dedup();
+        if v.is_empty() {
+            "—".into()
+        } else {
+            v.join("/")
+        }
+    }
+    /// Whether the runs of `a` and `b` in `seed` ran on different cards (both recorded).
+    fn cross_card(&self, a: Cell, b: Cell, seed: usize) -> bool {
+        matches!((self.cards.get(&(a, seed)), self.cards.get(&(b, seed))), (Some(x), Some(y)) if x != y)
+    }
 }
 
 fn opt_stat(s: Option<Stat>, sign: bool) -> String {
@@ -58,16 +138,30 @@ fn seeds_text(seeds: &[usize]) -> String {
 }
 
 fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
-    let _ = writeln!(w, "# Reproduction of the paper's {}, scale `{}`\n", table.title(), scale.as_str());
+    if info.title.is_empty() {
+        let _ = writeln!(w, "# Reproduction of the paper's {}, scale `{}`\n", table.title(), scale.as_str());
+    } else {
+        let _ = writeln!(w, "# {}\n", info.title);
+    }
     let found = info.runs_total - info.runs_missing.len();
-    let mut facts = vec![format!("{found} of {} runs ({} cells x {})", info.runs_total, cells(table).len(), seeds_text(&info.seeds))];
+    let mut facts = vec![format!("{found} of {} runs ({} cells x {})", info.runs_total, info.rows(table).len(), seeds_text(&info.seeds))];
     if let Some(p) = info.params {
         facts.push(format!("{:.1}M parameters", p as f64 / 1e6));
     }
     if let (Some(st), Some(tk)) = (info.steps, info.tokens_per_run) {
         facts.push(format!("{st} steps, {tk} training tokens per run"));
     }
-    let _ = writeln!(w, "Rendered from `{}` (beside this report): {}.", info.results_file, facts.join("; "));
+    let _ = writeln!(w, "Rendered from `{}`: {}.", info.results_file, facts.join("; "));
+    let mut cards: Vec<&str> = info.cards.values().map(String::as_str).collect();
+    cards.sort_unstable();
+    cards.dedup();
+    let unknown = found.saturating_sub(info.cards.len());
+    let _ = writeln!(
+        w,
+        "Cards: {}{}.",
+        if cards.is_empty() { "not recorded".to_string() } else { cards.join(", ") },
+        if unknown > 0 && !cards.is_empty() { format!(" ({unknown} run(s) without a recorded card)") } else { String::new() }
+    );
     if !info.commands.is_empty() {
         let _ = writeln!(w, "Made by {} command(s):\n", info.commands.len());
         for c in &info.commands {
@@ -87,13 +181,10 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     if info.stale > 0 {
         let _ = writeln!(w, "{} record(s) of the results file with another config (fingerprint) are left out.\n", info.stale);
     }
-    let _ = writeln!(w, "{}\n", info.scale_text);
-    if info.commands.iter().any(|c| c.command.contains(" --set ")) {
-        let _ = writeln!(
-            w,
-            "The `--set` overrides of the command(s) above replace this description's settings where they differ \
-             (the parameter count above is the model that ran).\n"
-        );
+    let _ = writeln!(w, "{}\n", info.setting);
+    if !info.overrides.is_empty() {
+        let sets: Vec<String> = info.overrides.iter().map(|o| format!("`{o}`")).collect();
+        let _ = writeln!(w, "Overrides of every run beyond its cell and the scale: {}.\n", sets.join(", "));
     }
     if !info.states_text.is_empty() {
         let _ = writeln!(w, "{}\n", info.states_text);
@@ -101,18 +192,48 @@ fn header(w: &mut String, table: Table, scale: Scale, info: &RunInfo) {
     if table == Table::Soap {
         let _ = writeln!(w, "{SOAP_SETTING}\n");
     }
+    let _ = writeln!(w, "{}\n", paper_text(table, info));
     let _ = writeln!(
         w,
-        "Paper: LLaMA-100M on C4, {} (docs/numerics.md). Losses are final validation losses (nats/token); \
-         ours are seed means{}; deltas are paired by seed (same initialisation and data order). \
+        "Losses are final validation losses (nats/token); ours are seed means{}; deltas are paired by seed (same \
+         initialisation and data order; a pair whose runs ran on different cards is marked ×). \
          Stalled fractions (m, v and, for BF16 weights, w) are means over the second half of each run, \
          under lowbit's estimator (stored code unchanged / elements with a non-zero update) and the \
          paper's (Alg. 2: unchanged / all entries, zero-gradient entries included); the theory is the \
-         paper's for v (`lowbit_optim::theory`, b2 = 0.999, the run's v format and rounding). Ours and \
-         the paper's are different models and data: compare deltas and orderings, not absolute losses.\n",
-        if table.bf16_model() { "BF16 weights and activations" } else { "FP32 weights and activations" },
+         paper's for v (`lowbit_optim::theory`, b2 = 0.999, the run's v format and rounding).\n",
         if info.seeds.len() > 1 { " ± sample standard deviation over seeds" } else { "" }
     );
+}
+
+/// The sentence saying which of the paper's numbers the report shows, and why.
+fn paper_text(table: Table, info: &RunInfo) -> String {
+    let weights = if table.bf16_model() { "BF16" } else { "FP32" };
+    let basis = &info.paper;
+    match basis.published(table) {
+        Some(m) if !basis.cells.is_empty() => format!(
+            "Paper: {}, {}, on C4, {weights} weights and activations (docs/numerics.md), beside the cells whose runs \
+             have the paper cell's state settings ({} of {}). Ours are other data and far fewer tokens: compare \
+             deltas and orderings, not absolute losses.",
+            m.label(),
+            m.source(table).unwrap_or_default(),
+            info.rows(table).iter().filter(|c| basis.cells.contains(c)).count(),
+            info.rows(table).len()
+        ),
+        _ if basis.cells.is_empty() => "No paper number is shown: these runs' state settings are not the paper's cells \
+             (an ablation); their paired deltas stand alone."
+            .into(),
+        _ => format!(
+            "No paper loss is shown beside these runs: the paper publishes its {} at {}, not at this model size. The \
+             orderings below quote the paper's deltas at {} as the claims being tested.",
+            table.title(),
+            if table == Table::Bf16Model {
+                "LLaMA-100M (and its plain and SR + resets cells at 60M and 350M, Table 4)"
+            } else {
+                "LLaMA-100M"
+            },
+            basis.claim_model(table).label()
+        ),
+    }
 }
 
 /// What Table 7's report says about its runs' optimizer.
@@ -126,28 +247,42 @@ const SOAP_SETTING: &str = "SOAP cells: `optim.kind = \"soap\"` (`crates/optim/s
      borrowed from its results file when its config is the same). Paper: Table 7, LLaMA-100M, which gives no \
      AdamW number. Stalled `L,R` is the preconditioners' stalled fraction.";
 
-fn cell_rows(w: &mut String, table: Table, r: &Results) {
+fn cell_rows(w: &mut String, table: Table, r: &Results, info: &RunInfo) {
     let _ = writeln!(w, "## Final validation loss per cell\n");
     let (stalled, reference) = match table {
         Table::Soap => ("m / v / w / L,R", "AdamW fp32"),
         t if t.bf16_model() => ("m / v / w", "fp32 states"),
         _ => ("m / v", "fp32 states"),
     };
-    let _ = writeln!(
-        w,
-        "| states | fix | paper | ours | seeds | Δ vs plain (paper) | Δ vs plain (ours) | Δ vs {reference} (paper) | Δ vs {reference} (ours) | stalled {stalled} (ours) | paper's estimator m / v | theory v |",
-    );
-    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let rows = info.rows(table);
+    let paper = rows.iter().any(|&c| info.paper.loss(table, c).is_some());
+    let mut head = vec!["states", "fix"];
+    head.extend(if paper { &["paper", "ours"][..] } else { &["ours"][..] });
+    head.extend(["seeds", "card"]);
+    if paper {
+        head.extend(["Δ vs plain (paper)", "Δ vs plain (ours)"]);
+    } else {
+        head.push("Δ vs plain");
+    }
+    let vs_ref = format!("Δ vs {reference}");
+    let (vs_ref_paper, vs_ref_ours) = (format!("{vs_ref} (paper)"), format!("{vs_ref} (ours)"));
+    if paper {
+        head.extend([vs_ref_paper.as_str(), vs_ref_ours.as_str()]);
+    } else {
+        head.push(vs_ref.as_str());
+    }
+    let stalled_head = format!("stalled {stalled} (ours)");
+    head.extend([stalled_head.as_str(), "paper's estimator m / v", "theory v"]);
+    let _ = writeln!(w, "| {} |", head.join(" | "));
+    let _ = writeln!(w, "|---|---|{}", "---:|".repeat(head.len() - 2));
     let base32 = (Fmt::Fp32, Fix::Plain);
-    for c in cells(table) {
+    for c in rows {
         let (f, x) = c;
         let plain = (f, Fix::Plain);
-        let pd = |a: Cell, b: Cell| match (paper_loss(table, a), paper_loss(table, b)) {
+        let pd = |a: Cell, b: Cell| match (info.paper.loss(table, a), info.paper.loss(table, b)) {
             (Some(p), Some(q)) if a != b => format!("{:+.3}", p - q),
             _ => "—".into(),
         };
-        let vs_plain = if x == Fix::Plain { "—".into() } else { opt_stat(delta(r, c, plain), true) };
-        let vs_32 = if c == base32 { "—".into() } else { opt_stat(delta(r, c, base32), true) };
         let n = stalled.split(" / ").count();
         let stall = fractions(
             &[
@@ -157,24 +292,26 @@ fn cell_rows(w: &mut String, table: Table, r: &Results) {
                 run_stat(r, c, |x| x.stall_precond),
             ][..n],
         );
-        let unchanged = fractions(&[run_stat(r, c, |x| x.unchanged_m), run_stat(r, c, |x| x.unchanged_v)]);
         let loss = loss_stat(r, c);
-        let _ = writeln!(
-            w,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            states_label(table, c),
-            x.label(),
-            fixed_or(paper_loss(table, c), 3, "—"),
-            opt_stat(loss, false) + if any_diverged(r, c) { " (diverged)" } else { "" },
-            loss.map_or(0, |s| s.n),
-            if x == Fix::Plain { "—".into() } else { pd(c, plain) },
-            vs_plain,
-            if c == base32 { "—".into() } else { pd(c, base32) },
-            vs_32,
-            stall,
-            unchanged,
-            fixed_or(run_stat(r, c, |x| x.theory_v).map(|s| s.mean), 3, "—"),
-        );
+        let mut cols = vec![states_label(table, c), x.label()];
+        if paper {
+            cols.push(fixed_or(info.paper.loss(table, c), 3, "—"));
+        }
+        cols.push(opt_stat(loss, false) + if any_diverged(r, c) { " (diverged)" } else { "" });
+        cols.push(loss.map_or(0, |s| s.n).to_string());
+        cols.push(info.cell_cards(c));
+        if paper {
+            cols.push(if x == Fix::Plain { "—".into() } else { pd(c, plain) });
+        }
+        cols.push(if x == Fix::Plain { "—".into() } else { opt_stat(delta(r, c, plain), true) });
+        if paper {
+            cols.push(if c == base32 { "—".into() } else { pd(c, base32) });
+        }
+        cols.push(if c == base32 { "—".into() } else { opt_stat(delta(r, c, base32), true) });
+        cols.push(stall);
+        cols.push(fractions(&[run_stat(r, c, |x| x.unchanged_m), run_stat(r, c, |x| x.unchanged_v)]));
+        cols.push(fixed_or(run_stat(r, c, |x| x.theory_v).map(|s| s.mean), 3, "—"));
+        let _ = writeln!(w, "| {} |", cols.join(" | "));
     }
 }
 
@@ -186,48 +323,56 @@ fn fractions(stats: &[Option<Stat>]) -> String {
     stats.iter().map(|s| fixed_or(s.map(|s| s.mean), 3, "—")).collect::<Vec<_>>().join(" / ")
 }
 
-fn grid(w: &mut String, table: Table, r: &Results) {
+fn grid(w: &mut String, table: Table, r: &Results, info: &RunInfo) {
     match table {
         Table::StallProbe => return probe_theory(w),
-        Table::Soap => return soap_grid(w, r),
+        Table::Soap => return soap_grid(w, r, info),
         _ => {}
     }
-    let _ = writeln!(w, "\n## Grid: ours (paper)\n");
+    let rows = info.rows(table);
+    if rows.len() < 2 {
+        return; // one cell: the table above says it all
+    }
+    let paper = rows.iter().any(|&c| info.paper.loss(table, c).is_some());
+    let _ = writeln!(w, "\n## Grid: {}\n", if paper { "ours (paper)" } else { "ours" });
     let _ = writeln!(w, "| states | fp32 | bf16 | fp8 | fp4 |");
     let _ = writeln!(w, "|---|---:|---:|---:|---:|");
-    let all = cells(table);
     for x in table.fixes() {
+        if !rows.iter().any(|c| c.1 == x) {
+            continue;
+        }
         let mut row = format!("| {} |", x.label());
         for f in Fmt::ALL {
             let c = (f, x);
-            if !all.contains(&c) {
+            if !rows.contains(&c) {
                 row.push_str(" — |");
                 continue;
             }
-            let _ = write!(row, " {} |", grid_cell(table, r, c));
+            let _ = write!(row, " {} |", grid_cell(table, r, info, c));
         }
         let _ = writeln!(w, "{row}");
     }
 }
 
 /// The loss of a cell as the grids give it: `3.2100`, `diverged` after it, the paper's in
-/// brackets where published.
-fn grid_cell(table: Table, r: &Results, c: Cell) -> String {
+/// brackets where the report may show it ([`PaperBasis::loss`]).
+fn grid_cell(table: Table, r: &Results, info: &RunInfo, c: Cell) -> String {
     let ours = loss_stat(r, c).map_or("—".into(), |s| format!("{:.4}", s.mean)) + if any_diverged(r, c) { " diverged" } else { "" };
-    ours + &paper_loss(table, c).map_or(String::new(), |p| format!(" ({p:.3})"))
+    ours + &info.paper.loss(table, c).map_or(String::new(), |p| format!(" ({p:.3})"))
 }
 
 /// Table 7 in the paper's layout: SOAP with and without resets x BF16 and FP8 states, and the
 /// AdamW reference below it.
-fn soap_grid(w: &mut String, r: &Results) {
-    let _ = writeln!(w, "\n## Grid: ours (paper), the paper's Table 7 layout\n");
+fn soap_grid(w: &mut String, r: &Results, info: &RunInfo) {
+    let t = Table::Soap;
+    let paper = info.rows(t).iter().any(|&c| info.paper.loss(t, c).is_some());
+    let _ = writeln!(w, "\n## Grid: {}, the paper's Table 7 layout\n", if paper { "ours (paper)" } else { "ours" });
     let _ = writeln!(w, "| optimizer | bf16 | fp8 |\n|---|---:|---:|");
     for (label, x) in [("SOAP", Fix::Plain), ("SOAP + resets", Fix::Reset)] {
-        let [b, f] = [Fmt::Bf16, Fmt::Fp8].map(|f| grid_cell(Table::Soap, r, (f, x)));
+        let [b, f] = [Fmt::Bf16, Fmt::Fp8].map(|f| grid_cell(t, r, info, (f, x)));
         let _ = writeln!(w, "| {label} | {b} | {f} |");
     }
-    let _ =
-        writeln!(w, "\nAdamW with FP32 states (the reference, not in Table 7): {}.", grid_cell(Table::Soap, r, (Fmt::Fp32, Fix::Plain)));
+    let _ = writeln!(w, "\nAdamW with FP32 states (the reference, not in Table 7): {}.", grid_cell(t, r, info, (Fmt::Fp32, Fix::Plain)));
 }
 
 /// For the stall probe, in place of the grid: where each format's v sits on the probe's axis,
@@ -284,19 +429,31 @@ fn outcome_text(v: &Verdict, full: usize) -> String {
     }
 }
 
-fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
+fn orderings(w: &mut String, table: Table, r: &Results, info: &RunInfo) {
+    let rows = info.rows(table);
+    let claims: Vec<Claim> = claims(table).into_iter().filter(|c| rows.contains(&c.lhs) && rows.contains(&c.rhs)).collect();
+    if claims.is_empty() {
+        return;
+    }
     let _ = writeln!(w, "\n## The paper's orderings\n");
-    let _ = writeln!(w, "| claim | paper Δ | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |");
+    let _ = writeln!(
+        w,
+        "| claim | paper Δ ({}) | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |",
+        info.paper.claim_model(table).label()
+    );
     let _ = writeln!(w, "|---|---:|---:|---:|---:|---|");
-    let verdicts: Vec<_> = claims(table).into_iter().map(|c| (evaluate_claim(r, &c), c)).collect();
+    let verdicts: Vec<_> = claims.into_iter().map(|c| (evaluate_claim(r, &c), c)).collect();
     let full = verdicts.iter().filter(|(v, _)| judged(v)).map(|(v, _)| v.per_seed.len()).max().unwrap_or(0);
     for (v, c) in &verdicts {
-        let paper = match paper_verdict(table, c) {
+        let both = info.paper.cells.contains(&c.lhs) && info.paper.cells.contains(&c.rhs);
+        let paper = match info.paper.claim(table, c) {
             Some((d, h)) => format!("{d:+.3}{}", if h { "" } else { " (!)" }),
+            None if !both => "— (not the paper's cells)".into(),
             None if table == Table::Bf16Model => "— (Table 2)".into(),
             None => "— (not published)".into(),
         };
-        let per_seed: Vec<String> = v.per_seed.iter().map(|(s, d)| format!("s{s} {d:+.4}")).collect();
+        let per_seed: Vec<String> =
+            v.per_seed.iter().map(|(s, d)| format!("s{s} {d:+.4}{}", if info.cross_card(c.lhs, c.rhs, *s) { " ×" } else { "" })).collect();
         let _ = writeln!(
             w,
             "| {} | {} | {} | {} | {}/{} | **{}** |",
@@ -326,7 +483,7 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
         counts[2],
         verdicts.len() - partial - counts.iter().sum::<usize>()
     );
-    let diverged: Vec<String> = cells(table).into_iter().filter(|&c| any_diverged(r, c)).map(|c| cell_name(table, c)).collect();
+    let diverged: Vec<String> = rows.iter().filter(|&&c| any_diverged(r, c)).map(|&c| cell_name(table, c)).collect();
     if !diverged.is_empty() {
         let _ = writeln!(
             w,
@@ -334,12 +491,12 @@ fn orderings(w: &mut String, table: Table, r: &Results, seeds: usize) {
             diverged.join(", ")
         );
     }
-    if seeds < 2 {
+    if info.seeds.len() < 2 {
         let _ = writeln!(w, "With one seed, an ordering is not established (docs/numerics.md: run at least two seeds).");
     }
 }
 
-fn kinds_compared(w: &mut String, table: Table, kinds: &[(&'static str, Results)]) {
+fn kinds_compared(w: &mut String, table: Table, rows: &[Cell], kinds: &[(&'static str, Results)]) {
     let _ = writeln!(w, "\n## The states kinds, cell by cell\n");
     let _ = writeln!(
         w,
@@ -351,7 +508,7 @@ fn kinds_compared(w: &mut String, table: Table, kinds: &[(&'static str, Results)
     let _ = writeln!(w, "| states | fix | {} |", labels.join(" | "));
     let _ = writeln!(w, "|---|---|{}", "---:|".repeat(kinds.len()));
     let base32 = (Fmt::Fp32, Fix::Plain);
-    for c in cells(table) {
+    for &c in rows {
         let mut row = format!("| {} | {} |", states_label(table, c), c.1.label());
         for (_, r) in kinds {
             let loss = opt_stat(loss_stat(r, c), false);
@@ -367,12 +524,12 @@ fn kinds_compared(w: &mut String, table: Table, kinds: &[(&'static str, Results)
 pub fn render(table: Table, scale: Scale, r: &Results, info: &RunInfo) -> String {
     let mut s = String::new();
     header(&mut s, table, scale, info);
-    cell_rows(&mut s, table, r);
-    grid(&mut s, table, r);
-    orderings(&mut s, table, r, info.seeds.len());
+    cell_rows(&mut s, table, r, info);
+    grid(&mut s, table, r, info);
+    orderings(&mut s, table, r, info);
     let kinds: Vec<(&'static str, Results)> = info.kinds.iter().filter(|(_, r)| !r.is_empty()).cloned().collect();
     if kinds.len() > 1 {
-        kinds_compared(&mut s, table, &kinds);
+        kinds_compared(&mut s, table, &info.rows(table), &kinds);
     }
     s
 }

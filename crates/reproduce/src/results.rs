@@ -20,6 +20,22 @@ pub fn results_name(table: Table, scale: Scale) -> String {
     format!("{}-{}-results.json", table.as_str(), scale.as_str())
 }
 
+/// The folder of the records under a reproduce folder (`reproduce/records`): every results
+/// file and the device logs, apart from the reports rendered from them.
+pub const RECORDS: &str = "records";
+
+/// Where the results file of `table` at `scale` lives under the reproduce folder `root`:
+/// `<root>/records/<table>-<scale>-results.json`, an ablation's under
+/// `<root>/records/ablations/<name>/`.
+pub fn results_path(root: &Path, table: Table, scale: Scale, ablation: Option<&str>) -> PathBuf {
+    let dir = root.join(RECORDS);
+    let dir = match ablation {
+        Some(name) => dir.join("ablations").join(name),
+        None => dir,
+    };
+    dir.join(results_name(table, scale))
+}
+
 /// Fingerprint of a run's resolved config: CRC-32 (hex) of its TOML with `run.dir` cleared,
 /// so that the same run made under another `--runs` folder (another machine) matches.
 pub fn fingerprint(cfg: &RunConfig) -> String {
@@ -88,6 +104,15 @@ pub struct Record {
     /// moved by lr * m^ / eps; absent in records made before it was counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_zero_v: Option<f64>,
+    /// Where the run was made ([`crate::provenance`]): the card (`nvidia-smi`'s name, or
+    /// `cpu`), the binary's git commit and the UTC date it finished (`YYYY-MM-DD`). Records made
+    /// before they were kept have them from the device logs (`records/README.md`), or not at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
 }
 
 impl Record {
@@ -120,6 +145,9 @@ impl Record {
             tokens_per_step: (s.steps > 0).then(|| s.tokens / s.steps),
             passes: s.epochs,
             mean_zero_v: s.mean_zero_v,
+            card: None,
+            binary: None,
+            date: None,
         }
     }
     /// The record's key.
@@ -234,8 +262,11 @@ impl ResultsFile {
     }
 
     /// Write the file (through a temporary file and a rename, so a command stopped at its
-    /// time limit leaves the previous complete file).
+    /// time limit leaves the previous complete file), creating its folder.
     pub fn save(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
         let tmp = PathBuf::from(format!("{}.tmp", path.display()));
         let text = serde_json::to_string_pretty(self).expect("results serialise") + "\n";
         std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;

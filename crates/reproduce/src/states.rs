@@ -55,7 +55,7 @@ pub enum States {
 }
 
 /// The first moment of the theory kind's FP4 cells: 2 fraction bits, as its v. Measured
-/// (`bench/long_run_h200.md`, LLaMA-20M, FP32 model, 3000 steps, nearest): e8m2 m ends 0.082
+/// (`bench/history/long_run_h200.md`, LLaMA-20M, FP32 model, 3000 steps, nearest): e8m2 m ends 0.082
 /// nats above FP32 states, 0.020 from FP8 (e8m3); e8m1 m ends 0.98 above, its m stalled 86% of
 /// the time: with 1 fraction bit and no scale that follows the block, every grid point is where
 /// 0.9 m rounds back to under round-to-nearest, so m barely decays.

@@ -266,7 +266,7 @@ fn one(loss: f64) -> Option<RunResult> {
 
 /// The paper's own numbers as one-seed results.
 fn paper_as_results(table: Table) -> Results {
-    cells(table).into_iter().filter_map(|c| Some((c, vec![one(paper_loss(table, c)?)]))).collect()
+    cells(table).into_iter().filter_map(|c| Some((c, vec![one(paper_loss(table, PaperModel::Llama100m, c)?)]))).collect()
 }
 
 #[test]
@@ -295,7 +295,7 @@ fn paper_numbers_satisfy_the_papers_orderings() {
         let v = evaluate_claim(&r, &c);
         assert_eq!(v.outcome, Outcome::HoldsInAll, "{}", c.text);
         assert_eq!(v.seeds_holding, 1);
-        assert_eq!(paper_verdict(t, &c).map(|p| p.1), Some(true), "{}", c.text);
+        assert_eq!(paper_verdict(t, PaperModel::Llama100m, &c).map(|p| p.1), Some(true), "{}", c.text);
     }
     // the main table publishes only plain and SR + resets
     let t = Table::Bf16Model;
@@ -338,14 +338,14 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     let t = Table::Fp32Model;
     let mut r: Results = BTreeMap::new();
     for (i, c) in cells(t).into_iter().enumerate() {
-        let p = paper_loss(t, c).unwrap();
+        let p = paper_loss(t, PaperModel::Llama100m, c).unwrap();
         r.insert(c, vec![one(p + 0.5), one(p + 0.5 + 0.001 * i as f64)]);
     }
     r.insert((Fmt::Fp32, Fix::Reset), vec![one(3.0), one(3.0)]); // resets "help" fp32: fails
     r.insert((Fmt::Fp4, Fix::Sr), vec![None, None]); // missing
     let theory: Results = [((Fmt::Fp32, Fix::Plain), vec![one(3.1)])].into_iter().collect();
     let info = RunInfo {
-        results_file: "fp32-model-smoke-results.json".into(),
+        results_file: "records/fp32-model-smoke-results.json".into(),
         commands: vec![CommandLog {
             command: "train reproduce --table fp32-model --scale smoke".into(),
             runs: 26,
@@ -361,18 +361,23 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
         params: Some(8_619_648),
         tokens_per_run: Some(10240),
         steps: Some(40),
-        scale_text: scale_description(Scale::Smoke),
+        setting: "**Setting** of the test runs.".into(),
         states_text: States::Paper.description(),
+        paper: PaperBasis::paper_cells(t),
+        cards: cells(t).into_iter().flat_map(|c| [((c, 0), "H100".to_string()), ((c, 1), "H200".to_string())]).collect(),
         kinds: vec![("paper", r.clone()), ("blockwise", BTreeMap::new()), ("theory", theory)],
+        ..Default::default()
     };
     let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 2 (FP32 model), scale `smoke`"));
     assert!(md.contains("**the paper's formats**"));
-    assert!(md.contains("Rendered from `fp32-model-smoke-results.json` (beside this report): 26 of 28 runs (14 cells x seeds 0, 1)"));
+    assert!(md.contains("Rendered from `records/fp32-model-smoke-results.json`: 26 of 28 runs (14 cells x seeds 0, 1)"));
+    assert!(md.contains("Cards: H100, H200."), "{md}");
     assert!(md.contains("26 run(s) in 2m05s, up to 2 at once on CPU"));
     assert!(md.contains("**2 run(s) missing**"));
     assert!(md.contains("3 record(s) of the results file with another config"));
-    assert!(md.contains("÷ 50"));
+    assert!(md.contains("**Setting** of the test runs."));
+    assert!(md.contains("Paper: LLaMA-100M, Table 2 (FP32 model), on C4"), "{md}");
     // fp8 SR + resets row: paper 3.155, ours 3.655 ± sd, paper deltas vs plain and vs fp32
     let row = md.lines().find(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert!(row.contains("| 3.155 |"), "{row}");
@@ -384,7 +389,8 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     assert!(missing.contains("| 3.182 | — |"), "{missing}");
     let claim = md.lines().find(|l| l.contains("resets do not help fp32 states")).unwrap();
     assert!(claim.contains("**does not hold**") && claim.contains("| 0/2 |"), "{claim}");
-    assert!(claim.contains("| s0 -0.6550, s1 -0.6550 |"), "{claim}"); // 3.0 - (3.155 + 0.5)
+    // 3.0 - (3.155 + 0.5); seed 0's runs on H100, seed 1's on H200: no pair crosses cards
+    assert!(claim.contains("| s0 -0.6550, s1 -0.6550 |"), "{claim}");
     let claim = md.lines().find(|l| l.contains("SR helps fp4")).unwrap();
     assert!(claim.contains("n/a"), "{claim}");
     let claim = md.lines().find(|l| l.contains("SR + resets below plain, fp8")).unwrap();
@@ -401,10 +407,19 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     );
     let row = md.lines().rfind(|l| l.starts_with("| fp8 | SR + resets |")).unwrap();
     assert_eq!(row, "| fp8 | SR + resets | 3.6595 ± 0.0064 (+0.0045 ± 0.0064) | — |");
-    assert!(!md.contains("`--set` overrides"), "no --set, no override sentence");
-    let mut set = info.clone();
-    set.commands[0].command.push_str(" --set model.preset=\"llama100m\"");
-    assert!(render(t, Scale::Smoke, &r, &set).contains("The `--set` overrides of the command(s) above replace this description's settings"));
+    assert!(!md.contains("Overrides of every run"), "no override, no override sentence");
+    let set = RunInfo { overrides: vec!["optim.lr=1e-3".into()], ..info.clone() };
+    assert!(render(t, Scale::Smoke, &r, &set).contains("Overrides of every run beyond its cell and the scale: `optim.lr=1e-3`."));
+    // a pair whose runs ran on two cards is marked
+    let mut crossed = info.clone();
+    crossed.cards.insert(((Fmt::Fp32, Fix::Reset), 1), "H100".into());
+    let md2 = render(t, Scale::Smoke, &r, &crossed);
+    let claim = md2.lines().find(|l| l.contains("resets do not help fp32 states")).unwrap();
+    assert!(claim.contains("| s0 -0.6550, s1 -0.6550 × |"), "{claim}");
+    let row = md2.lines().find(|l| l.starts_with("| fp32 | resets |")).unwrap();
+    assert!(row.contains("| H100 |"), "{row}");
+    let row = md2.lines().find(|l| l.starts_with("| fp32 | plain (nearest) |")).unwrap();
+    assert!(row.contains("| H100/H200 |"), "{row}");
     let alone = RunInfo { kinds: vec![("paper", r.clone()), ("theory", BTreeMap::new())], ..info.clone() };
     assert!(!render(t, Scale::Smoke, &r, &alone).contains("## The states kinds"), "one kind: nothing to compare");
 }
@@ -431,8 +446,8 @@ fn diverged_runs_are_flagged_and_not_judged() {
 fn orderings_paired_in_fewer_seeds_are_judged_only_so_far() {
     let t = Table::Fp32Model;
     // the paper's numbers + 0.5 in seeds 0-2: every ordering holds as in the paper
-    let mut r: Results = cells(t).into_iter().map(|c| (c, vec![one(paper_loss(t, c).unwrap() + 0.5); 3])).collect();
-    let plain4 = paper_loss(t, (Fmt::Fp4, Fix::Plain)).unwrap() + 0.5;
+    let mut r: Results = cells(t).into_iter().map(|c| (c, vec![one(paper_loss(t, PaperModel::Llama100m, c).unwrap() + 0.5); 3])).collect();
+    let plain4 = paper_loss(t, PaperModel::Llama100m, (Fmt::Fp4, Fix::Plain)).unwrap() + 0.5;
     r.insert((Fmt::Fp8, Fix::Reset), vec![one(3.0), None, None]); // resets help fp8: seed 0 only
     r.insert((Fmt::Fp4, Fix::Sr), vec![one(plain4 - 0.1), one(plain4 + 0.1), None]); // SR helps fp4: mixed
     r.insert((Fmt::Fp4, Fix::Reset), vec![one(plain4 + 0.2), one(plain4 + 0.3), None]); // resets help fp4: fail
@@ -595,9 +610,9 @@ fn soap_claims_and_report() {
             ((Fmt::Bf16, Fix::Reset), (Fmt::Bf16, Fix::Plain), Relation::NotAbove),
         ]
     );
-    let paper: Vec<(f64, bool)> = c.iter().map(|c| paper_verdict(t, c).unwrap()).collect();
+    let paper: Vec<(f64, bool)> = c.iter().map(|c| paper_verdict(t, PaperModel::Llama100m, c).unwrap()).collect();
     assert!((paper[0].0 + 0.92).abs() < 1e-12 && (paper[1].0 + 0.03).abs() < 1e-12 && paper[0].1 && paper[1].1, "{paper:?}");
-    assert_eq!(paper_loss(t, (Fmt::Fp32, Fix::Plain)), None, "Table 7 has no AdamW number");
+    assert_eq!(paper_loss(t, PaperModel::Llama100m, (Fmt::Fp32, Fix::Plain)), None, "Table 7 has no AdamW number");
     let soap = |loss: f64, precond: f64| Some(RunResult { stall_precond: Some(precond), ..one(loss).unwrap() });
     let mut r: Results = BTreeMap::new();
     r.insert((Fmt::Fp32, Fix::Plain), vec![one(3.50), one(3.52)]);
@@ -608,12 +623,13 @@ fn soap_claims_and_report() {
     let bf16 = evaluate_claim(&r, &c[1]);
     assert_eq!((bf16.outcome, bf16.seeds_holding), (Outcome::Mixed, 1));
     assert_eq!(evaluate_claim(&r, &c[0]).outcome, Outcome::HoldsInAll);
-    let md = render(t, Scale::Smoke, &r, &RunInfo { seeds: vec![0, 1], runs_total: 10, ..Default::default() });
+    let info = RunInfo { seeds: vec![0, 1], runs_total: 10, paper: PaperBasis::paper_cells(t), ..Default::default() };
+    let md = render(t, Scale::Smoke, &r, &info);
     assert!(md.starts_with("# Reproduction of the paper's Table 7 (SOAP with low-precision states, BF16 model), scale `smoke`"), "{md}");
     assert!(md.contains("`optim.kind = \"soap\"`") && md.contains("| Δ vs AdamW fp32 (ours) | stalled m / v / w / L,R (ours) |"), "{md}");
     let row = md.lines().find(|l| l.starts_with("| SOAP, fp8 | resets |")).unwrap();
     assert!(
-        row.contains("| 3.230 | 3.7250 ± 0.0354 | 2 | -0.920 | -0.5250 ± 0.0354 | — | +0.2150 ± 0.0212 | 0.500 / 0.900 / — / 0.900 |"),
+        row.contains("| 3.230 | 3.7250 ± 0.0354 | 2 | — | -0.920 | -0.5250 ± 0.0354 | — | +0.2150 ± 0.0212 | 0.500 / 0.900 / — / 0.900 |"),
         "{row}"
     );
     let adamw = md.lines().find(|l| l.starts_with("| AdamW, fp32 | plain (nearest) |")).unwrap();
