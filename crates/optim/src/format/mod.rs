@@ -138,7 +138,7 @@ impl StateFormat {
 
     /// The scale kind of an fp8/fp4 state when `optim.states.scale` is `default`: `amax` for
     /// FP4, `pow2` for FP8 (others: `pow2`, which they ignore). Chosen by measurement
-    /// (`bench/paper_formats_h200.md`: LLaMA-20M, FP32 model, 3000 steps, 2 seeds, final
+    /// (`bench/history/paper_formats_h200.md`: LLaMA-20M, FP32 model, 3000 steps, 2 seeds, final
     /// validation loss minus FP32 states'), in the default 128-element blocks:
     /// * FP4 (E2M1 m, unsigned E2M2 v): `amax` +0.061 / +0.023 with round-to-nearest, `pow2`
     ///   +1.35 / +1.82. Under `pow2`, E2M1's m cannot decay (0.9 x every grid point rounds back
