@@ -1,4 +1,4 @@
-# SOAP's equations as crates/optim/src/soap/mod.rs states them, in float64 with numpy, written
+# SOAP's equations as crates/optim/src/rules/soap/mod.rs states them, in float64 with numpy, written
 # apart from the Rust code: the expected weights of crates/optim/tests/soap.rs
 # (refresh_every_update_matches_the_reference_maths). Usage: python3 scripts/soap_reference.py
 # (refresh interval 1, a 3 x 2 matrix and a vector of 2, 4 updates).

@@ -1,5 +1,5 @@
 // Fused AdamW step with low-precision moment states: the CUDA twin of
-// crates/optim/src/adamw.rs (the CPU reference it must match bit for bit).
+// crates/optim/src/rules/adamw/step.rs (the CPU reference it must match bit for bit).
 //
 // One launch updates up to MAX_TENSORS parameter tensors (multi-tensor apply, as PyTorch's
 // fused AdamW): the kernel parameters carry every tensor's pointers, length, random keys and
@@ -33,7 +33,7 @@
 // The files of this folder, one idea each: args.cuh (launch arguments), codes.cuh (code
 // storage), adamw_math.cuh (the per-element AdamW update), codec.cuh (the write-back: block
 // scale, encode, decode, stall test) over the format codecs (bf16, precision, minifloat, fp8,
-// fp4, int8, scale .cuh: crates/optim/src/format/*.rs), rng.cuh (counter RNG), counters.cuh;
+// fp4, int8, scale .cuh: crates/optim/src/states/format/*.rs), rng.cuh (counter RNG), counters.cuh;
 // this file is the pipeline (segments, warps, kernels). Measurements behind its choices:
 // bench/optimizer_h200.md.
 #include "adamw_math.cuh"
@@ -256,7 +256,7 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
 
 // ROUND_ELEMENTS-element rounds (a quad per lane) per segment: 2 for unscaled states (both
 // rounds' loads in flight together), 1 for scaled ones (their moments are register-hungry).
-// Shared with the host's segment length through crates/optim/src/kernel_abi.rs
+// Shared with the host's segment length through crates/optim/src/cuda/abi.rs
 // (`segment_len`, its tests read these), as are the threads per block.
 #define STEP_THREADS 256
 #define ROUND_ELEMENTS 128
@@ -534,7 +534,7 @@ ADAMW_M(fp8e4m3, FMT_E4M3)
 ADAMW_M(fp8e5m2, FMT_E5M2)
 ADAMW_M(fp4e2m1, FMT_E2M1)
 ADAMW_M(int8, FMT_INT8)
-// precision-only states (e8m, any K) pair with fp32, bf16 and e8m states only (cuda.rs
+// precision-only states (e8m, any K) pair with fp32, bf16 and e8m states only (cuda/adamw.rs
 // `kernel_pair` says so before loading)
 ADAMW_V(fp32, FMT_F32, e8m, FMT_E8M)
 ADAMW_V(bf16, FMT_BF16, e8m, FMT_E8M)

@@ -1,9 +1,9 @@
 // Launch arguments of the fused AdamW kernels (adamw.cu), passed by value: the host-side
-// twin is cuda.rs (`StepArgs`, `TensorArgs`, `LaunchArgs`, same field order, `#[repr(C)]`);
+// twin is cuda/adamw.rs (`StepArgs`, `TensorArgs`, `LaunchArgs`, same field order, `#[repr(C)]`);
 // both sides assert the same sizes.
 #pragma once
 
-// Shared with the Rust launcher through crates/optim/src/kernel_abi.rs (its tests read these).
+// Shared with the Rust launcher through crates/optim/src/cuda/abi.rs (its tests read these).
 #define MAX_TENSORS 256  // per launch: the kernel parameters (28.1 KiB) stay under 32 KiB (CUDA 12.1+)
 #define STEP_ARGS_BYTES 112
 #define TENSOR_ARGS_BYTES 112
@@ -55,7 +55,7 @@ __device__ __forceinline__ StepArgs step_args(const LaunchArgs& L, const float* 
     return a;
 }
 
-// cuda.rs asserts the same sizes of its mirrors (kernel_abi.rs)
-static_assert(sizeof(StepArgs) == STEP_ARGS_BYTES, "StepArgs layout (cuda.rs StepArgs)");
-static_assert(sizeof(TensorArgs) == TENSOR_ARGS_BYTES, "TensorArgs layout (cuda.rs TensorArgs)");
-static_assert(sizeof(LaunchArgs) == STEP_ARGS_BYTES + TENSOR_ARGS_BYTES * MAX_TENSORS, "LaunchArgs layout (cuda.rs LaunchArgs)");
+// cuda/adamw.rs asserts the same sizes of its mirrors (cuda/abi.rs)
+static_assert(sizeof(StepArgs) == STEP_ARGS_BYTES, "StepArgs layout (cuda/adamw.rs StepArgs)");
+static_assert(sizeof(TensorArgs) == TENSOR_ARGS_BYTES, "TensorArgs layout (cuda/adamw.rs TensorArgs)");
+static_assert(sizeof(LaunchArgs) == STEP_ARGS_BYTES + TENSOR_ARGS_BYTES * MAX_TENSORS, "LaunchArgs layout (cuda/adamw.rs LaunchArgs)");

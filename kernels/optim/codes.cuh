@@ -7,7 +7,7 @@
 
 // Raw: the bits of four consecutive codes e..e+3 (e % 4 == 0) as one vector register
 // (codes are 256-byte aligned cudaMalloc allocations; weights and gradients are candle
-// buffers starting at a multiple of 4 elements, checked by cuda.rs `address`, so 16-byte
+// buffers starting at a multiple of 4 elements, checked by cuda/adamw.rs `address`, so 16-byte
 // aligned for FP32 and 8-byte for BF16); load_raw/store_raw move them
 // with one vector access, pack/unpack convert to and from one code per unsigned.
 // load/store: one element (tails). Vector stores go through __stwb (st.global.wb.v4/v2, the

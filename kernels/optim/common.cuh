@@ -1,6 +1,6 @@
 // Format ids and FP32 bit helpers shared by the optimizer's codecs (bf16.cuh, precision.cuh,
 // minifloat.cuh, fp8.cuh, fp4.cuh, int8.cuh, scale.cuh): the CUDA twins of
-// crates/optim/src/format/*.rs. Every encode/decode gives the Rust reference's results bit
+// crates/optim/src/states/format/*.rs. Every encode/decode gives the Rust reference's results bit
 // for bit; some get there differently (32-bit integer minifloat encoding, FP8 through the
 // hardware converters on sm_89+), each noted where it happens.
 #pragma once

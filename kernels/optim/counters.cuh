@@ -1,11 +1,11 @@
 // Per-tensor step counters (stalls.rs `Counter` of m, v and BF16 weights, the zero
 // gradients and the updates with v = 0, m != 0), summed per lane in registers, per warp with one reduction each, and added to
 // the tensor's slot of the device ring with one atomicAdd each when the warp leaves the
-// tensor. The slot layout (COUNTERS u64 in this order) is cuda.rs `DeviceCounters`.
+// tensor. The slot layout (COUNTERS u64 in this order) is cuda/adamw.rs `DeviceCounters`.
 #pragma once
 #include "warp.cuh"
 
-#define COUNTERS 11  // (kernel_abi.rs) u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad, zero_v
+#define COUNTERS 11  // (cuda/abi.rs) u64 per tensor slot: m, v, w (updated, stalled, unchanged), zero_grad, zero_v
 
 // A lane's counts, two 16-bit counts per register (the lower half first) to spare the
 // registers of the step kernels: m and v of each kind; w updated and stalled; w unchanged and

@@ -5,7 +5,7 @@
 // Pass 1 (`sum_squares_*`): block b sums the squares of chunk b of the concatenated tensors
 // (each tensor split into chunks of NORM_CHUNK elements; the host gives every tensor's first
 // chunk) into partial[b]. Pass 2 (`sum_partials`): one block sums the partials and, when
-// asked, decides the step's clip on the device (crates/optim/src/clip.rs `clip_factor`, the
+// asked, decides the step's clip on the device (crates/optim/src/rules/clip.rs `clip_factor`, the
 // same IEEE operations): the AdamW kernels read the factor from there. Squares and
 // sums in FP64 (no underflow for BF16 gradients as small as 1e-38, no overflow), each block's
 // sum in a fixed tree order: the same bits run to run.
@@ -13,13 +13,13 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
-// Shared with the Rust launcher through crates/optim/src/kernel_abi.rs (its tests read these).
+// Shared with the Rust launcher through crates/optim/src/cuda/abi.rs (its tests read these).
 #define NORM_TENSORS 256
 #define NORM_CHUNK 65536
 #define NORM_THREADS 256
 #define NORM_ARGS_BYTES 6160
 
-// `struct NormArgs` of crates/optim/src/grad_norm.rs (same field order).
+// `struct NormArgs` of crates/optim/src/cuda/grad_norm.rs (same field order).
 struct NormArgs {
     uint64_t ptr[NORM_TENSORS];
     uint64_t len[NORM_TENSORS];

@@ -1,5 +1,5 @@
 // Counter-based random bits for stochastic rounding: the CUDA twin of
-// crates/optim/src/rng.rs (same constants, same order). The host derives the 64-bit stream
+// crates/optim/src/states/rng.rs (same constants, same order). The host derives the 64-bit stream
 // key of (seed, step, tensor id, state kind); draw c of a stream is
 // mix64(key + (c + 1) * GOLDEN) (SplitMix64, Steele et al. 2014), and element i of a format
 // consuming W bits (16 for BF16, 32 otherwise) takes the W-bit slice i % (64 / W) of draw

@@ -1,7 +1,7 @@
-// SOAP's write-backs and update direction on the GPU: the twins of crates/optim/src/soap/store.rs
+// SOAP's write-backs and update direction on the GPU: the twins of crates/optim/src/rules/soap/store.rs
 // (`ema_write`, `weights_write`) and soap/step.rs (`direction`), bit for bit given the same
-// inputs; the products around them are candle operations (crates/optim/src/soap/step.rs), the
-// refresh's QR cuSOLVER's (crates/optim/src/cuda_refresh.rs). Launched by crates/optim/src/cuda_soap.rs.
+// inputs; the products around them are candle operations (crates/optim/src/rules/soap/step.rs), the
+// refresh's QR cuSOLVER's (crates/optim/src/cuda/refresh.rs). Launched by crates/optim/src/cuda/soap.rs.
 //
 // soap_ema_*: state x (m, v, L or R) of format F, new = a * decode(x) + b * u per element
 // (no FMA: this folder compiles with -fmad=false), the new FP32 values written to `out` (the
@@ -27,7 +27,7 @@
 #define SOAP_WEIGHTS_ARGS_BYTES 56
 #define SOAP_DIRECTION_ARGS_BYTES 64
 
-// cuda_soap.rs `EmaArgs` (same order, #[repr(C)]).
+// cuda/soap.rs `EmaArgs` (same order, #[repr(C)]).
 struct EmaArgs {
     unsigned long long codes, scales, u, out, n, key, counts, aux;
     float a, b;
@@ -36,24 +36,24 @@ struct EmaArgs {
     unsigned scale_kind;
     unsigned zero_free;  // a block-scaled v: no code below 1 in a non-zero block
 };
-static_assert(sizeof(EmaArgs) == SOAP_EMA_ARGS_BYTES, "EmaArgs layout (cuda_soap.rs)");
+static_assert(sizeof(EmaArgs) == SOAP_EMA_ARGS_BYTES, "EmaArgs layout (cuda/soap.rs)");
 
-// cuda_soap.rs `WeightsArgs`.
+// cuda/soap.rs `WeightsArgs`.
 struct WeightsArgs {
     unsigned long long p, n, len, key, counts;
     float lr, decay;
     int rounding;
     unsigned pad;
 };
-static_assert(sizeof(WeightsArgs) == SOAP_WEIGHTS_ARGS_BYTES, "WeightsArgs layout (cuda_soap.rs)");
+static_assert(sizeof(WeightsArgs) == SOAP_WEIGHTS_ARGS_BYTES, "WeightsArgs layout (cuda/soap.rs)");
 
-// cuda_soap.rs `DirectionArgs`: g, m (rotated), v, out: n FP32 values each.
+// cuda/soap.rs `DirectionArgs`: g, m (rotated), v, out: n FP32 values each.
 struct DirectionArgs {
     unsigned long long g, m, v, out, n, counts;
     float ibc1, ibc2, eps;
     unsigned pad;
 };
-static_assert(sizeof(DirectionArgs) == SOAP_DIRECTION_ARGS_BYTES, "DirectionArgs layout (cuda_soap.rs)");
+static_assert(sizeof(DirectionArgs) == SOAP_DIRECTION_ARGS_BYTES, "DirectionArgs layout (cuda/soap.rs)");
 
 struct Count {
     unsigned updated = 0, stalled = 0, unchanged = 0;

@@ -15,9 +15,10 @@
 
 use anyhow::{Context, Result};
 use candle_core::{CudaDevice, DType, Device, Tensor};
-use lowbit_model::{init::param_specs, LlamaConfig};
-use lowbit_optim::cuda::CudaAdamW;
-use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
+use lowbit_model::init::{param_specs, ParamSpec};
+use lowbit_model::LlamaConfig;
+use lowbit_optim::cuda::adamw::CudaAdamW;
+use lowbit_optim::{GradScale, Hyper, Moments, ParamInfo, Rounding, ScaleKind, StatesConfig, StatesSpec};
 use std::time::Instant;
 
 /// Timed windows per configuration; the median is reported (also `bench lm-head`'s).
@@ -83,6 +84,57 @@ fn bytes_moved(spec: &lowbit_optim::StatesSpec, n: usize, weight_bytes: usize) -
     (3 * weight_bytes * n + codes(spec.m_format) + codes(spec.v_format)) as u64
 }
 
+/// The (m, v, block size, scale kind) pairs stepped: int8 twice, bitsandbytes' block of 2048
+/// and the FP8/FP4 block of 128; FP8/FP4 with both scale kinds, E4M3 also per tensor (the
+/// paper's FP8: a global amax pass first).
+const FORMATS: [(&str, &str, Option<usize>, Option<ScaleKind>); 12] = [
+    ("fp32", "fp32", None, None),
+    ("bf16", "bf16", None, None),
+    ("fp8e4m3", "fp8e4m3", Some(128), Some(ScaleKind::Pow2)),
+    ("fp8e4m3", "fp8e4m3", Some(128), Some(ScaleKind::Amax)),
+    ("fp8e4m3", "fp8e4m3", Some(0), Some(ScaleKind::Pow2)),
+    ("fp8e4m3", "fp8e4m3", Some(0), Some(ScaleKind::Amax)),
+    ("fp8e5m2", "fp8e5m2", Some(128), Some(ScaleKind::Pow2)),
+    ("fp8e5m2", "fp8e5m2", Some(128), Some(ScaleKind::Amax)),
+    ("fp4e2m1", "fp4ue2m2", Some(128), Some(ScaleKind::Pow2)),
+    ("fp4e2m1", "fp4ue2m2", Some(128), Some(ScaleKind::Amax)),
+    ("int8", "int8", Some(2048), None),
+    ("int8", "int8", Some(128), None),
+];
+
+/// The fused optimizer of the states `(m, v, block, scale)` with `rounding` for the tensors
+/// `specs` on `cuda`, after 3 warm-up steps on `params` and `grads`, with its resolved states.
+fn warm_optimizer(
+    specs: &[ParamSpec],
+    cuda: &CudaDevice,
+    (m, v, block, scale): (&str, &str, Option<usize>, Option<ScaleKind>),
+    rounding: Rounding,
+    params: &[Tensor],
+    grads: &[Tensor],
+) -> Result<(StatesSpec, CudaAdamW)> {
+    let states = StatesConfig {
+        m_format: m.into(),
+        v_format: v.into(),
+        m_rounding: rounding,
+        v_rounding: rounding,
+        weight_rounding: rounding,
+        block_size: block.unwrap_or(128),
+        scale: scale.map_or(Default::default(), Into::into),
+        ..Default::default()
+    };
+    let spec = states.resolve(0.999).map_err(anyhow::Error::msg)?;
+    let infos = specs
+        .iter()
+        .map(|s| ParamInfo { name: s.name.clone(), group: "x".into(), len: s.shape.iter().product(), weight_decay: true })
+        .collect();
+    let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
+    let mut opt = CudaAdamW::new(Moments::new(hyper, spec, 0, infos), cuda)?;
+    for s in 1..=3 {
+        opt.step(s, 1e-4, GradScale::Host(1.0), params, grads)?;
+    }
+    Ok((spec, opt))
+}
+
 /// Run the benchmark on the shapes of `preset` for the m formats in `only_formats` and the
 /// weight dtypes in `only_weights` (empty: all); returns the copy bandwidth and the rows.
 pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weights: &[String]) -> Result<(f64, Vec<BenchRow>)> {
@@ -97,23 +149,6 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
     let grads: Vec<Tensor> =
         specs.iter().map(|s| Tensor::randn(0f32, 1e-3, s.shape.as_slice(), &dev)).collect::<candle_core::Result<_>>()?;
     let mut rows = vec![];
-    // int8 twice: bitsandbytes' block of 2048 and the FP8/FP4 block of 128; FP8/FP4 with both
-    // scale kinds, E4M3 also per tensor (the paper's FP8: a global amax pass first)
-    let (pow2, amax) = (Some(ScaleKind::Pow2), Some(ScaleKind::Amax));
-    let formats = [
-        ("fp32", "fp32", None, None),
-        ("bf16", "bf16", None, None),
-        ("fp8e4m3", "fp8e4m3", Some(128), pow2),
-        ("fp8e4m3", "fp8e4m3", Some(128), amax),
-        ("fp8e4m3", "fp8e4m3", Some(0), pow2),
-        ("fp8e4m3", "fp8e4m3", Some(0), amax),
-        ("fp8e5m2", "fp8e5m2", Some(128), pow2),
-        ("fp8e5m2", "fp8e5m2", Some(128), amax),
-        ("fp4e2m1", "fp4ue2m2", Some(128), pow2),
-        ("fp4e2m1", "fp4ue2m2", Some(128), amax),
-        ("int8", "int8", Some(2048), None),
-        ("int8", "int8", Some(128), None),
-    ];
     for weights in [DType::F32, DType::BF16] {
         if !wanted(only_weights, if weights == DType::F32 { "f32" } else { "bf16" }) {
             continue;
@@ -125,32 +160,13 @@ pub fn optimizer(preset: &str, iters: usize, only_formats: &[String], only_weigh
         // gradients in the weights' dtype, as a BF16 model's backward gives them (and PyTorch's
         // fused AdamW reads them)
         let grads: Vec<Tensor> = grads.iter().map(|g| g.to_dtype(weights)).collect::<candle_core::Result<_>>()?;
-        for (m, v, block, scale) in formats.into_iter().filter(|f| wanted(only_formats, f.0)) {
+        for (m, v, block, scale) in FORMATS.into_iter().filter(|f| wanted(only_formats, f.0)) {
             // one optimizer per rounding (both states in memory at once), their windows
             // interleaved so that clock or thermal drift during the run moves both medians alike
             let roundings = [Rounding::Nearest, Rounding::Stochastic];
             let mut opts = Vec::with_capacity(roundings.len());
             for rounding in roundings {
-                let states = StatesConfig {
-                    m_format: m.into(),
-                    v_format: v.into(),
-                    m_rounding: rounding,
-                    v_rounding: rounding,
-                    weight_rounding: rounding,
-                    block_size: block.unwrap_or(128),
-                    scale: scale.map_or(Default::default(), Into::into),
-                    ..Default::default()
-                };
-                let spec = states.resolve(0.999).map_err(anyhow::Error::msg)?;
-                let infos = specs
-                    .iter()
-                    .map(|s| ParamInfo { name: s.name.clone(), group: "x".into(), len: s.shape.iter().product(), weight_decay: true })
-                    .collect();
-                let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
-                let mut opt = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), &cuda)?;
-                for s in 1..=3 {
-                    opt.step(s, 1e-4, GradScale::Host(1.0), &params, &grads)?;
-                }
+                let (spec, opt) = warm_optimizer(&specs, &cuda, (m, v, block, scale), rounding, &params, &grads)?;
                 opts.push((rounding, spec, opt, Vec::with_capacity(REPEATS)));
             }
             // median over REPEATS windows of `iters` steps (one window is ~10 ms: the spread

@@ -11,7 +11,7 @@ use crate::bench::median;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_model::{init::param_specs, LlamaConfig};
-use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, SoapConfig, SoapStates, StatesConfig};
+use lowbit_optim::{GradScale, Hyper, LowbitAdamW, LowbitOptimizer, LowbitSoap, Moments, ParamInfo, SoapConfig, StatesConfig};
 use std::time::Instant;
 
 /// One measured state format.
@@ -64,10 +64,11 @@ pub fn soap(preset: &str, cycles: u64) -> Result<Vec<SoapRow>> {
             .map(|s| ParamInfo { name: s.name.clone(), group: "x".into(), len: s.shape.iter().product(), weight_decay: s.shape.len() == 2 })
             .collect();
         let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
-        let adamw = LowbitAdamW::new(hyper, spec, 0, infos);
-        let mut soap = adamw.clone_states();
-        soap.soap = Some(SoapStates::new(cfg, &soap, &dims));
-        let (adamw_bytes, soap_bytes) = (adamw.state_bytes() as f64 / n as f64, soap.state_bytes() as f64 / n as f64);
+        let moments = Moments::new(hyper, spec, 0, infos);
+        let soap = LowbitOptimizer::Soap(LowbitSoap::new(moments.clone(), cfg, &dims));
+        let adamw = LowbitOptimizer::AdamW(LowbitAdamW::from_moments(moments));
+        let bytes = |o: &LowbitOptimizer| o.states().state_bytes() as f64 / n as f64;
+        let (adamw_bytes, soap_bytes) = (bytes(&adamw), bytes(&soap));
         let time = |opt: &mut Box<dyn lowbit_optim::Optimizer>, s: u64| -> Result<f64> {
             dev.synchronize()?;
             let t = Instant::now();

@@ -103,7 +103,7 @@ mod tests {
         let e = r("llama100m_fp8_sr_rest.toml").unwrap_err().to_string();
         assert!(e.starts_with("--config llama100m_fp8_sr_rest.toml: no such file nor under"), "{e}");
         assert!(e.contains(&format!("nearest: {}", c.join("llama100m_fp8_sr_reset.toml").display())), "{e}");
-        // issue 33 (11): a folder is named as one, with the configs it holds
+        // a folder is named as one, with the configs it holds
         let e = r(c.to_str().unwrap()).unwrap_err().to_string();
         assert!(e.contains("is a folder; give a config file (it holds ") && e.contains("tiny_cpu.toml"), "{e}");
         let e = r("elsewhere/tiny.toml").unwrap_err().to_string();

@@ -288,7 +288,7 @@ mod tests {
         }
     }
 
-    /// Issue 33 (2): a scheduler's SIGTERM to the workers only: rank 1 stops first and exits
+    /// A scheduler's SIGTERM to the workers only: rank 1 stops first and exits
     /// 143; rank 0 still writes its checkpoint and is not killed; the job exits 143.
     #[test]
     fn a_worker_interrupted_by_the_scheduler_is_waited_for_not_failed() {
@@ -301,7 +301,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&done).unwrap().trim(), "written", "rank 0 ran to its end");
     }
 
-    /// Issue 33 (3): a worker that fails after the interrupt was forwarded fails the job (the
+    /// A worker that fails after the interrupt was forwarded fails the job (the
     /// worst status wins), naming its rank; a worker killed by a signal is a failure too.
     #[test]
     fn a_failure_after_an_interrupt_fails_the_job() {

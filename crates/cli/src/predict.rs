@@ -1,5 +1,5 @@
 //! `train predict`: the closed-form stalled fraction of v and, with `--reset-period`, the
-//! paper's reset period K* (lowbit_optim::theory).
+//! paper's reset period K* (lowbit_optim::states::theory).
 
 use anyhow::Result;
 use lowbit_optim::{theory, Rounding, StateFormat};

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-/// Which estimator of the stalled fraction (`lowbit_optim::stalls`).
+/// Which estimator of the stalled fraction (`lowbit_optim::states::stalls`).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Estimator {
     /// lowbit's: stalled / elements with a non-zero FP32 update.

@@ -1,4 +1,4 @@
-//! Issue 17, "exits, signals, output" and "friction", through the `train` binary: a closed
+//! Exits, signals, output and friction, through the `train` binary: a closed
 //! stdout pipe, config values validated up front, errors that name the file or field and
 //! what to do, bare config names, `--print-config`, reader warnings once per line, and what a
 //! redirected training log holds.
@@ -424,7 +424,7 @@ fn stalls_follow_into_a_pipe_writes_plain_tables() {
     assert!(!r.stdout.contains('\x1b') && r.stdout.ends_with("run finished\n"), "{:?}", r.stdout);
 }
 
-/// Issue 33 (10): `train stalls --follow` stops when the run ends however it ends, and when
+/// `train stalls --follow` stops when the run ends however it ends, and when
 /// its reader goes away; it waits for a run that has not written a step yet.
 #[test]
 fn stalls_follow_stops_on_a_dead_or_interrupted_run_and_a_closed_pipe() {
@@ -472,7 +472,7 @@ fn stalls_follow_stops_on_a_dead_or_interrupted_run_and_a_closed_pipe() {
     assert!(r.stdout.ends_with("run interrupted at step 5; resume with: train --resume live\n"), "{}", r.stdout);
 }
 
-/// Issue 30: `sr` / `rne` are rounding names in configs as in `train predict --rounding`;
+/// `sr` / `rne` are rounding names in configs as in `train predict --rounding`;
 /// settings that do nothing or waste a bit are said; the step-0 validation shows progress;
 /// a config reading C4 that is not there says how to fetch it.
 #[test]
@@ -534,7 +534,7 @@ fn version_names_the_commit_and_the_devices() {
     assert_eq!(r.stdout.trim(), format!("train {} ({commit}, {devices})", env!("CARGO_PKG_VERSION")));
 }
 
-/// Issue 53: the adaptive rule's resets are logged, each with the updates since the last
+/// The adaptive rule's resets are logged, each with the updates since the last
 /// (b2 = 0.9 so that the rule's threshold E(j) falls within a short run). Each logged reset is
 /// at the step of its update, and no two are closer than the rule allows (ADAPTIVE_LAG + 1 =
 /// 9 updates).

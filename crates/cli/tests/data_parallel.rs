@@ -53,7 +53,7 @@ fn two_ranks_match_one_rank_and_zero1_matches_zero0_bit_for_bit() {
         r
     };
     // the config's global batch of 4 sequences (micro_batch 2 x grad_accum 2): 1 rank x 2
-    // micro-batches x 2, 2 ranks x 1 x 2 (issue 33 (12): --gpus keeps the batch)
+    // micro-batches x 2, 2 ranks x 1 x 2 (--gpus keeps the batch)
     let one = run("one", &[]);
     let two = run("two", &["--gpus", "2"]);
     run("two_zero1", &["--gpus", "2", "--set", "train.zero=1"]);
@@ -220,7 +220,7 @@ fn adaptive_resets_on_zero1_shards_match_the_unsharded_run() {
     assert!(zero1.iter().any(|(k, v)| k == "adaptive_reset.counters" && v[0] > 1.0), "the rule reset within the run: {zero1:?}");
 }
 
-/// Issue 33 (12): `--gpus N` splits the config's global batch; a rank count that does not
+/// `--gpus N` splits the config's global batch; a rank count that does not
 /// divide `train.grad_accum` is refused once, before any worker starts or anything is written,
 /// with both numbers and a setting that keeps the batch.
 #[test]
@@ -245,7 +245,7 @@ fn a_rank_count_that_does_not_divide_the_accumulation_is_refused_before_any_work
     assert!(!d.join("runs").exists(), "a refused start wrote nothing");
 }
 
-/// Issue 33 (11): an external launch whose ranks resolve different configs fails on every
+/// An external launch whose ranks resolve different configs fails on every
 /// rank with the same message, rank 0's naming rank 1's differing line (rank 0 used to say
 /// only that it lost rank 1).
 #[test]

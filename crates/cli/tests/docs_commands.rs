@@ -1,6 +1,6 @@
 //! The documentation's commands, run: every command a reader would type from `README.md` and
 //! `docs/*.md` either runs here, on the CPU with this build's `train`, or says why it cannot
-//! (issue 54, "every runnable command runs in CI").
+//! (every runnable command runs in CI).
 //!
 //! The convention (also in `docs/README.md`, "Commands in these pages"): a command sits in a
 //! fenced block whose info string is `sh` followed by one tag.

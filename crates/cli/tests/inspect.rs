@@ -131,7 +131,7 @@ fn tiny_run(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, base_toml(&dir.join("runs"), name)).unwrap();
     let config = RunConfig::load(&path, &[]).unwrap();
-    run::run(Launch::new(config), &mut Logs).unwrap().run_dir
+    run::train(Launch::new(config), &mut Logs).unwrap().run_dir
 }
 
 #[test]
@@ -170,7 +170,7 @@ fn stalls_headers_say_what_the_mean_is_over() {
     assert_eq!(head(By::Tensor, 100), "step 2 (2 rows; mean over the 1 per-tensor rows of all 2 steps; stalled / updated elements)");
 }
 
-/// Issue 33: `--follow --interval inf` (or 1e20) exited 101 on a panic converting the seconds;
+/// `--follow --interval inf` (or 1e20) exited 101 on a panic converting the seconds;
 /// now a usage error (exit 2) that says the range, before the run folder is read.
 #[test]
 fn follow_intervals_that_cannot_be_slept_are_refused() {
@@ -198,7 +198,7 @@ fn a_soap_runs_stalls_show_the_preconditioners() {
     let path = dir.path().join("soap.toml");
     std::fs::write(&path, base_toml(&dir.path().join("runs"), "soap")).unwrap();
     let config = RunConfig::load(&path, &["optim.kind=\"soap\"".to_string()]).unwrap();
-    let run_dir = run::run(Launch::new(config), &mut Logs).unwrap().run_dir;
+    let run_dir = run::train(Launch::new(config), &mut Logs).unwrap().run_dir;
     let rows: Vec<StallRow> = read_rows(&run_dir.join("stalls.jsonl")).unwrap();
     assert_eq!(rows.len(), 8);
     for r in &rows {

@@ -1,4 +1,4 @@
-//! Issue 33 (1-4): the exit status of a data-parallel job is one a scheduler can trust. Every
+//! The exit status of a data-parallel job is one a scheduler can trust. Every
 //! test runs the real binary on the CPU (`--gpus 2` or an external launch of two ranks) for an
 //! endless run and signals it the way a scheduler does; each interrupted job must exit 143 with
 //! one complete checkpoint and `summary.json` saying "interrupted", and a failure must exit 1.
@@ -174,7 +174,7 @@ fn every_rank_of_an_interrupted_external_launch_exits_143() {
     assert_interrupted_with_a_checkpoint(&run);
 }
 
-/// Issue 53: SIGSTOP / SIGCONT of one worker of a `--gpus 2` job. A stop shorter than
+/// SIGSTOP / SIGCONT of one worker of a `--gpus 2` job. A stop shorter than
 /// `LOWBIT_DIST_TIMEOUT_S` is only a pause: the job goes on and stops cleanly (143) when
 /// asked. A stop that outlasts it ends the job with exit 1, naming the rank that sent or took
 /// nothing, instead of hanging (a send into a stopped peer's full socket buffers hung forever

@@ -1,4 +1,4 @@
-//! Issue 21, through pure functions on hand-made numbers and the `train reproduce` binary:
+//! `train reproduce`'s results, through pure functions on hand-made numbers and the `train reproduce` binary:
 //! the results file (fingerprints, records, merging over commands, what is left to run),
 //! subsets of a table (`--cells`, `--seeds`, `--seed-list`), spreading runs over GPUs, and a
 //! report rendered from a results file with seed-by-seed verdicts.

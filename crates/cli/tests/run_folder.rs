@@ -1,5 +1,5 @@
-//! Issue 17, "data loss": a run folder belongs to one run. Each test reproduces one of the
-//! issue's numbered items through the `train` binary (tiny config of `common::base_toml`,
+//! A run folder belongs to one run (no data loss). Each test reproduces one way a folder could
+//! be lost or mixed through the `train` binary (tiny config of `common::base_toml`,
 //! checkpoints every 3 steps, keep 2), in a temporary working directory with `runs/` in it.
 
 use lowbit_train::train_state::load_state;
@@ -106,7 +106,7 @@ fn resume_latest_honours_run_dir() {
     let r = train(d, &["--set", "run.dir=elsewhere", "--resume", "latest"]);
     assert_eq!(r.code, Some(0));
     assert!(r.stdout.starts_with("elsewhere/x: already finished at step 3"), "{}", r.stdout);
-    // issue 33 (8c): a run that --overwrite moved aside is never `latest`, however new
+    // a run that --overwrite moved aside is never `latest`, however new
     std::fs::create_dir_all(d.join("elsewhere/x.old-1/checkpoints/step_0000009")).unwrap();
     let r = train(d, &["--set", "run.dir=elsewhere", "--resume", "latest"]);
     assert!(r.stdout.starts_with("elsewhere/x: already finished at step 3"), "{}\n{}", r.stdout, r.stderr);
@@ -216,7 +216,7 @@ fn resume_names_the_settings_it_changes() {
     assert!(r.stderr.contains("train.max_steps: 4 -> 5") && !r.stderr.contains("optim.lr:"), "{}", r.stderr);
 }
 
-/// Issue 33 (9, 8a): train shards without usable text (empty, not JSON) are refused before the
+/// Train shards without usable text (empty, not JSON) are refused before the
 /// run folder is touched: a new run leaves no folder behind (so the same command is not
 /// refused afterwards), and a resume of a finished run keeps its `summary.json` and
 /// `config.toml` byte for byte.
@@ -246,7 +246,7 @@ fn shards_without_text_are_refused_before_the_folder_is_touched() {
     assert_eq!(snapshot(&d.join("runs/x")), before, "the finished run was touched");
 }
 
-/// Issue 33 (10): a signal during start-up or the step-0 validation acts at once (it used to
+/// A signal during start-up or the step-0 validation acts at once (it used to
 /// wait for the validation, then write a step-1 checkpoint into a folder that blocked the same
 /// command): a new run removes what it wrote, exits 143, and the same command starts afresh.
 #[test]
@@ -273,7 +273,7 @@ fn an_interrupt_before_the_first_step_leaves_no_run_behind() {
     assert_eq!(train(d, &again).code, Some(0), "a new run in runs/x was refused");
 }
 
-/// Issue 33 (7): sizes that cannot fit (they aborted in an allocation, or hung after the folder
+/// Sizes that cannot fit (they aborted in an allocation, or hung after the folder
 /// was claimed) are refused before anything of their size is allocated or written, with the
 /// memory they need at the least and the part that needs it.
 #[test]
@@ -294,7 +294,7 @@ fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
     }
 }
 
-/// Issue 53: the disk fills up while a checkpoint is written, or while the logs are appended
+/// The disk fills up while a checkpoint is written, or while the logs are appended
 /// (a file size limit stands in for the full disk): the run stops with a non-zero status and a
 /// message that names the file and says how to go on; the previous checkpoint stays whole (no
 /// partial `step_N.tmp/` left), and a resume once there is room continues bit-exactly.
@@ -349,7 +349,7 @@ fn a_full_disk_stops_the_run_and_a_resume_continues_exactly() {
     );
 }
 
-/// Issue 53: the run folder stops taking writes mid-run (its `checkpoints/` made read-only,
+/// The run folder stops taking writes mid-run (its `checkpoints/` made read-only,
 /// as a quota tool or an operator's `chmod` does). The run runs as a user other than root (as
 /// `nobody` through `setpriv` when the test runs as root, which file permissions do not bind).
 /// It stops with exit 1 naming the file it could not write and the way on; every checkpoint it

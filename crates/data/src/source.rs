@@ -88,7 +88,7 @@ impl Open {
     }
 }
 
-/// Checks every train shard before a run claims its folder (issue 33 (9)): a token shard by
+/// Checks every train shard before a run claims its folder: a token shard by
 /// its header (made with `tok`, holding documents), a JSON shard by reading it up to its
 /// first usable document. None holding text is [`DataError::NoText`]; with `on_bad_line =
 /// "fail"` a bad line or corrupt gzip met on the way is its error (`file:line`); with `"skip"`

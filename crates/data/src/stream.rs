@@ -24,6 +24,7 @@
 //! i.e. a few batches of 512x256, besides the shuffle buffer).
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::thread::JoinHandle;
 
@@ -108,22 +109,7 @@ impl TrainStream {
         check_train_shards(&shards, &headers, cfg.on_bad_line, tok)?;
         let (estimate, exact) = estimate_tokens(&shards, &headers)?;
         let seed = cfg.seed.unwrap_or(0);
-        let order = match (cfg.shuffle, estimate <= cfg.in_memory_max_tokens) {
-            (false, _) => RowOrder::FileOrder,
-            (true, true) => RowOrder::Permuted { seed },
-            (true, false) => RowOrder::Buffered { seed, buffer: cfg.shuffle_buffer },
-        };
-        if !start.is_start() && start.order != order {
-            return Err(DataError::Resume(format!(
-                "the position was written reading {}, the config asks for {} (the text is {}{estimate} tokens, \
-                 data.in_memory_max_tokens = {}): set those data settings back to continue this run (data.seed \
-                 defaults to train.seed)",
-                start.order.describe(),
-                order.describe(),
-                if exact { "" } else { "estimated at " },
-                cfg.in_memory_max_tokens
-            )));
-        }
+        let order = row_order(cfg, &start, seed, estimate, exact)?;
         let id = shards_id(&shards);
         if !start.shards_id.is_empty() && start.shards_id != id {
             tracing::warn!(
@@ -132,7 +118,6 @@ impl TrainStream {
             );
         }
         tracing::info!(shards = shards.len(), first = %shards[0].display(), mode = ?cfg.mode, seq_len = cfg.seq_len, order = order.describe(), "train data");
-        let width = cfg.seq_len + 1;
         let mut stream = Self {
             supply: Supply::Memory(None),
             order,
@@ -154,6 +139,17 @@ impl TrainStream {
             stream.supply = Supply::Memory(Some(rows));
             return Ok(stream);
         }
+        stream.start_workers(shards, cfg, tok, &start, seed)?;
+        Ok(stream)
+    }
+
+    /// The reader and tokenizer threads of a stream outside memory (file order or the shuffle
+    /// buffer's) from `start` over `shards`, and the rows complete in `start`'s carry.
+    ///
+    /// # Errors
+    /// A shuffle buffer that does not restore from `start`, or the shards failing to open.
+    fn start_workers(&mut self, shards: Vec<PathBuf>, cfg: &DataConfig, tok: &Tokens, start: &DataPosition, seed: u64) -> Result<()> {
+        let (order, width) = (self.order, cfg.seq_len + 1);
         let buffer = match order {
             RowOrder::Buffered { seed, buffer } if start.is_start() => Some(ShuffleBuffer::new(seed, buffer)),
             RowOrder::Buffered { seed, buffer } => {
@@ -202,10 +198,10 @@ impl TrainStream {
                 }
             })
             .expect("spawn tokenizer thread");
-        stream.supply = Supply::Threads { rx: Some(row_rx), buffer };
-        stream.workers = vec![reader, tokenizer];
-        stream.absorb(first_rows);
-        Ok(stream)
+        self.supply = Supply::Threads { rx: Some(row_rx), buffer };
+        self.workers = vec![reader, tokenizer];
+        self.absorb(first_rows);
+        Ok(())
     }
 
     /// The next `rows` rows as a batch (`[rows, seq_len]`); blocks until they are ready. A
@@ -359,4 +355,29 @@ impl Drop for TrainStream {
             let _ = w.join();
         }
     }
+}
+
+/// The row order `cfg` asks for over a text of `estimate` tokens (`exact` or estimated from the
+/// shards' size): file order, a seeded permutation in memory, or the shuffle buffer.
+///
+/// # Errors
+/// [`DataError::Resume`] when `start` was written reading another order.
+fn row_order(cfg: &DataConfig, start: &DataPosition, seed: u64, estimate: u64, exact: bool) -> Result<RowOrder> {
+    let order = match (cfg.shuffle, estimate <= cfg.in_memory_max_tokens) {
+        (false, _) => RowOrder::FileOrder,
+        (true, true) => RowOrder::Permuted { seed },
+        (true, false) => RowOrder::Buffered { seed, buffer: cfg.shuffle_buffer },
+    };
+    if !start.is_start() && start.order != order {
+        return Err(DataError::Resume(format!(
+            "the position was written reading {}, the config asks for {} (the text is {}{estimate} tokens, \
+             data.in_memory_max_tokens = {}): set those data settings back to continue this run (data.seed \
+             defaults to train.seed)",
+            start.order.describe(),
+            order.describe(),
+            if exact { "" } else { "estimated at " },
+            cfg.in_memory_max_tokens
+        )));
+    }
+    Ok(order)
 }

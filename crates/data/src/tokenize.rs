@@ -180,7 +180,7 @@ impl Tokens {
     /// Encodes; on failure returns the 0-based index of the failing text and the message. A
     /// text longer than [`PIECE_BYTES`] is encoded in pieces cut at spaces ([`pieces`]) and
     /// the ids joined, so that the tokenizer's memory does not grow with a document's length
-    /// (a 60 MB document took 7.2 GB whole: issue 33 (7)).
+    /// (a 60 MB document took 7.2 GB whole).
     pub(crate) fn encode_texts(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>, (usize, String)> {
         let mut owner = Vec::with_capacity(texts.len());
         let mut all: Vec<&str> = Vec::with_capacity(texts.len());

@@ -298,7 +298,7 @@ fn no_train_text_is_an_error() {
     let empty = write_gz(dir.path(), "c4-train.00000-of-00001.json.gz", &[]);
     let blank = write_gz(dir.path(), "c4-train.00001-of-00001.json.gz", &[c4(""), c4("   ")]);
     let cfg = cfg(&[&empty, &blank], &[&empty], 8);
-    // found when the stream opens (issue 33 (9): before a run claims its folder)
+    // found when the stream opens (before a run claims its folder)
     let err = TrainStream::new(&cfg, &t5(), DataPosition::default()).err().unwrap();
     assert!(matches!(err, DataError::NoText { what: "train", .. }), "{err:?}");
 }

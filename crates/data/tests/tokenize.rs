@@ -72,7 +72,7 @@ fn llama2_special_tokens_in_text_stay_text() {
     special_tokens_in_text_stay_text(&load_tokenizer(path.to_str().unwrap(), false).unwrap());
 }
 
-/// Issue 33 (7): a document longer than `PIECE_BYTES` is encoded in pieces cut at spaces, with
+/// A document longer than `PIECE_BYTES` is encoded in pieces cut at spaces, with
 /// the ids of the whole text (each piece's first word gets its `▁` as in context), so the
 /// tokenizer's memory is bounded by the piece, not the document.
 #[test]

@@ -92,7 +92,7 @@ impl Kernels {
 mod tests {
     use super::*;
 
-    /// Issue 33 (5): a hidden size the fused kernels cannot take is known from the config
+    /// A hidden size the fused kernels cannot take is known from the config
     /// (before a run writes anything), and `auto` picks the composed ops for it.
     #[test]
     fn hidden_sizes_beyond_the_fused_kernels_are_known_from_the_config() {

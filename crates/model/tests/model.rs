@@ -368,6 +368,7 @@ fn save_and_reload_via_safetensors() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("model.safetensors");
     vm.save(&path).unwrap();
+    // SAFETY: the file was just written by this test and nothing modifies it while mapped
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&path], DType::F32, &Device::Cpu).unwrap() };
     let m2 = Llama::new(&cfg, vb).unwrap();
     let x = tokens(1, 10, 64, 0);

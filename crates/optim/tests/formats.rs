@@ -1,7 +1,7 @@
 //! Exhaustive code tables of the FP8 and FP4 formats against their specs, round trips, and
 //! ties-to-even.
 
-use lowbit_optim::format::{bf16, fp4, fp8, minifloat::MiniFloat, Rounding};
+use lowbit_optim::states::format::{bf16, fp4, fp8, minifloat::MiniFloat, Rounding};
 
 /// Value of a code computed independently in f64 from the spec's formula.
 fn spec_value(f: &MiniFloat, code: u8) -> f64 {

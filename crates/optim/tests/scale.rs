@@ -1,15 +1,15 @@
 //! The two scale kinds of FP8/FP4 states (`optim.states.scale`): `amax` (the paper's: the
 //! block's largest value maps to the format's largest) and `pow2`, in the CPU step.
 
-use lowbit_optim::adamw::Weights;
-use lowbit_optim::format::{fp4, fp8};
+use lowbit_optim::rules::adamw::step::Weights;
+use lowbit_optim::states::format::{fp4, fp8};
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, ScaleKind, StallCounts, StatesConfig};
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
 
 /// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
 fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
-    let plan = o.plan(t, lr, grad_scale).unwrap();
+    let plan = o.moments.plan(t, lr, grad_scale).unwrap();
     o.step_cpu(&plan, i, w, g)
 }
 
@@ -28,8 +28,8 @@ fn max_abs(xs: &[f32]) -> f32 {
     xs.iter().fold(0.0f32, |a, x| a.max(x.abs()))
 }
 
-/// The mechanism behind FP4's nearest-rounding failure with power-of-two scales (issue 31,
-/// docs/numerics.md): after one gradient, 19 zero gradients should decay m by 0.9^19 = 0.135. With
+/// The mechanism behind FP4's nearest-rounding failure with power-of-two scales
+/// (docs/numerics.md): after one gradient, 19 zero gradients should decay m by 0.9^19 = 0.135. With
 /// `pow2` every E2M1 grid point g has 0.9 g rounding back to g while the block's scale stays in
 /// its octave, so m does not decay at all; with `amax` the scale follows the block's maximum
 /// down and m decays as in FP32, although every code stays the same (all stalled by code).
@@ -40,15 +40,15 @@ fn fp4_m_decays_with_amax_scales_and_not_with_pow2() {
         let mut o = opt("fp4", "fp32", kind, 128, n);
         let mut w = vec![0.0f32; n];
         step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(n));
-        let first = max_abs(&o.tensors[0].m.decode_all());
-        let codes = o.tensors[0].m.code_bytes();
+        let first = max_abs(&o.moments.tensors[0].m.decode_all());
+        let codes = o.moments.tensors[0].m.code_bytes();
         for t in 2..=20 {
             let c = step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![0.0; n]);
             assert_eq!(c.m.stalled, c.m.updated, "{kind:?} step {t}: every code stays");
             assert_eq!((c.m.unchanged, c.m.elements, c.zero_grad), (n as u64, n as u64, n as u64));
         }
-        assert_eq!(o.tensors[0].m.code_bytes(), codes, "{kind:?}");
-        let ratio = max_abs(&o.tensors[0].m.decode_all()) / first;
+        assert_eq!(o.moments.tensors[0].m.code_bytes(), codes, "{kind:?}");
+        let ratio = max_abs(&o.moments.tensors[0].m.decode_all()) / first;
         assert!((ratio - want).abs() < 1e-3 * want.max(1.0), "{kind:?}: m decayed to {ratio}, want {want}");
     }
 }
@@ -64,7 +64,7 @@ fn amax_scale_maps_the_largest_element_to_the_format_maximum() {
         let mut o = opt("fp8", "fp8", ScaleKind::Amax, block, n);
         let mut w = vec![0.0f32; n];
         step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
-        let m = &o.tensors[0].m;
+        let m = &o.moments.tensors[0].m;
         let bl = if block == 0 { n } else { block };
         assert_eq!(m.scales.len(), n.div_ceil(bl));
         for (b, &scale) in m.scales.iter().enumerate() {
@@ -90,7 +90,7 @@ fn amax_zero_blocks_and_the_zero_free_floor() {
     let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, n);
     let mut w = vec![0.0f32; n];
     step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
-    let v = &o.tensors[0].v;
+    let v = &o.moments.tensors[0].v;
     assert_eq!(v.scales[0], 0.0, "all-zero block: scale 0");
     assert!(v.decode_all()[..128].iter().all(|&x| x == 0.0));
     assert_eq!(v.scales[1], 1e-3f32 / fp4::UE2M2.max_finite);
@@ -114,12 +114,12 @@ fn scale_kind_travels_with_the_state() {
     let mut o = opt("fp4", "fp4", ScaleKind::Amax, 128, 8);
     let mut w = vec![0.0f32; 8];
     step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &[1e-3; 8]);
-    assert!(o.tensors[0].m.scales[0] > 0.0);
-    assert_eq!(o.spec.m_format.default_scale(), ScaleKind::Amax);
+    assert!(o.moments.tensors[0].m.scales[0] > 0.0);
+    assert_eq!(o.moments.spec.m_format.default_scale(), ScaleKind::Amax);
     let _ = Rounding::Nearest;
 }
 
-/// Per-tensor scales at their edges (issue 53), FP8 E4M3 m and v with one scale per tensor:
+/// Per-tensor scales at their edges, FP8 E4M3 m and v with one scale per tensor:
 /// a tensor whose m is subnormal (amax: below the floor 2^-100, m is stored on the floor's
 /// grid, where it rounds to 0, so every update stalls and is counted so; pow2: the scale
 /// 2^-126 still resolves it; nothing non-finite either way),
@@ -127,14 +127,14 @@ fn scale_kind_travels_with_the_state() {
 /// element stores the format's largest code and decodes to itself with either scale kind).
 #[test]
 fn per_tensor_scales_at_their_edges() {
-    use lowbit_optim::format::scale::{amax_scale, AMAX_FLOOR};
+    use lowbit_optim::states::format::scale::{amax_scale, AMAX_FLOOR};
     let n = 1000;
     for kind in [ScaleKind::Amax, ScaleKind::Pow2] {
         // subnormal m: g = 1e-38 gives m = 1e-39 (FP32 subnormal) and v = 0
         let mut o = opt("fp8", "fp8", kind, 0, n);
         let mut w = vec![0.5f32; n];
         let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-38f32; n]);
-        let m = &o.tensors[0].m;
+        let m = &o.moments.tensors[0].m;
         if kind == ScaleKind::Amax {
             assert_eq!(m.scales, vec![AMAX_FLOOR / 448.0], "the amax floor's scale");
             assert!(m.decode_all().iter().all(|&x| x == 0.0), "below the floor grid's smallest step");
@@ -157,7 +157,7 @@ fn per_tensor_scales_at_their_edges() {
         g[n / 2] = -top;
         let mut w = vec![0.0f32; n];
         step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
-        let m = &o.tensors[0].m;
+        let m = &o.moments.tensors[0].m;
         let expect = if kind == ScaleKind::Amax { amax_scale(top, 448.0).scale } else { 2f32.powi(-12) };
         assert_eq!(m.scales, vec![expect], "{kind:?}");
         assert_eq!(m.code(n / 2), 0x80 | fp8::E4M3.max_code, "{kind:?}: the largest code, not NaN (0x7F)");
@@ -170,14 +170,14 @@ fn per_tensor_scales_at_their_edges() {
 /// largest code; every element is counted.
 #[test]
 fn a_per_tensor_scale_over_20m_elements() {
-    use lowbit_optim::format::scale::amax_scale;
+    use lowbit_optim::states::format::scale::amax_scale;
     let n = 20_000_000;
     let mut o = opt("fp8", "fp8", ScaleKind::Amax, 0, n);
     let mut g = grads(n);
     g[n - 1] = 0.25; // the largest gradient, at the end (an index past 2^24: exact only as an integer)
     let mut w = vec![0.0f32; n];
     let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
-    let m = &o.tensors[0].m;
+    let m = &o.moments.tensors[0].m;
     let top = 0.25f32 * (1.0 - 0.9f64) as f32; // m = (1 - β1) g, in FP32 as the step computes it
     assert_eq!(m.scales, vec![amax_scale(top, 448.0).scale]);
     assert_eq!(m.code(n - 1), fp8::E4M3.max_code);

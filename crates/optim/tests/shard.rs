@@ -3,15 +3,15 @@
 //! the unsharded step: same weights, same codes and scales, same stall counts.
 #![allow(clippy::single_range_in_vec_init, reason = "`shard` takes one range per tensor: a one-tensor optimizer takes `&[a..b]`")]
 
-use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Counter, GradScale, Hyper, LowbitAdamW, ParamInfo, Rounding, StallCounts, StatesConfig};
+use lowbit_optim::rules::adamw::step::Weights;
+use lowbit_optim::{Counter, GradScale, Hyper, LowbitAdamW, Moments, ParamInfo, Rounding, StallCounts, StatesConfig};
 use std::ops::Range;
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
 
 /// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
 fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
-    let plan = o.plan(t, lr, grad_scale).unwrap();
+    let plan = o.moments.plan(t, lr, grad_scale).unwrap();
     o.step_cpu(&plan, i, w, g)
 }
 
@@ -43,7 +43,8 @@ fn grads(step: u64, n: usize) -> Vec<f32> {
 /// stochastic rounding is checked too); asserts identical weights, states and counts.
 fn check(m: &str, v: &str, block: usize, len: usize, ranges: &[Range<usize>]) {
     let mut whole = opt(m, v, block, len);
-    let mut shards: Vec<LowbitAdamW> = ranges.iter().map(|r| whole.shard(std::slice::from_ref(r)).unwrap()).collect();
+    let mut shards: Vec<LowbitAdamW> =
+        ranges.iter().map(|r| LowbitAdamW::from_moments(whole.moments.shard(std::slice::from_ref(r)).unwrap())).collect();
     let w0: Vec<u16> = (0..len).map(|i| half::bf16::from_f32(0.01 * (i % 97) as f32 - 0.4).to_bits()).collect();
     let (mut w_whole, mut w_sharded) = (w0.clone(), w0);
     for step in 1..=4 {
@@ -58,8 +59,8 @@ fn check(m: &str, v: &str, block: usize, len: usize, ranges: &[Range<usize>]) {
         assert_eq!((cm, cv, cw), (c.m, c.v, c.w), "{m}/{v} block {block}: stall counts differ at step {step}");
         assert!(c.m.updated > 0, "the step updated something");
     }
-    let joined = LowbitAdamW::unshard(&shards).unwrap();
-    let t = (&joined.tensors[0], &whole.tensors[0]);
+    let joined = Moments::unshard(&shards.iter().map(|s| s.moments.clone()).collect::<Vec<_>>()).unwrap();
+    let t = (&joined.tensors[0], &whole.moments.tensors[0]);
     assert_eq!(t.0.m, t.1.m, "{m}/{v} block {block}: m states differ");
     assert_eq!(t.0.v, t.1.v, "{m}/{v} block {block}: v states differ");
     assert_ne!(t.1.v.decode_all().iter().filter(|&&x| x > 0.0).count(), 0, "v is non-zero");
@@ -88,20 +89,20 @@ fn sharded_steps_are_bit_identical_to_the_whole_tensor_step() {
 #[test]
 fn shards_cut_inside_a_scale_block_are_refused() {
     let o = opt("fp8e4m3", "fp8e4m3", 128, 1000);
-    let e = o.shard(&[100..500]).err().unwrap();
+    let e = o.moments.shard(&[100..500]).err().unwrap();
     assert!(matches!(e, lowbit_optim::OptimError::State(_)), "{e:?}");
     let e = e.to_string();
     assert!(e.contains("cuts a scale block of 128"), "{e}");
-    let e = o.shard(&[0..1001]).err().unwrap().to_string();
+    let e = o.moments.shard(&[0..1001]).err().unwrap().to_string();
     assert!(e.contains("outside"), "{e}");
     // one scale for the whole tensor: only the whole tensor is a shard
     let o = opt("fp8e4m3", "fp8e4m3", 0, 1000);
-    assert!(o.shard(&[0..512]).is_err());
-    assert_eq!(o.shard(&[0..1000]).unwrap().tensors[0].m.len, 1000);
+    assert!(o.moments.shard(&[0..512]).is_err());
+    assert_eq!(o.moments.shard(&[0..1000]).unwrap().tensors[0].m.len, 1000);
     // shards that do not tile the tensor are not joined
     let a = opt("bf16", "bf16", 128, 1000);
-    let parts = [a.shard(&[0..400]).unwrap(), a.shard(&[500..1000]).unwrap()];
-    assert!(LowbitAdamW::unshard(&parts).err().unwrap().to_string().contains("does not continue at 400"));
+    let parts = [a.moments.shard(&[0..400]).unwrap(), a.moments.shard(&[500..1000]).unwrap()];
+    assert!(Moments::unshard(&parts).err().unwrap().to_string().contains("does not continue at 400"));
 }
 
 /// Through the `Optimizer` trait (the path `Zero1` takes on the CPU): a shard steps its range
@@ -113,7 +114,7 @@ fn trait_step_of_a_shard_and_refused_sizes() {
     use lowbit_optim::Optimizer;
     let len = 300;
     let mut whole = opt_for("fp8e4m3", "fp8e4m3", 128, &[("a", len), ("b", len)]);
-    let mut shard = whole.shard(&[128..len, 128..len]).unwrap();
+    let mut shard = LowbitAdamW::from_moments(whole.moments.shard(&[128..len, 128..len]).unwrap());
     let w0: Vec<f32> = (0..len).map(|i| 0.01 * (i % 97) as f32 - 0.4).collect();
     let g = grads(1, len);
     let mut expected = w0.clone();

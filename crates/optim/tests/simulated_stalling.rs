@@ -7,9 +7,9 @@
 //! of FP32 states is p within 5 binomial standard errors, nothing is skipped during the
 //! warmup, and the update of the step is the one without skips.
 
-use lowbit_optim::adamw::{Skip, Weights};
-use lowbit_optim::rng::{stream_key, StateKind};
-use lowbit_optim::state::Codes;
+use lowbit_optim::rules::adamw::step::{Skip, Weights};
+use lowbit_optim::states::quant::Codes;
+use lowbit_optim::states::rng::{stream_key, StateKind};
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, QuantState, StallCounts, StatesConfig};
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-6, weight_decay: 0.0 };
@@ -21,7 +21,7 @@ fn opt(format: &str, m_skip: f64, v_skip: f64, skip_after: u64) -> LowbitAdamW {
         StatesConfig { m_format: format.into(), v_format: format.into(), m_skip_prob: m_skip, v_skip_prob: v_skip, ..Default::default() };
     let info = ParamInfo { name: "w".into(), group: "mlp".into(), len: N, weight_decay: false };
     let mut o = LowbitAdamW::new(HYPER, s.resolve(0.999).unwrap(), SEED, vec![info]);
-    o.skip_after = skip_after;
+    o.moments.skip_after = skip_after;
     o
 }
 
@@ -35,14 +35,14 @@ fn run(o: &mut LowbitAdamW, steps: u64) -> (Vec<f32>, StallCounts) {
     let mut w = vec![0.5f32; N];
     let mut last = StallCounts::default();
     for t in 1..=steps {
-        let plan = o.plan(t, 1e-3, 1.0).unwrap();
+        let plan = o.moments.plan(t, 1e-3, 1.0).unwrap();
         last = o.step_cpu(&plan, 0, Weights::F32(&mut w), &grad(t));
     }
     (w, last)
 }
 
 fn skipper(t: u64, p: f64, shift: u32) -> Skip {
-    Skip { key: stream_key(SEED, t, 0, StateKind::Skip), threshold: lowbit_optim::config::skip_threshold(p), shift }
+    Skip { key: stream_key(SEED, t, 0, StateKind::Skip), threshold: lowbit_optim::states::config::skip_threshold(p), shift }
 }
 
 #[test]
@@ -55,19 +55,19 @@ fn fp32_states_skip_exactly_the_drawn_elements_at_rate_p() {
     // updates 1 and 2 are the warmup: no skips, identical runs
     assert_eq!(w_skip, w_plain);
     assert_eq!(counts2.m.stalled + counts2.v.stalled, 0);
-    let (m_old, v_old) = (skipping.tensors[0].m.decode_all(), skipping.tensors[0].v.decode_all());
+    let (m_old, v_old) = (skipping.moments.tensors[0].m.decode_all(), skipping.moments.tensors[0].v.decode_all());
     // update 3: each state keeps its old value exactly where the stream says, else takes the
     // new FP32 moment (the plain run's), and the weights move as without skips
     let (mut w1, mut w2) = (w_skip.clone(), w_plain.clone());
     let g = grad(3);
-    let plan = skipping.plan(3, 1e-3, 1.0).unwrap();
+    let plan = skipping.moments.plan(3, 1e-3, 1.0).unwrap();
     let c = skipping.step_cpu(&plan, 0, Weights::F32(&mut w1), &g);
-    let plan = plain.plan(3, 1e-3, 1.0).unwrap();
+    let plan = plain.moments.plan(3, 1e-3, 1.0).unwrap();
     plain.step_cpu(&plan, 0, Weights::F32(&mut w2), &g);
     assert_eq!(w1, w2, "the update uses the new moments: skips change only the stored states");
     for (kind, old, got, new, skip) in [
-        ("m", &m_old, skipping.tensors[0].m.decode_all(), plain.tensors[0].m.decode_all(), skipper(3, pm, 0)),
-        ("v", &v_old, skipping.tensors[0].v.decode_all(), plain.tensors[0].v.decode_all(), skipper(3, pv, 32)),
+        ("m", &m_old, skipping.moments.tensors[0].m.decode_all(), plain.moments.tensors[0].m.decode_all(), skipper(3, pm, 0)),
+        ("v", &v_old, skipping.moments.tensors[0].v.decode_all(), plain.moments.tensors[0].v.decode_all(), skipper(3, pv, 32)),
     ] {
         for i in 0..N {
             let want = if skip.skips(i as u64) { old[i] } else { new[i] };
@@ -93,11 +93,11 @@ fn scaled_states_keep_the_old_code_of_a_skipped_element() {
     for format in ["fp8", "fp4", "int8", "bf16"] {
         let mut o = opt(format, 0.5, 0.5, 1);
         run(&mut o, 1);
-        let before = o.tensors[0].clone();
-        let plan = o.plan(2, 1e-3, 1.0).unwrap();
+        let before = o.moments.tensors[0].clone();
+        let plan = o.moments.plan(2, 1e-3, 1.0).unwrap();
         let mut w = vec![0.5f32; N];
         let c = o.step_cpu(&plan, 0, Weights::F32(&mut w), &grad(2));
-        let after = &o.tensors[0];
+        let after = &o.moments.tensors[0];
         for (kind, old, new, skip) in [("m", &before.m, &after.m, skipper(2, 0.5, 0)), ("v", &before.v, &after.v, skipper(2, 0.5, 32))] {
             // a skipped element's code is its old one (its value moves only with the block's
             // scale); of the others, most change
@@ -143,7 +143,7 @@ fn skip_probabilities_outside_0_1_are_refused_and_unset_ones_not_written() {
     let text = toml::to_string(&StatesConfig::default()).unwrap();
     assert!(!text.contains("skip"), "{text}");
     let s: StatesConfig = toml::from_str("v_skip_prob = 0.9").unwrap();
-    assert_eq!(lowbit_optim::config::skip_threshold(s.v_skip_prob), 3_865_470_566);
+    assert_eq!(lowbit_optim::states::config::skip_threshold(s.v_skip_prob), 3_865_470_566);
     assert!(s
         .resolve(0.999)
         .unwrap()

@@ -1,11 +1,11 @@
-//! SOAP with low-precision states (crates/optim/src/soap): the CPU reference against values
+//! SOAP with low-precision states (crates/optim/src/rules/soap): the CPU reference against values
 //! computed independently (numpy, float64, the equations of the module docs), exact resume
 //! through the state dict, stall counts of the preconditioners, resets and sizes.
 
 use candle_core::{Device, Tensor, Var};
-use lowbit_optim::state_dict::Array;
+use lowbit_optim::states::state_dict::{load_state_dict, Array};
 use lowbit_optim::{
-    GradScale, Hyper, LowbitAdamW, Optimizer, ParamInfo, ResetEvery, Rounding, SoapConfig, SoapStates, StateFormat, StatesConfig,
+    GradScale, HostStates, Hyper, LowbitSoap, Moments, Optimizer, ParamInfo, ResetEvery, Rounding, SoapConfig, StateFormat, StatesConfig,
 };
 use std::collections::HashMap;
 
@@ -20,15 +20,19 @@ const G: [[f32; 6]; 4] = [
 const GB: [[f32; 2]; 4] = [[0.2, -0.1], [0.3, 0.05], [-0.1, 0.2], [0.0, 0.4]];
 
 /// A 3 x 2 matrix and a vector of 2 under SOAP with `states`.
-fn soap(states: StatesConfig, cfg: SoapConfig, seed: u64) -> LowbitAdamW {
+fn soap(states: StatesConfig, cfg: SoapConfig, seed: u64) -> LowbitSoap {
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let infos = vec![
         ParamInfo { name: "w".into(), group: "mlp".into(), len: 6, weight_decay: true },
         ParamInfo { name: "b".into(), group: "norm".into(), len: 2, weight_decay: false },
     ];
-    let mut opt = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), seed, infos);
-    opt.soap = Some(SoapStates::new(cfg, &opt, &[vec![3, 2], vec![2]]));
-    opt
+    let moments = Moments::new(hyper, states.resolve(0.999).unwrap(), seed, infos);
+    LowbitSoap::new(moments, cfg, &[vec![3, 2], vec![2]])
+}
+
+/// Every state of `opt` by name (what a checkpoint saves).
+fn saved(opt: &LowbitSoap) -> HashMap<String, Array> {
+    HostStates { moments: &opt.moments, precond: Some(&opt.precond) }.state_dict().into_iter().collect()
 }
 
 fn params() -> Vec<Var> {
@@ -47,7 +51,7 @@ fn values(p: &[Var]) -> Vec<f32> {
     p.iter().flat_map(|v| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
 }
 
-fn run(opt: &mut LowbitAdamW, p: &[Var], steps: std::ops::RangeInclusive<usize>) {
+fn run(opt: &mut LowbitSoap, p: &[Var], steps: std::ops::RangeInclusive<usize>) {
     for t in steps {
         opt.step(t as u64, 0.1, GradScale::Host(1.0), p, &grads(t)).unwrap();
         opt.stall_counts(t as u64).unwrap();
@@ -83,15 +87,15 @@ fn first_update_builds_the_bases_only() {
     let got = values(&p);
     assert_eq!(&got[..6], &W0[..]);
     assert_ne!(&got[6..], &B0[..]);
-    let t = &opt.tensors[0];
+    let t = &opt.moments.tensors[0];
     assert!(t.m.decode_all().iter().chain(&t.v.decode_all()).all(|&x| x == 0.0));
-    let pc = &opt.soap.as_ref().unwrap().tensors[0];
+    let pc = &opt.precond.tensors[0];
     let g = G[0];
     let l: Vec<f32> = (0..9).map(|k| 0.5 * (0..2).map(|c| g[(k / 3) * 2 + c] * g[(k % 3) * 2 + c]).sum::<f32>()).collect();
     assert_eq!(pc.l.as_ref().unwrap().decode_all(), l);
     assert_eq!((pc.q_l.len(), pc.q_r.len()), (9, 4));
     // the vector has no preconditioner
-    let pv = &opt.soap.as_ref().unwrap().tensors[1];
+    let pv = &opt.precond.tensors[1];
     assert!(pv.l.is_none() && pv.r.is_none() && pv.q_l.is_empty());
 }
 
@@ -116,27 +120,28 @@ fn resume_through_the_state_dict_is_exact() {
     let mut b = soap(states.clone(), cfg, 3);
     let pb = params();
     run(&mut b, &pb, 1..=3);
-    let saved: HashMap<String, Array> = b.state_dict().into_iter().collect();
+    let saved = saved(&b);
     assert!(saved.contains_key("w.soap_l.codes") && saved.contains_key("w.soap_q_r") && !saved.contains_key("b.soap_l.codes"));
     let states_again = states.clone();
     let mut c = soap(states, cfg, 3);
-    c.load_state_dict(&mut |k| saved.get(k).cloned()).unwrap();
+    load_state_dict(&mut c.moments, Some(&mut c.precond), &mut |k| saved.get(k).cloned()).unwrap();
     run(&mut c, &pb, 4..=6);
     assert_eq!(values(&pa).iter().map(|x| x.to_bits()).collect::<Vec<_>>(), values(&pb).iter().map(|x| x.to_bits()).collect::<Vec<_>>());
-    assert_eq!(a.soap, c.soap);
-    assert_eq!(a.state_dict(), c.state_dict());
+    assert_eq!(a.precond, c.precond);
+    assert_eq!(self::saved(&a), self::saved(&c));
 
     // an AdamW optimizer refuses SOAP's states, naming the key; SOAP refuses AdamW's; another
     // largest preconditioned dimension (the matrix's 3 rows no longer preconditioned) is refused
-    let mut adamw = soap(states_again.clone(), cfg, 3);
-    adamw.soap = None;
-    let e = adamw.load_state_dict(&mut |k| saved.get(k).cloned()).unwrap_err().to_string();
+    let mut adamw = soap(states_again.clone(), cfg, 3).moments;
+    let e = load_state_dict(&mut adamw, None, &mut |k| saved.get(k).cloned()).unwrap_err().to_string();
     assert!(e.contains("w.soap_l.codes") && e.contains("SOAP's states") && e.contains("optim.kind"), "{e}");
-    let adamw_saved: HashMap<String, Array> = adamw.state_dict().into_iter().collect();
-    let e = soap(states_again.clone(), cfg, 3).load_state_dict(&mut |k| adamw_saved.get(k).cloned()).unwrap_err().to_string();
+    let adamw_saved: HashMap<String, Array> = HostStates { moments: &adamw, precond: None }.state_dict().into_iter().collect();
+    let mut c = soap(states_again.clone(), cfg, 3);
+    let e = load_state_dict(&mut c.moments, Some(&mut c.precond), &mut |k| adamw_saved.get(k).cloned()).unwrap_err().to_string();
     assert!(e.contains("AdamW's states") && e.contains("optim.kind"), "{e}");
     let narrow = SoapConfig { max_precond_dim: 2, ..cfg };
-    let e = soap(states_again, narrow, 3).load_state_dict(&mut |k| saved.get(k).cloned()).unwrap_err().to_string();
+    let mut c = soap(states_again, narrow, 3);
+    let e = load_state_dict(&mut c.moments, Some(&mut c.precond), &mut |k| saved.get(k).cloned()).unwrap_err().to_string();
     assert!(e.contains("w.soap_l.codes") && e.contains("max_precond_dim"), "{e}");
 }
 
@@ -165,7 +170,10 @@ fn preconditioners_are_counted_and_sized() {
     let fp8 = StatesConfig { m_format: "fp8".into(), v_format: "fp8".into(), block_size: 0, ..Default::default() };
     let o = soap(fp8, cfg, 0);
     // m, v: 8 bytes + 2 scales each tensor (4 x 4 B); L: 9 B + 4 B, R: 4 B + 4 B; bases 36 + 16 floats
-    assert_eq!(o.state_bytes(), 2 * (6 + 4) + 2 * (2 + 4) + (9 + 4) + (4 + 4) + 4 * (9 + 4));
+    assert_eq!(
+        HostStates { moments: &o.moments, precond: Some(&o.precond) }.state_bytes(),
+        2 * (6 + 4) + 2 * (2 + 4) + (9 + 4) + (4 + 4) + 4 * (9 + 4)
+    );
 }
 
 /// A reset of v (period 3: before update 4) zeroes v and both preconditioners: with FP32
@@ -179,8 +187,8 @@ fn a_reset_of_v_zeroes_the_preconditioners() {
     run(&mut opt, &p, 1..=4);
     let g = G[3];
     let l: Vec<f32> = (0..9).map(|k| 0.5 * (0..2).map(|c| g[(k / 3) * 2 + c] * g[(k % 3) * 2 + c]).sum::<f32>()).collect();
-    assert_eq!(opt.soap.as_ref().unwrap().tensors[0].l.as_ref().unwrap().decode_all(), l);
-    let m = opt.tensors[0].m.decode_all();
+    assert_eq!(opt.precond.tensors[0].l.as_ref().unwrap().decode_all(), l);
+    let m = opt.moments.tensors[0].m.decode_all();
     let fresh: Vec<f32> = G[3].iter().map(|x| 0.1 * x).collect();
     assert_ne!(m, fresh, "m was not reset");
 }
@@ -191,7 +199,7 @@ fn a_reset_of_v_zeroes_the_preconditioners() {
 fn long_sides_are_not_preconditioned() {
     let cfg = SoapConfig { precondition_frequency: 10, shampoo_beta: 0.95, max_precond_dim: 2, ..Default::default() };
     let mut opt = soap(StatesConfig::default(), cfg, 0);
-    let pc = &opt.soap.as_ref().unwrap().tensors[0];
+    let pc = &opt.precond.tensors[0];
     assert!(pc.l.is_none() && pc.r.is_some());
     let p = params();
     run(&mut opt, &p, 1..=3);
@@ -214,8 +222,8 @@ fn preconditioners_take_their_own_format() {
         let mut opt = soap(states.clone(), cfg, 0);
         let p = params();
         run(&mut opt, &p, 1..=1);
-        let pc = &opt.soap.as_ref().unwrap().tensors[0];
-        assert_eq!(opt.tensors[0].m.format, StateFormat::Fp8E4M3);
+        let pc = &opt.precond.tensors[0];
+        assert_eq!(opt.moments.tensors[0].m.format, StateFormat::Fp8E4M3);
         l.push((pc.l.as_ref().unwrap().format, pc.l.as_ref().unwrap().decode_all()));
         bytes.push(pc.bytes());
     }

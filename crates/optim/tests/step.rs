@@ -1,8 +1,8 @@
 //! The CPU reference step: agreement with textbook AdamW, resets, v monotonicity under
 //! nearest BF16, stall accounting.
 
-use lowbit_optim::adamw::Weights;
-use lowbit_optim::format::bf16;
+use lowbit_optim::rules::adamw::step::Weights;
+use lowbit_optim::states::format::bf16;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StallCounts, StatesConfig};
 use proptest::prelude::*;
 
@@ -10,7 +10,7 @@ const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 
 
 /// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
 fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
-    let plan = o.plan(t, lr, grad_scale).unwrap();
+    let plan = o.moments.plan(t, lr, grad_scale).unwrap();
     o.step_cpu(&plan, i, w, g)
 }
 
@@ -68,15 +68,15 @@ fn reset_zeroes_the_state_and_restarts_bias_correction() {
     let g4 = grads(4, n);
     step_one(&mut o, 4, 1e-3, 1.0, 0, Weights::F32(&mut w), &g4);
     // after the reset at step 4, m = (1 - b1) g and v = (1 - b2) g^2 (rounded to bf16)
-    let m = o.tensors[0].m.decode_all();
-    let v = o.tensors[0].v.decode_all();
+    let m = o.moments.tensors[0].m.decode_all();
+    let v = o.moments.tensors[0].v.decode_all();
     for i in 0..n {
         let want_m = bf16::decode(bf16::encode(0.1f32 * g4[i], lowbit_optim::Rounding::Nearest, 0));
         let want_v = bf16::decode(bf16::encode(0.001f32 * (g4[i] * g4[i]), lowbit_optim::Rounding::Nearest, 0));
         assert_eq!(m[i], want_m, "m[{i}]");
         assert_eq!(v[i], want_v, "v[{i}]");
     }
-    let s = o.plan(4, 1e-3, 1.0).unwrap().tensors[0].scalars;
+    let s = o.moments.plan(4, 1e-3, 1.0).unwrap().tensors[0].scalars;
     assert!(s.reset_m && s.reset_v);
     assert_eq!(s.inv_bias_correction1, 10.0f32);
 }
@@ -112,15 +112,15 @@ fn counters_split_updates_from_unchanged_entries() {
 fn v_only_reset_moves_zero_gradient_elements_by_lr_m_over_eps() {
     let n = 8;
     let mut o = opt("fp32", "fp32", |s| s.v_reset_every = 2.into(), n);
-    assert!(o.spec.resets_v_without_m());
+    assert!(o.moments.spec.resets_v_without_m());
     let mut w = vec![0.0f32; n];
     for t in 1..=2 {
         step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
     }
     let before = w.clone();
-    let m_before = o.tensors[0].m.decode_all();
+    let m_before = o.moments.tensors[0].m.decode_all();
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
-    let s = o.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars;
+    let s = o.moments.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars;
     assert!(s.reset_v && !s.reset_m);
     let c = step_one(&mut o, 3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
     assert_eq!(c.zero_grad, 3);
@@ -163,7 +163,7 @@ fn zero_v_counts_the_updates_of_a_v_rounded_to_zero() {
         let mut w = vec![0.0f32; n];
         let c = step_one(&mut o, 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g1);
         assert_eq!(c.zero_v, 0, "step 1: every element with m != 0 has v != 0");
-        let v = o.tensors[0].v.decode_all();
+        let v = o.moments.tensors[0].v.decode_all();
         assert_eq!(v[1..4].iter().all(|&x| x == 0.0), want == 3, "{v_zero:?}: stored v {v:?}");
         let before = w.clone();
         let c = step_one(&mut o, 2, 1e-3, 1.0, 0, Weights::F32(&mut w), &g2);
@@ -193,11 +193,11 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
     for t in 1..=2 {
         step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &vec![1e-2; n]);
     }
-    let (before, v_before) = (w.clone(), o.tensors[0].v.decode_all());
+    let (before, v_before) = (w.clone(), o.moments.tensors[0].v.decode_all());
     let g: Vec<f32> = (0..n).map(|i| if i < 3 { 0.0 } else { 1e-2 }).collect();
-    assert!(o.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars.keep_idle_v);
+    assert!(o.moments.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars.keep_idle_v);
     assert_eq!(step_one(&mut o, 3, 1e-3, 1.0, 0, Weights::F32(&mut w), &g).zero_v, 0, "no element moved with v = 0");
-    let v = o.tensors[0].v.decode_all();
+    let v = o.moments.tensors[0].v.decode_all();
     for i in 0..n {
         let want = if i < 3 { 0.999 * v_before[i] } else { 0.001 * 1e-4 };
         assert!((v[i] - want).abs() <= 1e-6 * want, "{i}: v {} want {want}", v[i]);
@@ -215,7 +215,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
         },
         n,
     );
-    assert!(!o.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars.keep_idle_v);
+    assert!(!o.moments.plan(3, 1e-3, 1.0).unwrap().tensors[0].scalars.keep_idle_v);
 }
 
 /// The adaptive rule (Alg. 2) inside the optimizer: with v stalled entirely (fraction 1) the
@@ -223,7 +223,7 @@ fn v_only_reset_can_keep_the_v_of_zero_gradient_elements() {
 /// decided before need no measurement.
 #[test]
 fn adaptive_resets_follow_the_observed_stalled_fraction() {
-    use lowbit_optim::reset::ADAPTIVE_LAG;
+    use lowbit_optim::states::reset::ADAPTIVE_LAG;
     use lowbit_optim::ResetRule;
     let n = 16;
     let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
@@ -235,28 +235,28 @@ fn adaptive_resets_follow_the_observed_stalled_fraction() {
         c
     };
     for t in 1..=ADAPTIVE_LAG + 1 {
-        let plan = o.plan(t, 1e-3, 1.0).unwrap();
+        let plan = o.moments.plan(t, 1e-3, 1.0).unwrap();
         assert!(!plan.tensors[0].scalars.reset_v);
         o.step_cpu(&plan, 0, Weights::F32(&mut w), &grads(t, n));
-        o.observe(t, &stalled(n as u64));
+        o.moments.observe(t, &stalled(n as u64));
     }
     let t = ADAPTIVE_LAG + 2;
-    let s = o.plan(t, 1e-3, 1.0).unwrap().tensors[0].scalars;
+    let s = o.moments.plan(t, 1e-3, 1.0).unwrap().tensors[0].scalars;
     assert!(s.reset_m && s.reset_v);
     assert_eq!((s.inv_bias_correction1, s.inv_bias_correction2), (10.0, (1.0 / (1.0 - 0.999f64)) as f32));
     // a missing measurement is an error
     let mut o = opt("bf16", "bf16", |s| s.reset = ResetRule::Adaptive, n);
-    assert!(o.plan(ADAPTIVE_LAG + 2, 1e-3, 1.0).unwrap_err().to_string().contains("not observed"));
+    assert!(o.moments.plan(ADAPTIVE_LAG + 2, 1e-3, 1.0).unwrap_err().to_string().contains("not observed"));
 }
 
 #[test]
 fn state_memory_matches_the_format() {
     let n = 1 << 16;
-    assert_eq!(opt("fp32", "fp32", |_| {}, n).state_bytes(), 8 * n);
-    assert_eq!(opt("bf16", "bf16", |_| {}, n).state_bytes(), 4 * n);
+    assert_eq!(opt("fp32", "fp32", |_| {}, n).moments.state_bytes(), 8 * n);
+    assert_eq!(opt("bf16", "bf16", |_| {}, n).moments.state_bytes(), 4 * n);
     // fp8 m + v: 2 bytes per element + one 4-byte scale per 128-element block each
-    assert_eq!(opt("fp8", "fp8", |_| {}, n).state_bytes(), 2 * n + 2 * 4 * n / 128);
-    assert_eq!(opt("fp4", "fp4", |_| {}, n).state_bytes(), n + 2 * 4 * n / 128);
+    assert_eq!(opt("fp8", "fp8", |_| {}, n).moments.state_bytes(), 2 * n + 2 * 4 * n / 128);
+    assert_eq!(opt("fp4", "fp4", |_| {}, n).moments.state_bytes(), n + 2 * 4 * n / 128);
 }
 
 #[test]
@@ -272,13 +272,13 @@ fn stochastic_rounding_is_deterministic_per_seed_and_step() {
             },
             n,
         );
-        o.seed = seed;
+        o.moments.seed = seed;
         let mut w = vec![0.1f32; n];
         let mut counts = vec![];
         for t in 1..=5 {
             counts.push(step_one(&mut o, t, 1e-3, 1.0, 0, Weights::F32(&mut w), &grads(t, n)));
         }
-        (w, o.tensors[0].m.code_bytes(), o.tensors[0].v.code_bytes(), counts)
+        (w, o.moments.tensors[0].m.code_bytes(), o.moments.tensors[0].v.code_bytes(), counts)
     };
     assert_eq!(run(1), run(1));
     assert_ne!(run(1).1, run(2).1);
@@ -295,12 +295,12 @@ proptest! {
     ) {
         let mut o = opt("bf16", "bf16", |_| {}, 64);
         let mut w = vec![0.0f32; 64];
-        let mut prev = o.tensors[0].v.decode_all();
+        let mut prev = o.moments.tensors[0].v.decode_all();
         for (t, g) in gs.iter().enumerate() {
             // many elements see zero gradients, so v would only decay
             let g: Vec<f32> = g.iter().zip(&zero_mask).map(|(&x, &z)| if z && t > 0 { 0.0 } else { x }).collect();
             step_one(&mut o, t as u64 + 1, 1e-3, 1.0, 0, Weights::F32(&mut w), &g);
-            let v = o.tensors[0].v.decode_all();
+            let v = o.moments.tensors[0].v.decode_all();
             for i in 0..64 {
                 prop_assert!(v[i] >= prev[i], "step {} elem {}: {} < {}", t + 1, i, v[i], prev[i]);
             }
@@ -328,8 +328,8 @@ fn bf16_weights_count_stalls() {
 /// reciprocal every nonzero element would saturate to an end of the map).
 #[test]
 fn int8_blocks_with_subnormal_absmax_keep_their_values() {
-    use lowbit_optim::adamw::{encode_block, Skip};
-    use lowbit_optim::format::{int8, Rounding, StateFormat};
+    use lowbit_optim::rules::adamw::step::{encode_block, Skip};
+    use lowbit_optim::states::format::{int8, Rounding, StateFormat};
     use lowbit_optim::ScaleKind;
     let t = int8::dynamic_map(true);
     for absmax in [1e-39f32, f32::from_bits(3), 1e-30] {
@@ -358,7 +358,7 @@ fn a_device_gate_steps_with_its_factor_or_skips() {
     let g = grads(1, n);
     let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu).unwrap();
     let var = || Var::from_tensor(&tensor(&w0)).unwrap();
-    let states = |o: &LowbitAdamW| (o.tensors[0].m.codes.clone(), o.tensors[0].v.codes.clone());
+    let states = |o: &LowbitAdamW| (o.moments.tensors[0].m.codes.clone(), o.moments.tensors[0].v.codes.clone());
     let (mut host, mut gated) = (opt("fp8e4m3", "fp8e4m3", |_| {}, n), opt("fp8e4m3", "fp8e4m3", |_| {}, n));
     let (wh, wg) = ([var()], [var()]);
     let fresh = states(&gated);

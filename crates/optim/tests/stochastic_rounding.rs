@@ -1,8 +1,8 @@
 //! Stochastic rounding is unbiased for every format (subnormals included) and never moves
 //! values that are already on the grid.
 
-use lowbit_optim::format::{bf16, fp4, fp8, int8, minifloat::MiniFloat, precision, Rounding};
-use lowbit_optim::rng::{element_bits, random_bits, stream_key, StateKind};
+use lowbit_optim::states::format::{bf16, fp4, fp8, int8, minifloat::MiniFloat, precision, Rounding};
+use lowbit_optim::states::rng::{element_bits, random_bits, stream_key, StateKind};
 
 const DRAWS: u64 = 100_000;
 

@@ -5,14 +5,14 @@
 //! within 10x of what FP32 states give on the same gradients (an overestimated v only slows
 //! an element: the floor's cost), nothing NaN/Inf; `v_zero = "keep"` still shows the fault.
 
-use lowbit_optim::adamw::Weights;
+use lowbit_optim::rules::adamw::step::Weights;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StallCounts, StatesConfig, VZero};
 
 const HYPER: Hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
 
 /// Update `t` of tensor `i` alone: the update's plan, then the tensor's CPU step.
 fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: Weights, g: &[f32]) -> StallCounts {
-    let plan = o.plan(t, lr, grad_scale).unwrap();
+    let plan = o.moments.plan(t, lr, grad_scale).unwrap();
     o.step_cpu(&plan, i, w, g)
 }
 const LR: f64 = 1e-3;
@@ -84,7 +84,7 @@ fn tiny_elements_move_no_more_than_with_fp32_states() {
                 assert!((0.5..1.5).contains(&large), "{m}/{v} {rounding:?}: large element {large:.3}x");
             }
             // and v is never 0 in the (non-zero) block
-            assert!(o.tensors[0].v.decode_all().iter().all(|&x| x > 0.0), "{m}/{v} {rounding:?}: v decodes to 0");
+            assert!(o.moments.tensors[0].v.decode_all().iter().all(|&x| x > 0.0), "{m}/{v} {rounding:?}: v decodes to 0");
         }
     }
 }
@@ -129,7 +129,7 @@ fn all_zero_block_stays_zero() {
         let mut o = opt(m, v, Rounding::Stochastic, VZero::Exclude);
         let mut w = vec![0.5f32; BLOCK];
         step_one(&mut o, 1, LR, 1.0, 0, Weights::F32(&mut w), &vec![0.0; BLOCK]);
-        assert!(o.tensors[0].v.decode_all().iter().all(|&x| x == 0.0), "{m}/{v}");
+        assert!(o.moments.tensors[0].v.decode_all().iter().all(|&x| x == 0.0), "{m}/{v}");
         assert!(w.iter().all(|&x| x == 0.5), "{m}/{v}");
     }
 }

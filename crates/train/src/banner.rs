@@ -9,20 +9,21 @@ use crate::model::TrainModel;
 use crate::setting_warnings::passes_planned;
 use lowbit_data::TrainStream;
 use lowbit_model::LlamaConfig;
-use lowbit_optim::{LowbitAdamW, ParamInfo};
+use lowbit_optim::{LowbitOptimizer, ParamInfo};
 
 /// The banner of a run of `cfg` on `world` ranks: model `model` of dims `mcfg`, the optimizer
-/// states `states`, the training stream `stream`, the stall prediction `theory`.
+/// states of `opt`, the training stream `stream`, the stall prediction `theory`.
 pub fn banner(
     cfg: &RunConfig,
     mcfg: &LlamaConfig,
     model: &TrainModel,
-    states: &LowbitAdamW,
+    opt: &LowbitOptimizer,
     stream: &TrainStream,
     theory: &Theory,
     world: usize,
 ) -> String {
-    let (spec, n_params, state_bytes) = (&states.spec, model.params.num_params(), states.state_bytes());
+    let states = opt.states();
+    let (spec, n_params, state_bytes) = (&states.moments.spec, model.params.num_params(), states.state_bytes());
     let mut banner = format!(
         "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens{} | device {}\nstates: {}",
         n_params,
@@ -45,11 +46,11 @@ pub fn banner(
         cfg.train.device,
         spec.describe(),
     );
-    if let Some(soap) = &states.soap {
+    if let LowbitOptimizer::Soap(soap) = opt {
         let c = &soap.config;
         banner += &format!(
             "\noptimizer: SOAP ({}; refresh every {} updates, preconditioner EMA {}, sides up to {} preconditioned; FP32 eigenbases)",
-            match (c.precond_format, soap.precond_storage()) {
+            match (c.precond_format, soap.precond.precond_storage()) {
                 (Some(_), Some(lr)) => format!("m and v in these states, L and R in {lr}"),
                 _ => "m, v, L, R in these states".into(),
             },
@@ -62,7 +63,7 @@ pub fn banner(
     if state_groups.len() > 1 {
         banner += &state_groups.iter().map(|g| format!("\n{}", g.line())).collect::<String>();
     }
-    let infos: Vec<ParamInfo> = states.tensors.iter().map(|t| t.info.clone()).collect();
+    let infos: Vec<ParamInfo> = states.moments.tensors.iter().map(|t| t.info.clone()).collect();
     banner += &format!("\n{}", weight_decay_line(&infos, cfg.optim.weight_decay));
     banner += &format!(
         "\ndata: {} | {} target tokens per pass{}; {} steps make {:.2} passes",

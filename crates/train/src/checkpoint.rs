@@ -1,5 +1,5 @@
 //! Checkpoints: `runs/<name>/checkpoints/step_NNNNNNN/` holding one safetensors file per
-//! [`Stateful`] component (the model's weights, the optimizer's states, the data position's
+//! [`Saves`] component (the model's weights, the optimizer's states, the data position's
 //! pending tokens: `crate::components`), each naming its tensors and restoring itself from them
 //! as torchtitan's `Stateful`; the small files the caller gives (`state.json`: the trainer's
 //! state, `crate::train_state`; `config.json`, `config.toml`, `export_check.json`); and
@@ -29,8 +29,9 @@ pub fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
 }
 
 /// A part of the training state that a checkpoint holds in its own safetensors file: it
-/// names its tensors and restores itself from them (torchtitan's `Stateful`).
-pub trait Stateful {
+/// names its tensors (torchtitan's `Stateful`, its saving half: a borrowed view of states
+/// saves, the owner restores, [`Stateful`]).
+pub trait Saves {
     /// Its file in the checkpoint folder (`model.safetensors`).
     fn file(&self) -> &'static str;
     /// Whether a checkpoint without the file is refused (else the component keeps its state:
@@ -40,6 +41,11 @@ pub trait Stateful {
     }
     /// Its tensors by name (on the CPU).
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>>;
+}
+
+/// A part of the training state that a checkpoint holds ([`Saves`]) and that restores itself
+/// from the tensors of its file.
+pub trait Stateful: Saves {
     /// Restore from the tensors of its file.
     ///
     /// # Errors
@@ -50,7 +56,7 @@ pub trait Stateful {
 /// Save a checkpoint of `state.step` into `run_dir`: one safetensors file per component, the
 /// small files `(name, bytes)` (`config.json`, `state.json`, ...), then the manifest; returns
 /// its folder. Keeps the newest `keep` checkpoints.
-pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful], files: &[(&str, Vec<u8>)]) -> Result<PathBuf> {
+pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Saves], files: &[(&str, Vec<u8>)]) -> Result<PathBuf> {
     let dir = step_dir(run_dir, step);
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
@@ -72,7 +78,7 @@ pub fn save(run_dir: &Path, step: u64, keep: usize, components: &[&dyn Stateful]
 
 /// The checkpoint's files into the folder `tmp`: the small files, one safetensors file per
 /// component, then the manifest.
-fn write_into(tmp: &Path, components: &[&dyn Stateful], files: &[(&str, Vec<u8>)]) -> Result<()> {
+fn write_into(tmp: &Path, components: &[&dyn Saves], files: &[(&str, Vec<u8>)]) -> Result<()> {
     for (name, bytes) in files {
         let p = tmp.join(name);
         std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
@@ -221,7 +227,7 @@ mod tests {
         assert!(e.contains("continue from step 3"), "{e}");
     }
 
-    /// Issue 33 (8b): a checkpoint whose manifest.json is gone is refused (naming it and the
+    /// A checkpoint whose manifest.json is gone is refused (naming it and the
     /// previous verified checkpoint) unless the user says it is unverified.
     #[test]
     fn a_checkpoint_without_its_manifest_is_refused_unless_trusted() {

@@ -1,27 +1,30 @@
 //! The [`Stateful`] components of a checkpoint, each saving and restoring its own tensors: the
 //! model's weights (`model.safetensors`, HF LLaMA names, loads in `transformers`), the
-//! optimizer's states (`optimizer.safetensors`: [`LowbitAdamW::state_dict`], stored codes and
+//! optimizer's states (`optimizer.safetensors`: [`HostStates::state_dict`], stored codes and
 //! block scales as they are, and the adaptive reset rule's state) and the data position's
 //! pending tokens and shuffle buffer (`data.safetensors`).
 
-use crate::checkpoint::Stateful;
+use crate::checkpoint::{Saves, Stateful};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use lowbit_data::DataPosition;
-use lowbit_optim::state_dict::Array;
-use lowbit_optim::LowbitAdamW;
+use lowbit_optim::states::state_dict::Array;
+use lowbit_optim::{HostStates, LowbitOptimizer};
 use std::collections::HashMap;
 
 /// The model's weights (a [`candle_nn::VarMap`], set in place on load).
 pub struct ModelWeights<'a>(pub &'a candle_nn::VarMap);
 
-impl Stateful for ModelWeights<'_> {
+impl Saves for ModelWeights<'_> {
     fn file(&self) -> &'static str {
         "model.safetensors"
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
         Ok(self.0.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect())
     }
+}
+
+impl Stateful for ModelWeights<'_> {
     /// Every variable must be present with its shape; another dtype is converted, with a
     /// warning (the resume is then not bit-exact).
     fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
@@ -40,12 +43,14 @@ impl Stateful for ModelWeights<'_> {
     }
 }
 
-impl Stateful for LowbitAdamW {
+/// The optimizer's states as they are saved: a borrowed view ([`HostStates::state_dict`], the
+/// running optimizer's host copy).
+impl Saves for HostStates<'_> {
     fn file(&self) -> &'static str {
         "optimizer.safetensors"
     }
     fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
-        LowbitAdamW::state_dict(self)
+        HostStates::state_dict(self)
             .into_iter()
             .map(|(k, a)| {
                 let t = match a {
@@ -58,6 +63,20 @@ impl Stateful for LowbitAdamW {
             })
             .collect()
     }
+}
+
+/// The optimizer on the host, before it is handed to the device: saves as its view does,
+/// restores its states ([`LowbitOptimizer::load_state_dict`]).
+impl Saves for LowbitOptimizer {
+    fn file(&self) -> &'static str {
+        self.states().file()
+    }
+    fn state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+        Saves::state_dict(&self.states())
+    }
+}
+
+impl Stateful for LowbitOptimizer {
     fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
         for (k, t) in &tensors {
             if !matches!(t.dtype(), DType::U8 | DType::F32 | DType::I64 | DType::F64) || t.rank() != 1 {
@@ -74,7 +93,7 @@ impl Stateful for LowbitAdamW {
                 _ => None,
             }
         };
-        LowbitAdamW::load_state_dict(self, &mut get)?;
+        LowbitOptimizer::load_state_dict(self, &mut get)?;
         Ok(())
     }
 }
@@ -89,7 +108,7 @@ const BUFFER_VALID: &str = "buffer_valid";
 /// The pending tokens of the data position (`carry`, U32) and its shuffle buffer
 /// (`buffer_tokens`, `buffer_valid`, U32), kept out of `state.json` (a JSON list of them is
 /// tens of MB); checkpoints written before the file existed hold the carry in `state.json`.
-impl Stateful for DataPosition {
+impl Saves for DataPosition {
     fn file(&self) -> &'static str {
         "data.safetensors"
     }
@@ -104,6 +123,9 @@ impl Stateful for DataPosition {
             (BUFFER_VALID.into(), u32s(&self.buffer_valid)?),
         ])
     }
+}
+
+impl Stateful for DataPosition {
     fn load_state_dict(&mut self, tensors: HashMap<String, Tensor>) -> Result<()> {
         let t = tensors.get(CARRY).with_context(|| format!("missing tensor {CARRY}"))?;
         self.carry = t.to_vec1::<u32>().with_context(|| CARRY.to_string())?;

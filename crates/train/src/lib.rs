@@ -14,7 +14,7 @@
 //! ```no_run
 //! use lowbit_train::{config::RunConfig, progress, run, session::Launch};
 //! let config = RunConfig::load("configs/tiny_cpu.toml".as_ref(), &["train.max_steps=10".into()]).unwrap();
-//! let out = run::run(Launch::new(config), &mut progress::Logs).unwrap();
+//! let out = run::train(Launch::new(config), &mut progress::Logs).unwrap();
 //! println!("{}", out.summary.unwrap().render());
 //! ```
 

@@ -53,7 +53,7 @@ pub fn write(dir: &Path) -> Result<()> {
 }
 
 /// Check every file listed in `dir/manifest.json`; an error names the first bad file, or the
-/// missing manifest (a checkpoint without one is not trusted: issue 33 (8b)).
+/// missing manifest (a checkpoint without one is not trusted unless the user says so).
 pub fn verify(dir: &Path) -> Result<()> {
     let p = dir.join(MANIFEST);
     if !dir.is_dir() {

@@ -1,6 +1,6 @@
 //! What a run needs in memory at the least, from its config alone, so that a config that
-//! cannot fit is refused with the numbers before anything is allocated or written (issue 33
-//! (7): `data.seq_len = 1e9` or `model.vocab_size = 1e9` aborted in an allocation, a huge
+//! cannot fit is refused with the numbers before anything is allocated or written (without
+//! it `data.seq_len = 1e9` or `model.vocab_size = 1e9` aborted in an allocation, a huge
 //! `train.micro_batch` hung after the run folder was claimed).
 //!
 //! A lower bound, not a forecast: only what the run surely holds at once is counted, so that a

@@ -1,5 +1,5 @@
-//! The optimizer a run trains with: AdamW's states for the model's parameters as `[optim]`
-//! says ([`states`]), and the optimizer that steps them on the run's device, whole or as this
+//! The optimizer a run trains with: the update rule and its states for the model's parameters
+//! as `[optim]` says ([`states`]), and the optimizer that steps them on the run's device, whole or as this
 //! rank's ZeRO-1 shard ([`for_run`]), with their sizes ([`RunSizes`]).
 
 use crate::config::RunConfig;
@@ -9,7 +9,7 @@ use crate::logs::summary::StateGroup;
 use crate::model::{param_infos, ParamSet};
 use anyhow::Result;
 use candle_core::Device;
-use lowbit_optim::{Hyper, LowbitAdamW, Optimizer, OptimizerKind, SoapStates, StatesPlan};
+use lowbit_optim::{Hyper, LowbitAdamW, LowbitOptimizer, LowbitSoap, Moments, Optimizer, OptimizerKind, StatesPlan};
 use std::sync::Arc;
 
 /// Fresh optimizer states for `params`: each tensor's as `plan` gives them, `[optim]`'s
@@ -20,18 +20,20 @@ use std::sync::Arc;
 /// # Errors
 /// A parameter outside the LLaMA layout ([`param_infos`]), or a group of `plan` the model does
 /// not have.
-pub fn states(cfg: &RunConfig, plan: StatesPlan, params: &ParamSet) -> Result<LowbitAdamW> {
+pub fn states(cfg: &RunConfig, plan: StatesPlan, params: &ParamSet) -> Result<LowbitOptimizer> {
     let infos = param_infos(params)?;
     plan.check_groups(infos.iter().map(|i| i.group.as_str())).map_err(anyhow::Error::msg)?;
     let o = &cfg.optim;
     let hyper = Hyper { beta1: o.beta1, beta2: o.beta2, eps: o.eps, weight_decay: o.weight_decay };
-    let mut opt = LowbitAdamW::new(hyper, plan, cfg.train.seed, infos);
-    opt.skip_after = o.warmup_steps.min(cfg.train.max_steps.saturating_sub(1));
-    if o.kind == OptimizerKind::Soap {
-        let dims: Vec<Vec<usize>> = params.vars.iter().map(|v| v.dims().to_vec()).collect();
-        opt.soap = Some(SoapStates::new(o.soap, &opt, &dims));
-    }
-    Ok(opt)
+    let mut moments = Moments::new(hyper, plan, cfg.train.seed, infos);
+    moments.skip_after = o.warmup_steps.min(cfg.train.max_steps.saturating_sub(1));
+    Ok(match o.kind {
+        OptimizerKind::Adamw => LowbitOptimizer::AdamW(LowbitAdamW::from_moments(moments)),
+        OptimizerKind::Soap => {
+            let dims: Vec<Vec<usize>> = params.vars.iter().map(|v| v.dims().to_vec()).collect();
+            LowbitOptimizer::Soap(LowbitSoap::new(moments, o.soap, &dims))
+        }
+    })
 }
 
 /// The sizes of a run's model and optimizer states (for its summary).
@@ -54,14 +56,14 @@ pub struct RunSizes {
 /// # Errors
 /// The device's optimizer refusing the states ([`lowbit_optim::for_device`], [`Zero1::new`]).
 pub fn for_run(
-    host: LowbitAdamW,
+    host: LowbitOptimizer,
     n_params: usize,
     cfg: &RunConfig,
     comm: &Arc<dyn Collective>,
     dev: &Device,
 ) -> Result<(Box<dyn Optimizer>, RunSizes)> {
-    let state_bytes = host.state_bytes();
-    let mut sizes = RunSizes { n_params, state_bytes, rank_state_bytes: state_bytes, state_groups: StateGroup::of(&host) };
+    let state_bytes = host.states().state_bytes();
+    let mut sizes = RunSizes { n_params, state_bytes, rank_state_bytes: state_bytes, state_groups: StateGroup::of(host.states()) };
     if cfg.train.zero == 0 {
         return Ok((lowbit_optim::for_device(host, dev)?, sizes));
     }

@@ -9,7 +9,7 @@ use crate::components::ModelWeights;
 use crate::config::RunConfig;
 use crate::train_state::{load_state, records_data_order, TrainState};
 use anyhow::{bail, Result};
-use lowbit_optim::{LowbitAdamW, ScaleChoice, ScaleKind, StateFormat, VZero};
+use lowbit_optim::{LowbitOptimizer, ScaleChoice, ScaleKind, StateFormat, VZero};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -51,14 +51,14 @@ impl Resume {
         now: TrainState,
         cfg: &RunConfig,
         weights: &candle_nn::VarMap,
-        opt: &mut LowbitAdamW,
+        opt: &mut LowbitOptimizer,
         leader: bool,
     ) -> Result<TrainState> {
         let (dir, saved) = (self.dir, self.saved);
         check_compatible(&dir, &saved, &now)?;
         if saved.adaptive_reset.is_some() {
             // written before the optimizer saved the rule's state itself: state.json has it
-            opt.adaptive = saved.adaptive_reset.clone();
+            opt.moments_mut().adaptive = saved.adaptive_reset.clone();
         }
         checkpoint::load(&dir, &mut [&mut ModelWeights(weights), opt])?;
         if saved.global_batch != 0 && saved.global_batch != now.global_batch && leader {
@@ -175,6 +175,31 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
             now.reset_rule().as_str()
         );
     }
+    check_tensor_states(&file, saved, now)?;
+    // (v_zero: a checkpoint without it was written as "keep")
+    let (saved_v_zero, v_zero) = (saved.v_zero.unwrap_or(VZero::Keep), now.v_zero.unwrap_or(VZero::Keep));
+    if (saved.m_format, saved.v_format, saved.block_size, saved_v_zero) != (now.m_format, now.v_format, now.block_size, v_zero) {
+        bail!(
+            "{}: checkpoint states are m={} v={} block {} v_zero {}, the config asks for m={} v={} block {} \
+             v_zero {} (optim.states.m_format / v_format / block_size / v_zero must match to resume)",
+            file.display(),
+            saved.m_format.name(),
+            saved.v_format.name(),
+            saved.block_size,
+            saved_v_zero.as_str(),
+            now.m_format.name(),
+            now.v_format.name(),
+            now.block_size,
+            v_zero.as_str()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a checkpoint `saved` (its `state.json` is `file`) whose per-tensor states
+/// (`optim.states.groups.*`, `min_quantized_numel`) or SOAP preconditioner storage differ from
+/// the run `now`'s.
+fn check_tensor_states(file: &Path, saved: &TrainState, now: &TrainState) -> Result<()> {
     if saved.tensor_states != now.tensor_states {
         let names: BTreeSet<&String> = saved.tensor_states.keys().chain(now.tensor_states.keys()).collect();
         let first = names.into_iter().find(|n| saved.tensor_states.get(*n) != now.tensor_states.get(*n)).expect("the maps differ");
@@ -196,23 +221,6 @@ fn check_compatible(dir: &Path, saved: &TrainState, now: &TrainState) -> Result<
                 file.display()
             );
         }
-    }
-    // (v_zero: a checkpoint without it was written as "keep")
-    let (saved_v_zero, v_zero) = (saved.v_zero.unwrap_or(VZero::Keep), now.v_zero.unwrap_or(VZero::Keep));
-    if (saved.m_format, saved.v_format, saved.block_size, saved_v_zero) != (now.m_format, now.v_format, now.block_size, v_zero) {
-        bail!(
-            "{}: checkpoint states are m={} v={} block {} v_zero {}, the config asks for m={} v={} block {} \
-             v_zero {} (optim.states.m_format / v_format / block_size / v_zero must match to resume)",
-            file.display(),
-            saved.m_format.name(),
-            saved.v_format.name(),
-            saved.block_size,
-            saved_v_zero.as_str(),
-            now.m_format.name(),
-            now.v_format.name(),
-            now.block_size,
-            v_zero.as_str()
-        );
     }
     Ok(())
 }

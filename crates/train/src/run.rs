@@ -27,7 +27,7 @@ pub struct RunReport {
 }
 
 /// Run (or resume) training as configured, reporting to `progress` on rank 0.
-pub fn run(launch: Launch, progress: &mut dyn Progress) -> Result<RunReport> {
+pub fn train(launch: Launch, progress: &mut dyn Progress) -> Result<RunReport> {
     if let Some(step) = already_finished(&launch)? {
         let run_dir = launch.config.run_dir();
         return Ok(RunReport { run_dir, summary: None, stopped_early: false, already_finished: Some(step) });

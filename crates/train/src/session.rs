@@ -1,10 +1,10 @@
 //! A run between its steps: [`Session::open`] builds its parts as torchtitan's trainer does,
 //! one builder each in the module that owns the part (device, model, optimizer, resume, data,
 //! logs and run folder); then [`Session::validate`] and [`Session::checkpoint`] are, with the
-//! step ([`crate::step`]), the units that [`crate::run::run`]'s loop calls.
+//! step ([`crate::step`]), the units that [`crate::run::train`]'s loop calls.
 
 use crate::banner::banner;
-use crate::checkpoint::{self, Stateful};
+use crate::checkpoint::{self, Saves};
 use crate::components::ModelWeights;
 use crate::config::RunConfig;
 use crate::distributed;
@@ -133,15 +133,15 @@ impl Session {
         MemoryFloor::of(&cfg, &mcfg, &plan, world).check_every_rank(crate::device::available_memory(&dev), launch.comm.as_ref())?;
         let model = TrainModel::build(&cfg, &mcfg, &tok, &dev)?;
         let mut host = optimizer::states(&cfg, plan, &model.params)?;
-        let mut state = TrainState::at_start(&host, world, cfg.train.micro_batch.saturating_mul(cfg.train.grad_accum));
+        let mut state = TrainState::at_start(host.states(), world, cfg.train.micro_batch.saturating_mul(cfg.train.grad_accum));
         if let Some(r) = resume {
             state = r.restore(state, &cfg, &model.varmap, &mut host, leader)?;
         }
         let (val, stream) = data::open(&cfg, &tok, &state.data)?;
-        let theory = Theory::for_spec(&host.spec, cfg.optim.beta2);
+        let theory = Theory::for_spec(&host.moments().spec, cfg.optim.beta2);
         let banner = banner(&cfg, &mcfg, &model, &host, &stream, &theory, world);
-        let warnings = if leader { setting_warnings::for_run(&cfg, &host, stream.pass_size()) } else { Vec::new() };
-        let stall_log = StallWriter::new(&host, theory, cfg.run.stall_detail_every);
+        let warnings = if leader { setting_warnings::for_run(&cfg, host.moments(), stream.pass_size()) } else { Vec::new() };
+        let stall_log = StallWriter::new(host.moments(), theory, cfg.run.stall_detail_every);
         let (opt, sizes) = optimizer::for_run(host, model.params.num_params(), &cfg, &comm, &dev)?;
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder (rank 0 alone writes it): a start that fails leaves the folder as it was.
@@ -229,7 +229,7 @@ impl Session {
             ("config.toml", self.config_toml.clone().into_bytes()),
             (EXPORT_CHECK, serde_json::to_vec(&check)?),
         ];
-        let components: [&dyn Stateful; 3] = [&ModelWeights(&self.model.varmap), states, &state.data];
+        let components: [&dyn Saves; 3] = [&ModelWeights(&self.model.varmap), &states, &state.data];
         let dir = checkpoint::save(&self.run_dir, state.step, self.cfg.train.keep_checkpoints, &components, &files)?;
         tracing::info!("checkpoint {}", dir.display());
         self.last_checkpoint = Some(dir.clone());

@@ -1,14 +1,14 @@
 //! Settings that run, but not as a user may expect: each is said once at start, naming the key
-//! and why. The rule (issue 53): a setting that cannot affect the run is refused (where the
+//! and why. The rule: a setting that cannot affect the run is refused (where the
 //! config check can tell: `lowbit_optim::StatesConfig::resolve`) or warned about here.
 
 use crate::config::{RunConfig, WeightDtype};
 use lowbit_data::PassSize;
-use lowbit_optim::{BiasCorrection, LowbitAdamW, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
+use lowbit_optim::{BiasCorrection, Moments, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
 
 /// Every [`setting_warnings`] and the [`passes_warning`] of a run of `cfg` with the optimizer
 /// states `states` over a training text of `pass`.
-pub fn for_run(cfg: &RunConfig, states: &LowbitAdamW, pass: PassSize) -> Vec<String> {
+pub fn for_run(cfg: &RunConfig, states: &Moments, pass: PassSize) -> Vec<String> {
     let largest = states.tensors.iter().map(|t| t.info.len).max().unwrap_or(0);
     let passes = passes_planned(cfg, pass);
     let per_group: Vec<_> = states.tensors.iter().map(|t| (t.info.group.as_str(), &t.spec)).collect();
@@ -118,7 +118,7 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
         w.push(format!(
             "optim.states.reset = \"adaptive\" with v_format = \"fp32\": the rule resets when v's measured stalled \
              fraction says so, and FP32 v hardly ever stalls (theory {:.1e}): expect no reset",
-            lowbit_optim::theory::p_stall(23, cfg.optim.beta2, spec.v_rounding)
+            lowbit_optim::states::theory::p_stall(23, cfg.optim.beta2, spec.v_rounding)
         ));
     }
     if spec.v_reset_idle == VResetIdle::Keep && !spec.resets_v_without_m() {

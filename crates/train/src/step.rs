@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use lowbit_data::{Batch, DataPosition, TrainStream};
 use lowbit_model::{GradSum, Llama};
-use lowbit_optim::clip::{clip_factor, norm_of};
+use lowbit_optim::rules::clip::{clip_factor, norm_of};
 use lowbit_optim::{GradScale, Optimizer};
 use std::time::Instant;
 
@@ -260,7 +260,7 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
 /// `ctx.params` from `grads` with the summed loss `loss_sum` (this rank's); returns the
 /// step's (loss, norm, updated). It waits for the device once, after the update is queued:
 /// on one CUDA device the clip is decided by the device
-/// ([`lowbit_optim::grad_norm::clip_on_device`]) and the update reads it there, then the loss
+/// ([`lowbit_optim::cuda::grad_norm::clip_on_device`]) and the update reads it there, then the loss
 /// and the norm are read; elsewhere (the CPU; several ranks, where the all-reduce reads the
 /// loss) the clip is decided on the host before the update, then the device is synchronised.
 /// Both decide by the same rule; the report's `updated` is what the update did (on the
@@ -269,7 +269,7 @@ fn clip_and_update(ctx: &mut StepContext, update: u64, lr: f64, mut grads: Vec<T
     let max_norm = ctx.grad_clip as f32;
     #[cfg(feature = "cuda")]
     if ctx.comm.world_size() == 1 && ctx.device.is_cuda() {
-        let clip = lowbit_optim::grad_norm::clip_on_device(&grads, loss_sum, max_norm)?;
+        let clip = lowbit_optim::cuda::grad_norm::clip_on_device(&grads, loss_sum, max_norm)?;
         ctx.opt.step(update, lr, clip.scale(), &ctx.params.vars, &grads)?;
         drop(grads);
         prefetch_next_step(ctx);
@@ -337,12 +337,12 @@ fn all_reduce(comm: &dyn Collective, grads: &mut [Tensor], loss: &Tensor) -> Res
 /// whole tensor in one thread block. A norm beyond `f32::MAX` is returned as `inf`.
 ///
 /// On a CUDA device (the `cuda` feature) the sum is one fused pass in FP64
-/// (`lowbit_optim::grad_norm::sum_of_squares`, `cuda` feature: squares of F32 and BF16 gradients, a fixed
+/// (`lowbit_optim::cuda::grad_norm::sum_of_squares`, `cuda` feature: squares of F32 and BF16 gradients, a fixed
 /// summation order).
 pub fn global_norm(grads: &[Tensor]) -> Result<f32> {
     #[cfg(feature = "cuda")]
     if grads.first().is_some_and(|g| g.device().is_cuda()) {
-        return Ok(norm_of(lowbit_optim::grad_norm::sum_of_squares(grads)?));
+        return Ok(norm_of(lowbit_optim::cuda::grad_norm::sum_of_squares(grads)?));
     }
     let sq = sum_of_squares(grads, DType::F32)?;
     if sq.is_nan() || (sq.is_finite() && sq >= 1e-20) {

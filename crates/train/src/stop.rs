@@ -1,4 +1,4 @@
-//! How a run ends early: the stops the loop ([`crate::run::run`]) checks after each step (too
+//! How a run ends early: the stops the loop ([`crate::run::train`]) checks after each step (too
 //! many non-finite steps in a row, an interrupt) and at its end (a non-finite last step or
 //! validation loss), each with its status and the message that says how to go on; an
 //! interrupt before the first step; a resumed run that had already finished; and the run's

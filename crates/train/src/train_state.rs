@@ -8,7 +8,7 @@
 use crate::checkpoint::load;
 use anyhow::{bail, Context, Result};
 use lowbit_data::DataPosition;
-use lowbit_optim::{LowbitAdamW, ResetRule, ScaleKind, StateFormat, VZero};
+use lowbit_optim::{HostStates, ResetRule, ScaleKind, StateFormat, VZero};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -53,10 +53,10 @@ pub struct TrainState {
     /// The adaptive reset rule's state in checkpoints written before the optimizer saved it
     /// itself (`optimizer.safetensors`, `adaptive_reset.*`); read, never written.
     #[serde(default, skip_serializing)]
-    pub adaptive_reset: Option<lowbit_optim::reset::AdaptiveReset>,
+    pub adaptive_reset: Option<lowbit_optim::states::reset::AdaptiveReset>,
     /// Model parameter names and element counts, to refuse a checkpoint of another model.
     pub params: Vec<(String, usize)>,
-    /// Random-bit scheme of the run (`lowbit_optim::rng::SCHEME`; empty in checkpoints
+    /// Random-bit scheme of the run (`lowbit_optim::states::rng::SCHEME`; empty in checkpoints
     /// written before it was recorded).
     #[serde(default)]
     pub rng: String,
@@ -90,8 +90,8 @@ impl TrainState {
     /// The state of a run at its start: step 0, with what the optimizer's states `opt` are
     /// made of (its `[optim.states]`, each tensor's name and size, the tensors with states of
     /// their own), `ranks` data-parallel ranks and a global batch of `global_batch` sequences.
-    pub fn at_start(opt: &LowbitAdamW, ranks: usize, global_batch: usize) -> TrainState {
-        let spec = opt.spec;
+    pub fn at_start(opt: HostStates<'_>, ranks: usize, global_batch: usize) -> TrainState {
+        let spec = opt.moments.spec;
         // (a scale kind is recorded for fp8/fp4 states only)
         let scale = |format: StateFormat, kind| format.minifloat().is_some().then_some(kind);
         TrainState {
@@ -108,12 +108,18 @@ impl TrainState {
             v_scale: scale(spec.v_format, spec.v_scale),
             reset: Some(spec.reset),
             adaptive_reset: None,
-            params: opt.tensors.iter().map(|t| (t.info.name.clone(), t.info.len)).collect(),
-            rng: lowbit_optim::rng::SCHEME.into(),
+            params: opt.moments.tensors.iter().map(|t| (t.info.name.clone(), t.info.len)).collect(),
+            rng: lowbit_optim::states::rng::SCHEME.into(),
             ranks: ranks as u64,
             global_batch: global_batch as u64,
-            tensor_states: opt.tensors.iter().filter(|t| t.spec != spec).map(|t| (t.info.name.clone(), t.spec.describe())).collect(),
-            precond: opt.soap.as_ref().and_then(|s| s.precond_storage()),
+            tensor_states: opt
+                .moments
+                .tensors
+                .iter()
+                .filter(|t| t.spec != spec)
+                .map(|t| (t.info.name.clone(), t.spec.describe()))
+                .collect(),
+            precond: opt.precond.and_then(|s| s.precond_storage()),
         }
     }
 
@@ -249,7 +255,7 @@ mod tests {
             reset: Some(ResetRule::Periodic),
             adaptive_reset: None,
             params: vec![("w".into(), 3)],
-            rng: lowbit_optim::rng::SCHEME.into(),
+            rng: lowbit_optim::states::rng::SCHEME.into(),
             ranks: 2,
             global_batch: 16,
             tensor_states: Default::default(),

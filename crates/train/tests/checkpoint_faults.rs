@@ -1,4 +1,4 @@
-//! Issue #6: checkpoints, exact resume, non-finite steps and bad input.
+//! Checkpoints, exact resume, non-finite steps and bad input.
 //!
 //! Tiny model (hidden 32, 1 layer) on the bundled C4 sample, a few steps per run, so the
 //! whole file runs in about two minutes on 2 CPU cores.
@@ -39,7 +39,7 @@ fn launch(config: RunConfig, resume_from: Option<PathBuf>, stop_after: Option<u6
         Some(ck) => Launch::resume(config, ck),
         None => Launch::new(config),
     };
-    run::run(Launch { stop_after, ..start }, &mut Logs)
+    run::train(Launch { stop_after, ..start }, &mut Logs)
 }
 
 fn rows(path: &Path) -> Vec<Value> {
@@ -217,7 +217,7 @@ fn move_rule_state_to_state_json(ck: &Path) {
     let mut take = |k: &str| opt.remove(&format!("adaptive_reset.{k}")).unwrap();
     let (counters, acc) = (take("counters").to_vec1::<i64>().unwrap(), take("acc").to_vec1::<f64>().unwrap());
     let (updates, fractions) = (take("pending_updates").to_vec1::<i64>().unwrap(), take("pending_fractions").to_vec1::<f64>().unwrap());
-    let rule = lowbit_optim::reset::AdaptiveReset {
+    let rule = lowbit_optim::states::reset::AdaptiveReset {
         cycle_start: counters[0] as u64,
         acc: acc[0],
         next: counters[1] as u64,
@@ -398,7 +398,7 @@ fn exported_config_json_has_the_tokenizers_special_ids() {
     }
 }
 
-/// Issue 33 (10): an interrupt that arrives before the first step (during start-up or the
+/// An interrupt that arrives before the first step (during start-up or the
 /// step-0 validation) acts then: a new run leaves nothing behind, a resumed one stays at its
 /// checkpoint with an "interrupted" summary; the run then continues to the end.
 #[test]
@@ -406,12 +406,12 @@ fn an_interrupt_before_the_first_step_writes_no_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), "ctrlc", &[]);
     let interrupted = || Arc::new(AtomicBool::new(true));
-    let out = run::run(Launch { interrupt: interrupted(), ..Launch::new(cfg.clone()) }, &mut Logs).unwrap();
+    let out = run::train(Launch { interrupt: interrupted(), ..Launch::new(cfg.clone()) }, &mut Logs).unwrap();
     assert!(out.stopped_early && out.summary.is_none());
     assert!(!out.run_dir.exists(), "a new run stopped before its first step left its folder");
     let first = launch(cfg.clone(), None, Some(3)).unwrap();
     let ck = checkpoint::latest(&first.run_dir).unwrap();
-    let out = run::run(Launch { interrupt: interrupted(), ..Launch::resume(cfg.clone(), ck.clone()) }, &mut Logs).unwrap();
+    let out = run::train(Launch { interrupt: interrupted(), ..Launch::resume(cfg.clone(), ck.clone()) }, &mut Logs).unwrap();
     let summary = out.summary.unwrap();
     assert!(out.stopped_early && summary.status == RunStatus::Interrupted && summary.steps == 3);
     assert_eq!(checkpoint::latest(&out.run_dir).unwrap(), ck, "no checkpoint was written");
@@ -446,7 +446,7 @@ fn non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint() {
     assert!(err.contains(&ck.display().to_string()), "{err}");
     let st = lowbit_train::train_state::load_state(&ck).unwrap();
     assert_eq!((st.step, st.nonfinite_in_row), (last, 3));
-    // the optimizer counts applied updates only (issue 17, item 8)
+    // the optimizer counts applied updates only (a skipped step is no update)
     assert_eq!(st.updates, last - 3);
     // skipped steps leave the stall counters empty
     let stalls = rows(&run_dir.join("stalls.jsonl"));
@@ -551,7 +551,7 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
         RunConfig::load(&d.join("ok.toml"), &sets(&["train.grad_accum=0"])),
         &["--set train.grad_accum=0", "train.grad_accum: must be > 0"],
     );
-    // issue 33 (11): a float that is 0 in the optimizer's FP32 is refused, naming the key
+    // a float that is 0 in the optimizer's FP32 is refused, naming the key
     for (set, key) in [("optim.eps=1e-60", "optim.eps"), ("optim.lr=1e-50", "optim.lr")] {
         one_line_error(RunConfig::load(&d.join("ok.toml"), &sets(&[set])), &[key, "below FP32's smallest normal number"]);
     }
@@ -623,7 +623,7 @@ fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
     one_line_error(run("tok_missing", &[&format!("data.tokenizer=\"{tok}\"")]), &["missing-tokenizer.json", "not found"]);
     let bad_tok = shard(d, "bad-tokenizer.json", b"{\"not\": \"a tokenizer\"}");
     one_line_error(run("tok_bad", &[&format!("data.tokenizer=\"{bad_tok}\"")]), &["bad-tokenizer.json", "cannot load tokenizer.json"]);
-    // a tokenizer file cut in the middle (issue 53)
+    // a tokenizer file cut in the middle
     let t5 = read(&root().join("data/tokenizers/t5-tokenizer.json"));
     let cut_tok = shard(d, "cut-tokenizer.json", &t5[..t5.len() / 2]);
     one_line_error(

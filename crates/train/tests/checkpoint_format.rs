@@ -6,9 +6,9 @@
 
 use candle_core::{Device, Tensor, Var};
 use lowbit_data::DataPosition;
-use lowbit_optim::adamw::Weights;
-use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, Rounding, ScaleKind, StatesConfig};
-use lowbit_train::checkpoint::{self, Stateful};
+use lowbit_optim::rules::adamw::step::Weights;
+use lowbit_optim::{Hyper, LowbitAdamW, LowbitOptimizer, ParamInfo, Rounding, ScaleKind, StatesConfig};
+use lowbit_train::checkpoint::{self, Saves};
 use lowbit_train::components::ModelWeights;
 use lowbit_train::train_state::{load_state, TrainState};
 use std::path::{Path, PathBuf};
@@ -41,7 +41,7 @@ fn fixture() -> (candle_nn::VarMap, LowbitAdamW, TrainState) {
 
 /// The fixture's update `step` of `weights` (one per tensor) with its deterministic gradients.
 fn cpu_step(opt: &mut LowbitAdamW, weights: &mut [Vec<f32>], step: u64) {
-    let plan = opt.plan(step, 1e-3, 1.0).unwrap();
+    let plan = opt.moments.plan(step, 1e-3, 1.0).unwrap();
     for (idx, w) in weights.iter_mut().enumerate() {
         let g: Vec<f32> = (0..w.len()).map(|k| (((k as u64 * 7919 + step * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1e-2).collect();
         opt.step_cpu(&plan, idx, Weights::F32(w), &g);
@@ -96,7 +96,7 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
         reset: None, // (not recorded by 3ef565f: periodic)
         adaptive_reset: None,
         params: infos.iter().map(|i| (i.name.clone(), i.len)).collect(),
-        rng: lowbit_optim::rng::SCHEME.into(),
+        rng: lowbit_optim::states::rng::SCHEME.into(),
         ranks: 1,
         global_batch: 2,
         tensor_states: Default::default(),
@@ -105,20 +105,29 @@ fn fixture_with_steps(steps: u64) -> (candle_nn::VarMap, LowbitAdamW, TrainState
     (varmap, opt, state)
 }
 
+/// The checkpoint `dir` loaded into `vm` and `opt` (the optimizer as the trainer restores it,
+/// [`LowbitOptimizer`]).
+fn loaded(dir: &std::path::Path, vm: &candle_nn::VarMap, opt: LowbitAdamW) -> LowbitAdamW {
+    let mut host = LowbitOptimizer::AdamW(opt);
+    checkpoint::load(dir, &mut [&mut ModelWeights(vm), &mut host]).unwrap();
+    let LowbitOptimizer::AdamW(opt) = host else { unreachable!("AdamW stays AdamW") };
+    opt
+}
+
 #[test]
 fn a_checkpoint_from_an_older_lowbit_resumes_exactly() {
     let dir = committed();
     lowbit_train::manifest::verify(&dir).unwrap();
     let (want_vm, want_opt, want_state) = fixture();
     assert_eq!(load_state(&dir).unwrap(), want_state, "state.json and the data carry");
-    let (vm, mut opt) = blank();
+    let (vm, opt) = blank();
     assert_ne!(weights(&vm), weights(&want_vm));
-    checkpoint::load(&dir, &mut [&mut ModelWeights(&vm), &mut opt]).unwrap();
+    let mut opt = loaded(&dir, &vm, opt);
     assert_eq!(weights(&vm), weights(&want_vm), "weights");
-    for (got, want) in opt.tensors.iter().zip(&want_opt.tensors) {
+    for (got, want) in opt.moments.tensors.iter().zip(&want_opt.moments.tensors) {
         assert_eq!((&got.m, &got.v), (&want.m, &want.v), "{}: stored states", want.info.name);
     }
-    assert!(want_opt.tensors[0].v.scales.iter().any(|&s| s > 0.0), "the fixture's states are not empty");
+    assert!(want_opt.moments.tensors[0].v.scales.iter().any(|&s| s > 0.0), "the fixture's states are not empty");
     // and training goes on from it: step 4 from the loaded states is step 4 of a run that
     // never stopped (weights and stored states, bit for bit)
     let mut w: Vec<Vec<f32>> = weights(&vm).into_iter().map(|(_, w)| w).collect();
@@ -126,7 +135,7 @@ fn a_checkpoint_from_an_older_lowbit_resumes_exactly() {
     let (straight_vm, straight_opt, _) = fixture_with_steps(4);
     let straight: Vec<Vec<f32>> = weights(&straight_vm).into_iter().map(|(_, w)| w).collect();
     assert_eq!(w, straight, "weights after a step from the loaded checkpoint");
-    for (got, want) in opt.tensors.iter().zip(&straight_opt.tensors) {
+    for (got, want) in opt.moments.tensors.iter().zip(&straight_opt.moments.tensors) {
         assert_eq!((&got.m, &got.v), (&want.m, &want.v), "{}: states after a step from the loaded checkpoint", want.info.name);
     }
 }
@@ -138,13 +147,14 @@ fn checkpoints_round_trip_and_name_what_does_not_fit() {
     let (vm, opt, state) = fixture();
     let tmp = tempfile::tempdir().unwrap();
     let files = [("state.json", state.to_json().unwrap()), ("config.toml", b"# test\n".to_vec())];
-    let components: [&dyn Stateful; 3] = [&ModelWeights(&vm), &opt, &state.data];
+    let opt = LowbitOptimizer::AdamW(opt);
+    let components: [&dyn Saves; 3] = [&ModelWeights(&vm), &opt, &state.data];
     let dir = checkpoint::save(tmp.path(), state.step, 1, &components, &files).unwrap();
     assert_eq!(load_state(&dir).unwrap(), state);
-    let (vm2, mut opt2) = blank();
-    checkpoint::load(&dir, &mut [&mut ModelWeights(&vm2), &mut opt2]).unwrap();
+    let (vm2, opt2) = blank();
+    let opt2 = loaded(&dir, &vm2, opt2);
     assert_eq!(weights(&vm2), weights(&vm));
-    assert_eq!(opt2.tensors[0].m, opt.tensors[0].m);
+    assert_eq!(opt2.moments.tensors[0].m, opt.moments().tensors[0].m);
     // another model: a tensor the checkpoint lacks
     let other = candle_nn::VarMap::new();
     other.data().lock().unwrap().insert("lm_head.weight".into(), Var::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());

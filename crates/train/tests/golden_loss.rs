@@ -25,7 +25,7 @@ use lowbit_train::config::RunConfig;
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use lowbit_train::logs::stalls::StallRow;
 use lowbit_train::progress::Logs;
-use lowbit_train::run::run;
+use lowbit_train::run::train;
 use lowbit_train::session::Launch;
 use std::path::{Path, PathBuf};
 
@@ -153,7 +153,7 @@ const RECORDED_ON: &str = "# recorded on: ";
 #[test]
 fn tiny_cpu_matches_its_golden_curve() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = run(Launch::new(config(tmp.path())), &mut Logs).unwrap();
+    let out = train(Launch::new(config(tmp.path())), &mut Logs).unwrap();
     let got = curve(&out.run_dir);
     assert_eq!(got.lines().count(), 15, "a header, 12 steps, the initial and the final validation: {got}");
     let kind = machine_kind();

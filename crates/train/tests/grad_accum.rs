@@ -5,7 +5,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use lowbit_data::{load_tokenizer, DataConfig, DataPosition, SeqMode, TrainStream};
 use lowbit_model::{init_params, Llama, LlamaConfig};
-use lowbit_optim::{GradScale, LowbitAdamW, OptimError, Optimizer, StallCounts};
+use lowbit_optim::{GradScale, HostStates, OptimError, Optimizer, StallCounts};
 use lowbit_train::model::ParamSet;
 use lowbit_train::step::{train_step, StepContext, StepReport};
 
@@ -33,7 +33,7 @@ impl Optimizer for Recorder {
 
     fn observe(&mut self, _step: u64, _total: &StallCounts) {}
 
-    fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
+    fn states(&mut self) -> Result<HostStates<'_>, OptimError> {
         Err(OptimError::State("the recorder keeps no states".into()))
     }
 }

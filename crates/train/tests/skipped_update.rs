@@ -1,11 +1,11 @@
-//! Issue 17, item 8: what a skipped (non-finite) step means for resets and bias correction.
+//! What a skipped (non-finite) step means for resets and bias correction.
 //!
 //! The trainer gives the optimizer the number of *applied* updates as its step (`step.rs`,
 //! `train_step`): a skipped step does not exist for the optimizer, so a reset due at it
 //! happens at the next applied update and the bias-correction count restarts there too.
 //! The issue's case: FP32 states, resets every 10, constant gradient 1, step 11 skipped.
 
-use lowbit_optim::adamw::Weights;
+use lowbit_optim::rules::adamw::step::Weights;
 use lowbit_optim::{Hyper, LowbitAdamW, ParamInfo, StatesConfig};
 
 /// Applies updates `1..=updates` to a one-element weight with gradient 1 and lr 1; returns
@@ -21,11 +21,11 @@ fn run(steps: &[u64]) -> (f32, f32) {
     let mut last = 0.0;
     for &s in steps {
         let before = w[0];
-        let plan = opt.plan(s, 1.0, 1.0).unwrap();
+        let plan = opt.moments.plan(s, 1.0, 1.0).unwrap();
         opt.step_cpu(&plan, 0, Weights::F32(&mut w), &[1.0]);
         last = before - w[0];
     }
-    (last, opt.tensors[0].m.decode_all()[0])
+    (last, opt.moments.tensors[0].m.decode_all()[0])
 }
 
 #[test]

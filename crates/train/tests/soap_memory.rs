@@ -38,9 +38,9 @@ fn measured(preset: &str, format: &str) -> (usize, usize, usize) {
         let plan = StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
         let opt = states(cfg, plan, &params).unwrap();
         // the banner's and summary.json's per-group bytes add up to the same total
-        let groups: usize = lowbit_train::logs::summary::StateGroup::of(&opt).iter().map(|g| g.state_bytes).sum();
-        assert_eq!(groups, opt.state_bytes(), "{preset} {format}: state_groups");
-        opt.state_bytes()
+        let groups: usize = lowbit_train::logs::summary::StateGroup::of(opt.states()).iter().map(|g| g.state_bytes).sum();
+        assert_eq!(groups, opt.states().state_bytes(), "{preset} {format}: state_groups");
+        opt.states().state_bytes()
     };
     (params.num_params(), bytes(&cfg), bytes(&load("soap")))
 }

@@ -46,7 +46,7 @@ fn jsonl(path: &Path) -> Vec<Value> {
 fn every_curve_is_a_tensorboard_scalar_equal_to_the_jsonl_rows() {
     let tmp = tempfile::tempdir().unwrap();
     // BF16 weights, so the weights' stalled fractions are logged too
-    let out = run::run(Launch::new(config(tmp.path(), &["model.dtype=\"bf16\""])), &mut Logs).unwrap();
+    let out = run::train(Launch::new(config(tmp.path(), &["model.dtype=\"bf16\""])), &mut Logs).unwrap();
     let files = event_files(&out.run_dir);
     assert_eq!(files.len(), 1);
     assert!(files[0].file_name().unwrap().to_str().unwrap().starts_with("events.out.tfevents."));
@@ -97,10 +97,10 @@ fn every_curve_is_a_tensorboard_scalar_equal_to_the_jsonl_rows() {
 #[test]
 fn a_resumed_run_marks_its_restart_and_logs_each_later_step_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let first = run::run(Launch { stop_after: Some(4), ..Launch::new(config(tmp.path(), &[])) }, &mut Logs).unwrap();
+    let first = run::train(Launch { stop_after: Some(4), ..Launch::new(config(tmp.path(), &[])) }, &mut Logs).unwrap();
     assert!(first.stopped_early);
     let ck = lowbit_train::checkpoint::latest(&first.run_dir).unwrap();
-    run::run(Launch::resume(config(tmp.path(), &[]), ck), &mut Logs).unwrap();
+    run::train(Launch::resume(config(tmp.path(), &[]), ck), &mut Logs).unwrap();
     let files = event_files(&first.run_dir);
     assert_eq!(files.len(), 2, "{files:?}");
     let (before, after) = (read_events(&files[0]).unwrap(), read_events(&files[1]).unwrap());
@@ -119,7 +119,7 @@ fn tensorboard_off_writes_no_event_file() {
     // off shows in the resolved config; on (the default) is left out of it
     assert!(cfg.to_toml().contains("tensorboard = false"));
     assert!(!config(tmp.path(), &[]).to_toml().contains("tensorboard"));
-    let out = run::run(Launch::new(cfg), &mut Logs).unwrap();
+    let out = run::train(Launch::new(cfg), &mut Logs).unwrap();
     assert!(out.run_dir.join("metrics.jsonl").is_file());
     assert!(!out.run_dir.join("tensorboard").exists());
 }

@@ -160,6 +160,8 @@ pub(crate) fn launch_in(dev: &CudaDevice, module: Module, name: &str, dtype: DTy
             Arg::F32(v) => b.arg(v),
         };
     }
+    // SAFETY: the caller's `args` are the kernel's parameters in order, addresses of live
+    // device buffers of the sizes the kernel indexes under `cfg` (each op's launcher checks them)
     unsafe { b.launch(cfg) }.map_err(named)?;
     Ok(())
 }
@@ -287,6 +289,7 @@ pub(crate) fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
 /// An uninitialised buffer of `n` elements (at least one) of `dtype` and its device address.
 pub(crate) fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
     fn typed<T: CudaDType + DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<(CudaStorage, u64)> {
+        // SAFETY: uninitialised memory, returned to callers that write it before reading it
         let s = unsafe { dev.alloc::<T>(n)? };
         let p = s.device_ptr(&dev.cuda_stream()).0;
         Ok((CudaStorage::wrap_cuda_slice(s, dev.clone()), p))
@@ -337,13 +340,16 @@ impl Gemm {
         let blas = dev.cublas_handle();
         let (buffer, bytes) = (workspace(dev)?, crate::gemm::WORKSPACE_BYTES);
         let with = self.uses_workspace(ab == DType::BF16);
-        // SAFETY (both calls): `buffer` is a live allocation of `bytes` on this handle's stream,
-        // kept for the process; null with size 0 is "no workspace"
         let set = |on: bool| {
             let (ptr, size) = if on { (buffer, bytes) } else { (0, 0) };
+            // SAFETY: `buffer` is a live allocation of `bytes` on this handle's stream, kept for
+            // the process; null with size 0 is "no workspace"
             unsafe { blas::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, size) }.result().map_err(err)
         };
         set(with)?;
+        // SAFETY: a, b and c are live device buffers holding the strided batches that `call`'s
+        // shapes, leading dimensions and strides describe (checked by its builder); alpha and
+        // beta outlive the call
         unsafe {
             cublas::gemm_strided_batched_ex(
                 *blas.handle(),

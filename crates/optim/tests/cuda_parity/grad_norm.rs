@@ -1,9 +1,9 @@
-//! The fused squared gradient norm (`lowbit_optim::grad_norm`) against an FP64 sum on the
+//! The fused squared gradient norm (`lowbit_optim::cuda::grad_norm`) against an FP64 sum on the
 //! host (built with the `cuda` feature).
 
 use candle_core::{DType, Device, Tensor};
-use lowbit_optim::grad_norm::sum_of_squares;
-use lowbit_optim::rng::{random_bits, stream_key, StateKind};
+use lowbit_optim::cuda::grad_norm::sum_of_squares;
+use lowbit_optim::states::rng::{random_bits, stream_key, StateKind};
 
 /// Uniform values in [-scale, scale) from the counter RNG.
 fn uniform(seed: u64, n: usize, scale: f32) -> Vec<f32> {
@@ -56,8 +56,8 @@ fn sum_of_squares_matches_an_fp64_host_sum() {
 /// and for a NaN gradient, an infinite loss and a norm beyond `f32::MAX` (values up to 3e38).
 #[test]
 fn the_device_clip_is_the_host_rule() {
-    use lowbit_optim::clip::{clip_factor, norm_of};
-    use lowbit_optim::grad_norm::clip_on_device;
+    use lowbit_optim::cuda::grad_norm::clip_on_device;
+    use lowbit_optim::rules::clip::{clip_factor, norm_of};
     use lowbit_optim::GradScale;
     let dev = Device::new_cuda(0).unwrap_or_else(|e| panic!("cuda_parity needs a CUDA GPU: {e}"));
     let grads = |scale: f32, nan: bool| -> Vec<Tensor> {

@@ -2,12 +2,12 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use half::bf16;
-use lowbit_optim::adamw::Weights;
-use lowbit_optim::cuda::CudaAdamW;
-use lowbit_optim::format::bf16 as bf;
-use lowbit_optim::rng::{random_bits, stream_key, StateKind};
+use lowbit_optim::cuda::adamw::CudaAdamW;
+use lowbit_optim::rules::adamw::step::Weights;
+use lowbit_optim::states::format::bf16 as bf;
+use lowbit_optim::states::rng::{random_bits, stream_key, StateKind};
 use lowbit_optim::{
-    GradScale, GroupStates, Hyper, LowbitAdamW, Optimizer, ParamInfo, Rounding, ScaleChoice, ScaleKind, StatesConfig, StatesPlan,
+    GradScale, GroupStates, Hyper, LowbitAdamW, Moments, Optimizer, ParamInfo, Rounding, ScaleChoice, ScaleKind, StatesConfig, StatesPlan,
     VResetIdle, VZero,
 };
 
@@ -133,12 +133,12 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         .map(|(i, &n)| ParamInfo { name: format!("t{i}"), group: group(i).into(), len: n, weight_decay: i % 2 == 0 })
         .collect();
     let mut cpu = LowbitAdamW::new(hyper, plan, 7, infos);
-    cpu.skip_after = 3; // (skips from step 4: the GPU's optimizer is a copy of this one)
-                        // random non-zero states: two CPU warm-up steps on random gradients
+    cpu.moments.skip_after = 3; // (skips from step 4: the GPU's optimizer is a copy of this one)
+                                // random non-zero states: two CPU warm-up steps on random gradients
     let mut w32: Vec<Vec<f32>> = sizes.iter().enumerate().map(|(i, &n)| values(100 + i as u64, n, 0.05, false)).collect();
     let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
     for step in 1..=2u64 {
-        let plan = cpu.plan(step, 1e-3, 1.0).map_err(|e| e.to_string())?;
+        let plan = cpu.moments.plan(step, 1e-3, 1.0).map_err(|e| e.to_string())?;
         for (i, &n) in sizes.iter().enumerate() {
             let g = values(200 + step * 10 + i as u64, n, 1e-3, false);
             if c.bf16_weights {
@@ -152,7 +152,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         Device::Cuda(d) => d.clone(),
         _ => unreachable!(),
     };
-    let mut gpu = CudaAdamW::new(cpu.clone_states(), &cuda_dev).map_err(|e| e.to_string())?;
+    let mut gpu = CudaAdamW::new(cpu.moments.clone(), &cuda_dev).map_err(|e| e.to_string())?;
     let params: Vec<Tensor> = (0..sizes.len())
         .map(|i| {
             if c.bf16_weights {
@@ -167,7 +167,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
     for step in 3..=5u64 {
         let mut cpu_counts = vec![];
         let mut grads = vec![];
-        let plan = cpu.plan(step, 1e-3, 0.5).map_err(|e| e.to_string())?;
+        let plan = cpu.moments.plan(step, 1e-3, 0.5).map_err(|e| e.to_string())?;
         for (i, &n) in sizes.iter().enumerate() {
             let g = values(300 + step * 10 + i as u64, n, 1e-2, true);
             let bf16_grads = c.bf16_weights && (step + i as u64) % 2 == 1;
@@ -202,7 +202,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
         if gpu_counts != cpu_counts {
             return Err(format!("step {step}: stall counts differ: gpu {gpu_counts:?} cpu {cpu_counts:?}"));
         }
-        same_states(step, gpu.download().map_err(|e| e.to_string())?, &cpu)?;
+        same_states(step, gpu.download().map_err(|e| e.to_string())?, &cpu.moments)?;
         for (i, p) in params.iter().enumerate() {
             same_weights(step, i, p, c.bf16_weights, &w16[i], &w32[i])?;
         }
@@ -212,7 +212,7 @@ fn run_case(dev: &Device, c: &Case) -> Result<(), String> {
 
 /// The GPU's downloaded states against the CPU reference's: codes bit for bit (FP32 codes
 /// with NaN as NaN), scales bit for bit.
-fn same_states(step: u64, gpu: &LowbitAdamW, cpu: &LowbitAdamW) -> Result<(), String> {
+fn same_states(step: u64, gpu: &Moments, cpu: &Moments) -> Result<(), String> {
     for (i, (tg, tc)) in gpu.tensors.iter().zip(&cpu.tensors).enumerate() {
         for (kind, a, b) in [("m", &tg.m, &tc.m), ("v", &tg.v, &tc.v)] {
             let (ga, cb) = (a.code_bytes(), b.code_bytes());
@@ -252,7 +252,7 @@ fn same_weights(step: u64, i: usize, p: &Tensor, bf16_weights: bool, w16: &[u16]
 }
 
 /// ZeRO-1 on the GPU: two optimizers made from the two shards of every tensor
-/// (`LowbitAdamW::shard`, cut inside the tensor at a multiple of the scale block, or of 4
+/// (`Moments::shard`, cut inside the tensor at a multiple of the scale block, or of 4
 /// elements for unscaled states, as training cuts them; the 5-element tensor leaves rank 0 an
 /// empty shard), each stepping its range of the whole weights and gradients through the
 /// `Optimizer` trait (the path `Zero1` takes), together give the CPU reference's whole-tensor step bit for bit: weights, codes, scales (gathered
@@ -299,7 +299,7 @@ fn sharded_step_matches_whole_tensor_step() {
             let mut w16: Vec<Vec<u16>> = w32.iter().map(|w| w.iter().map(|&x| bf::encode(x, Rounding::Nearest, 0)).collect()).collect();
             // (one tensor of update `step`: its plan is the same for every tensor of the update)
             let step_cpu = |cpu: &mut LowbitAdamW, step: u64, i: usize, w16: &mut Vec<u16>, w32: &mut Vec<f32>, g: &[f32]| {
-                let plan = cpu.plan(step, 1e-3, 1.0).unwrap();
+                let plan = cpu.moments.plan(step, 1e-3, 1.0).unwrap();
                 if bf16_weights {
                     cpu.step_cpu(&plan, i, Weights::Bf16(w16), g)
                 } else {
@@ -314,7 +314,8 @@ fn sharded_step_matches_whole_tensor_step() {
             let ranges = |r: usize| -> Vec<std::ops::Range<usize>> {
                 sizes.iter().zip(&cuts).map(|(&n, &c)| if r == 0 { 0..c } else { c..n }).collect()
             };
-            let mut shards: Vec<CudaAdamW> = (0..2).map(|r| CudaAdamW::new(cpu.shard(&ranges(r)).unwrap(), cuda_dev).unwrap()).collect();
+            let mut shards: Vec<CudaAdamW> =
+                (0..2).map(|r| CudaAdamW::new(cpu.moments.shard(&ranges(r)).unwrap(), cuda_dev).unwrap()).collect();
             let params: Vec<Tensor> = (0..sizes.len())
                 .map(|i| match bf16_weights {
                     true => Tensor::from_vec(w16[i].iter().map(|&b| bf16::from_bits(b)).collect::<Vec<_>>(), sizes[i], &dev),
@@ -340,13 +341,13 @@ fn sharded_step_matches_whole_tensor_step() {
             let short: Vec<Tensor> = grads.iter().map(|g| g.narrow(0, 0, g.elem_count() - 1).unwrap()).collect();
             let err = Optimizer::step(&mut shards[0], step + 1, 1e-3, GradScale::Host(1.0), &vars, &short).unwrap_err();
             assert!(err.to_string().contains("and a gradient of"), "{err}");
-            let host: Vec<LowbitAdamW> = shards.iter_mut().map(|s| s.download().unwrap().clone_states()).collect();
-            let whole = LowbitAdamW::unshard(&host).unwrap();
+            let host: Vec<Moments> = shards.iter_mut().map(|s| s.download().unwrap().clone()).collect();
+            let whole = Moments::unshard(&host).unwrap();
             let check = || -> Result<(), String> {
                 if summed != cpu_counts {
                     return Err(format!("stall counts differ: shards {summed:?} cpu {cpu_counts:?}"));
                 }
-                same_states(step, &whole, &cpu)?;
+                same_states(step, &whole, &cpu.moments)?;
                 for (i, p) in vars.iter().enumerate() {
                     same_weights(step, i, p.as_tensor(), bf16_weights, &w16[i], &w32[i])?;
                 }
@@ -485,7 +486,7 @@ fn bf16_gradients_for_f32_weights_are_refused() {
     let spec = StatesConfig::default().resolve(0.999).unwrap();
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 8, weight_decay: false }];
-    let mut gpu = CudaAdamW::new(LowbitAdamW::new(hyper, spec, 0, infos), cuda_dev).unwrap();
+    let mut gpu = CudaAdamW::new(Moments::new(hyper, spec, 0, infos), cuda_dev).unwrap();
     let p = Tensor::zeros(8, DType::F32, &dev).unwrap();
     let g = Tensor::zeros(8, DType::BF16, &dev).unwrap();
     let e = gpu.step(1, 1e-3, GradScale::Host(1.0), std::slice::from_ref(&p), &[g]).unwrap_err().to_string();
@@ -501,7 +502,7 @@ fn precision_only_with_block_scaled_states_is_refused() {
     let states = StatesConfig { m_format: "e8m3".into(), v_format: "fp8".into(), ..Default::default() };
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 8, weight_decay: false }];
-    let e = CudaAdamW::new(LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 0, infos), cuda_dev).err().unwrap().to_string();
+    let e = CudaAdamW::new(Moments::new(hyper, states.resolve(0.999).unwrap(), 0, infos), cuda_dev).err().unwrap().to_string();
     assert!(e.contains("m = e8m3 and v = fp8e4m3"), "{e}");
 }
 
@@ -512,7 +513,7 @@ fn shard_not_starting_at_a_multiple_of_4_is_refused() {
     let hyper = Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let states = StatesConfig { m_format: "bf16".into(), v_format: "bf16".into(), ..Default::default() };
     let infos = vec![ParamInfo { name: "w".into(), group: "mlp".into(), len: 300, weight_decay: false }];
-    let whole = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 0, infos);
+    let whole = Moments::new(hyper, states.resolve(0.999).unwrap(), 0, infos);
     let mut gpu = CudaAdamW::new(whole.shard(std::slice::from_ref(&(6..300))).unwrap(), cuda_dev).unwrap();
     let t = Tensor::zeros(294, DType::F32, &dev).unwrap();
     let e = gpu.step(1, 1e-3, GradScale::Host(1.0), std::slice::from_ref(&t), std::slice::from_ref(&t)).err().unwrap().to_string();

@@ -8,13 +8,15 @@
 use super::kernels::{gpu, same_f32, values};
 use candle_core::cuda::cudarc::driver::DevicePtr;
 use candle_core::{DType, Device, Tensor, Var};
-use lowbit_optim::adamw::{write_back, Skip, Weights};
-use lowbit_optim::cuda_refresh::QrRefresh;
-use lowbit_optim::cuda_soap::{DeviceState, SoapKernels};
-use lowbit_optim::format::scale::ScaleKind;
-use lowbit_optim::soap::step::{direction, refresh_all, Direction, Refresh};
-use lowbit_optim::soap::store::{ema_write, weights_write};
-use lowbit_optim::{GradScale, Hyper, LowbitAdamW, ParamInfo, QuantState, Rounding, SoapConfig, SoapStates, StateFormat, StatesConfig};
+use lowbit_optim::cuda::refresh::QrRefresh;
+use lowbit_optim::cuda::soap::{DeviceState, SoapKernels};
+use lowbit_optim::rules::adamw::step::{write_back, Skip, Weights};
+use lowbit_optim::rules::soap::step::{direction, refresh_all, Direction, Refresh};
+use lowbit_optim::rules::soap::store::{ema_write, weights_write};
+use lowbit_optim::states::format::scale::ScaleKind;
+use lowbit_optim::{
+    GradScale, Hyper, LowbitOptimizer, LowbitSoap, Moments, ParamInfo, QuantState, Rounding, SoapConfig, StateFormat, StatesConfig,
+};
 
 /// Every format SOAP's kernels take (signed as m, L and R are; FP4 v unsigned and zero-free)
 /// x rounding x block x scale kind, lengths 1001 and 4133: codes, scales, new values and
@@ -125,12 +127,13 @@ fn soap_updates_match_cpu_within_tolerance() {
             .enumerate()
             .map(|(i, s)| ParamInfo { name: format!("p{i}"), group: "mlp".into(), len: s.iter().product(), weight_decay: s.len() == 2 })
             .collect();
-        let mut host = LowbitAdamW::new(hyper, states.resolve(0.999).unwrap(), 9, infos);
+        let moments = Moments::new(hyper, states.resolve(0.999).unwrap(), 9, infos);
         let cfg = SoapConfig { precondition_frequency: 5, shampoo_beta: 0.95, max_precond_dim: 32, ..Default::default() };
         let dims: Vec<Vec<usize>> = shapes.iter().map(|s| s.to_vec()).collect();
-        host.soap = Some(SoapStates::new(cfg, &host, &dims));
-        let mut cpu = lowbit_optim::for_device(host.clone_states(), &Device::Cpu).unwrap();
-        let mut gpu_opt = lowbit_optim::for_device(host, &dev).unwrap();
+        let host = LowbitSoap::new(moments, cfg, &dims);
+        let copy = LowbitSoap::from_states(host.moments.clone(), host.precond.clone(), host.config);
+        let mut cpu = lowbit_optim::for_device(LowbitOptimizer::Soap(copy), &Device::Cpu).unwrap();
+        let mut gpu_opt = lowbit_optim::for_device(LowbitOptimizer::Soap(host), &dev).unwrap();
         let init: Vec<Vec<f32>> = shapes.iter().enumerate().map(|(i, s)| values(100 + i as u64, s.iter().product(), 0.1, false)).collect();
         let vars = |d: &Device| -> Vec<Var> {
             shapes.iter().zip(&init).map(|(s, w)| Var::from_tensor(&Tensor::from_slice(w, *s, d).unwrap()).unwrap()).collect()
@@ -165,13 +168,13 @@ fn soap_updates_match_cpu_within_tolerance() {
         }
         // the states come back from the device with both bases
         let s = gpu_opt.states().unwrap();
-        let p = &s.soap.as_ref().unwrap().tensors;
+        let p = &s.precond.unwrap().tensors;
         assert!(p[0].q_l.len() == 32 * 32 && p[2].q_l.is_empty() && p[2].q_r.len() == 64);
     }
 }
 
 /// The direction kernel (`soap_direction`) against the reference's candle operations on the CPU
-/// (`soap::step::direction`), same inputs with zeros in g, m' and v: values bit for bit (NaN as
+/// (`rules::soap::step::direction`), same inputs with zeros in g, m' and v: values bit for bit (NaN as
 /// NaN) and both counts equal.
 #[test]
 fn soap_direction_matches_cpu_bit_for_bit() {
@@ -213,7 +216,7 @@ fn soap_refresh_on_gpu_matches_host() {
         // an orthogonal matrix from the host's eigenbasis of a random symmetric one
         let r = values(300 + i as u64, n * n, 1.0, false);
         let sym: Vec<f32> = (0..n * n).map(|k| r[k] + r[(k % n) * n + k / n]).collect();
-        let u = lowbit_optim::soap::basis::eigenbasis(&sym, n).unwrap();
+        let u = lowbit_optim::rules::soap::basis::eigenbasis(&sym, n).unwrap();
         let a: Vec<f32> = (0..n * n)
             .map(|k| (0..n).map(|j| f64::from(u[(k / n) * n + j]) * (1.0 + j as f64) * f64::from(u[(k % n) * n + j])).sum::<f64>() as f32)
             .collect();

@@ -258,6 +258,30 @@ impl RunConfig {
         if !["cpu", "cuda"].contains(&t.device.as_str()) {
             bail!("train.device: expected \"cpu\" or \"cuda\", got {:?}", t.device);
         }
+        self.check_optim()?;
+        for (k, v) in [("model.rms_norm_eps", self.model.rms_norm_eps), ("model.rope_theta", self.model.rope_theta)] {
+            if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
+                bail!("{k}: must be a positive number, got {}", v.unwrap_or_default());
+            }
+        }
+        for (k, v) in [("data.seq_len", self.data.seq_len), ("data.val_tokens", self.data.val_tokens)] {
+            if v == 0 {
+                bail!("{k}: must be > 0");
+            }
+        }
+        if self.run.dir.is_empty() {
+            bail!("run.dir: must name a folder (\".\" for the working directory), got \"\"");
+        }
+        let n = &self.run.name;
+        if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\']) {
+            bail!("run.name: must be a folder name inside run.dir (no `/`, `\\`, `.` or `..`), got {n:?}");
+        }
+        Ok(())
+    }
+
+    /// `[optim]`'s ranges (and its states' and SOAP's settings, [`lowbit_optim::StatesConfig::resolve`],
+    /// [`SoapConfig::validate`]); SOAP's settings are refused without `optim.kind = "soap"`.
+    fn check_optim(&self) -> Result<()> {
         let o = &self.optim;
         if !(o.lr > 0.0 && o.lr.is_finite()) {
             bail!("optim.lr: must be a positive number, got {}", o.lr);
@@ -285,11 +309,6 @@ impl RunConfig {
                 bail!("{k}: must be a number >= 0, got {v}");
             }
         }
-        for (k, v) in [("model.rms_norm_eps", self.model.rms_norm_eps), ("model.rope_theta", self.model.rope_theta)] {
-            if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
-                bail!("{k}: must be a positive number, got {}", v.unwrap_or_default());
-            }
-        }
         o.states.resolve(o.beta2).map_err(anyhow::Error::msg)?;
         if o.kind == OptimizerKind::Soap {
             o.soap.validate().map_err(anyhow::Error::msg)?;
@@ -306,18 +325,6 @@ impl RunConfig {
                 "max_precond_dim"
             };
             bail!("optim.soap.{key}: SOAP's setting, read only with optim.kind = \"soap\" (optim.kind is \"{}\"): set optim.kind or remove it", o.kind.as_str());
-        }
-        for (k, v) in [("data.seq_len", self.data.seq_len), ("data.val_tokens", self.data.val_tokens)] {
-            if v == 0 {
-                bail!("{k}: must be > 0");
-            }
-        }
-        if self.run.dir.is_empty() {
-            bail!("run.dir: must name a folder (\".\" for the working directory), got \"\"");
-        }
-        let n = &self.run.name;
-        if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\']) {
-            bail!("run.name: must be a folder name inside run.dir (no `/`, `\\`, `.` or `..`), got {n:?}");
         }
         Ok(())
     }

@@ -155,7 +155,7 @@ mod tests {
         assert!(err(&[("WORLD_SIZE", "2")]).contains("RANK is not set"));
         assert!(err(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]).contains("MASTER_PORT is not set"));
         assert!(err(&[(TIMEOUT_VAR, "-1")]).contains(TIMEOUT_VAR));
-        // issue 33: seconds that do not fit a Duration are refused, not a panic
+        // seconds that do not fit a Duration are refused, not a panic
         for huge in ["1e20", "inf", "nan", "604801"] {
             assert!(err(&[(TIMEOUT_VAR, huge)]).contains("expected a number of seconds in (0, 604800]"), "{huge}");
         }

@@ -11,7 +11,7 @@
 //! (same single-process layout, so a run resumes with any number of ranks or `zero` setting).
 //!
 //! One wrapper over either device's optimizer, not a sharded type per device: the shard is a
-//! property of the states ([`LowbitAdamW::shard`]), which both adapters already step, and what
+//! property of the states ([`lowbit_optim::Moments::shard`]), which both adapters already step, and what
 //! ZeRO-1 adds (the weight exchange, the summed counts, the gathered states) is the same on
 //! both devices but for the one exchange call.
 
@@ -20,7 +20,9 @@ use super::shard;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use half::bf16;
-use lowbit_optim::{GradScale, LowbitAdamW, OptimError, Optimizer, QuantState, StallCounts, TensorState};
+use lowbit_optim::{
+    GradScale, HostStates, LowbitAdamW, LowbitOptimizer, Moments, OptimError, Optimizer, QuantState, StallCounts, TensorState,
+};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -32,7 +34,7 @@ pub struct Zero1 {
     ranges: Vec<Vec<Range<usize>>>,
     comm: Arc<dyn Collective>,
     /// The whole states, gathered for [`Optimizer::states`].
-    gathered: Option<LowbitAdamW>,
+    gathered: Option<Moments>,
     /// Bytes of the states this rank holds (codes + scales).
     local_bytes: usize,
 }
@@ -43,8 +45,13 @@ impl Zero1 {
     /// also start at multiples of 4 elements (the fused kernel's vector width).
     ///
     /// # Errors
-    /// Ranges that cut a scale block; the device's optimizer refusing the states.
-    pub fn new(whole: &LowbitAdamW, comm: Arc<dyn Collective>, dev: &Device) -> Result<Zero1> {
+    /// SOAP's states (not sharded); ranges that cut a scale block; the device's optimizer
+    /// refusing the states.
+    pub fn new(whole: &LowbitOptimizer, comm: Arc<dyn Collective>, dev: &Device) -> Result<Zero1> {
+        let LowbitOptimizer::AdamW(whole) = whole else {
+            anyhow::bail!("SOAP's states are not sharded: optim.kind = \"soap\" needs train.zero = 0");
+        };
+        let whole = &whole.moments;
         let lens: Vec<usize> = whole.tensors.iter().map(|t| t.info.len).collect();
         let specs: Vec<_> = whole.spec_groups().into_iter().map(|(s, _)| s).collect();
         let granule = match dev {
@@ -55,7 +62,7 @@ impl Zero1 {
         let ranges = shard::zero_ranges(&lens, granule, comm.world_size());
         let local = whole.shard(&ranges[comm.rank()]).context("train.zero = 1")?;
         let local_bytes = local.state_bytes();
-        let local = lowbit_optim::for_device(local, dev)?;
+        let local = lowbit_optim::for_device(LowbitOptimizer::AdamW(LowbitAdamW::from_moments(local)), dev)?;
         Ok(Zero1 { local, ranges, comm, gathered: None, local_bytes })
     }
 
@@ -152,12 +159,12 @@ impl Optimizer for Zero1 {
         self.local.last_adaptive_reset()
     }
 
-    fn states(&mut self) -> Result<&LowbitAdamW, OptimError> {
+    fn states(&mut self) -> Result<HostStates<'_>, OptimError> {
         if self.gathered.is_none() {
-            let local = self.local.states()?;
+            let local = self.local.states()?.moments;
             self.gathered = Some(gather_states(local, &self.ranges, self.comm.as_ref()).map_err(collective)?);
         }
-        Ok(self.gathered.as_ref().expect("gathered"))
+        Ok(HostStates { moments: self.gathered.as_ref().expect("gathered"), precond: None })
     }
 }
 
@@ -169,8 +176,8 @@ fn sum_counts(counts: &[StallCounts], comm: &dyn Collective) -> Result<Vec<Stall
 }
 
 /// The whole optimizer states on every rank, from each rank's shard `local` (cut by
-/// `ranges[rank]`): one all-gather of codes and scales, then [`LowbitAdamW::unshard`].
-fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn Collective) -> Result<LowbitAdamW> {
+/// `ranges[rank]`): one all-gather of codes and scales, then [`Moments::unshard`].
+fn gather_states(local: &Moments, ranges: &[Vec<Range<usize>>], comm: &dyn Collective) -> Result<Moments> {
     let mine: Vec<u8> = local.tensors.iter().flat_map(|t| [state_bytes(&t.m), state_bytes(&t.v)]).flatten().collect();
     let shapes: Vec<Vec<(QuantState, QuantState)>> = ranges
         .iter()
@@ -181,7 +188,7 @@ fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn C
     let mut at = 0;
     let mut shards = Vec::with_capacity(shapes.len());
     for (rs, states) in ranges.iter().zip(shapes) {
-        let mut shard = local.clone_states();
+        let mut shard = local.clone();
         for ((t, r), (mut m, mut v)) in shard.tensors.iter_mut().zip(rs).zip(states) {
             at = fill(&mut m, &all, at)?;
             at = fill(&mut v, &all, at)?;
@@ -189,7 +196,7 @@ fn gather_states(local: &LowbitAdamW, ranges: &[Vec<Range<usize>>], comm: &dyn C
         }
         shards.push(shard);
     }
-    Ok(LowbitAdamW::unshard(&shards)?)
+    Ok(Moments::unshard(&shards)?)
 }
 
 /// Codes then scales, as stored.

@@ -6,7 +6,7 @@
 use super::stalls::{StallRow, Theory};
 use super::RunLogs;
 use anyhow::Result;
-use lowbit_optim::{LowbitAdamW, StallCounts};
+use lowbit_optim::{Moments, StallCounts};
 use std::collections::VecDeque;
 
 /// Writes `stalls.jsonl` rows for completed steps, `lag` steps behind the newest.
@@ -25,7 +25,7 @@ pub struct StallWriter {
 impl StallWriter {
     /// A writer of the rows of the tensors of `states` (in the optimizer's order), with
     /// `theory`'s predictions, per-tensor detail every `detail_every` steps.
-    pub fn new(states: &LowbitAdamW, theory: Theory, detail_every: u64) -> Self {
+    pub fn new(states: &Moments, theory: Theory, detail_every: u64) -> Self {
         let names = states.tensors.iter().map(|t| t.info.name.clone()).collect();
         let groups = states.tensors.iter().map(|t| t.info.group.clone()).collect();
         StallWriter { names, groups, theory, detail_every, spec: states.spec, pending: VecDeque::new() }

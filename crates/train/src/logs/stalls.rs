@@ -1,5 +1,5 @@
 //! Rows of `stalls.jsonl`: per step, the global stalled fractions of m, v, BF16 weights and
-//! (SOAP only) the preconditioners L and R under both estimators (`lowbit_optim::stalls`:
+//! (SOAP only) the preconditioners L and R under both estimators (`lowbit_optim::states::stalls`:
 //! stalled / updated, and the paper's unchanged / all entries), per tensor group, the theory prediction for v, the zero gradients, the
 //! updates with v = 0 and m != 0 (in total and per group), and
 //! (every `stall_detail_every` steps) per tensor.

@@ -109,8 +109,9 @@ pub struct StateGroup {
 }
 
 impl StateGroup {
-    /// One entry per state setting of `opt` ([`lowbit_optim::LowbitAdamW::spec_groups`]).
-    pub fn of(opt: &lowbit_optim::LowbitAdamW) -> Vec<StateGroup> {
+    /// One entry per state setting of `states` ([`lowbit_optim::Moments::spec_groups`]).
+    pub fn of(states: lowbit_optim::HostStates<'_>) -> Vec<StateGroup> {
+        let opt = states.moments;
         opt.spec_groups()
             .into_iter()
             .map(|(spec, ids)| {
@@ -120,7 +121,7 @@ impl StateGroup {
                 groups.dedup();
                 let params: usize = ts.iter().map(|t| t.info.len).sum();
                 // with SOAP, each tensor's preconditioners and bases too
-                let precond = |i: usize| opt.soap.as_ref().map_or(0, |s| s.tensors[i].bytes());
+                let precond = |i: usize| states.precond.map_or(0, |s| s.tensors[i].bytes());
                 let bytes: usize = ids.iter().map(|&i| opt.tensors[i].m.bytes() + opt.tensors[i].v.bytes() + precond(i)).sum();
                 StateGroup {
                     states: spec.describe(),

@@ -1,0 +1,14 @@
+//! The update rules, each a module with its CPU reference maths and its CPU [`Optimizer`]:
+//! AdamW ([`adamw`]: [`adamw::LowbitAdamW`]) and SOAP ([`soap`]: [`soap::LowbitSoap`]). What they
+//! share: the [`Optimizer`] trait ([`optimizer`]), one update's plan ([`step_plan`]) and the
+//! gradient scale of global-norm clipping ([`clip`]). A new rule is one more module here that
+//! steps [`crate::states`]' states from the plan, and one more variant of
+//! [`crate::select::LowbitOptimizer`].
+
+pub mod adamw;
+pub mod clip;
+pub mod optimizer;
+pub mod soap;
+pub mod step_plan;
+
+pub use optimizer::Optimizer;

@@ -1,0 +1,75 @@
+//! Which update rule, on which device: [`LowbitOptimizer`], the optimizer a run builds on the
+//! host (AdamW or SOAP over the model's moments, restored from a checkpoint there), and
+//! [`for_device`], the [`Optimizer`] that steps it on the run's device.
+
+use crate::error::OptimError;
+use crate::rules::adamw::LowbitAdamW;
+use crate::rules::optimizer::Optimizer;
+use crate::rules::soap::LowbitSoap;
+use crate::states::moments::Moments;
+use crate::states::state_dict::{self, Array, HostStates};
+use candle_core::Device;
+
+/// The optimizer of a run on the host, one variant per update rule (`optim.kind`).
+#[derive(Debug)]
+pub enum LowbitOptimizer {
+    /// AdamW over the moments.
+    AdamW(LowbitAdamW),
+    /// SOAP: the moments in the eigenbasis of its preconditioners.
+    Soap(LowbitSoap),
+}
+
+impl LowbitOptimizer {
+    /// The moments and their settings (every rule has them).
+    pub fn moments(&self) -> &Moments {
+        match self {
+            LowbitOptimizer::AdamW(a) => &a.moments,
+            LowbitOptimizer::Soap(s) => &s.moments,
+        }
+    }
+
+    /// The moments, to change (a resume's older checkpoint formats).
+    pub fn moments_mut(&mut self) -> &mut Moments {
+        match self {
+            LowbitOptimizer::AdamW(a) => &mut a.moments,
+            LowbitOptimizer::Soap(s) => &mut s.moments,
+        }
+    }
+
+    /// Every state, borrowed ([`HostStates`]: what a checkpoint saves).
+    pub fn states(&self) -> HostStates<'_> {
+        match self {
+            LowbitOptimizer::AdamW(a) => HostStates { moments: &a.moments, precond: None },
+            LowbitOptimizer::Soap(s) => HostStates { moments: &s.moments, precond: Some(&s.precond) },
+        }
+    }
+
+    /// Restore every state from `get` ([`state_dict::load_state_dict`]).
+    ///
+    /// # Errors
+    /// Those of [`state_dict::load_state_dict`]: arrays that do not fit these states, or a
+    /// checkpoint of the other rule.
+    pub fn load_state_dict(&mut self, get: &mut dyn FnMut(&str) -> Option<Array>) -> Result<(), OptimError> {
+        match self {
+            LowbitOptimizer::AdamW(a) => state_dict::load_state_dict(&mut a.moments, None, get),
+            LowbitOptimizer::Soap(s) => state_dict::load_state_dict(&mut s.moments, Some(&mut s.precond), get),
+        }
+    }
+}
+
+/// The optimizer of `opt` on `dev`: the CPU reference itself on the CPU, the rule's CUDA
+/// adapter (states uploaded) on a CUDA device (`cuda::adamw::CudaAdamW`,
+/// `cuda::soap::CudaSoap`).
+///
+/// # Errors
+/// The CUDA optimizer refusing the states or failing to upload them.
+pub fn for_device(opt: LowbitOptimizer, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
+    match (opt, dev) {
+        #[cfg(feature = "cuda")]
+        (LowbitOptimizer::AdamW(a), Device::Cuda(d)) => Ok(Box::new(crate::cuda::adamw::CudaAdamW::new(a.moments, d)?)),
+        #[cfg(feature = "cuda")]
+        (LowbitOptimizer::Soap(s), Device::Cuda(d)) => Ok(Box::new(crate::cuda::soap::CudaSoap::new(s, d)?)),
+        (LowbitOptimizer::AdamW(a), _) => Ok(Box::new(a)),
+        (LowbitOptimizer::Soap(s), _) => Ok(Box::new(s)),
+    }
+}
