@@ -17,8 +17,9 @@ use lowbit_reproduce::{ablations, reset_period, results_path, Fmt, ResultsFile, 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Final validation losses by seed of one setting.
-type Losses = BTreeMap<usize, f64>;
+/// Final validation loss and the card that made it (`H100`, `?` where not recorded), by
+/// seed, of one setting.
+type Losses = BTreeMap<usize, (f64, String)>;
 
 /// One format's measurements: by reset period K, and SR without resets.
 #[derive(Default)]
@@ -33,7 +34,13 @@ struct FormatRuns {
 fn cell_losses(path: &Path, scale: Scale, fmt: Fmt, cell: &str) -> Result<Losses> {
     let file = ResultsFile::load(path, Table::Bf16Model, scale)?;
     let kind = States::Paper.tag(fmt);
-    Ok(file.runs.iter().filter(|r| r.cell == cell && r.states == kind).filter_map(|r| Some((r.seed, r.final_val_loss?))).collect())
+    let card = |c: Option<&str>| c.map_or("?".to_string(), lowbit_reproduce::provenance::short_card);
+    Ok(file
+        .runs
+        .iter()
+        .filter(|r| r.cell == cell && r.states == kind)
+        .filter_map(|r| Some((r.seed, (r.final_val_loss?, card(r.card.as_deref())))))
+        .collect())
 }
 
 /// Every format's runs under `results` at `scale`.
@@ -65,25 +72,48 @@ fn collect(results: &Path, scale: Scale) -> Result<BTreeMap<Fmt, FormatRuns>> {
     Ok(out)
 }
 
-fn mean(l: &Losses) -> f64 {
-    l.values().sum::<f64>() / l.len() as f64
+impl FormatRuns {
+    /// The seeds every row of the format has (every K and SR alone): the means compare rows
+    /// over the same seeds.
+    fn common_seeds(&self) -> Vec<usize> {
+        let rows = || self.by_period.values().chain([&self.no_reset]).filter(|l| !l.is_empty());
+        let first: Vec<usize> = rows().next().map_or(vec![], |l| l.keys().copied().collect());
+        first.into_iter().filter(|s| rows().all(|l| l.contains_key(s))).collect()
+    }
+}
+
+/// The mean loss of a row over `seeds` (NaN where the row has none of them).
+fn mean(l: &Losses, seeds: &[usize]) -> f64 {
+    let xs: Vec<f64> = seeds.iter().filter_map(|s| l.get(s).map(|x| x.0)).collect();
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+/// The distinct cards of a row's runs, joined by `/`.
+fn cards(l: &Losses) -> String {
+    let mut v: Vec<&str> = l.values().map(|x| x.1.as_str()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v.join("/")
 }
 
 /// The figure's panel: per format the mean over seeds vs K, SR alone and K* dashed.
 fn panel(runs: &BTreeMap<Fmt, FormatRuns>, scale: Scale) -> Panel {
-    let all = runs.values().flat_map(|r| r.by_period.values().chain([&r.no_reset]).filter(|l| !l.is_empty()).map(mean));
+    let all = runs.values().flat_map(|r| {
+        let seeds = r.common_seeds();
+        r.by_period.values().chain([&r.no_reset]).filter(|l| !l.is_empty()).map(move |l| mean(l, &seeds)).collect::<Vec<_>>()
+    });
     let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
     let mut series = vec![];
     for (&fmt, r) in runs {
-        let (name, x) = (fmt.as_str(), |k: u64| k as f64);
+        let (name, x, seeds) = (fmt.as_str(), |k: u64| k as f64, r.common_seeds());
         series.push(Series {
             name: format!("{name} SR + resets"),
-            points: r.by_period.iter().map(|(&k, l)| (x(k), mean(l))).collect(),
+            points: r.by_period.iter().map(|(&k, l)| (x(k), mean(l, &seeds))).collect(),
             dashed: false,
         });
         let (k0, k1) = (*r.by_period.keys().next().unwrap(), *r.by_period.keys().last().unwrap());
         if !r.no_reset.is_empty() {
-            let m = mean(&r.no_reset);
+            let m = mean(&r.no_reset, &seeds);
             series.push(Series { name: format!("{name} SR alone"), points: vec![(x(k0), m), (x(k1), m)], dashed: true });
         }
         let star = x(reset_period(scale, fmt));
@@ -94,7 +124,7 @@ fn panel(runs: &BTreeMap<Fmt, FormatRuns>, scale: Scale) -> Panel {
         });
     }
     Panel {
-        title: format!("reset-period sensitivity ({}; mean over seeds)", scale.as_str()),
+        title: format!("reset-period sensitivity ({}; mean over the seeds every K has)", scale.as_str()),
         x_label: "K (m and v reset every K updates)".into(),
         y_label: "final validation loss".into(),
         series,
@@ -113,25 +143,28 @@ fn table(runs: &BTreeMap<Fmt, FormatRuns>, scale: Scale) -> String {
     let mut out = format!(
         "# Reset-period sensitivity (the paper's Fig. 4), `{}`\n\nFinal validation loss of SR + resets of m and v every K \
          updates (BF16 model), per seed, from `train plot --reset-periods {}`. K* is the scale's period for the format \
-         (the paper's, scaled to the run's length); \"none\" is SR without resets (the main table's SR cell).\n\n\
-         | format | K | {} | mean |\n|---|---:|{}---:|\n",
+         (the paper's, scaled to the run's length); \"none\" is SR without resets (the main table's SR cell). The mean is \
+         over the seeds every row of the format has (the figure draws it); the cards column gives the cards of the \
+         row's runs: rows on different cards differ by up to ~0.015 for the card alone.\n\n\
+         | format | K | {} | mean | over seeds | cards |\n|---|---:|{}---:|---|---|\n",
         scale.as_str(),
         scale.as_str(),
         seeds.iter().map(|s| format!("seed {s}")).collect::<Vec<_>>().join(" | "),
         "---:|".repeat(seeds.len())
     );
-    let row = |name: &str, k: String, l: &Losses| {
-        let cells: Vec<String> = seeds.iter().map(|s| l.get(s).map_or("".into(), |v| format!("{v:.4}"))).collect();
-        format!("| {name} | {k} | {} | {:.4} |\n", cells.join(" | "), mean(l))
+    let row = |name: &str, k: String, l: &Losses, common: &[usize]| {
+        let cells: Vec<String> = seeds.iter().map(|s| l.get(s).map_or("".into(), |v| format!("{:.4}", v.0))).collect();
+        let over: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+        format!("| {name} | {k} | {} | {:.4} | {} | {} |\n", cells.join(" | "), mean(l, common), over.join(", "), cards(l))
     };
     for (&fmt, r) in runs {
-        let name = fmt.as_str();
+        let (name, common) = (fmt.as_str(), r.common_seeds());
         for (&k, l) in &r.by_period {
             let star = if k == reset_period(scale, fmt) { " (K*)" } else { "" };
-            out += &row(name, format!("{k}{star}"), l);
+            out += &row(name, format!("{k}{star}"), l, &common);
         }
         if !r.no_reset.is_empty() {
-            out += &row(name, "none".into(), &r.no_reset);
+            out += &row(name, "none".into(), &r.no_reset, &common);
         }
     }
     out
@@ -210,9 +243,10 @@ mod tests {
         let runs = collect(dir.path(), scale).unwrap();
         assert_eq!(runs.keys().copied().collect::<Vec<_>>(), [Fmt::Fp4], "fp8 has no runs");
         let md = table(&runs, scale);
-        assert!(md.contains("| fp4 | 200 (K*) | 3.7000 | 3.7200 | 3.7400 | 3.7200 |"), "{md}");
-        assert!(md.contains("| fp4 | 1000 | 3.6500 | 3.6700 |  | 3.6600 |"), "{md}");
-        assert!(md.contains("| fp4 | none | 3.6600 |  |  | 3.6600 |"), "{md}");
+        // the means are over seed 0, the one every fp4 row has (SR alone ran seed 0 only)
+        assert!(md.contains("| fp4 | 200 (K*) | 3.7000 | 3.7200 | 3.7400 | 3.7000 | 0 | ? |"), "{md}");
+        assert!(md.contains("| fp4 | 1000 | 3.6500 | 3.6700 |  | 3.6500 | 0 | ? |"), "{md}");
+        assert!(md.contains("| fp4 | none | 3.6600 |  |  | 3.6600 | 0 | ? |"), "{md}");
         let files = plot_reset_periods(dir.path(), scale, &dir.path().join("fig")).unwrap();
         assert_eq!(files.len(), 3);
         assert!(files.iter().all(|f| f.is_file()));

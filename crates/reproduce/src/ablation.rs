@@ -76,8 +76,14 @@ const FP4_VARIANTS: [(&str, &str, &[&str]); 5] = [
 
 /// Every ablation, in the order `--list-ablations` prints them.
 pub fn ablations() -> Vec<Ablation> {
+    [state_settings(), period_sweeps(), single_state_resets(), model_scale(), batches(), fp4_variants(), lr_sweep()].concat()
+}
+
+/// One change of the paper's state settings each: SOAP's FP8 cells, FP8 plain, Table 6's
+/// v-only policy.
+fn state_settings() -> Vec<Ablation> {
     use Table::*;
-    let mut v = vec![
+    vec![
         h200s(
             "soap_fp8_sr",
             "Table 7's FP8 SOAP cells with stochastic rounding of m, v, L and R (the table's cells round to nearest)",
@@ -102,7 +108,7 @@ pub fn ablations() -> Vec<Ablation> {
         h200s(
             "embed_head_fp32",
             "FP8 plain with the embedding's and the head's states in FP32",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp8_plain"],
             &[
                 "optim.states.groups.embed.m_format=\"fp32\"",
@@ -114,7 +120,7 @@ pub fn ablations() -> Vec<Ablation> {
         h200s(
             "v_zero_exclude",
             "FP8 plain with a zero-free v (v never rounds to 0 in a non-zero tensor): how much of FP8 plain's cost is v = 0",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp8_plain"],
             &["optim.states.v_zero=\"exclude\""],
         ),
@@ -132,7 +138,12 @@ pub fn ablations() -> Vec<Ablation> {
             &["fp8_sr_reset_v"],
             &["optim.states.bias_correction=\"continue\""],
         ),
-    ];
+    ]
+}
+
+/// Fig. 4's sweeps of the reset period of SR + resets, and FP32 states with resets.
+fn period_sweeps() -> Vec<Ablation> {
+    let mut v = vec![];
     for (fmt, periods) in [("fp4", &FP4_PERIODS[..]), ("fp8", &FP8_PERIODS[..])] {
         for &k in periods {
             let o = [format!("optim.states.m_reset_every={k}"), format!("optim.states.v_reset_every={k}")];
@@ -141,7 +152,7 @@ pub fn ablations() -> Vec<Ablation> {
                 ..h200s(
                     &format!("{fmt}_period_{k}"),
                     &format!("{} SR + resets of m and v every {k} steps (Fig. 4)", fmt.to_uppercase()),
-                    Bf16Model,
+                    Table::Bf16Model,
                     &[&format!("{fmt}_sr_reset")],
                     &[],
                 )
@@ -154,66 +165,82 @@ pub fn ablations() -> Vec<Ablation> {
             ..h200s(
                 &format!("fp32_period_{k}"),
                 &format!("FP32 states with m and v reset every {k} steps (0: never, the table's FP32 cell on this card)"),
-                Bf16Model,
+                Table::Bf16Model,
                 &["fp32_plain"],
                 &[],
             )
         });
     }
-    v.extend([
+    v
+}
+
+/// FP4 on this card, per tensor, and resets of one state only (with their controls).
+fn single_state_resets() -> Vec<Ablation> {
+    vec![
         h200s(
             "fp4_same_card",
             "the table's FP4 SR and FP4 SR + resets cells again, on this command's card (a same-card baseline)",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp4_sr", "fp4_sr_reset"],
             &[],
         ),
         h200s(
             "fp4_per_tensor",
             "FP4 SR with and without resets, one scale per tensor (A.10)",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp4_sr", "fp4_sr_reset"],
             &["optim.states.block_size=0"],
         ),
         h200s(
             "fp4_m_only",
             "FP4 SR with m reset every 200 steps, v never",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp4_sr_reset"],
             &["optim.states.v_reset_every=0"],
         ),
         h200s(
             "fp4_v_only",
             "FP4 SR with v reset every 200 steps, m never",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp4_sr_reset"],
             &["optim.states.m_reset_every=0"],
         ),
         h200s(
             "fp4_m_only_continue",
             "fp4_m_only with the bias-correction counter kept counting over resets",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp4_sr_reset"],
             &["optim.states.v_reset_every=0", "optim.states.bias_correction=\"continue\""],
         ),
         h200s(
             "fp32_m_only",
             "FP32 states with m reset every 200 steps, v never: fp4_m_only's control without quantization",
-            Bf16Model,
+            Table::Bf16Model,
             &["fp32_plain"],
             &["optim.states.m_reset_every=200"],
         ),
-    ]);
+    ]
+}
+
+/// Table 4: the model-scale cells at LLaMA-60M and 100M.
+fn model_scale() -> Vec<Ablation> {
+    let mut v = vec![];
     for (name, size) in [("model_60m", "60m"), ("model_100m", "100m")] {
         let preset = format!("model.preset=\"llama{size}\"");
         v.push(h200s(
             name,
             &format!("Table 4: the model-scale cells at LLaMA-{} and the paper's lr for it (1e-3)", size.to_uppercase()),
-            Bf16Model,
+            Table::Bf16Model,
             &TABLE4,
             &[&preset, "optim.lr=1e-3"],
         ));
     }
+    v
+}
+
+/// Steps against tokens per step at the scale's tokens.
+fn batches() -> Vec<Ablation> {
+    let mut v = vec![];
     for b in BATCHES {
         let micro = b.min(128);
         let steps = H200S_STEPS as usize * 128 / b;
@@ -228,38 +255,48 @@ pub fn ablations() -> Vec<Ablation> {
             ..h200s(
                 &format!("batch_{b}"),
                 &format!("steps against tokens per step: {b} x 256 tokens per step for the scale's tokens ({steps} steps)"),
-                Bf16Model,
+                Table::Bf16Model,
                 &["fp32_plain", "fp8_plain", "fp8_sr_reset"],
                 &[],
             )
         });
     }
-    v.push(h200s(
+    v
+}
+
+/// The same-card baseline and the FP4 variants the paper's text leaves open.
+fn fp4_variants() -> Vec<Ablation> {
+    let mut v = vec![h200s(
         "same_card",
         "the table's FP32, FP8 plain, FP4 plain and FP4 SR + resets cells again on this command's card: the same-card \
          baseline of the ablations run beside it (v_zero_exclude, the FP4 variants, the stall probe on its card)",
-        Bf16Model,
+        Table::Bf16Model,
         &["fp32_plain", "fp8_plain", "fp4_plain", "fp4_sr_reset"],
         &[],
-    ));
+    )];
     for (name, purpose, o) in FP4_VARIANTS {
-        v.push(h200s(name, purpose, Bf16Model, &["fp4_plain", "fp4_sr_reset"], o));
+        v.push(h200s(name, purpose, Table::Bf16Model, &["fp4_plain", "fp4_sr_reset"], o));
     }
-    for lr in PU_SWEEP {
-        v.push(Ablation {
+    v
+}
+
+/// The `paper-updates` scale's FP32-state lr sweep.
+fn lr_sweep() -> Vec<Ablation> {
+    PU_SWEEP
+        .iter()
+        .map(|lr| Ablation {
             scale: Scale::PaperUpdates,
             seeds: "0",
             overrides: vec![format!("optim.lr={lr}")],
             ..h200s(
                 &format!("paper_updates_lr_{lr}"),
                 &format!("the paper-updates scale's lr sweep: FP32 states at peak lr {lr} (the scale's own {PU_LR} is the table's cell)"),
-                Bf16Model,
+                Table::Bf16Model,
                 &["fp32_plain"],
                 &[],
             )
-        });
-    }
-    v
+        })
+        .collect()
 }
 
 /// The ablation named `name`.

@@ -115,6 +115,35 @@ pub fn reset_period(scale: Scale, fmt: Fmt) -> u64 {
     (fmt.paper_reset_period() / scale.reset_divisor()).max(1)
 }
 
+/// The overrides of the scales on both offline corpora (`h200-shuffled`, `paper-updates`):
+/// LLaMA-20M on the token shards of `corpus` and `corpus-extra`, rows shuffled (the config's
+/// default), seq 256, `micro_batch` sequences per step, `steps` steps with a 10% warmup to
+/// peak `lr`, validation and per-tensor stall detail every `eval_every` steps on 250k tokens
+/// of the corpus's validation shard, CUDA, no checkpoints or plots.
+fn offline_corpora(micro_batch: usize, steps: u64, lr: f64, eval_every: u64) -> Vec<String> {
+    let fixed = [
+        "model.preset=\"llama20m\"",
+        "data.train=[\"data/local/tok/corpus/en-train.*.tokens.zst\", \"data/local/tok/extra/en-train.*.tokens.zst\"]",
+        "data.validation=[\"data/local/tok/corpus/en-validation.*.tokens.zst\"]",
+        "data.seq_len=256",
+        "data.val_tokens=250000",
+        "train.grad_accum=1",
+        "train.device=\"cuda\"",
+        "train.checkpoint_every=0",
+        "train.keep_checkpoints=1",
+        "run.plots=false",
+    ];
+    let sized = [
+        format!("train.micro_batch={micro_batch}"),
+        format!("train.eval_every={eval_every}"),
+        format!("run.stall_detail_every={eval_every}"),
+        format!("optim.lr={lr}"),
+        format!("optim.warmup_steps={}", steps / 10),
+        format!("train.max_steps={steps}"),
+    ];
+    fixed.map(String::from).into_iter().chain(sized).collect()
+}
+
 /// The `--set` overrides that turn a cell's config into the scale's run (before the run's
 /// folder and seed). `full` adds none: the cell as configured.
 pub fn scale_overrides(scale: Scale, (fmt, fix): Cell) -> Vec<String> {
@@ -163,48 +192,8 @@ pub fn scale_overrides(scale: Scale, (fmt, fix): Cell) -> Vec<String> {
         .into_iter()
         .chain([format!("train.max_steps={H200_STEPS}")])
         .collect(),
-        Scale::H200Shuffled => [
-            "model.preset=\"llama20m\"",
-            "data.train=[\"data/local/tok/corpus/en-train.*.tokens.zst\", \"data/local/tok/extra/en-train.*.tokens.zst\"]",
-            "data.validation=[\"data/local/tok/corpus/en-validation.*.tokens.zst\"]",
-            "data.seq_len=256",
-            "data.val_tokens=250000",
-            "train.micro_batch=128",
-            "train.grad_accum=1",
-            "train.eval_every=600",
-            "train.device=\"cuda\"",
-            "train.checkpoint_every=0",
-            "train.keep_checkpoints=1",
-            "run.plots=false",
-            "run.stall_detail_every=600",
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain([
-            format!("optim.lr={H200S_LR}"),
-            format!("optim.warmup_steps={}", H200S_STEPS / 10),
-            format!("train.max_steps={H200S_STEPS}"),
-        ])
-        .collect(),
-        Scale::PaperUpdates => [
-            "model.preset=\"llama20m\"",
-            "data.train=[\"data/local/tok/corpus/en-train.*.tokens.zst\", \"data/local/tok/extra/en-train.*.tokens.zst\"]",
-            "data.validation=[\"data/local/tok/corpus/en-validation.*.tokens.zst\"]",
-            "data.seq_len=256",
-            "data.val_tokens=250000",
-            "train.micro_batch=32",
-            "train.grad_accum=1",
-            "train.eval_every=5000",
-            "train.device=\"cuda\"",
-            "train.checkpoint_every=0",
-            "train.keep_checkpoints=1",
-            "run.plots=false",
-            "run.stall_detail_every=5000",
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain([format!("optim.lr={PU_LR}"), format!("optim.warmup_steps={}", PU_STEPS / 10), format!("train.max_steps={PU_STEPS}")])
-        .collect(),
+        Scale::H200Shuffled => offline_corpora(128, H200S_STEPS, H200S_LR, 600),
+        Scale::PaperUpdates => offline_corpora(32, PU_STEPS, PU_LR, 5000),
     };
     let (m, v) = fix.reset_periods(reset_period(scale, fmt));
     if m > 0 {

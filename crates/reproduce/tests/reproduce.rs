@@ -157,7 +157,7 @@ fn scales_override_the_run_and_reset_periods() {
     assert!(h.data.train[0].starts_with("data/local/corpus/"));
     // the paper's own periods: 4000 steps leave BF16 3 resets, FP8 13, FP4 19
     assert_eq!((h.optim.states.m_reset_every, h.optim.states.v_reset_every), (300.into(), 300.into()));
-    // issue 50's setting: both corpora shuffled, 128 x 256 tokens per step, 2400 steps,
+    // the shuffled setting: both corpora shuffled, 128 x 256 tokens per step, 2400 steps,
     // warmup 10%, the tuned lr, the paper's periods
     let s = load(Scale::H200Shuffled);
     assert_eq!((s.model.preset.as_deref(), s.train.device.as_str()), (Some("llama20m"), "cuda"));
