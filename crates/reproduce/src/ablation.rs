@@ -32,9 +32,9 @@ pub struct Ablation {
 pub const FP4_PERIODS: [u64; 7] = [50, 100, 200, 400, 600, 1000, 2000];
 pub const FP8_PERIODS: [u64; 6] = [50, 100, 200, 600, 1000, 2000];
 
-/// The other two points of the `paper-updates` scale's FP32-state lr sweep (beside its own
+/// The other points of the `paper-updates` scale's FP32-state lr sweep (beside its own
 /// [`PU_LR`]), as `optim.lr` takes them.
-pub const PU_SWEEP: [&str; 2] = ["1.5e-3", "6e-3"];
+pub const PU_SWEEP: [&str; 3] = ["1.5e-3", "3e-3", "1.2e-2"];
 
 /// Tokens per step of the batch ablations, as sequences of 256 (the scale's 128 x 256 keeps
 /// its tokens per run: steps = 2400 x 128 / B).

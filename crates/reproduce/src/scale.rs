@@ -48,9 +48,10 @@ pub const H200S_STEPS: u64 = 2400;
 /// paper's ceiling on repeats).
 pub const PU_STEPS: u64 = 20_000;
 
-/// Peak learning rate of the `paper-updates` scale: 3e-3, the first guess at this shape, to be
-/// replaced by the best of the FP32-state sweep (ablations `paper_updates_lr_*`).
-pub const PU_LR: f64 = 3e-3;
+/// Peak learning rate of the `paper-updates` scale: the best of the FP32-state sweep at this
+/// shape (ablations `paper_updates_lr_*`, seed 0, one H100: 1.5e-3 3.5539, 3e-3 3.5354, 6e-3
+/// 3.5247), at the sweep's edge: `paper_updates_lr_1.2e-2` is its next point.
+pub const PU_LR: f64 = 6e-3;
 
 /// Peak learning rate of the `h200-shuffled` scale: the best of the FP32-state sweep
 /// (`bench/lr_sweep_h200.md`: 1e-3 3.615, 2e-3 3.520, 4e-3 3.501, 6e-3 3.489, 8e-3 3.495).
