@@ -64,7 +64,8 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     for (src, dst) in &jobs {
         let source = src.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         if let Ok(h) = read_header(dst) {
-            if h.tokenizer_sha256 == tok.sha256 && h.source == source {
+            // a shard of format version 1 (no per-document checksums) is made again
+            if h.tokenizer_sha256 == tok.sha256 && h.source == source && h.checksums {
                 outln!("{}: already there ({} tokens)", dst.display(), h.tokens);
                 tokens += h.tokens;
                 bytes += std::fs::metadata(dst).map_or(0, |m| m.len());

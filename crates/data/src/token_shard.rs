@@ -10,13 +10,18 @@
 //! |------------|------------------------------------------------|-------|---------------------------------------|
 //! | `tokens`   | `U16` when the vocabulary has at most 65,536 ids, else `U32` | `[n]` | every document's ids, each ending in EOS, in source order |
 //! | `doc_ends` | `U64`                                          | `[d]` | end offset of each document in `tokens` (exclusive, increasing, the last = n) |
+//! | `doc_crc32` | `U32`                                         | `[d]` | CRC-32 (IEEE) of each document's ids as stored (little-endian bytes) |
 //!
 //! and these header (`__metadata__`) fields, all strings: `format` = `lowbit-tokens`,
-//! `version` = `1`, `tokenizer` (the tokenizer file's name), `tokenizer_sha256` (SHA-256 of
+//! `version` = `2`, `tokenizer` (the tokenizer file's name), `tokenizer_sha256` (SHA-256 of
 //! its bytes), `vocab_size`, `eos_id`, `tokens`, `documents`, and `source` (the text shard it
 //! was made from). The layout of a document is [`crate::Tokens::encode`]'s: text ids, then
 //! EOS. A shard made with another tokenizer file than `data.tokenizer` is refused
-//! ([`check_tokenizer`]). Readable without lowbit:
+//! ([`check_tokenizer`]). zstd's frame carries no checksum of its own here, so a flipped byte
+//! would decompress into other token ids without a word: each document's ids are checked
+//! against `doc_crc32` as they are read, before any is used, and a mismatch refuses the shard
+//! naming it and the document. Version-1 shards (before the checksums) are read with a warning.
+//! Readable without lowbit:
 //! `safetensors.numpy.load(zstandard.ZstdDecompressor().decompress(open(p, "rb").read(), max_output_size=1 << 34))`.
 //!
 //! Size (the offline corpus, T5 ids as `U16`, zstd level 19): 0.81 bytes per token, against
@@ -40,8 +45,10 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 
 /// The `format` header field.
 const FORMAT: &str = "lowbit-tokens";
-/// The `version` header field this reader understands.
-const VERSION: &str = "1";
+/// The `version` header field this writer writes (per-document checksums).
+const VERSION: &str = "2";
+/// The version before the checksums, still read (with a warning).
+const VERSION_1: &str = "1";
 
 /// What a token shard's header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +67,8 @@ pub struct TokenShardHeader {
     pub documents: u64,
     /// The text shard it was made from (file name).
     pub source: String,
+    /// Whether each document carries a CRC-32 (`doc_crc32`, format version 2).
+    pub checksums: bool,
 }
 
 /// Whether `path` starts with the zstd magic (a token shard; C4 shards are gzip or plain JSON).
@@ -117,8 +126,9 @@ fn header_of(path: &Path, json: &serde_json::Value) -> Result<TokenShardHeader> 
     if field("format")? != FORMAT {
         return Err(bad(path, format!("header field `format` is {:?}, not {FORMAT:?}", meta["format"])));
     }
-    if field("version")? != VERSION {
-        return Err(bad(path, format!("format version {:?}; this build reads version {VERSION}", meta["version"])));
+    let version = field("version")?;
+    if version != VERSION && version != VERSION_1 {
+        return Err(bad(path, format!("format version {version:?}; this build reads versions {VERSION_1} and {VERSION}")));
     }
     Ok(TokenShardHeader {
         tokenizer: field("tokenizer")?.clone(),
@@ -128,6 +138,7 @@ fn header_of(path: &Path, json: &serde_json::Value) -> Result<TokenShardHeader> 
         tokens: number("tokens")?,
         documents: number("documents")?,
         source: field("source")?.clone(),
+        checksums: version == VERSION,
     })
 }
 
@@ -166,6 +177,8 @@ pub(crate) struct TokenShardDocs {
     path: PathBuf,
     z: zstd::stream::read::Decoder<'static, std::io::BufReader<std::fs::File>>,
     ends: Vec<u64>,
+    /// Each document's CRC-32 (empty for a version-1 shard: nothing to check).
+    crcs: Vec<u32>,
     /// Bytes per id: 2 (`U16`) or 4 (`U32`).
     width: usize,
     vocab: usize,
@@ -190,8 +203,22 @@ impl TokenShardDocs {
             "U32" => 4,
             d => return Err(bad(path, format!("`tokens` is {d}, not U16 or U32"))),
         };
-        // the layout `write_token_shard` gives: the ends, then the ids, nothing else
-        if ends_dtype != "U64" || (ends_at, ends_to, ids_at, ids_to) != (0, 8 * docs, 8 * docs, 8 * docs + width as u64 * n) {
+        // the layout `write_token_shard` gives: the ends, the checksums (version 2), then the
+        // ids, nothing else
+        let crc_bytes = if header.checksums { 4 * docs } else { 0 };
+        if header.checksums {
+            let (crc_dtype, crcs, crc_at, crc_to) = tensor_info(path, &json, "doc_crc32")?;
+            if (crc_dtype.as_str(), crcs, crc_at, crc_to) != ("U32", docs, 8 * docs, 8 * docs + crc_bytes) {
+                return Err(bad(path, "not the layout `train data tokenize` writes (U64 `doc_ends`, U32 `doc_crc32`, then the ids)"));
+            }
+        } else {
+            tracing::warn!(
+                shard = %path.display(),
+                "token shard of format version 1: its ids carry no checksum, so a corrupt byte cannot be detected; re-make it with `train data tokenize`"
+            );
+        }
+        let data_at = 8 * docs + crc_bytes;
+        if ends_dtype != "U64" || (ends_at, ends_to, ids_at, ids_to) != (0, 8 * docs, data_at, data_at + width as u64 * n) {
             return Err(bad(path, "not the layout `train data tokenize` writes (U64 `doc_ends`, then the ids)"));
         }
         if (n, docs) != (header.tokens, header.documents) {
@@ -200,14 +227,16 @@ impl TokenShardDocs {
                 format!("holds {n} tokens in {docs} documents, its header says {} in {}", header.tokens, header.documents),
             ));
         }
-        let mut bytes = vec![0u8; 8 * docs as usize];
+        let mut bytes = vec![0u8; data_at as usize];
         z.read_exact(&mut bytes).map_err(|e| bad(path, format!("corrupt zstd stream ({e})")))?;
-        let ends: Vec<u64> = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        let (end_bytes, crc_bytes) = bytes.split_at(8 * docs as usize);
+        let ends: Vec<u64> = end_bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        let crcs: Vec<u32> = crc_bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
         let increasing = ends.windows(2).all(|w| w[0] < w[1]) && ends.first().is_none_or(|&f| f > 0);
         if !increasing || ends.last().copied().unwrap_or(0) != n {
             return Err(bad(path, "`doc_ends` is not an increasing list of offsets ending at the token count"));
         }
-        Ok(Self { path: path.to_path_buf(), z, ends, width, vocab: tok.vocab_size(), next: 0, buf: Vec::new() })
+        Ok(Self { path: path.to_path_buf(), z, ends, crcs, width, vocab: tok.vocab_size(), next: 0, buf: Vec::new() })
     }
 
     /// The ids of the next document as bytes in `self.buf`; false at the end of the shard.
@@ -217,6 +246,19 @@ impl TokenShardDocs {
         self.buf.resize((end - start) as usize * self.width, 0);
         let path = &self.path;
         self.z.read_exact(&mut self.buf).map_err(|e| bad(path, format!("corrupt zstd stream ({e})")))?;
+        if let Some(&want) = self.crcs.get(self.next) {
+            let got = crc32fast::hash(&self.buf);
+            if got != want {
+                return Err(bad(
+                    path,
+                    format!(
+                        "document {}: its ids have CRC-32 {got:08x}, the shard says {want:08x}: the shard is corrupt (re-make it \
+                         with `train data tokenize`)",
+                        self.next
+                    ),
+                ));
+            }
+        }
         self.next += 1;
         Ok(true)
     }
@@ -283,6 +325,10 @@ pub fn write_token_shard(path: &Path, docs: &[Vec<u32>], tok: &Tokens, source: &
         (Dtype::U32, docs.iter().flatten().flat_map(|&id| id.to_le_bytes()).collect())
     };
     let end_bytes: Vec<u8> = ends.iter().flat_map(|e| e.to_le_bytes()).collect();
+    let width = token_bytes.len() / n.max(1) as usize;
+    let starts = std::iter::once(0).chain(ends.iter().copied());
+    let crc_bytes: Vec<u8> =
+        starts.zip(&ends).flat_map(|(a, &b)| crc32fast::hash(&token_bytes[a as usize * width..b as usize * width]).to_le_bytes()).collect();
     let name = |p: &Path| p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned());
     let meta: HashMap<String, String> = [
         ("format", FORMAT.to_string()),
@@ -299,7 +345,11 @@ pub fn write_token_shard(path: &Path, docs: &[Vec<u32>], tok: &Tokens, source: &
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     let view = |d, shape, data| safetensors::tensor::TensorView::new(d, vec![shape], data).expect("sizes match");
-    let tensors = [("tokens", view(dtype, n as usize, &token_bytes[..])), ("doc_ends", view(Dtype::U64, ends.len(), &end_bytes[..]))];
+    let tensors = [
+        ("tokens", view(dtype, n as usize, &token_bytes[..])),
+        ("doc_ends", view(Dtype::U64, ends.len(), &end_bytes[..])),
+        ("doc_crc32", view(Dtype::U32, ends.len(), &crc_bytes[..])),
+    ];
     let bytes = safetensors::serialize(tensors, Some(meta)).map_err(|e| bad(path, format!("cannot serialize: {e}")))?;
     let tmp = PathBuf::from(format!("{}.partial", path.display()));
     let out = std::fs::File::create(&tmp).map_err(io_err)?;

@@ -78,6 +78,11 @@ fn the_file_is_zstd_around_safetensors_with_u16_ids() {
     let ends = st.tensor("doc_ends").unwrap();
     assert_eq!((ends.dtype(), ends.shape()), (safetensors::Dtype::U64, &[5][..]));
     assert_eq!(u64::from_le_bytes(ends.data()[..8].try_into().unwrap()), ids.len() as u64);
+    // each document's CRC-32 (IEEE) of its ids as stored
+    let crcs = st.tensor("doc_crc32").unwrap();
+    assert_eq!((crcs.dtype(), crcs.shape()), (safetensors::Dtype::U32, &[5][..]));
+    let first_bytes = &t.data()[..2 * ids.len()];
+    assert_eq!(u32::from_le_bytes(crcs.data()[..4].try_into().unwrap()), crc32fast::hash(first_bytes));
 }
 
 #[test]
@@ -141,4 +146,70 @@ fn the_bundled_token_shards_are_the_bundled_text() {
         };
         assert!(all(&json) == all(&tokens), "{} is not {} tokenized", tokens.display(), json.display());
     }
+}
+
+/// The shard's bytes as safetensors (decompressed), changed by `edit`, written back as one
+/// zstd frame at `dst`.
+fn rewrite(src: &Path, dst: &Path, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) {
+    let raw = zstd::stream::decode_all(std::fs::File::open(src).unwrap()).unwrap();
+    std::fs::write(dst, zstd::encode_all(&edit(raw)[..], 3).unwrap()).unwrap();
+}
+
+/// One flipped byte in a document's ids (zstd checks nothing here: the frame decodes) is refused
+/// when that document is read, naming the shard and the document, before any of its ids is
+/// used; the other documents read as before.
+#[test]
+fn a_flipped_byte_is_refused_naming_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = small_corpus(dir.path(), 1, 5);
+    let shard = tokenized(&texts, dir.path()).remove(0);
+    assert!(read_header(&shard).unwrap().checksums);
+    let bad = dir.path().join("flipped.tokens.zst");
+    rewrite(&shard, &bad, |mut raw| {
+        let n = raw.len();
+        raw[n - 3] ^= 0x01; // the low byte of an id of the last document
+        raw
+    });
+    let tok = t5();
+    let mut c = cfg(&[&bad], &[&bad], 16);
+    c.val_tokens = usize::MAX;
+    let e = validation_batches(&c, &tok, 4).unwrap_err().to_string();
+    assert!(e.contains("flipped.tokens.zst: not a usable token shard") && e.contains("document 4: its ids have CRC-32"), "{e}");
+    assert!(e.contains("the shard is corrupt"), "{e}");
+    // in memory (the default) the shard is read whole before the first step: refused at start;
+    // streaming, when the reader reaches the document, before its ids make a batch
+    let e = TrainStream::new(&cfg(&[&bad], &[&shard], 16), &tok, DataPosition::default()).err().unwrap().to_string();
+    assert!(e.contains("flipped.tokens.zst") && e.contains("document 4"), "{e}");
+    let mut streaming = cfg(&[&bad], &[&shard], 16);
+    streaming.in_memory_max_tokens = 0;
+    let mut stream = TrainStream::new(&streaming, &tok, DataPosition::default()).unwrap();
+    let e = (0..100).find_map(|_| stream.next_batch(4).err()).expect("the corrupt document is refused").to_string();
+    assert!(e.contains("flipped.tokens.zst") && e.contains("document 4"), "{e}");
+}
+
+/// A shard of format version 1 (before the checksums: no `doc_crc32`) is still read, the same
+/// rows as today's.
+#[test]
+fn a_version_1_shard_is_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = small_corpus(dir.path(), 1, 5);
+    let shard = tokenized(&texts, dir.path()).remove(0);
+    let old = dir.path().join("old.tokens.zst");
+    rewrite(&shard, &old, |raw| {
+        let st = safetensors::SafeTensors::deserialize(&raw).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&raw).unwrap();
+        let mut meta = meta.metadata().clone().unwrap();
+        meta.insert("version".into(), "1".into());
+        let keep: Vec<(String, safetensors::tensor::TensorView)> =
+            ["tokens", "doc_ends"].iter().map(|n| (n.to_string(), st.tensor(n).unwrap())).collect();
+        safetensors::serialize(keep, Some(meta)).unwrap()
+    });
+    assert!(!read_header(&old).unwrap().checksums);
+    let tok = t5();
+    let all = |p: &Path| {
+        let mut c = cfg(&[p], &[p], 32);
+        c.val_tokens = usize::MAX;
+        validation_batches(&c, &tok, 8).unwrap()
+    };
+    assert!(all(&old) == all(&shard));
 }
