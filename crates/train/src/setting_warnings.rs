@@ -14,6 +14,8 @@ pub fn for_run(cfg: &RunConfig, states: &Moments, pass: PassSize) -> Vec<String>
     let per_group: Vec<_> = states.tensors.iter().map(|t| (t.info.group.as_str(), &t.spec)).collect();
     setting_warnings(cfg, &states.spec, largest)
         .into_iter()
+        .chain(data_warnings(cfg, pass))
+        .chain(soap_warnings(cfg))
         .chain(continued_bias_correction(cfg, states.spec.reset, per_group.iter().copied()))
         .chain(restarted_m_without_v(cfg, per_group.iter().copied()))
         .chain(passes_warning(cfg, pass, passes))
@@ -105,6 +107,7 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
         );
     }
     scale_warnings(cfg, spec, largest, &mut w);
+    min_numel_warnings(cfg, spec, largest, &mut w);
     for (key, every) in [("m_reset_every", spec.m_reset_every), ("v_reset_every", spec.v_reset_every)] {
         if every > 0 && every >= max_steps {
             w.push(format!(
@@ -165,6 +168,82 @@ fn scale_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize, w: &mut Ve
             spec.block_size
         ));
     }
+}
+
+/// `optim.states.min_quantized_numel` where it cannot act: m and v in formats that are not
+/// quantized (every tensor keeps its format anyway), or above the largest tensor (`largest`
+/// elements: every state is FP32, whatever the formats and the start banner's theory say).
+fn min_numel_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize, w: &mut Vec<String>) {
+    let min = cfg.optim.states.min_quantized_numel;
+    if min == 0 {
+        return;
+    }
+    let low = |f: StateFormat| f != StateFormat::Fp32;
+    if !low(spec.m_format) && !low(spec.v_format) {
+        w.push(format!(
+            "optim.states.min_quantized_numel = {min} does nothing: m and v are FP32 already (it keeps small tensors' \
+             states in FP32 when m or v is in a lower precision)"
+        ));
+    } else if min > largest {
+        w.push(format!(
+            "optim.states.min_quantized_numel = {min} is above the largest tensor ({largest} elements): every tensor keeps \
+             FP32 m and v, so the {} / {} formats (and their stall theory) apply to none",
+            spec.m_format.name(),
+            spec.v_format.name()
+        ));
+    }
+}
+
+/// The `[data]` order settings that cannot act: a seed or a shuffle buffer with `data.shuffle =
+/// false` (rows in file order), and a shuffle buffer in memory mode (`pass` knows the rows of a
+/// pass: every pass is permuted whole; the buffer is streaming mode's).
+pub fn data_warnings(cfg: &RunConfig, pass: PassSize) -> Vec<String> {
+    let d = &cfg.data;
+    let buffer_set = d.shuffle_buffer != lowbit_data::DataConfig::default().shuffle_buffer;
+    let mut w = Vec::new();
+    if !d.shuffle {
+        if let Some(seed) = d.seed {
+            w.push(format!("data.seed = {seed} does nothing with data.shuffle = false: the rows are read in file order"));
+        }
+        if buffer_set {
+            w.push(format!(
+                "data.shuffle_buffer = {} does nothing with data.shuffle = false: the rows are read in file order",
+                d.shuffle_buffer
+            ));
+        }
+    } else if buffer_set && pass.rows.is_some() {
+        w.push(format!(
+            "data.shuffle_buffer = {} does nothing: the training text ({} tokens) fits data.in_memory_max_tokens = {}, so \
+             each pass's rows are permuted in memory (the buffer is streaming mode's)",
+            d.shuffle_buffer, pass.tokens, d.in_memory_max_tokens
+        ));
+    }
+    w
+}
+
+/// `[optim.soap]` settings that leave SOAP something else: no side rotated (it is Adam), or no
+/// refresh of the eigenbases after the first update's within `train.max_steps`.
+pub fn soap_warnings(cfg: &RunConfig) -> Vec<String> {
+    if cfg.optim.kind != lowbit_optim::OptimizerKind::Soap {
+        return vec![];
+    }
+    let (soap, steps) = (&cfg.optim.soap, cfg.train.max_steps);
+    let mut w = Vec::new();
+    if soap.max_precond_dim <= 1 {
+        w.push(format!(
+            "optim.soap.max_precond_dim = {} leaves every matrix side unrotated: SOAP is Adam here (with its preconditioner \
+             state's memory)",
+            soap.max_precond_dim
+        ));
+    }
+    if soap.precondition_frequency >= steps {
+        w.push(format!(
+            "optim.soap.precondition_frequency = {} is not shorter than train.max_steps = {steps}: the eigenbases are \
+             computed at each matrix's first update and never refreshed",
+            soap.precondition_frequency
+        ));
+    }
+    w
 }
 
 /// Passes over the training text that `train.max_steps` steps of the global batch make: by
@@ -236,6 +315,47 @@ mod tests {
             ["optim.states.m_format=\"fp8\"", "optim.states.v_format=\"fp8\"", "optim.states.scale=\"amax\"", "optim.states.block_size=0"];
         assert_eq!(warnings(&paper_fp8), Vec::<String>::new(), "a scale kind and per-tensor scales for fp8 states");
         assert_eq!(warnings(&["optim.states.v_format=\"int8\"", "optim.states.block_size=256"]), Vec::<String>::new());
+    }
+
+    /// A pass of `rows` rows known (in memory) or not (streaming), of 1M tokens.
+    fn pass(rows: Option<u64>) -> PassSize {
+        PassSize { tokens: 1_000_000, exact: true, rows }
+    }
+
+    #[test]
+    fn data_order_settings_that_cannot_act() {
+        assert_eq!(data_warnings(&tiny(&[]), pass(Some(4000))), Vec::<String>::new());
+        let w = data_warnings(&tiny(&["data.shuffle=false", "data.seed=7", "data.shuffle_buffer=50"]), pass(None));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("data.seed = 7 does nothing with data.shuffle = false"), "{w:?}");
+        assert!(w[1].starts_with("data.shuffle_buffer = 50 does nothing with data.shuffle = false"), "{w:?}");
+        let w = data_warnings(&tiny(&["data.shuffle_buffer=50"]), pass(Some(4000)));
+        assert!(w.len() == 1 && w[0].contains("permuted in memory") && w[0].contains("1000000 tokens"), "{w:?}");
+        assert_eq!(data_warnings(&tiny(&["data.shuffle_buffer=50"]), pass(None)), Vec::<String>::new(), "streaming uses it");
+    }
+
+    #[test]
+    fn soap_settings_that_leave_it_adam_or_unrefreshed() {
+        assert_eq!(soap_warnings(&tiny(&["optim.kind=\"soap\""])), Vec::<String>::new());
+        assert_eq!(soap_warnings(&tiny(&["optim.soap.max_precond_dim=1"])), Vec::<String>::new(), "AdamW ignores [optim.soap]");
+        let w = soap_warnings(&tiny(&[
+            "optim.kind=\"soap\"",
+            "optim.soap.max_precond_dim=1",
+            "optim.soap.precondition_frequency=1000000000000",
+        ]));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("SOAP is Adam here") && w[1].contains("never refreshed"), "{w:?}");
+    }
+
+    #[test]
+    fn min_quantized_numel_that_cannot_act() {
+        one(&["optim.states.min_quantized_numel=4096"], "optim.states.min_quantized_numel = 4096 does nothing");
+        let w = one(
+            &["optim.states.m_format=\"fp8\"", "optim.states.v_format=\"fp8\"", "optim.states.min_quantized_numel=9223372036854775807"],
+            "optim.states.min_quantized_numel = 9223372036854775807 is above the largest tensor",
+        );
+        assert!(w.contains("4096 elements") && w.contains("fp8e4m3"), "{w}");
+        assert_eq!(warnings(&["optim.states.v_format=\"fp8\"", "optim.states.min_quantized_numel=1024"]), Vec::<String>::new());
     }
 
     #[test]
