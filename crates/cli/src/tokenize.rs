@@ -59,6 +59,9 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
             jobs.push((src, dst));
         }
     }
+    if jobs.is_empty() {
+        bail!("data.train and data.validation list no shard: nothing to tokenize (give them the JSON shards' patterns)");
+    }
     std::fs::create_dir_all(&a.out).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", a.out.display()))?;
     let (mut tokens, mut bytes) = (0u64, 0u64);
     for (src, dst) in &jobs {
@@ -71,6 +74,14 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
                 bytes += std::fs::metadata(dst).map_or(0, |m| m.len());
                 continue;
             }
+            let why = if h.tokenizer_sha256 != tok.sha256 {
+                format!("made with another tokenizer ({}, SHA-256 {:.12}...)", h.tokenizer, h.tokenizer_sha256)
+            } else if h.source != source {
+                format!("made from another text shard ({})", h.source)
+            } else {
+                "of format version 1 (no checksums)".to_string()
+            };
+            lowbit_train::errln!("{}: {why}: replaced", dst.display());
         }
         let t0 = Instant::now();
         let (h, size) = tokenize_shard(src, dst, &tok, cfg.data.on_bad_line, a.level)?;
@@ -91,13 +102,18 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
         let mapped: Vec<String> = patterns.iter().map(|p| format!("\"{}\"", token_shard_path(Path::new(p), &a.out).display())).collect();
         format!("data.{what}=[{}]", mapped.join(", "))
     };
+    // only the lists that had shards: an empty `data.train` is refused by a run
+    let sets: Vec<String> = [("train", &cfg.data.train), ("validation", &cfg.data.validation)]
+        .into_iter()
+        .filter(|(_, p)| !p.is_empty())
+        .map(|(what, p)| format!("--set '{}'", set(what, p)))
+        .collect();
     outln!(
-        "{} token shards, {tokens} tokens, {} ({:.2} bytes/token). Point a run at them with\n  --set '{}' --set '{}'",
+        "{} token shards, {tokens} tokens, {} ({:.2} bytes/token). Point a run at them with\n  {}",
         jobs.len(),
         HumanBytes(bytes),
         bytes as f64 / tokens.max(1) as f64,
-        set("train", &cfg.data.train),
-        set("validation", &cfg.data.validation)
+        sets.join(" ")
     );
     Ok(())
 }

@@ -379,6 +379,23 @@ fn data_tokenize_writes_token_shards_a_run_reads() {
     // a config that reads token shards already: nothing to tokenize
     let r = train(d, &["data", "tokenize", "--config", "c.toml", "--out", "tok2", "--set", "data.train=[\"tok/a.tokens.zst\"]"]);
     assert!(r.code == Some(1) && r.stderr.contains("data.train lists tok/a.tokens.zst, a token shard already"), "{}", r.stderr);
+    // only the validation shard: the hint names only the list that had shards
+    let only_val =
+        ["data", "tokenize", "--config", "c.toml", "--out", "tok3", "--set", "data.train=[]", "--set", "data.validation=[\"v.json\"]"];
+    let r = train(d, &only_val);
+    assert!(r.code == Some(0) && r.stdout.contains("--set 'data.validation=[\"tok3/v.tokens.zst\"]'"), "{}", r.stdout);
+    assert!(!r.stdout.contains("data.train="), "{}", r.stdout);
+    // no shard at all: an error, not an empty success
+    let r = train(d, &["data", "tokenize", "--config", "c.toml", "--out", "tok4", "--set", "data.train=[]", "--set", "data.validation=[]"]);
+    assert!(r.code == Some(1) && r.stderr.contains("nothing to tokenize"), "{}", r.stderr);
+    // a shard made with another tokenizer is replaced, and the command says so
+    let mut other = std::fs::read_to_string(root().join("data/tokenizers/t5-tokenizer.json")).unwrap();
+    other.push('\n');
+    std::fs::write(d.join("other.json"), other).unwrap();
+    let with_other = [&args[..], &["--set", "data.tokenizer=\"other.json\""]].concat();
+    let r = train(d, &with_other);
+    assert!(r.code == Some(0) && r.stderr.contains("tok/a.tokens.zst: made with another tokenizer (t5-tokenizer.json"), "{}", r.stderr);
+    assert!(r.stderr.contains(": replaced"), "{}", r.stderr);
 }
 
 /// `train stalls --follow` into a pipe (`| less`, `> file`): no terminal escape codes, each

@@ -382,6 +382,9 @@ fn report_only_renders_from_the_merged_results_file() {
     assert!(!ok && err.contains("--cells: \"fp9\""), "{err}");
     let (ok, _, err) = train(&["reproduce", "--table", "fp32-model", "--scale", "smoke", "--merge", "nowhere"], tmp.path());
     assert!(!ok && err.contains("--merge nowhere: no such folder"), "{err}");
+    std::fs::write(tmp.path().join("notes.md"), "a file").unwrap();
+    let (ok, _, err) = train(&["reproduce", "--table", "fp32-model", "--scale", "smoke", "--merge", "notes.md"], tmp.path());
+    assert!(!ok && err.contains("--merge notes.md: not a folder"), "{err}");
 }
 
 /// Table 6 (reset policies) reads the cells it shares with the main table (FP32 plain, FP8

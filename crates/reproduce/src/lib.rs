@@ -301,6 +301,9 @@ fn read_merged(a: &ReproduceArgs, t: &Target, table: Table) -> Result<ResultsFil
     let path = |root: &Path| if table == t.table { t.results_path(root) } else { results_path(root, table, t.scale, None) };
     let file = ResultsFile::load(&path(&a.out), table, t.scale)?;
     let Some(dir) = &a.merge else { return Ok(file) };
+    if dir.exists() && !dir.is_dir() {
+        bail!("--merge {}: not a folder (give the reproduce folder that holds records/, e.g. reproduce)", dir.display());
+    }
     if !dir.is_dir() {
         bail!("--merge {}: no such folder", dir.display());
     }
