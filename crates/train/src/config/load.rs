@@ -195,17 +195,39 @@ fn merge(base: &mut toml::Value, top: toml::Value) {
     }
 }
 
-/// Apply `section.key=value` (value parsed as TOML, else taken as a string).
+/// Whether `raw` is written as a number (sign, digits with `_`, a fraction, an exponent): one
+/// TOML cannot hold is refused rather than taken as a string.
+fn looks_numeric(raw: &str) -> bool {
+    let body = raw.strip_prefix(['+', '-']).unwrap_or(raw);
+    let (mantissa, exp) = match body.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e.strip_prefix(['+', '-']).unwrap_or(e))),
+        None => (body, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit() || c == '_');
+    let mantissa_ok = match mantissa.split_once('.') {
+        Some((a, b)) => digits(a) && digits(b),
+        None => digits(mantissa),
+    };
+    mantissa_ok && exp.is_none_or(digits)
+}
+
+/// Apply `section.key=value` (value parsed as TOML, else taken as a string; a number TOML
+/// cannot hold is refused).
 pub fn apply_override(root: &mut toml::Value, spec: &str) -> Result<()> {
     let (key, raw) = spec.split_once('=').with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
     let parts: Vec<&str> = key.trim().split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         bail!("--set {spec:?}: empty key component");
     }
-    let value: toml::Value = toml::from_str::<toml::Table>(&format!("x = {}", raw.trim()))
-        .ok()
-        .and_then(|mut t| t.remove("x"))
-        .unwrap_or_else(|| toml::Value::String(raw.trim().to_string()));
+    let parsed = toml::from_str::<toml::Table>(&format!("x = {}", raw.trim())).ok().and_then(|mut t| t.remove("x"));
+    if parsed.is_none() && looks_numeric(raw.trim()) {
+        bail!(
+            "--set {key}={}: a number outside TOML's range (integers -9223372036854775808 ..= 9223372036854775807, \
+             floats up to ~1.8e308)",
+            raw.trim()
+        );
+    }
+    let value = parsed.unwrap_or_else(|| toml::Value::String(raw.trim().to_string()));
     let mut node = root;
     for p in &parts[..parts.len() - 1] {
         let t = node.as_table_mut().with_context(|| format!("--set {key}: {p} is not a section"))?;
@@ -213,4 +235,28 @@ pub fn apply_override(root: &mut toml::Value, spec: &str) -> Result<()> {
     }
     node.as_table_mut().with_context(|| format!("--set {key}: parent is not a section"))?.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--set` with a number TOML cannot hold (past i64, past f64) is refused naming it and
+    /// the range, where it was taken as a string and refused as "invalid type: string"; numbers
+    /// in range and words stay as they were.
+    #[test]
+    fn numbers_outside_tomls_range_are_refused() {
+        let mut root = toml::Value::Table(Default::default());
+        for big in ["18446744073709551615", "1e309", "-9223372036854775809", "1_000_000_000_000_000_000_000"] {
+            let e = apply_override(&mut root, &format!("train.grad_accum={big}")).unwrap_err().to_string();
+            assert!(e.contains(&format!("--set train.grad_accum={big}: a number outside TOML's range")), "{e}");
+        }
+        apply_override(&mut root, "train.grad_accum=9223372036854775807").unwrap();
+        assert_eq!(root["train"]["grad_accum"].as_integer(), Some(i64::MAX));
+        apply_override(&mut root, "optim.lr=6e-3").unwrap();
+        assert_eq!(root["optim"]["lr"].as_float(), Some(6e-3));
+        apply_override(&mut root, "run.name=e309").unwrap();
+        assert_eq!(root["run"]["name"].as_str(), Some("e309"), "a word is a string");
+        assert!(looks_numeric("1.5e-3") && looks_numeric("-12") && !looks_numeric("1.") && !looks_numeric("fp8") && !looks_numeric(""));
+    }
 }
