@@ -175,7 +175,7 @@ pub struct PoolSpec {
 /// deadline, every run fits.
 pub fn fits(now: Instant, run: Option<Duration>, deadline: Option<Instant>) -> bool {
     match (run, deadline) {
-        (Some(r), Some(d)) => now + r <= d,
+        (Some(r), Some(d)) => now.checked_add(r).is_some_and(|end| end <= d),
         _ => true,
     }
 }
@@ -199,7 +199,33 @@ fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
         cmd.env("CUDA_VISIBLE_DEVICES", g);
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    die_with_parent(&mut cmd);
     cmd.spawn().context("cannot start a training run")
+}
+
+/// On Linux, the child gets SIGTERM when this runner dies, however it dies (SIGINT, SIGTERM,
+/// SIGKILL, a panic): it then stops as a stopped run does (a checkpoint, exit 143) instead of
+/// training on as an orphan. A runner that died before the child set this up (its parent is
+/// then another process) stops the child at once.
+fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: prctl, getppid and raise are async-signal-safe; the closure allocates nothing
+        // and nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGTERM);
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
 }
 
 /// Seconds between two progress lines of the runs in flight.
