@@ -294,6 +294,35 @@ fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
     }
 }
 
+/// A streaming run's shuffle buffer counts in the memory a run needs: one of 100M rows of
+/// 1024 ids (~384 GiB) is refused before the run folder is touched, naming
+/// `data.shuffle_buffer` (it was allocated row by row after the folder was claimed). Skipped
+/// on a host with that much memory available.
+#[test]
+fn a_shuffle_buffer_that_cannot_fit_is_refused_before_the_folder_is_touched() {
+    let needed = 1e8 * lowbit_data::shuffle_buffer_row_bytes(1023);
+    if lowbit_train::memory::host_available().is_none_or(|b| b as f64 > needed) {
+        eprintln!("skipped: this host has {needed:.0} bytes available");
+        return;
+    }
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let sets = ["data.in_memory_max_tokens=0", "data.shuffle_buffer=100000000", "data.seq_len=1023"];
+    let r = train(d, &["--config", "c.toml", "--set", sets[0], "--set", sets[1], "--set", sets[2]]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("error: this config needs at least ")
+            && r.stderr.contains("the streaming shuffle buffer alone take")
+            && r.stderr.contains("lower data.shuffle_buffer"),
+        "{}",
+        r.stderr
+    );
+    assert!(!d.join("runs/x").exists(), "a refused start created the run folder");
+    // in memory (the sample fits data.in_memory_max_tokens) the buffer is not used, nor counted
+    let r = train(d, &["--config", "c.toml", "--set", "data.shuffle_buffer=100000000", "--set", "train.max_steps=1"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}
+
 /// The disk fills up while a checkpoint is written, or while the logs are appended
 /// (a file size limit stands in for the full disk): the run stops with a non-zero status and a
 /// message that names the file and says how to go on; the previous checkpoint stays whole (no
