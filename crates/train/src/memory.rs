@@ -176,13 +176,27 @@ fn fused_kernels(cfg: &RunConfig, m: &LlamaConfig) -> bool {
     cfg!(feature = "cuda") && cfg.train.device == "cuda" && cfg.model.kernels != KernelChoice::Composed && Kernels::fits(m).is_ok()
 }
 
-/// This host's available memory (`MemAvailable` of /proc/meminfo), bytes; `None` where it
-/// cannot be read.
+/// This host's available memory (`MemAvailable` of /proc/meminfo), bytes, no more than this
+/// process's address-space limit leaves it ([`address_space_left`]: `ulimit -v`, under which
+/// an allocation past the limit aborts the process); `None` where /proc/meminfo cannot be read.
 pub fn host_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    Some(address_space_left().map_or(kib * 1024, |left| left.min(kib * 1024)))
+}
+
+/// Bytes this process may still map under its address-space limit (`Max address space` of
+/// /proc/self/limits, less `VmSize` of /proc/self/status); `None` without a limit or where
+/// they cannot be read.
+pub fn address_space_left() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    // "Max address space  <soft> <hard> bytes": the soft limit is the one enforced
+    let soft: u64 = line.trim_start_matches("Max address space").split_whitespace().next()?.parse().ok()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let size_kib: u64 = status.lines().find(|l| l.starts_with("VmSize:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(soft.saturating_sub(size_kib * 1024))
 }
 
 #[cfg(test)]
