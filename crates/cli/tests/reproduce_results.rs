@@ -786,14 +786,16 @@ fn running(pid: u32) -> bool {
     stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()).is_some_and(|s| s != "Z" && s != "X")
 }
 
-/// A run of `train reproduce` dies with its runner: SIGTERM or SIGKILL to the runner while a
-/// training child runs, and the child (which would have trained on as an orphan) exits within
-/// seconds.
+/// A run of `train reproduce` dies with its runner: SIGINT, SIGTERM or SIGKILL to the runner
+/// while a training child runs, and the child (which trained on as an orphan) ends. On SIGINT
+/// and SIGTERM the runner passes the signal on and waits: when it ends, by that signal, its run
+/// has ended; on SIGKILL the run gets SIGTERM from the kernel and ends within seconds.
 #[cfg(target_os = "linux")]
 #[test]
 fn runs_die_with_their_runner() {
+    use std::os::unix::process::ExitStatusExt;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for signal in [libc::SIGTERM, libc::SIGKILL] {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
         let tmp = tempfile::tempdir().unwrap();
         let (out, runs) = (tmp.path().join("out"), tmp.path().join("runs"));
         let args = ["reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", "0"];
@@ -816,7 +818,11 @@ fn runs_die_with_their_runner() {
         assert!(running(child), "the run is under way");
         // SAFETY: a signal to the runner this test started
         unsafe { libc::kill(runner.id() as libc::pid_t, signal) };
-        runner.wait().unwrap();
+        let status = runner.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "the runner ends by the signal it got");
+        if signal != libc::SIGKILL {
+            assert!(!running(child), "the runner (signal {signal}) ended before its run (process {child})");
+        }
         let t1 = std::time::Instant::now();
         while running(child) {
             if t1.elapsed().as_secs() >= 30 {

@@ -14,8 +14,8 @@
 //!   shrink a cell to a scale), [`states`] (the paper's formats, lowbit's block formats or the
 //!   theory grids), [`subset`] (`--cells`, seeds);
 //! * running: [`pool`] (each (cell, seed) a child `train --config CELL --set ...` of this
-//!   executable, `--jobs` at once over the machine's GPUs), [`provenance`] (each run's card,
-//!   binary and date);
+//!   executable, `--jobs` at once over the machine's GPUs), [`stop`] (SIGINT / SIGTERM stop the
+//!   runs and wait for them), [`provenance`] (each run's card, binary and date);
 //! * keeping: [`results`] (the records, `<out>/records/<table>-<scale>-results.json`, an
 //!   ablation's under `records/ablations/<name>/`: a run they hold with the same config
 //!   fingerprint is not run again, so a table fills in over several commands);
@@ -33,6 +33,7 @@ pub mod scale;
 pub mod setting;
 pub mod states;
 pub mod stats;
+pub mod stop;
 pub mod subset;
 
 pub use ablation::{ablation, ablations, Ablation};

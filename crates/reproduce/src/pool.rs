@@ -261,6 +261,7 @@ pub fn run_all<'a>(
     let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
     let (mut longest, mut left) = (None::<Duration>, Vec::new());
     let mut said = Instant::now();
+    let _catch = super::stop::CatchStopSignals::new();
     loop {
         while running.len() < spec.jobs.max(1) {
             let run = longest.or(spec.expected);
@@ -295,6 +296,7 @@ pub fn run_all<'a>(
             return Ok(left);
         }
         std::thread::sleep(Duration::from_millis(200));
+        super::stop::stop_runs_if_signalled(running.iter_mut().map(|r| &mut r.1));
         if said.elapsed() >= STATUS_EVERY {
             said = Instant::now();
             let steps: Vec<String> = running
