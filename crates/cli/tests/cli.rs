@@ -117,6 +117,28 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
     assert!(r.stdout.contains("checkpoint_every = 500\n"), "{}", r.stdout);
 }
 
+/// Sizes that aborted or panicked (`data.shuffle_buffer` in an allocation or a capacity
+/// overflow, `train.grad_accum` after the run folder was claimed) are refused at the config
+/// check, naming the key and its range, before the folder is touched: the corrected command
+/// then runs.
+#[test]
+fn absurd_sizes_are_refused_at_the_config_check() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    for (set, needle) in [
+        ("data.shuffle_buffer=1000000000000", "data.shuffle_buffer: must be in 1..=100000000 rows"),
+        ("data.shuffle_buffer=9223372036854775807", "data.shuffle_buffer: must be in 1..=100000000 rows"),
+        ("train.grad_accum=9223372036854775807", "train.grad_accum: must be in 1..=1000000 (micro-batches per optimizer step)"),
+    ] {
+        let r = train(d, &["--config", "c.toml", "--set", "data.in_memory_max_tokens=0", "--set", set]);
+        assert_eq!(r.code, Some(1), "{set}: {}", r.stderr);
+        assert!(r.stderr.contains(&format!("invalid config (--set {set}): {needle}")), "{set}: {}", r.stderr);
+        assert!(!r.stderr.contains("panicked") && !d.join("runs").exists(), "{set}: {}", r.stderr);
+    }
+    let r = train(d, &["--config", "c.toml", "--set", "train.grad_accum=2", "--set", "train.max_steps=2"]);
+    assert_eq!(r.code, Some(0), "the corrected command: {}", r.stderr);
+}
+
 #[test]
 fn errors_name_the_file_or_field_and_what_to_do() {
     let tmp = cli_dir("x");

@@ -317,3 +317,43 @@ fn the_convention_is_enforced() {
         assert!(e.contains(what) && e.starts_with("p.md:"), "{bad:?}: {e}");
     }
 }
+
+/// The run folder of each `train --config C [--set K=V ...]` line of `text`'s ```sh blocks
+/// tagged `tag` (`cargo run ... -- --config C` too), from the repository's configs.
+fn run_dirs(root: &Path, text: &str, tag: &str) -> Vec<(String, std::path::PathBuf)> {
+    let mut inside = false;
+    let mut dirs = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("```") {
+            inside = !inside && t.trim_start_matches('`').split_whitespace().eq(["sh", tag]);
+            continue;
+        }
+        let words: Vec<&str> = t.split_whitespace().collect();
+        let Some(at) = words.iter().position(|w| *w == "--config") else { continue };
+        if !inside || words.first() == Some(&"!") {
+            continue;
+        }
+        let sets: Vec<String> = words.windows(2).filter(|w| w[0] == "--set").map(|w| w[1].to_string()).collect();
+        let cfg = lowbit_train::config::RunConfig::load(&root.join(words[at + 1]), &sets).unwrap();
+        dirs.push((t.to_string(), cfg.run_dir()));
+    }
+    dirs
+}
+
+/// The README's runnable runs keep off the run folders of its `sh long` runs: a reader who ran
+/// the first command (`runs/tiny_cpu`) can run the rest in order (the two-step run took the
+/// same folder and was refused). Here the long commands are not run, so this is checked from
+/// the configs.
+#[test]
+fn readme_runs_keep_off_the_long_runs_folders() {
+    let root = root();
+    let text = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let long = run_dirs(&root, &text, "long");
+    assert!(!long.is_empty(), "the README's first run is a `sh long` block");
+    for (line, dir) in run_dirs(&root, &text, "runnable") {
+        for (first, taken) in &long {
+            assert_ne!(&dir, taken, "README.md: `{line}` runs in the folder of `{first}`");
+        }
+    }
+}

@@ -543,6 +543,59 @@ fn a_run_that_would_end_after_the_deadline_is_not_started() {
     assert_eq!(file.expected_run_seconds(1), Some(140.0), "the newest at --jobs 1");
     assert_eq!(file.expected_run_seconds(3), Some(471.0));
     assert_eq!(file.expected_run_seconds(2), None);
+    for wall_s in [-1.0, 1e300, f64::NAN, f64::INFINITY, MAX_WALL_S + 1.0] {
+        assert_eq!(log(1, wall_s, 1).run_seconds(), None, "wall_s {wall_s}: no length");
+    }
+    assert!(!fits(t, Some(std::time::Duration::MAX), Some(t + s(560))), "a length past any instant never fits");
+}
+
+/// `--deadline` takes at most a year of seconds: a larger value is refused by the command line,
+/// naming the flag and the range (it panicked adding the seconds to the start instant).
+#[test]
+fn an_absurd_deadline_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let mut args = vec!["reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--out", out.to_str().unwrap()];
+    args.extend(["--deadline", "18446744073709551615"]);
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let run = Command::new(env!("CARGO_BIN_EXE_train")).args(&args).current_dir(&repo).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(err.contains("--deadline") && err.contains(&format!("0..={MAX_DEADLINE_S}")) && !err.contains("panicked"), "{err}");
+}
+
+/// A results file whose command's `wall_s` is negative or absurd gives no run length: with
+/// `--deadline 500` the run starts and finishes (the runner panicked converting the seconds).
+#[test]
+fn an_absurd_wall_s_in_the_results_file_is_an_unknown_length() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for wall_s in [-1.0, 1e300] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, runs) = (tmp.path().join("out"), tmp.path().join("runs"));
+        let mut file = ResultsFile::new(Table::Fp32Model, Scale::Smoke);
+        file.commands = vec![CommandLog { command: "train reproduce".into(), runs: 1, wall_s, jobs: 1, gpus: 0, states: vec![] }];
+        file.save(&results_at(&out, Table::Fp32Model)).unwrap();
+        let mut args = vec!["reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", "0"];
+        args.extend(["--jobs", "1", "--deadline", "500", "--set", "train.max_steps=2"]);
+        args.extend(["--out", out.to_str().unwrap(), "--runs", runs.to_str().unwrap()]);
+        let run = Command::new(env!("CARGO_BIN_EXE_train")).args(&args).current_dir(&repo).output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(0), "wall_s {wall_s}: {err}");
+        assert!(err.contains("reproduce: started "), "{err}");
+    }
+}
+
+/// `train reproduce --help` is plain text: no rustdoc links (`[`Table::borrows_from`]`) from
+/// the doc comments of its flags and their values, and the numbers they stood for are given.
+#[test]
+fn reproduce_help_is_plain_text() {
+    let run = Command::new(env!("CARGO_BIN_EXE_train")).args(["reproduce", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{help}");
+    assert!(!help.contains("[`") && !help.contains("`]"), "{help}");
+    use lowbit_reproduce::scale::{H200S_STEPS as steps, PU_LR, PU_STEPS};
+    assert!(PU_STEPS == 20_000 && (PU_LR - 6e-3).abs() < 1e-12, "the help's numbers of the paper-updates scale");
+    assert!(help.contains(&format!("{steps} steps")) && help.contains("20,000 steps") && help.contains("6e-3"), "{help}");
 }
 
 /// Through the runner (2-step runs of one cell, one at a time on the CPU): with `--deadline 0`
@@ -711,4 +764,76 @@ fn ablations_are_listed_and_checked() {
     assert!(!ok && err.contains("runs at scale h200-shuffled, not --scale smoke"), "{err}");
     let (ok, _, err) = train(&["reproduce", "--scale", "smoke"], tmp.path());
     assert!(!ok && err.contains("--table"), "{err}");
+}
+
+/// The process ids whose parent is `parent` (`/proc/*/stat`'s fourth field).
+#[cfg(target_os = "linux")]
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // after the command's name in parentheses: state, then the parent's id
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+        })
+        // the training run, not a short-lived probe such as `nvidia-smi -L`
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(8).any(|w| w == b"--config")))
+        .collect()
+}
+
+/// Whether `pid` is still running (not gone, not a zombie waiting for its reaper).
+#[cfg(target_os = "linux")]
+fn running(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()).is_some_and(|s| s != "Z" && s != "X")
+}
+
+/// A run of `train reproduce` dies with its runner: SIGINT, SIGTERM or SIGKILL to the runner
+/// while a training child runs, and the child (which trained on as an orphan) ends. On SIGINT
+/// and SIGTERM the runner passes the signal on and waits: when it ends, by that signal, its run
+/// has ended; on SIGKILL the run gets SIGTERM from the kernel and ends within seconds.
+#[cfg(target_os = "linux")]
+#[test]
+fn runs_die_with_their_runner() {
+    use std::os::unix::process::ExitStatusExt;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, runs) = (tmp.path().join("out"), tmp.path().join("runs"));
+        let args = ["reproduce", "--table", "fp32-model", "--scale", "smoke", "--cells", "fp32_plain", "--seed-list", "0"];
+        let mut runner = Command::new(env!("CARGO_BIN_EXE_train"))
+            .args(args)
+            .args(["--set", "train.max_steps=100000", "--out", out.to_str().unwrap(), "--runs", runs.to_str().unwrap()])
+            .current_dir(&repo)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let child = loop {
+            if let Some(&c) = children_of(runner.id()).first() {
+                break c;
+            }
+            assert!(t0.elapsed().as_secs() < 60, "no training run started");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(running(child), "the run is under way");
+        // SAFETY: a signal to the runner this test started
+        unsafe { libc::kill(runner.id() as libc::pid_t, signal) };
+        let status = runner.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "the runner ends by the signal it got");
+        if signal != libc::SIGKILL {
+            assert!(!running(child), "the runner (signal {signal}) ended before its run (process {child})");
+        }
+        let t1 = std::time::Instant::now();
+        while running(child) {
+            if t1.elapsed().as_secs() >= 30 {
+                // SAFETY: a signal to the orphan of the runner this test started
+                unsafe { libc::kill(child as libc::pid_t, libc::SIGKILL) };
+                panic!("the run (process {child}) outlived its runner (signal {signal}) by 30 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, train_with_file_limit, wait_for_rows};
+use common::{checkpoints, cli_dir, signal, snapshot, spawn, train, train_bin, train_with_file_limit, wait_for_rows};
 
 fn json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
@@ -292,6 +292,58 @@ fn sizes_that_cannot_fit_are_refused_before_the_folder_is_touched() {
         assert!(r.stderr.contains("error: this config needs at least ") && r.stderr.contains(part), "{set}: {}", r.stderr);
         assert!(!d.join("runs/x").exists(), "{set}: a refused start created the run folder");
     }
+}
+
+/// A streaming run's shuffle buffer counts in the memory a run needs: one of 100M rows of
+/// 1024 ids (~384 GiB) is refused before the run folder is touched, naming
+/// `data.shuffle_buffer` (it was allocated row by row after the folder was claimed). Skipped
+/// on a host with that much memory available.
+#[test]
+fn a_shuffle_buffer_that_cannot_fit_is_refused_before_the_folder_is_touched() {
+    let needed = 1e8 * lowbit_data::shuffle_buffer_row_bytes(1023);
+    if lowbit_train::memory::host_available().is_none_or(|b| b as f64 > needed) {
+        eprintln!("skipped: this host has {needed:.0} bytes available");
+        return;
+    }
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let sets = ["data.in_memory_max_tokens=0", "data.shuffle_buffer=100000000", "data.seq_len=1023"];
+    let r = train(d, &["--config", "c.toml", "--set", sets[0], "--set", sets[1], "--set", sets[2]]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("error: this config needs at least ")
+            && r.stderr.contains("the streaming shuffle buffer alone take")
+            && r.stderr.contains("lower data.shuffle_buffer"),
+        "{}",
+        r.stderr
+    );
+    assert!(!d.join("runs/x").exists(), "a refused start created the run folder");
+    // in memory (the sample fits data.in_memory_max_tokens) the buffer is not used, nor counted
+    let r = train(d, &["--config", "c.toml", "--set", "data.shuffle_buffer=100000000", "--set", "train.max_steps=1"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}
+
+/// Under an address-space limit (`ulimit -v`, 8 GiB) a streaming run with a 20M-row shuffle
+/// buffer of 129 ids a row (~10 GiB) is refused before the run folder is touched, naming the buffer: the memory
+/// check counts the limit (the run aborted in an allocation after claiming its folder).
+#[test]
+fn a_shuffle_buffer_past_the_address_space_limit_is_refused() {
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    let script = "ulimit -v 8388608; exec \"$0\" \"$@\"";
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .arg(train_bin())
+        .args(["--config", "c.toml", "--set", "data.in_memory_max_tokens=0", "--set", "data.shuffle_buffer=20000000"])
+        .args(["--set", "data.seq_len=128"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the streaming shuffle buffer alone take") && err.contains("lower data.shuffle_buffer"), "{err}");
+    assert!(!d.join("runs/x").exists(), "a refused start created the run folder");
 }
 
 /// The disk fills up while a checkpoint is written, or while the logs are appended

@@ -93,6 +93,37 @@ pub struct DataConfig {
     pub in_memory_max_tokens: u64,
 }
 
+/// The largest `data.shuffle_buffer`, rows (100M: ~100 GB of ids at `seq_len` 256, held in
+/// memory and written into each checkpoint); a larger one is refused by [`DataConfig::validate`].
+pub const MAX_SHUFFLE_BUFFER: usize = 100_000_000;
+
+/// Refuses a `data.shuffle_buffer` above [`MAX_SHUFFLE_BUFFER`] (it aborted in its allocation,
+/// or panicked on a capacity overflow), with a message that starts with the key.
+///
+/// # Errors
+/// The message: the key, the range and the value.
+pub fn check_shuffle_buffer(rows: usize) -> std::result::Result<(), String> {
+    if rows > MAX_SHUFFLE_BUFFER {
+        return Err(format!(
+            "data.shuffle_buffer: must be in 1..={MAX_SHUFFLE_BUFFER} rows (each row's data.seq_len + 1 token ids are held \
+             in memory and written into every checkpoint), got {rows}"
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes one shuffle-buffer row of `seq_len` holds in memory: `seq_len + 1` token ids, its
+/// vector's header and its count of real tokens.
+pub fn shuffle_buffer_row_bytes(seq_len: usize) -> f64 {
+    (seq_len as f64 + 1.0) * 4.0 + 32.0
+}
+
+/// Bytes a checkpoint stores of a full shuffle buffer of `rows` rows of `seq_len`: each row's
+/// `seq_len + 1` ids and its count of real tokens.
+pub fn shuffle_buffer_checkpoint_bytes(rows: usize, seq_len: usize) -> f64 {
+    rows as f64 * (seq_len as f64 + 2.0) * 4.0
+}
+
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
@@ -127,6 +158,7 @@ impl DataConfig {
         if self.tokenizer.trim().is_empty() {
             return Err(DataError::Config("tokenizer is empty".into()));
         }
+        check_shuffle_buffer(self.shuffle_buffer).map_err(DataError::Config)?;
         if self.shuffle && self.shuffle_buffer == 0 {
             return Err(DataError::Config(
                 "shuffle_buffer = 0 with shuffle = true: give the streaming shuffle buffer at least one row, or set \

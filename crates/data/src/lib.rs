@@ -70,10 +70,12 @@ mod tokenize;
 mod validation;
 
 pub use batch::{Batch, DataPosition, RowOrder};
-pub use config::{BadInput, DataConfig, SeqMode};
+pub use config::{
+    check_shuffle_buffer, shuffle_buffer_checkpoint_bytes, shuffle_buffer_row_bytes, BadInput, DataConfig, SeqMode, MAX_SHUFFLE_BUFFER,
+};
 pub use error::{DataError, Result};
 pub use overlap::{shared_documents, OVERLAP_SAMPLE};
 pub use reader::{expand_shards, ShardReader};
-pub use stream::{PassSize, TrainStream};
+pub use stream::{reads_through_shuffle_buffer, PassSize, TrainStream};
 pub use tokenize::{load_tokenizer, pieces, Tokens, PIECE_BYTES};
 pub use validation::validation_batches;

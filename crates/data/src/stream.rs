@@ -357,6 +357,21 @@ impl Drop for TrainStream {
     }
 }
 
+/// Whether a run of `cfg` streams its training rows through the shuffle buffer (`data.shuffle`
+/// with a training text above `data.in_memory_max_tokens`, as [`TrainStream::new`] decides from
+/// the shards' headers or sizes), for the memory a run needs before anything is read.
+///
+/// # Errors
+/// The shards do not expand or cannot be read (as [`TrainStream::new`] would fail).
+pub fn reads_through_shuffle_buffer(cfg: &DataConfig) -> Result<bool> {
+    if !cfg.shuffle {
+        return Ok(false);
+    }
+    let shards = expand_shards(&cfg.train, "train")?;
+    let headers = shard_headers(&shards)?;
+    Ok(estimate_tokens(&shards, &headers)?.0 > cfg.in_memory_max_tokens)
+}
+
 /// The row order `cfg` asks for over a text of `estimate` tokens (`exact` or estimated from the
 /// shards' size): file order, a seeded permutation in memory, or the shuffle buffer.
 ///

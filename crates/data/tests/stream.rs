@@ -367,6 +367,8 @@ fn config_parses_with_defaults_and_rejects_unknown_keys() {
     assert_eq!((cfg.shuffle, cfg.seed, cfg.shuffle_buffer, cfg.in_memory_max_tokens), (true, None, 10_000, 250_000_000));
     let e = DataConfig { shuffle_buffer: 0, ..cfg.clone() }.validate().unwrap_err().to_string();
     assert!(e.contains("shuffle_buffer = 0"), "{e}");
+    let e = DataConfig { shuffle_buffer: lowbit_data::MAX_SHUFFLE_BUFFER + 1, ..cfg.clone() }.validate().unwrap_err().to_string();
+    assert!(e.contains("data.shuffle_buffer: must be in 1..=100000000 rows") && e.ends_with("got 100000001"), "{e}");
     assert_eq!(cfg.validation, ["data/c4-sample/en-validation.*.json.gz"]);
     assert_eq!(DataConfig::default().mode, SeqMode::Concat);
     let err = toml::from_str::<DataConfig>("seqlen = 128").unwrap_err().to_string();

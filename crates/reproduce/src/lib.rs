@@ -14,8 +14,8 @@
 //!   shrink a cell to a scale), [`states`] (the paper's formats, lowbit's block formats or the
 //!   theory grids), [`subset`] (`--cells`, seeds);
 //! * running: [`pool`] (each (cell, seed) a child `train --config CELL --set ...` of this
-//!   executable, `--jobs` at once over the machine's GPUs), [`provenance`] (each run's card,
-//!   binary and date);
+//!   executable, `--jobs` at once over the machine's GPUs), [`stop`] (SIGINT / SIGTERM stop the
+//!   runs and wait for them), [`provenance`] (each run's card, binary and date);
 //! * keeping: [`results`] (the records, `<out>/records/<table>-<scale>-results.json`, an
 //!   ablation's under `records/ablations/<name>/`: a run they hold with the same config
 //!   fingerprint is not run again, so a table fills in over several commands);
@@ -33,6 +33,7 @@ pub mod scale;
 pub mod setting;
 pub mod states;
 pub mod stats;
+pub mod stop;
 pub mod subset;
 
 pub use ablation::{ablation, ablations, Ablation};
@@ -42,7 +43,7 @@ pub use paper::{
 };
 pub use pool::{detect_gpus, fits, gpus_from, pick_gpu, plan, plan_loadable, read_record, run_overrides, Job, PlanSpec};
 pub use report::{render, PaperBasis, RunInfo};
-pub use results::{fingerprint, results_name, results_path, CommandLog, Planned, Record, ResultsFile, RunKey, RECORDS};
+pub use results::{fingerprint, results_name, results_path, CommandLog, Planned, Record, ResultsFile, RunKey, MAX_WALL_S, RECORDS};
 pub use scale::{reset_period, scale_overrides, Scale};
 pub use states::{States, StatesArg, SHARED, THEORY_EPS, THEORY_FP4_M};
 pub use stats::{any_diverged, delta, evaluate_claim, loss_stat, paired_diffs, Outcome, Results, RunResult, Stat, Verdict};
@@ -68,6 +69,9 @@ On a device machine only the command's output folder comes back, and each comman
 fresh machine: run with --out $OUT --merge reproduce (the committed records are read, the merged \
 records and reports are written to $OUT), then copy $OUT/* over reproduce/ and commit them before \
 the next command. docs/reproduce.md has the plan and the scales.";
+
+/// The largest `--deadline`, seconds (a year): a larger value is refused by the command line.
+pub const MAX_DEADLINE_S: u64 = 365 * 24 * 3600;
 
 /// Command-line arguments of `train reproduce`.
 #[derive(clap::Args, Debug, Clone)]
@@ -108,8 +112,8 @@ pub struct ReproduceArgs {
     /// has finished, before that the results file's newest command with as many runs at once
     /// (its seconds over its waves of --jobs runs), else unknown (the run starts). The runs
     /// left are named and the command exits 75 (EX_TEMPFAIL): the same command again goes on
-    /// with them; a failed run makes it exit 1 all the same.
-    #[arg(long, value_name = "SECONDS")]
+    /// with them; a failed run makes it exit 1 all the same. At most a year (31536000).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(..=MAX_DEADLINE_S))]
     pub deadline: Option<u64>,
     /// Seed COUNT: seeds 0..N, paired across cells (default: smoke 1, h200 2, h200-shuffled 3,
     /// paper-updates 3, full 1; an ablation's own). For other seeds use --seed-list.
@@ -412,7 +416,7 @@ fn run_jobs(
     let (mut finished, mut ran, mut out) = (0usize, 0usize, RunOutcome::default());
     let mut made: Vec<String> = Vec::new();
     let mut cards: BTreeMap<Option<String>, Option<String>> = BTreeMap::new();
-    let expected = file.expected_run_seconds(at_once).map(Duration::from_secs_f64);
+    let expected = file.expected_run_seconds(at_once).and_then(|s| Duration::try_from_secs_f64(s).ok());
     let pool = pool::PoolSpec { jobs: at_once, gpus: gpus.clone(), threads: (cpus / at_once).max(1), deadline, expected };
     let not_started = pool::run_all(todo, &pool, |j, rec, gpu, secs| {
         finished += 1;

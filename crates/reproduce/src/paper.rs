@@ -20,19 +20,19 @@ pub enum Table {
     Fp32Model,
     /// Table 6: FP8 reset policies with SR, BF16 model (symmetric, v only, adaptive), beside
     /// FP8 plain and SR alone and FP32 states. Its cells shared with the main table are the
-    /// main table's runs ([`Table::borrows_from`]).
+    /// main table's runs (its results file's records).
     #[value(name = "reset-policies")]
     ResetPolicies,
     /// The paper's section 3.3, simulated stalling: FP32 states (BF16 model) whose m or v
     /// write-backs are skipped with probability p after the warmup
-    /// (`optim.states.m_skip_prob` / `v_skip_prob`), p in [`SKIP_PROBS`]. Its p = 0 cell is the
-    /// main table's FP32 cell ([`Table::borrows_from`]).
+    /// (`optim.states.m_skip_prob` / `v_skip_prob`), p in 0.25, 0.5, 0.75, 0.9, 0.99. Its
+    /// p = 0 cell is the main table's FP32 cell (its results file's records).
     #[value(name = "stall-probe")]
     StallProbe,
     /// Table 7: SOAP (`optim.kind = "soap"`, `[optim.soap]` at its defaults) with BF16 and FP8
     /// states, round-to-nearest, with and without resets (the main table's `*_plain` /
     /// `*_reset` state settings), beside AdamW with FP32 states, the main table's FP32 cell
-    /// ([`Table::borrows_from`]).
+    /// (its results file's records).
     #[value(name = "soap")]
     Soap,
 }

@@ -175,7 +175,7 @@ pub struct PoolSpec {
 /// deadline, every run fits.
 pub fn fits(now: Instant, run: Option<Duration>, deadline: Option<Instant>) -> bool {
     match (run, deadline) {
-        (Some(r), Some(d)) => now + r <= d,
+        (Some(r), Some(d)) => now.checked_add(r).is_some_and(|end| end <= d),
         _ => true,
     }
 }
@@ -199,7 +199,33 @@ fn spawn(job: &Job, gpu: Option<&str>, threads: usize) -> Result<Child> {
         cmd.env("CUDA_VISIBLE_DEVICES", g);
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    die_with_parent(&mut cmd);
     cmd.spawn().context("cannot start a training run")
+}
+
+/// On Linux, the child gets SIGTERM when this runner dies, however it dies (SIGINT, SIGTERM,
+/// SIGKILL, a panic): it then stops as a stopped run does (a checkpoint, exit 143) instead of
+/// training on as an orphan. A runner that died before the child set this up (its parent is
+/// then another process) stops the child at once.
+fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: prctl, getppid and raise are async-signal-safe; the closure allocates nothing
+        // and nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGTERM);
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
 }
 
 /// Seconds between two progress lines of the runs in flight.
@@ -235,6 +261,7 @@ pub fn run_all<'a>(
     let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
     let (mut longest, mut left) = (None::<Duration>, Vec::new());
     let mut said = Instant::now();
+    let _catch = super::stop::CatchStopSignals::new();
     loop {
         while running.len() < spec.jobs.max(1) {
             let run = longest.or(spec.expected);
@@ -269,6 +296,7 @@ pub fn run_all<'a>(
             return Ok(left);
         }
         std::thread::sleep(Duration::from_millis(200));
+        super::stop::stop_runs_if_signalled(running.iter_mut().map(|r| &mut r.1));
         if said.elapsed() >= STATUS_EVERY {
             said = Instant::now();
             let steps: Vec<String> = running

@@ -170,6 +170,10 @@ impl Record {
     }
 }
 
+/// The most seconds a command's `wall_s` is believed (a year): a larger, negative or
+/// non-finite value gives no run length ([`CommandLog::run_seconds`]).
+pub const MAX_WALL_S: f64 = 365.0 * 24.0 * 3600.0;
+
 /// One command that added runs to the file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandLog {
@@ -198,9 +202,11 @@ impl CommandLog {
 
     /// Seconds one of its runs took, modelling the command as waves of `jobs` runs at once:
     /// `wall_s / ceil(runs / jobs)` (start-up of the command included); `None` for a command
-    /// that finished no run.
+    /// that finished no run, or whose `wall_s` is not a number of seconds in
+    /// `0..=`[`MAX_WALL_S`] (a hand-edited or corrupt file: the length is then unknown).
     pub fn run_seconds(&self) -> Option<f64> {
-        (self.runs > 0).then(|| self.wall_s / self.runs.div_ceil(self.jobs.max(1)) as f64)
+        let plausible = self.wall_s.is_finite() && (0.0..=MAX_WALL_S).contains(&self.wall_s);
+        (self.runs > 0 && plausible).then(|| self.wall_s / self.runs.div_ceil(self.jobs.max(1)) as f64)
     }
 }
 

@@ -15,11 +15,11 @@ pub enum Scale {
     /// in file order (the setting the committed h200 tables ran in, before shuffling existed).
     H200,
     /// LLaMA-20M on both offline corpora, shuffled, at 128 x 256 tokens per step and the
-    /// learning rate tuned for FP32 states ([`H200S_STEPS`]).
+    /// learning rate tuned for FP32 states, 2400 steps.
     H200Shuffled,
     /// LLaMA-20M on both offline corpora, shuffled, with the paper's number of updates:
-    /// [`PU_STEPS`] steps of 32 x 256 tokens (164M tokens, ~4.1 passes), warmup 2000
-    /// ([`PU_LR`]).
+    /// 20,000 steps of 32 x 256 tokens (164M tokens, ~4.1 passes), warmup 2000, peak
+    /// learning rate 6e-3.
     PaperUpdates,
     /// The paper's LLaMA-100M setting, as the config files hold it.
     Full,

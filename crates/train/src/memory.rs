@@ -31,6 +31,10 @@ pub struct MemoryFloor {
     pub activations: f64,
     /// The causal mask of `model.max_seq_len`.
     pub mask: f64,
+    /// The streaming shuffle buffer (`data.shuffle_buffer` rows of `data.seq_len + 1` ids), in
+    /// host memory: 0 from [`MemoryFloor::of`], set where the run reads through it
+    /// ([`MemoryFloor::with_shuffle_buffer`]).
+    pub shuffle_buffer: f64,
 }
 
 impl MemoryFloor {
@@ -91,12 +95,31 @@ impl MemoryFloor {
             model_and_states: params * (weight_bytes + 4.0) + state_bytes,
             activations: (logit_rows * v + layers * tokens * h) * weight_bytes + scores,
             mask: if fused { 0.0 } else { f(m.max_seq_len) * f(m.max_seq_len) * 4.0 },
+            shuffle_buffer: 0.0,
         }
+    }
+
+    /// This floor with the shuffle buffer of `cfg` counted: `data.shuffle_buffer` rows of
+    /// [`lowbit_data::shuffle_buffer_row_bytes`] (for a run that streams through it,
+    /// [`lowbit_data::reads_through_shuffle_buffer`]).
+    pub fn with_shuffle_buffer(self, cfg: &RunConfig) -> Self {
+        let rows = cfg.data.shuffle_buffer as f64;
+        MemoryFloor { shuffle_buffer: rows * lowbit_data::shuffle_buffer_row_bytes(cfg.data.seq_len), ..self }
+    }
+
+    /// The shuffle buffer's part alone (what a GPU run holds of this floor in host memory).
+    pub fn host_part(&self) -> Self {
+        MemoryFloor { model_and_states: 0.0, activations: 0.0, mask: 0.0, shuffle_buffer: self.shuffle_buffer }
+    }
+
+    /// The parts held on the device (all but the shuffle buffer).
+    pub fn device_part(&self) -> Self {
+        MemoryFloor { shuffle_buffer: 0.0, ..*self }
     }
 
     /// All parts.
     pub fn total(&self) -> f64 {
-        self.model_and_states + self.activations + self.mask
+        self.model_and_states + self.activations + self.mask + self.shuffle_buffer
     }
 
     /// Refuses a floor above `available` bytes of `place` (e.g. "this host's available
@@ -118,6 +141,7 @@ impl MemoryFloor {
                 "train.micro_batch (with train.grad_accum to keep the batch) or data.seq_len",
             ),
             (self.mask, "the causal mask", "data.seq_len or model.max_seq_len"),
+            (self.shuffle_buffer, "the streaming shuffle buffer", "data.shuffle_buffer"),
         ];
         let (bytes, what, keys) = parts.iter().copied().fold(parts[0], |a, b| if b.0 > a.0 { b } else { a });
         bail!(
@@ -152,13 +176,27 @@ fn fused_kernels(cfg: &RunConfig, m: &LlamaConfig) -> bool {
     cfg!(feature = "cuda") && cfg.train.device == "cuda" && cfg.model.kernels != KernelChoice::Composed && Kernels::fits(m).is_ok()
 }
 
-/// This host's available memory (`MemAvailable` of /proc/meminfo), bytes; `None` where it
-/// cannot be read.
+/// This host's available memory (`MemAvailable` of /proc/meminfo), bytes, no more than this
+/// process's address-space limit leaves it ([`address_space_left`]: `ulimit -v`, under which
+/// an allocation past the limit aborts the process); `None` where /proc/meminfo cannot be read.
 pub fn host_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    Some(address_space_left().map_or(kib * 1024, |left| left.min(kib * 1024)))
+}
+
+/// Bytes this process may still map under its address-space limit (`Max address space` of
+/// /proc/self/limits, less `VmSize` of /proc/self/status); `None` without a limit or where
+/// they cannot be read.
+pub fn address_space_left() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    // "Max address space  <soft> <hard> bytes": the soft limit is the one enforced
+    let soft: u64 = line.trim_start_matches("Max address space").split_whitespace().next()?.parse().ok()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let size_kib: u64 = status.lines().find(|l| l.starts_with("VmSize:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(soft.saturating_sub(size_kib * 1024))
 }
 
 #[cfg(test)]
@@ -240,6 +278,13 @@ mod tests {
         m.max_seq_len = 1_000_000_000;
         let e = MemoryFloor::of(&cfg, &m, &spec, 1).check(64 << 30, "x").unwrap_err().to_string();
         assert!(e.contains("the causal mask alone take"), "{e}");
+        let (mut cfg, base, _) = tiny();
+        cfg.data.shuffle_buffer = 20_000_000;
+        let floor = MemoryFloor::of(&cfg, &base, &spec, 1).with_shuffle_buffer(&cfg);
+        assert_eq!(floor.shuffle_buffer, 20e6 * ((cfg.data.seq_len + 1) as f64 * 4.0 + 32.0));
+        assert_eq!((floor.device_part().total(), floor.host_part().total()), (floor.total() - floor.shuffle_buffer, floor.shuffle_buffer));
+        let e = floor.check(8 << 30, "x").unwrap_err().to_string();
+        assert!(e.contains("the streaming shuffle buffer alone take") && e.ends_with("lower data.shuffle_buffer"), "{e}");
         m.max_seq_len = 128;
         m.hidden_size = 4_000_000;
         let e = MemoryFloor::of(&cfg, &m, &spec, 1).check(64 << 30, "x").unwrap_err().to_string();

@@ -130,7 +130,17 @@ impl Session {
         let mcfg = cfg.model_config(tok.vocab_size()).with_context(|| format!("model config with tokenizer {}", tok.source.display()))?;
         // before anything of the model's size is allocated (on the CPU an allocation that
         // fails aborts the process) or the run folder is claimed
-        MemoryFloor::of(&cfg, &mcfg, &plan, world).check_every_rank(crate::device::available_memory(&dev), launch.comm.as_ref())?;
+        let mut floor = MemoryFloor::of(&cfg, &mcfg, &plan, world);
+        if lowbit_data::reads_through_shuffle_buffer(&cfg.data_config()).map_err(data::data_err)? {
+            floor = floor.with_shuffle_buffer(&cfg);
+        }
+        if !matches!(dev, Device::Cpu) {
+            // the shuffle buffer is in host memory, the rest on the device
+            let host = crate::memory::host_available().map(|b| (b, "this host's available memory"));
+            floor.host_part().check_every_rank(host, launch.comm.as_ref())?;
+            floor = floor.device_part();
+        }
+        floor.check_every_rank(crate::device::available_memory(&dev), launch.comm.as_ref())?;
         let model = TrainModel::build(&cfg, &mcfg, &tok, &dev)?;
         let mut host = optimizer::states(&cfg, plan, &model.params)?;
         let mut state = TrainState::at_start(host.states(), world, cfg.train.micro_batch.saturating_mul(cfg.train.grad_accum));
@@ -140,7 +150,12 @@ impl Session {
         let (val, stream) = data::open(&cfg, &tok, &state.data)?;
         let theory = Theory::for_spec(&host.moments().spec, cfg.optim.beta2);
         let banner = banner(&cfg, &mcfg, &model, &host, &stream, &theory, world);
-        let warnings = if leader { setting_warnings::for_run(&cfg, host.moments(), stream.pass_size()) } else { Vec::new() };
+        let warnings = if leader {
+            let run = setting_warnings::for_run(&cfg, host.moments(), stream.pass_size());
+            run.into_iter().chain(setting_warnings::shuffle_buffer_warning(&cfg, stream.order())).collect()
+        } else {
+            Vec::new()
+        };
         let stall_log = StallWriter::new(host.moments(), theory, cfg.run.stall_detail_every);
         let (opt, sizes) = optimizer::for_run(host, model.params.num_params(), &cfg, &comm, &dev)?;
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run

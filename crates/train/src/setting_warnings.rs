@@ -3,7 +3,7 @@
 //! config check can tell: `lowbit_optim::StatesConfig::resolve`) or warned about here.
 
 use crate::config::{RunConfig, WeightDtype};
-use lowbit_data::PassSize;
+use lowbit_data::{PassSize, RowOrder};
 use lowbit_optim::{BiasCorrection, Moments, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
 
 /// Every [`setting_warnings`] and the [`passes_warning`] of a run of `cfg` with the optimizer
@@ -279,6 +279,28 @@ pub fn passes_warning(cfg: &RunConfig, pass: PassSize, passes: f64) -> Option<St
     })
 }
 
+/// Bytes of a shuffle buffer above which it is said at start (1 GiB): it is held in memory and
+/// written into every checkpoint.
+pub const LARGE_SHUFFLE_BUFFER: f64 = (1u64 << 30) as f64;
+
+/// The note for a run that streams through a shuffle buffer (`order`) of more than
+/// [`LARGE_SHUFFLE_BUFFER`] bytes: its memory and what it adds to each checkpoint.
+pub fn shuffle_buffer_warning(cfg: &RunConfig, order: RowOrder) -> Option<String> {
+    let RowOrder::Buffered { buffer, .. } = order else { return None };
+    let memory = buffer as f64 * lowbit_data::shuffle_buffer_row_bytes(cfg.data.seq_len);
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    (memory > LARGE_SHUFFLE_BUFFER).then(|| {
+        format!(
+            "data.shuffle_buffer = {buffer} rows of data.seq_len + 1 = {} tokens holds {:.1} GiB in memory and adds {:.1} GiB \
+             to every checkpoint (train.keep_checkpoints = {} are kept); lower data.shuffle_buffer to shrink both",
+            cfg.data.seq_len + 1,
+            gib(memory),
+            gib(lowbit_data::shuffle_buffer_checkpoint_bytes(buffer, cfg.data.seq_len)),
+            cfg.train.keep_checkpoints
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +313,20 @@ mod tests {
             crate::config::apply_override(&mut v, s).unwrap();
         }
         serde::Deserialize::deserialize(v).unwrap()
+    }
+
+    /// A shuffle buffer over 1 GiB is said at start with its memory and its size in each
+    /// checkpoint (2.5M rows of 257 ids: 2.5 GiB, 2.4 GiB per checkpoint); the default's 10,000
+    /// rows and a run held in memory are not.
+    #[test]
+    fn a_large_shuffle_buffer_is_said_with_its_checkpoint_size() {
+        let cfg = tiny(&["data.seq_len=256"]);
+        let buffered = |buffer| RowOrder::Buffered { seed: 0, buffer };
+        let w = shuffle_buffer_warning(&cfg, buffered(2_500_000)).unwrap();
+        assert!(w.starts_with("data.shuffle_buffer = 2500000 rows of data.seq_len + 1 = 257 tokens holds 2.5 GiB in memory"), "{w}");
+        assert!(w.contains("adds 2.4 GiB to every checkpoint"), "{w}");
+        assert_eq!(shuffle_buffer_warning(&cfg, buffered(10_000)), None);
+        assert_eq!(shuffle_buffer_warning(&cfg, RowOrder::Permuted { seed: 0 }), None);
     }
 
     /// The warnings of [`tiny`] with `sets`, on a model whose largest tensor has 4096 elements.

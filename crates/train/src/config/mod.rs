@@ -81,6 +81,10 @@ impl Default for OptimSection {
     }
 }
 
+/// The largest `train.grad_accum` (a million micro-batches per step): a larger one is refused
+/// at validation (it aborted in an allocation after the run folder was claimed).
+pub const MAX_GRAD_ACCUM: usize = 1_000_000;
+
 /// `[train]`: batch, length, evaluation and fault handling.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -252,6 +256,9 @@ impl RunConfig {
                 bail!("{k}: must be > 0");
             }
         }
+        if t.grad_accum > MAX_GRAD_ACCUM {
+            bail!("train.grad_accum: must be in 1..={MAX_GRAD_ACCUM} (micro-batches per optimizer step), got {}", t.grad_accum);
+        }
         if t.zero > 1 {
             bail!("train.zero: expected 0 (no sharding) or 1 (optimizer states sharded over ranks), got {}", t.zero);
         }
@@ -269,6 +276,7 @@ impl RunConfig {
                 bail!("{k}: must be > 0");
             }
         }
+        lowbit_data::check_shuffle_buffer(self.data.shuffle_buffer).map_err(anyhow::Error::msg)?;
         if self.run.dir.is_empty() {
             bail!("run.dir: must name a folder (\".\" for the working directory), got \"\"");
         }
