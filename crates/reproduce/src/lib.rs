@@ -472,21 +472,18 @@ fn write_report(a: &ReproduceArgs, t: &Target, spec: PlanSpec, kind: States, fil
 /// The report of one states kind: the target's shown cells over the seeds it plans and the
 /// seeds the results file holds runs of (with today's configs).
 fn report_for(a: &ReproduceArgs, t: &Target, spec: PlanSpec, kind: States, file: &ResultsFile) -> Result<(String, RunInfo)> {
-    let mut candidates: Vec<usize> = t.planned_seeds.iter().copied().chain(file.seeds()).collect();
-    candidates.sort_unstable();
-    candidates.dedup();
-    let all = plan_loadable(spec, kind, &t.shown_cells, &candidates);
+    // every seed planned, recorded or run: one plan serves the shown runs and the stale count
+    let mut seeds: Vec<usize> = t.planned_seeds.iter().chain(&t.seeds).copied().chain(file.seeds()).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let all = plan_loadable(spec, kind, &t.shown_cells, &seeds);
     let found = |j: &&Job| file.find(&j.planned).is_some();
-    let mut shown: Vec<usize> = candidates
-        .iter()
-        .copied()
-        .filter(|s| t.planned_seeds.contains(s) || all.iter().filter(found).any(|j| j.planned.key.seed == *s))
-        .collect();
+    let recorded = |s: usize| all.iter().filter(found).any(|j| j.planned.key.seed == s);
+    let mut shown: Vec<usize> = seeds.iter().copied().filter(|&s| t.planned_seeds.contains(&s) || recorded(s)).collect();
     if shown.is_empty() {
         shown = t.seeds.clone(); // nothing recorded yet: the seeds a run would make
     }
-    let all = plan_loadable(spec, kind, &t.shown_cells, &shown);
-    let jobs: Vec<&Job> = all.iter().collect();
+    let jobs: Vec<&Job> = all.iter().filter(|j| shown.contains(&j.planned.key.seed)).collect();
     let planned: Vec<Planned> = jobs.iter().map(|j| j.planned.clone()).collect();
     let kinds = if kind == States::Paper {
         [States::Paper, States::Blockwise, States::Theory]
@@ -506,11 +503,7 @@ fn report_for(a: &ReproduceArgs, t: &Target, spec: PlanSpec, kind: States, file:
         .iter()
         .filter(|r| r.states == kind.as_str() || (kind != States::Theory && r.states == SHARED))
         .filter(|r| t.shown_cells.iter().any(|c| cell_short(t.table, c) == r.cell))
-        .filter(|r| {
-            !plan_loadable(spec, kind, &t.shown_cells, &[r.seed])
-                .iter()
-                .any(|j| j.planned.key == r.key() && j.planned.fingerprint == r.fingerprint)
-        })
+        .filter(|r| !all.iter().any(|j| j.planned.key == r.key() && j.planned.fingerprint == r.fingerprint))
         .count();
     let report_dir = t.report_path(&a.out, kind).parent().map(Path::to_path_buf).unwrap_or_default();
     let info = RunInfo {

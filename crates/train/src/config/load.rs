@@ -129,7 +129,14 @@ pub(super) fn with_choices<T: DeserializeOwned>(e: anyhow::Error, value: &toml::
     // serde: "unknown variant `x`, expected `a` or `b`" / "expected one of `a`, `b`, `c`"
     match T::deserialize(probe) {
         Err(p) if p.message().starts_with("unknown variant") => match p.message().split_once(", expected ") {
-            Some((_, choices)) => anyhow::anyhow!("{msg}; `{key}` takes {}", choices.trim()),
+            Some((_, choices)) => {
+                // "<origin>: invalid type: ... (key `k`)" -> "<origin>: `k` takes one of ..., not <given>"
+                let given = key.split('.').try_fold(value, |v, k| v.get(k)).map_or_else(String::new, |v| format!(", not {v}"));
+                match msg.split_once(": invalid type") {
+                    Some((origin, _)) => anyhow::anyhow!("{origin}: `{key}` takes {}{given}", choices.trim()),
+                    None => anyhow::anyhow!("{msg}; `{key}` takes {}", choices.trim()),
+                }
+            }
             None => e,
         },
         _ => e,
@@ -258,5 +265,15 @@ mod tests {
         apply_override(&mut root, "run.name=e309").unwrap();
         assert_eq!(root["run"]["name"].as_str(), Some("e309"), "a word is a string");
         assert!(looks_numeric("1.5e-3") && looks_numeric("-12") && !looks_numeric("1.") && !looks_numeric("fp8") && !looks_numeric(""));
+    }
+
+    /// A name-valued key given a number says which names it takes and what it got, without
+    /// serde's "invalid type: unit variant, expected string only" first.
+    #[test]
+    fn a_wrong_type_for_a_named_choice_lists_the_choices() {
+        let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tiny_cpu.toml");
+        let e = format!("{:#}", crate::config::RunConfig::load(&tiny, &["optim.states.scale=2".into()]).unwrap_err());
+        assert!(e.contains("`optim.states.scale` takes one of `default`, `amax`, `pow2`, not 2"), "{e}");
+        assert!(!e.contains("invalid type"), "{e}");
     }
 }
