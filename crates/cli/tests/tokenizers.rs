@@ -92,16 +92,20 @@ fn a_gpt2_style_tokenizer_trains_and_an_unknown_eos_is_named() {
     write_byte_level_bpe(&d.join("gpt2.json"), "<|endoftext|>");
     write_byte_level_bpe(&d.join("stop.json"), "<|stop|>");
 
-    // found: `<|endoftext|>` is the EOS; two steps train; the rows parse
+    // found: `<|endoftext|>` is the EOS; two steps train; the rows parse, without `mfu` on the CPU
     let sets = data_sets(d, "gpt2.json");
     let r = train(d, &args(&["--config", "c.toml", "--set", "train.max_steps=2"], &sets));
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let run = d.join("runs/gpt2");
     let rows = read_rows::<MetricsRow>(&run.join("metrics.jsonl")).unwrap();
-    let train_rows: Vec<_> =
-        rows.iter().filter_map(|r| if let MetricsRow::Train { step, loss, .. } = r { Some((*step, *loss)) } else { None }).collect();
+    let train_rows: Vec<_> = rows
+        .iter()
+        .filter_map(|r| if let MetricsRow::Train { step, loss, mfu, .. } = r { Some((*step, *loss, *mfu)) } else { None })
+        .collect();
     assert_eq!(train_rows.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
-    assert!(train_rows.iter().all(|r| r.1.is_finite()), "{train_rows:?}");
+    assert!(train_rows.iter().all(|r| r.1.is_finite() && r.2.is_none()), "{train_rows:?}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(!metrics.contains("mfu"), "{metrics}");
     // the exported config.json names `<|endoftext|>` (id 260) as EOS; no BOS, no pad
     let ck = lowbit_train::checkpoint::latest(&run).unwrap();
     let hf: Value = serde_json::from_str(&std::fs::read_to_string(ck.join("config.json")).unwrap()).unwrap();
