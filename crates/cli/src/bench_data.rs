@@ -3,7 +3,7 @@
 //! CPU work, so it runs in every build.
 
 use anyhow::{Context, Result};
-use lowbit_data::{load_tokenizer, DataConfig, DataPosition, TrainStream};
+use lowbit_data::{tokenizer_of, DataConfig, DataPosition, TrainStream};
 use lowbit_train::config::RunConfig;
 use std::path::Path;
 use std::time::Instant;
@@ -37,7 +37,7 @@ pub fn data(config: &Path, sets: &[String], batch: usize, seq: usize, batches: u
     all.extend(sets.iter().cloned());
     let config = crate::config_path::resolve(config, Path::new(crate::config_path::CONFIG_DIR))?;
     let cfg = RunConfig::load(&config, &all).with_context(|| format!("bench config {}", config.display()))?;
-    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tok = tokenizer_of(&cfg.data).map_err(|e| anyhow::anyhow!("{e}"))?;
     let data = cfg.data_config();
     // the shuffled order the config gives (in memory, or streaming for a larger text), then
     // streaming forced

@@ -7,8 +7,9 @@
 //! gives the split into data, forward, backward and optimizer. Peak memory is the CUDA
 //! pool's high-water mark over the whole run. MFU counts `6 N + 12 L H T` FLOPs per token
 //! (nanoGPT's and PaLM's estimate; N = parameters without the embedding table, whose
-//! lookup is no matrix product) against the H200's dense peak: 989 TFLOP/s in BF16, 494 in
-//! TF32, 67 in FP32 (NVIDIA's H200 datasheet, SXM).
+//! lookup is no matrix product) against the card's dense peak ([`lowbit_train::flops`]; the
+//! H200's and H100 SXM's: 989 TFLOP/s in BF16, 494 in TF32, 67 in FP32); NaN on a card not
+//! in that table.
 //!
 //! `scripts/bench_training.sh` runs it beside `scripts/bench_hf_llama.py` (transformers eager
 //! and `torch.compile`) in one device command and writes `bench/training_h200.{md,json}`.
@@ -16,6 +17,7 @@
 use anyhow::{Context, Result};
 use candle_core::DType;
 use lowbit_train::config::{MatmulPrecision, RunConfig};
+use lowbit_train::flops;
 use lowbit_train::run_folder::FolderUse;
 use lowbit_train::session::{Launch, Session};
 use lowbit_train::step::Phases;
@@ -38,15 +40,6 @@ pub struct TrainingRow {
     pub mfu: f64,
     /// Milliseconds per step of each phase (synchronised window).
     pub phases_ms: Phases,
-}
-
-/// Dense peak FLOP/s of an H200 SXM for the model's matrix products.
-fn peak_flops(dtype: DType, tf32: bool) -> f64 {
-    match (dtype, tf32) {
-        (DType::BF16, _) => 989e12,
-        (_, true) => 494e12,
-        _ => 67e12,
-    }
 }
 
 /// Runs the benchmark on `cfg` (its model, states, data and `train.micro_batch` /
@@ -96,8 +89,9 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
     let mcfg = model.config();
     let n = session.sizes.n_params - mcfg.vocab_size * mcfg.hidden_size;
     let t_len = cfg.data.seq_len;
-    let flops_per_token = 6.0 * n as f64 + 12.0 * (mcfg.num_layers * mcfg.hidden_size * t_len) as f64;
+    let flops_per_token = flops::flops_per_token(n, mcfg.num_layers, mcfg.hidden_size, t_len);
     let tf32 = cfg.model.matmul_precision == MatmulPrecision::Tf32;
+    let peak_flops = flops::card_name(&dev).and_then(|card| flops::peak_flops(&card, dtype, tf32)).unwrap_or(f64::NAN);
     Ok(TrainingRow {
         system: "lowbit".into(),
         preset: cfg.model.preset.clone().unwrap_or_else(|| "custom".into()),
@@ -109,7 +103,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         matmul_precision: if tf32 { "tf32" } else { "fp32" }.into(),
         tokens_per_s,
         peak_memory_gib: peak,
-        mfu: tokens_per_s * flops_per_token / peak_flops(dtype, tf32),
+        mfu: flops::mfu(tokens_per_s, flops_per_token, peak_flops),
         phases_ms,
     })
 }

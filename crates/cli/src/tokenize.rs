@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use indicatif::HumanBytes;
 use lowbit_data::token_shard::{read_header, token_shard_path, tokenize_shard};
-use lowbit_data::{expand_shards, load_tokenizer};
+use lowbit_data::{expand_shards, tokenizer_of};
 use lowbit_train::config::RunConfig;
 use lowbit_train::outln;
 use std::path::{Path, PathBuf};
@@ -39,7 +39,7 @@ pub struct TokenizeArgs {
 /// collide), checked before anything is written; reading, tokenizing and writing errors.
 pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     let cfg = RunConfig::load(&crate::config_path::resolve(&a.config, Path::new(crate::config_path::CONFIG_DIR))?, &a.sets)?;
-    let tok = load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download)?;
+    let tok = tokenizer_of(&cfg.data)?;
     let sets = [("train", &cfg.data.train), ("validation", &cfg.data.validation)];
     let mut jobs = Vec::new();
     for (what, patterns) in sets {

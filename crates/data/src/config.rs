@@ -60,6 +60,12 @@ pub struct DataConfig {
     pub tokenizer: String,
     /// Allow fetching `tokenizer.json` of a hub id over the network. Default false.
     pub allow_download: bool,
+    /// The end-of-sequence token appended to every document, as the vocabulary writes it
+    /// (`"<|endoftext|>"`). Unset (the default): the first of [`crate::EOS_CANDIDATES`] in
+    /// the vocabulary. Left out of the resolved config when unset, so that configs without
+    /// it keep their fingerprints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token: Option<String>,
     /// Tokens per row fed to the model (targets are the next `seq_len` tokens). Default 256.
     pub seq_len: usize,
     /// `"concat"` (default) or `"truncate_pad"`.
@@ -131,6 +137,7 @@ impl Default for DataConfig {
             validation: vec!["data/c4-sample/en-validation.*.json.gz".into()],
             tokenizer: "data/tokenizers/t5-tokenizer.json".into(),
             allow_download: false,
+            eos_token: None,
             seq_len: 256,
             mode: SeqMode::Concat,
             val_tokens: 1_000_000,

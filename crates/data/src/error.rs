@@ -64,7 +64,7 @@ pub enum DataError {
     #[error("resume position refers to shard {shard}, but only {count} train shards match the config")]
     BadPosition { shard: usize, count: usize },
 
-    /// The tokenizer file could not be loaded, lacks an `</s>` token, or the hub id could not
+    /// The tokenizer file could not be loaded, lacks an EOS token, or the hub id could not
     /// be resolved (see the message for how to fix it).
     #[error("tokenizer '{spec}': {msg}")]
     Tokenizer { spec: String, msg: String },

@@ -6,7 +6,8 @@
 //! `[rows, seq_len]` batches of inputs, next-token targets and a loss mask.
 //!
 //! - [`DataConfig`]: the `[data]` section of a run config (serde, unknown keys rejected).
-//! - [`load_tokenizer`] -> [`Tokens`]: local `tokenizer.json` or hub id; EOS and pad ids.
+//! - [`load_tokenizer`] / [`tokenizer_of`] -> [`Tokens`]: local `tokenizer.json` or hub id;
+//!   EOS (`data.eos_token` or found, [`EOS_CANDIDATES`]) and pad ids.
 //! - [`TrainStream`]: endless train batches, pass after pass, in a seeded random order by
 //!   default ([`RowOrder`]: rows permuted in memory, or streamed through a shuffle buffer;
 //!   file order with `shuffle = false`), deterministic, resumable exactly from its
@@ -77,5 +78,5 @@ pub use error::{DataError, Result};
 pub use overlap::{shared_documents, OVERLAP_SAMPLE};
 pub use reader::{expand_shards, ShardReader};
 pub use stream::{reads_through_shuffle_buffer, PassSize, TrainStream};
-pub use tokenize::{load_tokenizer, pieces, Tokens, PIECE_BYTES};
+pub use tokenize::{load_tokenizer, load_tokenizer_eos, pieces, tokenizer_of, Tokens, EOS_CANDIDATES, PIECE_BYTES};
 pub use validation::validation_batches;

@@ -142,12 +142,24 @@ fn header_of(path: &Path, json: &serde_json::Value) -> Result<TokenShardHeader> 
     })
 }
 
-/// Refuses a token shard made with another tokenizer file than `tok` (compared by SHA-256).
+/// Refuses a token shard made with another tokenizer file than `tok` (compared by SHA-256),
+/// or with another EOS (`data.eos_token`).
 ///
 /// # Errors
-/// [`DataError::TokenizerMismatch`] naming both tokenizers.
+/// [`DataError::TokenizerMismatch`] naming both tokenizers; [`DataError::TokenShard`] for
+/// another EOS id.
 pub fn check_tokenizer(path: &Path, header: &TokenShardHeader, tok: &Tokens) -> Result<()> {
     if header.tokenizer_sha256 == tok.sha256 {
+        if header.eos_id != tok.eos_id {
+            return Err(bad(
+                path,
+                format!(
+                    "its documents end in the EOS id {}, but the tokenizer's EOS (data.eos_token) is id {}: tokenize the \
+                     text again with this data.eos_token, or set data.eos_token to the shard's",
+                    header.eos_id, tok.eos_id
+                ),
+            ));
+        }
         return Ok(());
     }
     Err(DataError::TokenizerMismatch {

@@ -1,7 +1,9 @@
 //! Tokenizer loading and document encoding.
 //!
-//! A document becomes `encode(text, add_special_tokens = false) ++ [EOS]`: the tokenizer's
-//! own post-processor is not used, so T5 (which would append `</s>` itself) and LLaMA
+//! A document becomes `encode(text, add_special_tokens = false) ++ [EOS]`, EOS being
+//! `data.eos_token` or else the first of [`EOS_CANDIDATES`] in the vocabulary (`</s>` for T5
+//! and LLaMA-1/2, `<|endoftext|>` for GPT-2 and Qwen, `<|end_of_text|>` for LLaMA-3, ...).
+//! The tokenizer's own post-processor is not used, so T5 (which would append `</s>` itself) and LLaMA
 //! (which would prepend `<s>`) give the same layout: text tokens, then one EOS. Special-token
 //! strings inside the text (`"a </s> b"`, `<pad>`, `<extra_id_0>`) are encoded as the text
 //! they are, so special ids enter only where the pipeline puts them.
@@ -12,8 +14,15 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 
+use crate::config::DataConfig;
 use crate::error::{DataError, Result};
 use crate::special::text_tokenizer;
+
+/// End-of-sequence tokens looked up, in this order, when `data.eos_token` is not set: the
+/// first one in the vocabulary is the EOS. `</s>`: T5, LLaMA-1/2, Mistral; `<|endoftext|>`:
+/// GPT-2, GPT-NeoX, Qwen (base), Phi; `<|end_of_text|>`: LLaMA-3; `<|im_end|>`: chat
+/// tokenizers without one of those; `<eos>`: Gemma.
+pub const EOS_CANDIDATES: [&str; 5] = ["</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>"];
 
 /// A loaded tokenizer with the ids this crate needs.
 ///
@@ -21,13 +30,15 @@ use crate::special::text_tokenizer;
 #[derive(Clone)]
 pub struct Tokens {
     tokenizer: Arc<Tokenizer>,
-    /// Id of `</s>`, appended to every document (T5: 1, LLaMA-1/2: 2).
+    /// Id of the EOS token (`data.eos_token`, else the first of [`EOS_CANDIDATES`] in the
+    /// vocabulary), appended to every document (T5: 1, LLaMA-1/2: 2, GPT-2: 50256).
     pub eos_id: u32,
     /// Id of `<s>` if the vocabulary has one (LLaMA: 1; T5: none). Documents do not start
     /// with it; it is written to the exported `config.json`.
     pub bos_id: Option<u32>,
-    /// Id of `<pad>` if the vocabulary has one (T5: 0), else `eos_id` (LLaMA). Used only by
-    /// `truncate_pad` rows, where padded targets are masked out of the loss.
+    /// Id of `<pad>` if the vocabulary has one (T5: 0), else `eos_id` (LLaMA, GPT-2). Used
+    /// only by `truncate_pad` rows, where padded targets are masked out of the loss, so any
+    /// id would do.
     pub pad_id: u32,
     /// The `tokenizer.json` file this was loaded from.
     pub source: PathBuf,
@@ -59,19 +70,39 @@ impl std::fmt::Debug for Tokens {
 /// already in the local hub cache (`HF_HOME`, default `~/.cache/huggingface`); and, only
 /// when `allow_download` is true, that file fetched from the hub with `hf-hub`.
 ///
+/// The EOS is the first of [`EOS_CANDIDATES`] in the vocabulary; [`tokenizer_of`] takes
+/// `data.eos_token` too.
+///
 /// # Errors
 /// [`DataError::Tokenizer`] when the file is missing or unreadable, when the vocabulary has
-/// no `</s>`, or when a hub id is not cached and `allow_download` is false (the message says
-/// how to fix it), or when the download fails.
+/// none of [`EOS_CANDIDATES`], or when a hub id is not cached and `allow_download` is false
+/// (the message says how to fix it), or when the download fails.
 pub fn load_tokenizer(spec: &str, allow_download: bool) -> Result<Tokens> {
+    load_tokenizer_eos(spec, allow_download, None)
+}
+
+/// The tokenizer of a `[data]` section: `tokenizer`, `allow_download` and `eos_token`.
+///
+/// # Errors
+/// As [`load_tokenizer_eos`].
+pub fn tokenizer_of(cfg: &DataConfig) -> Result<Tokens> {
+    load_tokenizer_eos(&cfg.tokenizer, cfg.allow_download, cfg.eos_token.as_deref())
+}
+
+/// [`load_tokenizer`] with the EOS token named (`data.eos_token`), or found among
+/// [`EOS_CANDIDATES`] when `eos_token` is `None`.
+///
+/// # Errors
+/// As [`load_tokenizer`], and when `eos_token` is not in the vocabulary.
+pub fn load_tokenizer_eos(spec: &str, allow_download: bool, eos_token: Option<&str>) -> Result<Tokens> {
     let path = Path::new(spec);
     if path.is_file() {
-        return Tokens::from_file(path);
+        return Tokens::from_file_eos(path, eos_token);
     }
     if path.is_dir() {
         let inner = path.join("tokenizer.json");
         if inner.is_file() {
-            return Tokens::from_file(&inner);
+            return Tokens::from_file_eos(&inner, eos_token);
         }
         return Err(tok_err(spec, format!("folder {} has no tokenizer.json", path.display())));
     }
@@ -82,7 +113,7 @@ pub fn load_tokenizer(spec: &str, allow_download: bool) -> Result<Tokens> {
     // A hub id: the local cache first, so a previously downloaded tokenizer works offline.
     let cache = hf_hub::Cache::from_env();
     if let Some(cached) = cache.model(spec.to_string()).get("tokenizer.json") {
-        return Tokens::from_file(&cached);
+        return Tokens::from_file_eos(&cached, eos_token);
     }
     if !allow_download {
         return Err(tok_err(
@@ -102,7 +133,22 @@ pub fn load_tokenizer(spec: &str, allow_download: bool) -> Result<Tokens> {
         .model(spec.to_string())
         .get("tokenizer.json")
         .map_err(|e| tok_err(spec, format!("downloading tokenizer.json from the hub failed: {e}")))?;
-    Tokens::from_file(&fetched)
+    Tokens::from_file_eos(&fetched, eos_token)
+}
+
+/// Id of `eos_token`, or of the first of [`EOS_CANDIDATES`] in the vocabulary; the error
+/// names `data.eos_token` and what was tried.
+fn eos_id(tokenizer: &Tokenizer, eos_token: Option<&str>) -> Result<u32, String> {
+    if let Some(name) = eos_token {
+        return tokenizer.token_to_id(name).ok_or_else(|| format!("`data.eos_token` = {name:?} is not in the vocabulary"));
+    }
+    EOS_CANDIDATES.iter().find_map(|name| tokenizer.token_to_id(name)).ok_or_else(|| {
+        let tried: Vec<String> = EOS_CANDIDATES.iter().map(|n| format!("`{n}`")).collect();
+        format!(
+            "the vocabulary has no end-of-sequence token among {}: set `data.eos_token` to this tokenizer's end-of-sequence token",
+            tried.join(", ")
+        )
+    })
 }
 
 fn tok_err(spec: &str, msg: String) -> DataError {
@@ -110,7 +156,8 @@ fn tok_err(spec: &str, msg: String) -> DataError {
 }
 
 impl Tokens {
-    /// Loads a `tokenizer.json` file and looks up `</s>` and `<pad>`.
+    /// Loads a `tokenizer.json` file and looks up its EOS (the first of [`EOS_CANDIDATES`])
+    /// and `<pad>`.
     ///
     /// Truncation and padding settings stored in the file are switched off: rows are cut
     /// and padded by this crate. Special tokens are not split out of text
@@ -118,16 +165,26 @@ impl Tokens {
     /// matched: `special.rs`).
     ///
     /// # Errors
-    /// [`DataError::Tokenizer`] if the file cannot be parsed, has no `</s>` token, or a
-    /// special token written as text still encodes to a special id.
+    /// [`DataError::Tokenizer`] if the file cannot be parsed, has none of [`EOS_CANDIDATES`],
+    /// or a special token written as text still encodes to a special id.
     pub fn from_file(path: &Path) -> Result<Self> {
+        Self::from_file_eos(path, None)
+    }
+
+    /// [`Tokens::from_file`] with the EOS token named (`data.eos_token`); `None` looks for
+    /// [`EOS_CANDIDATES`].
+    ///
+    /// # Errors
+    /// As [`Tokens::from_file`], and when `eos_token` is not in the vocabulary; the message
+    /// names `data.eos_token`.
+    pub fn from_file_eos(path: &Path, eos_token: Option<&str>) -> Result<Self> {
         let spec = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| tok_err(&spec, format!("cannot read tokenizer.json: {e}")))?;
         let json = serde_json::from_str(&text).map_err(|e| tok_err(&spec, format!("cannot load tokenizer.json: {e}")))?;
         let mut tokenizer = text_tokenizer(json).map_err(|msg| tok_err(&spec, msg))?;
         tokenizer.with_truncation(None).map_err(|e| tok_err(&spec, format!("cannot disable truncation: {e}")))?;
         tokenizer.with_padding(None);
-        let eos_id = tokenizer.token_to_id("</s>").ok_or_else(|| tok_err(&spec, "the vocabulary has no `</s>` (EOS) token".into()))?;
+        let eos_id = eos_id(&tokenizer, eos_token).map_err(|msg| tok_err(&spec, msg))?;
         let pad_id = tokenizer.token_to_id("<pad>").unwrap_or(eos_id);
         let bos_id = tokenizer.token_to_id("<s>");
         let sha256 = Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
@@ -142,7 +199,7 @@ impl Tokens {
     }
 
     /// `bos_token_id`, `eos_token_id` and `pad_token_id` for a transformers `config.json`:
-    /// `<s>`, `</s>` and `<pad>`, `null` where the vocabulary has no such token (T5: null, 1,
+    /// `<s>`, the EOS and `<pad>`, `null` where the vocabulary has no such token (T5: null, 1,
     /// 0; LLaMA-2: 1, 2, null). Written explicitly, as transformers otherwise assumes
     /// LLaMA's ids (bos 1, eos 2: T5's `</s>` and `<unk>`).
     pub fn hf_token_ids(&self) -> serde_json::Map<String, serde_json::Value> {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use lowbit_data::token_shard::{read_header, token_shard_path, tokenize_shard};
+use lowbit_data::token_shard::{check_tokenizer, read_header, token_shard_path, tokenize_shard};
 use lowbit_data::{load_tokenizer, shared_documents, validation_batches, BadInput, DataError, DataPosition, TrainStream};
 use std::path::{Path, PathBuf};
 
@@ -212,4 +212,20 @@ fn a_version_1_shard_is_still_read() {
         validation_batches(&c, &tok, 8).unwrap()
     };
     assert!(all(&old) == all(&shard));
+}
+
+/// A token shard made with the same tokenizer file but another EOS
+/// (`data.eos_token`) is refused, naming both ids and the key.
+#[test]
+fn a_token_shard_of_another_eos_is_refused() {
+    let shard = repo_data().join("c4-sample/en-train.00000-of-00001.tokens.zst");
+    let header = read_header(&shard).unwrap();
+    check_tokenizer(&shard, &header, &t5()).unwrap();
+    let t5_path = repo_data().join("tokenizers/t5-tokenizer.json");
+    let pad_eos = lowbit_data::load_tokenizer_eos(t5_path.to_str().unwrap(), false, Some("<pad>")).unwrap();
+    assert_eq!(pad_eos.eos_id, 0);
+    let err = check_tokenizer(&shard, &header, &pad_eos).unwrap_err();
+    assert!(matches!(err, DataError::TokenShard { .. }));
+    let err = err.to_string();
+    assert!(err.contains("EOS id 1") && err.contains("is id 0") && err.contains("data.eos_token"), "{err}");
 }

@@ -3,6 +3,8 @@
 mod common;
 
 use common::*;
+use std::path::{Path, PathBuf};
+
 use lowbit_data::{load_tokenizer, DataError, Tokens};
 
 #[test]
@@ -93,4 +95,92 @@ fn long_documents_are_encoded_in_pieces_with_the_whole_texts_ids() {
     // a text without spaces is cut on character boundaries
     let wide = "€".repeat(PIECE_BYTES / 3 + 1); // 3 bytes each: the limit falls inside one
     assert!(pieces(&wide).iter().all(|p| p.len() <= PIECE_BYTES) && pieces(&wide).concat() == wide);
+}
+
+/// A small GPT-2-style tokenizer (byte-level BPE, ByteLevel pre-tokenizer and decoder, no
+/// `</s>`, no `<pad>`) trained with `tokenizers` on a few sentences, with the one special
+/// token `special`; saved as `tokenizer.json` in `dir`.
+fn byte_level_bpe(dir: &Path, special: &str) -> PathBuf {
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::{AddedToken, Tokenizer};
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(400)
+        .min_frequency(1)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(vec![AddedToken::from(special.to_string(), true)])
+        .build()
+        .into();
+    let mut tok = Tokenizer::new(BPE::default());
+    tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    tok.with_decoder(Some(ByteLevel::new(false, true, true)));
+    let text =
+        ["Hello world, the world says hello.", "The quick brown fox jumps over the lazy dog.", "Tokens end in an end of text token."];
+    tok.train(&mut trainer, text.iter().cycle().take(30)).unwrap();
+    let path = dir.join("tokenizer.json");
+    tok.save(&path, false).unwrap();
+    path
+}
+
+/// A GPT-2-style tokenizer's `<|endoftext|>` is found as the EOS (no `</s>` in the
+/// vocabulary), appended to every document, and pads (no `<pad>`); special-token text stays
+/// text; `data.eos_token` names another token; a tokenizer without any of
+/// [`lowbit_data::EOS_CANDIDATES`] is refused with an error naming `data.eos_token` and the
+/// names tried.
+#[test]
+fn a_gpt2_style_tokenizer_ends_documents_with_endoftext() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = byte_level_bpe(dir.path(), "<|endoftext|>");
+    let tok = load_tokenizer(path.to_str().unwrap(), false).unwrap();
+    let eot = tok.tokenizer().token_to_id("<|endoftext|>").unwrap();
+    assert!(tok.tokenizer().token_to_id("</s>").is_none());
+    assert_eq!((tok.eos_id, tok.pad_id, tok.bos_id), (eot, eot, None));
+    let docs = ["Hello world", "the lazy fox", "ünïcödé bytes too"];
+    let ids = tok.encode_batch(&docs).unwrap();
+    for (doc, ids) in docs.iter().zip(&ids) {
+        assert_eq!(ids.last(), Some(&eot), "{doc:?}: {ids:?}");
+        assert_eq!(ids.iter().filter(|&&i| i == eot).count(), 1, "{doc:?}: {ids:?}");
+        assert_eq!(tok.decode(ids).unwrap(), *doc);
+    }
+    // the special token written in a document is text, not an EOS
+    let inside = tok.encode("a <|endoftext|> b").unwrap();
+    assert_eq!(inside.iter().filter(|&&i| i == eot).count(), 1, "{inside:?}");
+    assert_eq!(tok.hf_token_ids()["eos_token_id"], eot);
+
+    // `data.eos_token`, through the config
+    let cfg =
+        lowbit_data::DataConfig { tokenizer: path.display().to_string(), eos_token: Some("<|endoftext|>".into()), ..Default::default() };
+    assert_eq!(lowbit_data::tokenizer_of(&cfg).unwrap().eos_id, eot);
+    let other = tok.tokenizer().token_to_id("a").unwrap();
+    let cfg = lowbit_data::DataConfig { eos_token: Some("a".into()), ..cfg };
+    assert_eq!(lowbit_data::tokenizer_of(&cfg).unwrap().encode("hi").unwrap().last(), Some(&other));
+    let cfg = lowbit_data::DataConfig { eos_token: Some("<eot>".into()), ..cfg };
+    let err = lowbit_data::tokenizer_of(&cfg).unwrap_err().to_string();
+    assert!(err.contains("`data.eos_token` = \"<eot>\" is not in the vocabulary"), "{err}");
+
+    // none of the names: refused, saying which names were tried and which key to set
+    let none = tempfile::tempdir().unwrap();
+    let path = byte_level_bpe(none.path(), "<|stop|>");
+    let err = load_tokenizer(path.to_str().unwrap(), false).unwrap_err();
+    assert!(matches!(err, DataError::Tokenizer { .. }));
+    let err = err.to_string();
+    for name in lowbit_data::EOS_CANDIDATES.iter().chain(&["data.eos_token"]) {
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    let cfg = lowbit_data::DataConfig { tokenizer: path.display().to_string(), eos_token: Some("<|stop|>".into()), ..Default::default() };
+    assert!(lowbit_data::tokenizer_of(&cfg).is_ok());
+}
+
+/// The resolved `[data]` section leaves `eos_token` out when unset (run fingerprints stay
+/// as they were) and reads it back when set.
+#[test]
+fn eos_token_is_serialized_only_when_set() {
+    let unset = serde_json::to_string(&lowbit_data::DataConfig::default()).unwrap();
+    assert!(!unset.contains("eos_token"), "{unset}");
+    let set = lowbit_data::DataConfig { eos_token: Some("<|endoftext|>".into()), ..Default::default() };
+    let text = serde_json::to_string(&set).unwrap();
+    assert!(text.contains(r#""eos_token":"<|endoftext|>""#), "{text}");
+    assert_eq!(serde_json::from_str::<lowbit_data::DataConfig>(&text).unwrap(), set);
 }

@@ -4,14 +4,14 @@
 
 use crate::config::RunConfig;
 use anyhow::Result;
-use lowbit_data::{load_tokenizer, shared_documents, validation_batches, Batch, DataPosition, Tokens, TrainStream, OVERLAP_SAMPLE};
+use lowbit_data::{shared_documents, tokenizer_of, validation_batches, Batch, DataPosition, Tokens, TrainStream, OVERLAP_SAMPLE};
 
-/// The tokenizer of `data.tokenizer`.
+/// The tokenizer of `data.tokenizer`, its EOS `data.eos_token` or found.
 ///
 /// # Errors
 /// It cannot be loaded (or downloaded, with `data.allow_download`).
 pub fn tokenizer(cfg: &RunConfig) -> Result<Tokens> {
-    load_tokenizer(&cfg.data.tokenizer, cfg.data.allow_download).map_err(data_err)
+    tokenizer_of(&cfg.data).map_err(data_err)
 }
 
 /// The validation batches of `cfg` (micro-batches of `train.micro_batch` rows) and the

@@ -26,6 +26,7 @@ pub mod data;
 pub mod device;
 pub mod distributed;
 pub mod eval;
+pub mod flops;
 pub mod logs;
 pub mod manifest;
 pub mod memory;

@@ -102,6 +102,10 @@ pub struct Session {
     pub sizes: RunSizes,
     /// CUDA pool high-water mark, bytes.
     pub device_peak: Option<u64>,
+    /// Seconds this rank's step would take at the card's dense peak ([`crate::flops`]: every
+    /// position of its rows, padding included); a step's MFU is this over its seconds.
+    /// `None` on the CPU or a card without a known peak.
+    pub peak_step_seconds: Option<f64>,
     pub last_checkpoint: Option<PathBuf>,
     /// Held until the run ends (rank 0): no second run writes into this folder meanwhile.
     _lock: Option<RunLock>,
@@ -158,6 +162,7 @@ impl Session {
         };
         let stall_log = StallWriter::new(host.moments(), theory, cfg.run.stall_detail_every);
         let (opt, sizes) = optimizer::for_run(host, model.params.num_params(), &cfg, &comm, &dev)?;
+        let peak_step_seconds = crate::flops::peak_step_seconds(&cfg, &mcfg, sizes.n_params, model.dtype, accum_per_rank, &dev);
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder (rank 0 alone writes it): a start that fails leaves the folder as it was.
         let resumed_at = launch.resume_from.is_some().then_some(state.step);
@@ -182,6 +187,7 @@ impl Session {
             last_adaptive_reset: None,
             sizes,
             device_peak: None,
+            peak_step_seconds,
             last_checkpoint: None,
             _lock,
         })

@@ -59,16 +59,21 @@ pub struct StepReport {
     pub seconds: f64,
     /// Stalled fractions (m, v) of the newest stall row written, if one was.
     pub stalls: Option<(Option<f64>, Option<f64>)>,
+    /// Model FLOPs utilisation of this rank's step ([`crate::flops`]); `None` on the CPU or
+    /// a card without a known peak.
+    pub mfu: Option<f64>,
     /// The epoch the step's data reached, when it began a new one.
     pub new_epoch: Option<u64>,
 }
 
 impl StepReport {
-    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s.
+    /// The progress line: loss, the newest stalled fractions of m and v, tokens/s, and MFU
+    /// where it is known.
     pub fn line(&self) -> String {
         let frac = |f: Option<f64>| crate::output::fixed(f, 3);
         let (m, v) = self.stalls.unwrap_or((None, None));
-        format!("loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s", self.loss, frac(m), frac(v), self.tokens as f64 / self.seconds)
+        let mfu = self.mfu.map_or(String::new(), |x| format!(" | MFU {:.1}%", 100.0 * x));
+        format!("loss {:.3} | m-stall {} v-stall {} | {:.0} tok/s{mfu}", self.loss, frac(m), frac(v), self.tokens as f64 / self.seconds)
     }
 }
 
@@ -119,6 +124,7 @@ impl Session {
             );
         }
         out.new_epoch = (out.position.epoch > self.state.data.epoch).then_some(out.position.epoch);
+        out.mfu = self.peak_step_seconds.map(|s| s / out.seconds);
         self.state.step = step;
         self.state.tokens += out.tokens;
         self.state.data = out.position.clone();
@@ -132,6 +138,7 @@ impl Session {
                 step_time: out.seconds,
                 tokens_per_s: out.tokens as f64 / out.seconds,
                 skipped: !out.updated,
+                mfu: out.mfu,
             })?;
         }
         self.stall_log.push(step, out.updated.then_some(update));
@@ -253,7 +260,7 @@ pub fn train_step(ctx: &mut StepContext, step: u64, update: u64, lr: f64, phases
     let (loss, grad_norm, updated) = clip_and_update(ctx, update, lr, grads, &loss_sum)?;
     clock.lap(|p| &mut p.optimizer)?;
     let seconds = t0.elapsed().as_secs_f64();
-    Ok(StepReport { step, loss, grad_norm, tokens, position, updated, seconds, stalls: None, new_epoch: None })
+    Ok(StepReport { step, loss, grad_norm, tokens, position, updated, seconds, stalls: None, new_epoch: None, mfu: None })
 }
 
 /// The step's end: the global gradient norm, the clip ([`clip_factor`]) and the update of

@@ -30,6 +30,10 @@ pub enum MetricsRow {
         /// written before it always was read as `false` when it is missing).
         #[serde(default)]
         skipped: bool,
+        /// Model FLOPs utilisation of the step on one GPU, a fraction ([`crate::flops`]);
+        /// absent on the CPU, on a card without a known peak, and in rows written before it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mfu: Option<f64>,
     },
     Eval {
         step: u64,
@@ -116,4 +120,24 @@ pub fn read_rows<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `mfu` is written only when known, and a row without it (the CPU's, or one written
+    /// before it existed) reads back as `None`.
+    #[test]
+    fn mfu_is_optional_in_train_rows() {
+        let old = r#"{"kind":"train","step":3,"tokens":96,"lr":0.001,"loss":5.5,"grad_norm":1.25,"step_time":0.5,"tokens_per_s":64.0,"skipped":false}"#;
+        let row: MetricsRow = serde_json::from_str(old).unwrap();
+        assert!(matches!(row, MetricsRow::Train { step: 3, mfu: None, .. }));
+        assert_eq!(serde_json::to_string(&row).unwrap(), old);
+        let MetricsRow::Train { step, tokens, lr, loss, grad_norm, step_time, tokens_per_s, skipped, .. } = row else { unreachable!() };
+        let with = MetricsRow::Train { step, tokens, lr, loss, grad_norm, step_time, tokens_per_s, skipped, mfu: Some(0.375) };
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(text.ends_with(r#""skipped":false,"mfu":0.375}"#), "{text}");
+        assert!(matches!(serde_json::from_str(&text).unwrap(), MetricsRow::Train { mfu: Some(m), .. } if m == 0.375));
+    }
 }

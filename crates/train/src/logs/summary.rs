@@ -287,6 +287,7 @@ mod tests {
                 step_time: 0.1,
                 tokens_per_s: 640.0,
                 skipped: false,
+                mfu: None,
             };
             metrics += &format!("{}\n", serde_json::to_string(&train).unwrap());
             let m = Counter { updated: 10, stalled: 5, unchanged: 5, elements: 10 };

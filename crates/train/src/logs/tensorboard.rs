@@ -68,10 +68,12 @@ impl Scalars {
 pub fn metric_scalars(row: &MetricsRow) -> (u64, Vec<(String, f32)>) {
     let tagged = |pairs: &[(&str, f64)]| pairs.iter().map(|(t, v)| (t.to_string(), *v as f32)).collect();
     match row {
-        MetricsRow::Train { step, lr, loss, grad_norm, tokens_per_s, .. } => (
-            *step,
-            tagged(&[("train/loss", *loss), ("train/lr", *lr), ("train/grad_norm", *grad_norm), ("train/tokens_per_s", *tokens_per_s)]),
-        ),
+        MetricsRow::Train { step, lr, loss, grad_norm, tokens_per_s, mfu, .. } => {
+            let mut scalars: Vec<(String, f32)> =
+                tagged(&[("train/loss", *loss), ("train/lr", *lr), ("train/grad_norm", *grad_norm), ("train/tokens_per_s", *tokens_per_s)]);
+            scalars.extend(mfu.map(|x| ("train/mfu".to_string(), x as f32)));
+            (*step, scalars)
+        }
         MetricsRow::Eval { step, val_loss, val_ppl, .. } => (*step, tagged(&[("val/loss", *val_loss), ("val/ppl", *val_ppl)])),
     }
 }
@@ -165,8 +167,17 @@ mod tests {
             step_time: 0.1,
             tokens_per_s: 90.0,
             skipped: false,
+            mfu: None,
         };
         let tags: Vec<String> = metric_scalars(&row).1.into_iter().map(|t| t.0).collect();
         assert_eq!(tags, ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"]);
+        // with MFU (a GPU of known peak), one more scalar
+        let row = match row {
+            MetricsRow::Train { step, tokens, lr, loss, grad_norm, step_time, tokens_per_s, skipped, .. } => {
+                MetricsRow::Train { step, tokens, lr, loss, grad_norm, step_time, tokens_per_s, skipped, mfu: Some(0.25) }
+            }
+            eval => eval,
+        };
+        assert_eq!(metric_scalars(&row).1.last(), Some(&("train/mfu".to_string(), 0.25)));
     }
 }
