@@ -229,3 +229,48 @@ fn a_token_shard_of_another_eos_is_refused() {
     let err = err.to_string();
     assert!(err.contains("EOS id 1") && err.contains("is id 0") && err.contains("data.eos_token"), "{err}");
 }
+
+/// A vocabulary past 65,536 ids (LLaMA-3's 128,256) is stored as `U32` ids and round-trips: a
+/// word-level tokenizer of 70,000 words, documents of words past id 65,535, tokenized into a
+/// shard whose ids read back as the text's.
+#[test]
+fn a_vocabulary_past_u16_round_trips_as_u32_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 70_000;
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), 0.into());
+    for i in 1..n - 1 {
+        vocab.insert(format!("w{i}"), i.into());
+    }
+    vocab.insert("</s>".into(), (n - 1).into());
+    let tokenizer = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": n - 1, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false,
+                          "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    });
+    let tok_path = dir.path().join("wide-tokenizer.json");
+    std::fs::write(&tok_path, tokenizer.to_string()).unwrap();
+    let tok = lowbit_data::load_tokenizer(tok_path.to_str().unwrap(), false).unwrap();
+    assert_eq!((tok.vocab_size(), tok.eos_id), (n, n as u32 - 1));
+    let texts: Vec<String> = (0..6).map(|d| (0..40).map(|k| format!("w{}", 65_500 + d * 40 + k)).collect::<Vec<_>>().join(" ")).collect();
+    let src = write_gz(dir.path(), "wide.json.gz", &texts.iter().map(|t| c4(t)).collect::<Vec<_>>());
+    let dst = token_shard_path(&src, dir.path());
+    tokenize_shard(&src, &dst, &tok, BadInput::Fail, 3).unwrap();
+    let raw = zstd::stream::decode_all(std::fs::File::open(&dst).unwrap()).unwrap();
+    assert_eq!(safetensors::SafeTensors::deserialize(&raw).unwrap().tensor("tokens").unwrap().dtype(), safetensors::Dtype::U32);
+    let all = |p: &Path| {
+        let mut c = cfg(&[p], &[p], 32);
+        c.tokenizer = tok_path.display().to_string();
+        c.val_tokens = usize::MAX;
+        validation_batches(&c, &tok, 4).unwrap()
+    };
+    let (from_text, from_shard) = (all(&src), all(&dst));
+    assert!(from_text == from_shard, "the shard's ids are the text's");
+    let max = from_shard.iter().flat_map(|b| b.input.iter().copied()).max().unwrap();
+    assert!(max > 65_535, "ids past u16 were stored: {max}");
+}
