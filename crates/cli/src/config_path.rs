@@ -16,6 +16,9 @@ pub fn resolve(given: &Path, configs_dir: &Path) -> Result<PathBuf> {
     if given.is_file() {
         return Ok(given.to_path_buf());
     }
+    if given.exists() && !given.is_dir() {
+        bail!("--config {}: not a regular file (a device, a pipe or a process substitution): give a config file", given.display());
+    }
     if given.is_dir() {
         let inside: Vec<String> = toml_files(given).iter().take(3).map(|p| p.display().to_string()).collect();
         let hint = if inside.is_empty() { String::new() } else { format!(" (it holds {})", inside.join(", ")) };
@@ -113,5 +116,8 @@ mod tests {
         let top = format!("{}, {}", c.join("llama100m_fp8_sr_reset.toml").display(), c.join("tiny_cpu.toml").display());
         assert!(e.contains(&format!("no config has a similar name; in {}/: {top} (3 configs in all", c.display())), "{e}");
         assert!(!e.contains("paper"), "{e}");
+        // a path that exists but is no file (a device, a pipe): named as such, not "no such file"
+        let e = r("/dev/null").unwrap_err().to_string();
+        assert!(e.starts_with("--config /dev/null: not a regular file"), "{e}");
     }
 }

@@ -26,7 +26,14 @@ pub(super) fn load_value(path: &Path, depth: usize, files: &mut Vec<(PathBuf, St
     let base_path = path.parent().unwrap_or(Path::new(".")).join(base);
     if !base_path.is_file() {
         let at = find_key_in(&files.last().expect("pushed").1, "extends").map_or(String::new(), |l| format!(":{l}"));
-        bail!("{}{at}: extends {base:?}, but {} does not exist", path.display(), base_path.display());
+        let what = if base_path.is_dir() {
+            "is a folder, not a config file"
+        } else if base_path.exists() {
+            "is not a regular file (a device or a pipe)"
+        } else {
+            "does not exist"
+        };
+        bail!("{}{at}: extends {base:?}, but {} {what}", path.display(), base_path.display());
     }
     let mut merged = load_value(&base_path, depth + 1, files)?;
     merge(&mut merged, value);
@@ -275,5 +282,30 @@ mod tests {
         let e = format!("{:#}", crate::config::RunConfig::load(&tiny, &["optim.states.scale=2".into()]).unwrap_err());
         assert!(e.contains("`optim.states.scale` takes one of `default`, `amax`, `pow2`, not 2"), "{e}");
         assert!(!e.contains("invalid type"), "{e}");
+    }
+
+    /// `extends` naming a folder or a device says so, where it said "does not exist".
+    #[test]
+    fn extends_a_folder_or_a_device_says_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        for (base, what) in
+            [(".", "is a folder, not a config file"), ("/dev/null", "is not a regular file"), ("gone.toml", "does not exist")]
+        {
+            let c = dir.path().join("c.toml");
+            std::fs::write(&c, format!("extends = {base:?}\n[model]\npreset = \"tiny\"\n[data]\n")).unwrap();
+            let e = format!("{:#}", crate::config::RunConfig::load(&c, &[]).unwrap_err());
+            assert!(e.contains(what), "{base}: {e}");
+        }
+    }
+
+    /// A run name with a newline, a tab or only blanks is refused naming the key.
+    #[test]
+    fn run_names_with_control_characters_or_blanks_are_refused() {
+        let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tiny_cpu.toml");
+        for bad in ["\"a\\nb\"", "\" \"", "\"x\\t\"", "\" lead\""] {
+            let e = format!("{:#}", crate::config::RunConfig::load(&tiny, &[format!("run.name={bad}")]).unwrap_err());
+            assert!(e.contains("run.name: must be a folder name without control characters"), "{bad}: {e}");
+        }
+        crate::config::RunConfig::load(&tiny, &["run.name=\"ok_name-2\"".into()]).unwrap();
     }
 }

@@ -284,6 +284,9 @@ impl RunConfig {
         if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\']) {
             bail!("run.name: must be a folder name inside run.dir (no `/`, `\\`, `.` or `..`), got {n:?}");
         }
+        if n.trim().is_empty() || n.trim() != n || n.chars().any(char::is_control) {
+            bail!("run.name: must be a folder name without control characters (a newline, a tab) or leading or trailing blanks, got {n:?}");
+        }
         Ok(())
     }
 
