@@ -73,6 +73,15 @@ the next command. docs/reproduce.md has the plan and the scales.";
 /// The largest `--deadline`, seconds (a year): a larger value is refused by the command line.
 pub const MAX_DEADLINE_S: u64 = 365 * 24 * 3600;
 
+/// `--deadline`'s value: whole seconds in 0..=[`MAX_DEADLINE_S`] (a negative or fractional
+/// number is named as such rather than taken for another flag).
+fn deadline_seconds(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<i128>() {
+        Ok(n) if (0..=i128::from(MAX_DEADLINE_S)).contains(&n) => Ok(n as u64),
+        _ => Err(format!("{s}: give whole seconds from 0 to {MAX_DEADLINE_S} (a year)")),
+    }
+}
+
 /// Command-line arguments of `train reproduce`.
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_long_help = RESULTS_HELP)]
@@ -113,7 +122,7 @@ pub struct ReproduceArgs {
     /// (its seconds over its waves of --jobs runs), else unknown (the run starts). The runs
     /// left are named and the command exits 75 (EX_TEMPFAIL): the same command again goes on
     /// with them; a failed run makes it exit 1 all the same. At most a year (31536000).
-    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(..=MAX_DEADLINE_S))]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, value_parser = deadline_seconds)]
     pub deadline: Option<u64>,
     /// Seed COUNT: seeds 0..N, paired across cells (default: smoke 1, h200 2, h200-shuffled 3,
     /// paper-updates 3, full 1; an ablation's own). For other seeds use --seed-list.
