@@ -555,7 +555,7 @@ fn a_run_that_would_end_after_the_deadline_is_not_started() {
 fn an_absurd_deadline_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let args = vec!["reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--out", out.to_str().unwrap()];
+    let args = ["reproduce", "--table", "fp32-model", "--scale", "smoke", "--report-only", "--out", out.to_str().unwrap()];
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     // past a year, past u64, negative: each named with the range, never a panic or "unexpected argument"
     for bad in ["18446744073709551615", "-5", "31536001"] {
