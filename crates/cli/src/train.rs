@@ -214,6 +214,8 @@ pub fn with_way_on(e: anyhow::Error, run_dir: &Path) -> anyhow::Error {
     };
     let then = match checkpoint::latest(run_dir) {
         Ok(ck) => format!("`train --resume {}` then continues from its newest checkpoint ({})", run_dir.display(), ck.display()),
+        // a folder that was never made holds nothing to overwrite: the same command again
+        Err(_) if !run_dir.is_dir() => "then run the same command again".into(),
         Err(_) => "the run cannot be continued (it has no checkpoint yet): run its command again with --overwrite".into(),
     };
     anyhow::anyhow!("{e:#}. {what}; {then}")
@@ -251,4 +253,22 @@ fn latest_run(runs: &Path) -> Result<PathBuf> {
         }
     }
     best.map(|b| b.1).with_context(|| format!("--resume latest: no run with a checkpoint in {} (run.dir)", runs.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write refused in a run folder that was never made (it could not be created) advises
+    /// the same command again, not `--overwrite` (nothing to overwrite); a folder without a
+    /// checkpoint yet advises `--overwrite`.
+    #[test]
+    fn the_way_on_names_what_is_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let refused = || anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        let never_made = format!("{:#}", with_way_on(refused(), &tmp.path().join("runs/x")));
+        assert!(never_made.contains("then run the same command again") && !never_made.contains("--overwrite"), "{never_made}");
+        let started = format!("{:#}", with_way_on(refused(), tmp.path()));
+        assert!(started.contains("run its command again with --overwrite"), "{started}");
+    }
 }
