@@ -18,7 +18,7 @@ fn t5_hello_world() {
 }
 
 #[test]
-#[ignore = "needs the shared LLaMA-2 tokenizer beside the checkout (../shared/data/tokenizers/llama2-tokenizer.json): run with --ignored"]
+#[ignore = "reads the LLaMA-2 tokenizer from ../shared/data/tokenizers/, outside the repository (a fresh clone elsewhere lacks it): run with --ignored where ../shared is present"]
 fn llama2_uses_eos_2_and_pads_with_eos() {
     let path = shared_tokenizer("llama2-tokenizer.json");
     let tok = load_tokenizer(path.to_str().unwrap(), false).unwrap();
@@ -68,7 +68,7 @@ fn t5_special_tokens_in_text_stay_text() {
 }
 
 #[test]
-#[ignore = "needs the shared LLaMA-2 tokenizer beside the checkout (../shared/data/tokenizers/llama2-tokenizer.json): run with --ignored"]
+#[ignore = "reads the LLaMA-2 tokenizer from ../shared/data/tokenizers/, outside the repository (a fresh clone elsewhere lacks it): run with --ignored where ../shared is present"]
 fn llama2_special_tokens_in_text_stay_text() {
     let path = shared_tokenizer("llama2-tokenizer.json");
     special_tokens_in_text_stay_text(&load_tokenizer(path.to_str().unwrap(), false).unwrap());
