@@ -331,13 +331,12 @@ pub fn write_token_shard(path: &Path, docs: &[Vec<u32>], tok: &Tokens, source: &
         n += d.len() as u64;
         ends.push(n);
     }
-    let (dtype, token_bytes): (Dtype, Vec<u8>) = if vocab <= 1 << 16 {
-        (Dtype::U16, docs.iter().flatten().flat_map(|&id| (id as u16).to_le_bytes()).collect())
+    let (dtype, width, token_bytes): (Dtype, usize, Vec<u8>) = if vocab <= 1 << 16 {
+        (Dtype::U16, 2, docs.iter().flatten().flat_map(|&id| (id as u16).to_le_bytes()).collect())
     } else {
-        (Dtype::U32, docs.iter().flatten().flat_map(|&id| id.to_le_bytes()).collect())
+        (Dtype::U32, 4, docs.iter().flatten().flat_map(|&id| id.to_le_bytes()).collect())
     };
     let end_bytes: Vec<u8> = ends.iter().flat_map(|e| e.to_le_bytes()).collect();
-    let width = token_bytes.len() / n.max(1) as usize;
     let starts = std::iter::once(0).chain(ends.iter().copied());
     let crc_bytes: Vec<u8> =
         starts.zip(&ends).flat_map(|(a, &b)| crc32fast::hash(&token_bytes[a as usize * width..b as usize * width]).to_le_bytes()).collect();

@@ -564,11 +564,17 @@ const CELL_KEYS: [&str; 7] = ["optim.states.", "optim.kind", "optim.soap.", "opt
 /// them).
 fn paper_basis(spec: PlanSpec, kind: States, jobs: &[&Job]) -> PaperBasis {
     let as_paper = PlanSpec { extra: &[], ..spec };
+    // one comparison per cell (a cell's seeds differ only in train.seed, no cell key); the theory
+    // kind's grids and eps are never the paper's
+    let mut seen: Vec<Cell> = Vec::new();
     let mut cells: Vec<Cell> = Vec::new();
-    for j in jobs {
+    for j in jobs.iter().filter(|_| kind != States::Theory) {
+        if seen.contains(&j.planned.cell) {
+            continue;
+        }
+        seen.push(j.planned.cell);
         let Ok(reference) = pool::plan_one(as_paper, States::Paper, j.planned.cell, j.planned.key.seed) else { continue };
-        let same = j.cfg.changes_from(&reference.cfg).iter().all(|c| !CELL_KEYS.iter().any(|k| c.starts_with(k)));
-        if same && kind != States::Theory && !cells.contains(&j.planned.cell) {
+        if j.cfg.changes_from(&reference.cfg).iter().all(|c| !CELL_KEYS.iter().any(|k| c.starts_with(k))) {
             cells.push(j.planned.cell);
         }
     }
