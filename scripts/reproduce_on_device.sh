@@ -6,7 +6,8 @@
 # with. A device command returns at most 8 files, so OUT's reports and records are packed into
 # OUT/reproduce.tar (`tar xf reproduce.tar -C reproduce` here, then commit), and the runs' logs
 # (train.log, metrics.jsonl, stalls.jsonl: for reading, not committed) into OUT/train-logs.tar.
-# FORCE=1 reruns recorded runs (--force), e.g. to get their logs.
+# FORCE=1 reruns recorded runs (--force), e.g. to get their logs; JOBS=N runs N at once
+# (--jobs; default: the scale's runs per GPU).
 # Usage (from the repository root, token shards in data/local/tok/: docs/reproduce.md):
 #   scripts/reproduce_on_device.sh TRAIN OUT DEADLINE_S STEP...
 #   STEP: an ablation (`train reproduce --list-ablations`), or TABLE@SCALE (a table, e.g.
@@ -14,8 +15,9 @@
 set -uo pipefail
 TRAIN=$1 OUT=$2 END=$(($(date +%s) + $3))
 shift 3
-force=()
-[ "${FORCE:-0}" = 1 ] && force=(--force)
+extra=()
+[ "${FORCE:-0}" = 1 ] && extra=(--force)
+[ -n "${JOBS:-}" ] && extra+=(--jobs "$JOBS")
 stamp=$(mktemp)
 mkdir -p "$OUT"
 for step in "$@"; do
@@ -26,7 +28,7 @@ for step in "$@"; do
   [ -n "$seeds" ] && args+=(--seed-list "${seeds#:}")
   echo "== $(date +%T) $step ($left s left)"
   timeout "$left" "$TRAIN" reproduce "${args[@]}" --runs "/tmp/rr/$what" --out "$OUT" --merge reproduce \
-    --deadline $((left - 5)) "${force[@]}" || break
+    --deadline $((left - 5)) "${extra[@]}" || break
 done
 find /tmp/rr -newer "$stamp" \( -name train.log -o -name metrics.jsonl -o -name stalls.jsonl \) 2>/dev/null |
   tar cf "$OUT/train-logs.tar" -T -
