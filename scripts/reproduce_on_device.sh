@@ -7,7 +7,7 @@
 # OUT/reproduce.tar (`tar xf reproduce.tar -C reproduce` here, then commit), and the runs' logs
 # (train.log, metrics.jsonl, stalls.jsonl: for reading, not committed) into OUT/train-logs.tar.
 # FORCE=1 reruns recorded runs (--force), e.g. to get their logs; JOBS=N runs N at once
-# (--jobs; default: the scale's runs per GPU).
+# (--jobs; default: the scale's runs per GPU); CELLS=a,b runs only those cells (--cells).
 # Usage (from the repository root, token shards in data/local/tok/: docs/reproduce.md):
 #   scripts/reproduce_on_device.sh TRAIN OUT DEADLINE_S STEP...
 #   STEP: an ablation (`train reproduce --list-ablations`), or TABLE@SCALE (a table, e.g.
@@ -18,6 +18,7 @@ shift 3
 extra=()
 [ "${FORCE:-0}" = 1 ] && extra=(--force)
 [ -n "${JOBS:-}" ] && extra+=(--jobs "$JOBS")
+[ -n "${CELLS:-}" ] && extra+=(--cells "$CELLS")
 stamp=$(mktemp)
 mkdir -p "$OUT"
 for step in "$@"; do
