@@ -42,7 +42,7 @@ pub use paper::{
     Relation, Table, SKIP_PROBS,
 };
 pub use pool::{detect_gpus, fits, gpus_from, pick_gpu, plan, plan_loadable, read_record, run_overrides, Job, PlanSpec};
-pub use report::{render, PaperBasis, RunInfo};
+pub use report::{render, Compared, PaperBasis, RunInfo};
 pub use results::{fingerprint, results_name, results_path, CommandLog, Planned, Record, ResultsFile, RunKey, MAX_WALL_S, RECORDS};
 pub use scale::{reset_period, scale_overrides, Scale};
 pub use states::{States, StatesArg, SHARED, THEORY_EPS, THEORY_FP4_M};
@@ -540,8 +540,29 @@ fn report_for(a: &ReproduceArgs, t: &Target, spec: PlanSpec, kind: States, file:
             .filter_map(|(j, r)| Some(((j.planned.cell, j.planned.key.seed), provenance::short_card(r.card.as_deref()?))))
             .collect(),
         kinds,
+        compare: compared_scale(a, t, spec, kind)?,
     };
     Ok((render(t.table, t.scale, &file.results(&planned), &info), info))
+}
+
+/// The results a report sets its orderings beside: a `paper-updates` table's at
+/// `h200-shuffled` (the same table and cells, the seeds its records hold, `--out` merged over
+/// `--merge`), so each claim's verdict shows at both run lengths; `None` for other scales and
+/// for ablations.
+fn compared_scale(a: &ReproduceArgs, t: &Target, spec: PlanSpec, kind: States) -> Result<Option<Compared>> {
+    if t.scale != Scale::PaperUpdates || t.ablation.is_some() {
+        return Ok(None);
+    }
+    let other = Target { scale: Scale::H200Shuffled, seeds: vec![], planned_seeds: vec![], ..t.clone() };
+    let file = read_merged(a, &other, t.table)?;
+    let planned: Vec<Planned> = plan_loadable(PlanSpec { scale: other.scale, ..spec }, kind, &t.shown_cells, &file.seeds())
+        .into_iter()
+        .map(|j| j.planned)
+        .collect();
+    let mut cards: Vec<String> = planned.iter().filter_map(|p| file.find(p)?.card.as_deref().map(provenance::short_card)).collect();
+    cards.sort_unstable();
+    cards.dedup();
+    Ok(Some(Compared { scale: other.scale.as_str(), results: file.results(&planned), cards }))
 }
 
 /// `path` relative to the folder `dir` (a report names its results file so), or as given.

@@ -91,6 +91,20 @@ pub struct RunInfo {
     /// The results of every states kind (label, results over the same seeds), for the section
     /// that compares them cell by cell; empty: no such section.
     pub kinds: Vec<(&'static str, Results)>,
+    /// Another scale's results of the same table, whose verdict of each ordering the report
+    /// shows beside its own; `None`: no such column.
+    pub compare: Option<Compared>,
+}
+
+/// Another scale's runs of a report's table ([`RunInfo::compare`]).
+#[derive(Debug, Clone, Default)]
+pub struct Compared {
+    /// The scale's name (`h200-shuffled`).
+    pub scale: &'static str,
+    /// Its results, over the seeds its records hold.
+    pub results: Results,
+    /// The cards of those runs (`H100`, `H200`), each once.
+    pub cards: Vec<String>,
 }
 
 impl RunInfo {
@@ -436,12 +450,13 @@ fn orderings(w: &mut String, table: Table, r: &Results, info: &RunInfo) {
         return;
     }
     let _ = writeln!(w, "\n## The paper's orderings\n");
+    let beside = info.compare.as_ref().map_or(String::new(), |c| format!(" at `{}`: Δ mean, verdict |", c.scale));
     let _ = writeln!(
         w,
-        "| claim | paper Δ ({}) | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |",
+        "| claim | paper Δ ({}) | ours Δ per seed (lhs − rhs) | ours Δ mean | seeds where it holds | ours |{beside}",
         info.paper.claim_model(table).label()
     );
-    let _ = writeln!(w, "|---|---:|---:|---:|---:|---|");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---|{}", if beside.is_empty() { "" } else { "---|" });
     let verdicts: Vec<_> = claims.into_iter().map(|c| (evaluate_claim(r, &c), c)).collect();
     let full = verdicts.iter().filter(|(v, _)| judged(v)).map(|(v, _)| v.per_seed.len()).max().unwrap_or(0);
     for (v, c) in &verdicts {
@@ -454,9 +469,19 @@ fn orderings(w: &mut String, table: Table, r: &Results, info: &RunInfo) {
         };
         let per_seed: Vec<String> =
             v.per_seed.iter().map(|(s, d)| format!("s{s} {d:+.4}{}", if info.cross_card(c.lhs, c.rhs, *s) { " ×" } else { "" })).collect();
+        let other = info.compare.as_ref().map_or(String::new(), |there| {
+            let v2 = evaluate_claim(&there.results, c);
+            format!(
+                " {} {} ({} seed{}) |",
+                opt_stat(v2.delta, true),
+                v2.outcome.word(),
+                v2.per_seed.len(),
+                if v2.per_seed.len() == 1 { "" } else { "s" }
+            )
+        });
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {}/{} | **{}** |",
+            "| {} | {} | {} | {} | {}/{} | **{}** |{other}",
             c.text,
             paper,
             if per_seed.is_empty() { "—".into() } else { per_seed.join(", ") },
@@ -493,6 +518,15 @@ fn orderings(w: &mut String, table: Table, r: &Results, info: &RunInfo) {
     }
     if info.seeds.len() < 2 {
         let _ = writeln!(w, "With one seed, an ordering is not established (docs/numerics.md: run at least two seeds).");
+    }
+    if let Some(c) = &info.compare {
+        let cards = if c.cards.is_empty() { "cards not recorded".to_string() } else { format!("cards: {}", c.cards.join(", ")) };
+        let _ = writeln!(
+            w,
+            "The last column is the same ordering in the same table at scale `{}` (its own records, {cards}: other \
+             steps, batch and lr, docs/reproduce.md \"Scales\"), paired over its seeds.",
+            c.scale
+        );
     }
 }
 

@@ -422,6 +422,27 @@ fn render_shows_paper_ours_deltas_and_verdicts() {
     assert!(row.contains("| H100/H200 |"), "{row}");
     let alone = RunInfo { kinds: vec![("paper", r.clone()), ("theory", BTreeMap::new())], ..info.clone() };
     assert!(!render(t, Scale::Smoke, &r, &alone).contains("## The states kinds"), "one kind: nothing to compare");
+    // another scale's verdicts beside each ordering: there, resets help fp32 states by 0.1 in
+    // its one seed (so "resets do not help" does not hold there either), and no other cell has runs
+    let mut there: Results = BTreeMap::new();
+    there.insert((Fmt::Fp32, Fix::Plain), vec![one(3.6)]);
+    there.insert((Fmt::Fp32, Fix::Reset), vec![one(3.5)]);
+    let md3 = render(
+        t,
+        Scale::PaperUpdates,
+        &r,
+        &RunInfo { compare: Some(Compared { scale: "h200-shuffled", results: there, cards: vec!["H200".into()] }), ..info.clone() },
+    );
+    assert!(md3.contains("| ours | at `h200-shuffled`: Δ mean, verdict |"), "{md3}");
+    let claim = md3.lines().find(|l| l.contains("resets do not help fp32 states")).unwrap();
+    assert!(claim.contains("| **does not hold** | -0.1000") && claim.ends_with(" does not hold (1 seed) |"), "{claim}");
+    let claim = md3.lines().find(|l| l.contains("SR + resets below plain, fp8")).unwrap();
+    assert!(claim.ends_with("| — n/a (missing runs) (0 seeds) |"), "{claim}");
+    assert!(
+        md3.contains("The last column is the same ordering in the same table at scale `h200-shuffled` (its own records, cards: H200:"),
+        "{md3}"
+    );
+    assert!(!md.contains("The last column"), "no other scale, no column");
 }
 
 #[test]
