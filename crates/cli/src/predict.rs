@@ -33,11 +33,15 @@ pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, reset_period:
         let mut o = serde_json::json!({
             "format": f.name(), "fraction_bits": bits, "beta2": beta2, "rho": theory::rho(bits, beta2),
         });
-        if rounding != Some(Rounding::Stochastic) {
+        let wanted = |r| rounding.is_none() || rounding == Some(r);
+        if wanted(Rounding::Nearest) {
             o["nearest"] = pn.into();
         }
-        if rounding != Some(Rounding::Nearest) {
+        if wanted(Rounding::Stochastic) {
             o["stochastic"] = ps.into();
+        }
+        if wanted(Rounding::Dither) {
+            o["dither"] = theory::p_stall_dither(bits, beta2).into();
         }
         if let Some(periods) = periods {
             o["reset_period"] = periods.iter().map(|&(s0, p)| (format!("{s0}"), serde_json::json!(p))).collect();
@@ -48,6 +52,7 @@ pub fn print(format: &str, beta2: f64, rounding: Option<Rounding>, reset_period:
     match rounding {
         Some(Rounding::Nearest) => lowbit_train::outln!("{pn:.3}"),
         Some(Rounding::Stochastic) => lowbit_train::outln!("{ps:.3}"),
+        Some(Rounding::Dither) => lowbit_train::outln!("{:.3}", theory::p_stall_dither(bits, beta2)),
         None => lowbit_train::outln!(
             "{pn:.3}/{ps:.3}  (v stalled fraction, {} with {bits} fraction bits, b2 = {beta2}: nearest/stochastic, rho = {:.2})",
             f.name(),

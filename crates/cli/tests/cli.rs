@@ -91,6 +91,7 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         ("run.dir=\"\"", "run.dir: must name a folder (\".\" for the working directory)"),
         ("optim.soap.shampoo_beta=0.5", "optim.soap.shampoo_beta: SOAP's setting, read only with optim.kind = \"soap\""),
         ("optim.soap.precond_format=\"fp32\"", "optim.soap.precond_format: SOAP's setting, read only with optim.kind = \"soap\""),
+        ("optim.states.weight_rounding=\"dither\"", "optim.states.weight_rounding: \"dither\" is for the moment states"),
     ] {
         let r = train(d, &["--config", "c.toml", "--set", set]);
         assert_eq!(r.code, Some(1), "{set}");
@@ -103,11 +104,16 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         ("optim.soap.precond_format=\"fp9\"", "unknown state format `fp9` (expected one of fp32, bf16, fp8, fp8e4m3, fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8, e8m1 .. e8m7) (key `optim.soap.precond_format`)"),
         ("optim.states.v_skip_prob=0.5", "optim.states.v_skip_prob: simulated stalling is AdamW's probe"),
         ("train.zero=1", "train.zero: SOAP's states are not sharded"),
+        ("optim.states.m_rounding=\"dither\"", "\"dither\" is AdamW's for now"),
     ] {
         let r = train(d, &["--config", "c.toml", "--set", "optim.kind=\"soap\"", "--set", set]);
         assert_eq!(r.code, Some(1), "{set}");
         assert!(r.stderr.contains(needle), "{set}: {}", r.stderr);
     }
+    // dither has a CPU reference only: a CUDA run is refused before anything is touched
+    let r = train(d, &["--config", "c.toml", "--set", "train.device=\"cuda\"", "--set", "optim.states.v_rounding=\"dither\""]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("\"dither\" has a CPU reference but no CUDA kernel yet"), "{}", r.stderr);
     assert!(!d.join("runs").exists(), "a refused config touched the run folder");
     // the default checkpoint period is not 0 (a kill would lose the whole run)
     std::fs::write(d.join("min.toml"), "extends = \"c.toml\"\n").unwrap();
@@ -545,7 +551,7 @@ fn one_rounding_vocabulary_warnings_and_validation_progress() {
         assert!(r.stderr.contains(&format!("step 0: validation {done}/8 batches")), "{}", r.stderr);
     }
     let bad = train(d, &["predict", "--format", "bf16", "--rounding", "round"]);
-    assert!(bad.stderr.contains("`nearest` (or `rne`) or `stochastic` (or `sr`)"), "{}", bad.stderr);
+    assert!(bad.stderr.contains("`nearest` (or `rne`), `stochastic` (or `sr`) or `dither`"), "{}", bad.stderr);
 
     let c4 = r#"data.train=["data/local/c4/en/c4-train.*-of-01024.json.gz"]"#;
     let r = train(d, &["--config", "c.toml", "--set", c4, "--set", "run.name=\"c4\""]);

@@ -6,6 +6,7 @@ use crate::error::OptimError;
 use crate::rules::adamw::LowbitAdamW;
 use crate::rules::optimizer::Optimizer;
 use crate::rules::soap::LowbitSoap;
+use crate::states::format::Rounding;
 use crate::states::moments::Moments;
 use crate::states::state_dict::{self, Array, HostStates};
 use candle_core::Device;
@@ -64,6 +65,7 @@ impl LowbitOptimizer {
 /// # Errors
 /// The CUDA optimizer refusing the states or failing to upload them.
 pub fn for_device(opt: LowbitOptimizer, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
+    refuse_unported(&opt, dev)?;
     match (opt, dev) {
         #[cfg(feature = "cuda")]
         (LowbitOptimizer::AdamW(a), Device::Cuda(d)) => Ok(Box::new(crate::cuda::adamw::CudaAdamW::new(a.moments, d)?)),
@@ -71,5 +73,28 @@ pub fn for_device(opt: LowbitOptimizer, dev: &Device) -> Result<Box<dyn Optimize
         (LowbitOptimizer::Soap(s), Device::Cuda(d)) => Ok(Box::new(crate::cuda::soap::CudaSoap::new(s, d)?)),
         (LowbitOptimizer::AdamW(a), _) => Ok(Box::new(a)),
         (LowbitOptimizer::Soap(s), _) => Ok(Box::new(s)),
+    }
+}
+
+/// Settings whose maths exists only in the CPU reference so far: dither on any device but
+/// the CPU, and dither inside SOAP (its eigenbasis refresh rewrites the moments).
+///
+/// # Errors
+/// Naming the setting and what to use instead.
+pub fn refuse_unported(opt: &LowbitOptimizer, dev: &Device) -> Result<(), OptimError> {
+    let dither = opt.moments().tensors.iter().any(|t| t.spec.m_rounding == Rounding::Dither || t.spec.v_rounding == Rounding::Dither);
+    match opt {
+        _ if !dither => Ok(()),
+        LowbitOptimizer::Soap(_) => Err(OptimError::Config(
+            "optim.states.m_rounding / v_rounding = \"dither\" is implemented for AdamW only (SOAP's refresh rotates \
+             the stored moments): use \"stochastic\" with optim.kind = \"soap\""
+                .into(),
+        )),
+        _ if !dev.is_cpu() => Err(OptimError::Config(
+            "optim.states.m_rounding / v_rounding = \"dither\" has a CPU reference but no CUDA kernel yet: run with \
+             train.device = \"cpu\", or use \"stochastic\" on the GPU"
+                .into(),
+        )),
+        _ => Ok(()),
     }
 }

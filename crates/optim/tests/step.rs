@@ -328,14 +328,25 @@ fn bf16_weights_count_stalls() {
 /// reciprocal every nonzero element would saturate to an end of the map).
 #[test]
 fn int8_blocks_with_subnormal_absmax_keep_their_values() {
-    use lowbit_optim::rules::adamw::step::{encode_block, Skip};
+    use lowbit_optim::rules::adamw::step::{encode_block, BlockWrite, Skip};
     use lowbit_optim::states::format::{int8, Rounding, StateFormat};
     use lowbit_optim::ScaleKind;
     let t = int8::dynamic_map(true);
     for absmax in [1e-39f32, f32::from_bits(3), 1e-30] {
         let x = [absmax, -absmax / 2.0, 0.0, absmax / 4.0];
         let (mut codes, mut scale) = ([0u8; 4], 1.0f32);
-        encode_block(StateFormat::Int8, true, false, ScaleKind::Pow2, &mut codes, &mut scale, &x, Rounding::Nearest, 0, 0, Skip::NEVER);
+        encode_block(
+            StateFormat::Int8,
+            true,
+            false,
+            ScaleKind::Pow2,
+            &mut codes,
+            &mut scale,
+            &x,
+            &BlockWrite::plain(Rounding::Nearest, 0),
+            0,
+            Skip::NEVER,
+        );
         assert_eq!(scale, absmax);
         assert_eq!(codes[0], 255, "absmax {absmax:e}");
         assert_eq!(codes[2], t.zero_index(), "absmax {absmax:e}");

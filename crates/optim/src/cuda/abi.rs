@@ -67,6 +67,7 @@ pub fn round_id(r: Rounding) -> i32 {
     match r {
         Rounding::Nearest => 0,
         Rounding::Stochastic => 1,
+        Rounding::Dither => unreachable!("dither is refused on CUDA devices before any launch (select::refuse_unported)"),
     }
 }
 

@@ -10,6 +10,7 @@
 use crate::error::OptimError;
 use crate::rules::adamw::step::{Roundings, StepKeys, StepScalars};
 use crate::states::config::{skip_threshold, VResetIdle};
+use crate::states::format::Rounding;
 use crate::states::moments::Moments;
 use crate::states::reset::reset_at;
 use crate::states::rng::{stream_key, StateKind};
@@ -89,10 +90,20 @@ impl Moments {
         // (the weights' rounding is the whole model's)
         let roundings = Roundings { m: spec.m_rounding, v: spec.v_rounding, w: self.spec.weight_rounding };
         let key = |kind| stream_key(self.seed, update, idx as u64, kind);
-        TensorPlan {
-            scalars,
-            roundings,
-            keys: StepKeys { m: key(StateKind::M), v: key(StateKind::V), w: key(StateKind::W), skip: key(StateKind::Skip) },
-        }
+        // dither: read what the previous update wrote, unless nothing was written (update 1) or
+        // a reset zeroed it (v's idle elements kept by `keep_idle_v` were written: read them;
+        // the zeroed ones are v = 0, which reads 0)
+        let read = |rounding, reset: bool, kind| {
+            (rounding == Rounding::Dither && update > 1 && !reset).then(|| stream_key(self.seed, update - 1, idx as u64, kind))
+        };
+        let keys = StepKeys {
+            m: key(StateKind::M),
+            v: key(StateKind::V),
+            w: key(StateKind::W),
+            skip: key(StateKind::Skip),
+            m_read: read(roundings.m, scalars.reset_m, StateKind::M),
+            v_read: read(roundings.v, scalars.reset_v && !scalars.keep_idle_v, StateKind::V),
+        };
+        TensorPlan { scalars, roundings, keys }
     }
 }

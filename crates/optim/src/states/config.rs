@@ -428,6 +428,20 @@ impl StatesConfig {
                 )));
             }
         }
+        if self.weight_rounding == Rounding::Dither {
+            return Err(OptimError::Config(format!(
+                "{at}.weight_rounding: \"dither\" is for the moment states (a dithered weight would need its draw \
+                 subtracted by every reader of the weights); use \"nearest\" or \"stochastic\""
+            )));
+        }
+        for (key, r, p) in [("m", self.m_rounding, self.m_skip_prob), ("v", self.v_rounding, self.v_skip_prob)] {
+            if r == Rounding::Dither && p > 0.0 {
+                return Err(OptimError::Config(format!(
+                    "{at}.{key}_rounding = \"dither\" with {at}.{key}_skip_prob = {p}: a skipped write-back keeps a code \
+                     whose dither the next read no longer matches; simulated stalling needs \"nearest\" or \"stochastic\""
+                )));
+            }
+        }
         if !(self.reset_s0 > 0.0 && self.reset_s0 < 1.0) {
             return Err(OptimError::Config(format!("{at}.reset_s0: must be in (0, 1) (paper: 0.6), got {}", self.reset_s0)));
         }
@@ -588,6 +602,12 @@ mod tests {
         // a block past the kernel's 32-bit index (2^40 used to be taken, as a scale per tensor)
         let e = resolve("v_format = \"fp8\"\nblock_size = 1099511627776").unwrap_err();
         assert!(e.contains("optim.states.block_size: at most 4294967295") && e.contains("use 0"), "{e}");
+        // dither: the states' rounding, not the weights'; not beside simulated stalling
+        assert_eq!(resolve("m_rounding = \"dither\"\nv_rounding = \"dither\"").unwrap().v_rounding, Rounding::Dither);
+        let e = resolve("weight_rounding = \"dither\"").unwrap_err();
+        assert!(e.contains("optim.states.weight_rounding") && e.contains("moment states"), "{e}");
+        let e = resolve("v_rounding = \"dither\"\nv_skip_prob = 0.5").unwrap_err();
+        assert!(e.contains("optim.states.v_rounding = \"dither\"") && e.contains("v_skip_prob = 0.5"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use crate::error::OptimError;
 use crate::states::format::scale::ScaleKind;
-use crate::states::format::{bf16, int8, num_scales, StateFormat};
+use crate::states::format::{bf16, dither, int8, num_scales, StateFormat};
 
 /// Encoded element storage.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,6 +159,35 @@ impl QuantState {
         }
     }
 
+    /// Element `i` read with the dither of the write that stored it moved back by `d` grid
+    /// steps ([`dither::read_offset`] of its block; docs in [`dither`]): FP32 states are exact
+    /// (read as stored).
+    #[inline]
+    pub fn get_dithered(&self, i: usize, d: f32) -> f32 {
+        match &self.codes {
+            Codes::F32(c) => c[i],
+            Codes::Bf16(c) => read_code16(self.format, self.signed, c[i], d),
+            Codes::Bytes(_) => read_code(self.format, self.signed, self.code(i), self.scales[i / self.block_len()], d),
+        }
+    }
+
+    /// How an update reads this state, the state of elements `first ..` of its tensor: with
+    /// `dither_key` (the stream key of the write being read, [`dither`]) each element moved
+    /// back by its block's draw, else as stored ([`Self::get`]).
+    pub fn reader(&self, first: usize, dither_key: Option<u64>) -> Reader<'_> {
+        let bl = self.block_len();
+        let offsets = dither_key.map(|key| self.dither_offsets(first, key));
+        Reader { state: self, skew: first % bl, bl, offsets }
+    }
+
+    /// The dither read offsets ([`dither::read_offset`]) of the blocks that elements
+    /// `first .. first + len` of the tensor touch, for the write of stream `key`: entry `j` is
+    /// block `first / block_len + j`'s.
+    pub fn dither_offsets(&self, first: usize, key: u64) -> Vec<f32> {
+        let bl = self.block_len();
+        (first / bl..(first + self.len).div_ceil(bl)).map(|b| dither::read_offset(self.format, dither::block_bits(key, b as u64))).collect()
+    }
+
     /// All decoded values.
     pub fn decode_all(&self) -> Vec<f32> {
         (0..self.len).map(|i| self.get(i)).collect()
@@ -296,6 +325,69 @@ impl QuantState {
             Codes::F32(_) => Codes::F32(Vec::new()),
             Codes::Bf16(_) => Codes::Bf16(Vec::new()),
             Codes::Bytes(_) => Codes::Bytes(Vec::new()),
+        }
+    }
+}
+
+/// A state as one update reads it ([`QuantState::reader`]).
+pub struct Reader<'a> {
+    state: &'a QuantState,
+    /// The slice's first element's position in its block, and the block length.
+    skew: usize,
+    bl: usize,
+    /// Read offsets of the blocks the slice touches (dither), or `None` (read as stored).
+    offsets: Option<Vec<f32>>,
+}
+
+impl Reader<'_> {
+    /// Element `i` of the slice as the update reads it.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> f32 {
+        match &self.offsets {
+            None => self.state.get(i),
+            Some(o) => self.state.get_dithered(i, o[(self.skew + i) / self.bl]),
+        }
+    }
+}
+
+/// A BF16 / `e8mK` container `h` read with dither offset `d` ([`QuantState::get_dithered`]):
+/// NaN and Inf read as stored, and so does an unsigned (v) state's zero.
+#[inline]
+pub fn read_code16(format: StateFormat, signed: bool, h: u16, d: f32) -> f32 {
+    let unit = match format {
+        StateFormat::E8m(k) => 1u32 << (7 - k as u32),
+        _ => 1,
+    };
+    let (k, negative) = ((h & 0x7FFF) as u32, h & 0x8000 != 0);
+    if k >= 0x7F80 || (k == 0 && !signed) {
+        return bf16::decode(h);
+    }
+    dither::undither_sign_magnitude(|j| bf16::decode(j as u16), k, 0x7F80 - unit, unit, negative, d)
+}
+
+/// An FP8/FP4/int8 code read with its block scale and dither offset `d`
+/// ([`QuantState::get_dithered`]): NaN reads as stored, and so does an unsigned (v) state's
+/// zero; beyond the grid's ends the last spacing is extended.
+#[inline]
+pub fn read_code(format: StateFormat, signed: bool, code: u8, scale: f32, d: f32) -> f32 {
+    match format.minifloat() {
+        Some(mf) => {
+            let (k, negative) = mf.split(code);
+            if mf.decode(code).is_nan() || (k == 0 && !signed) {
+                return mf.decode(code) * scale;
+            }
+            dither::undither_sign_magnitude(|j| mf.decode(j as u8), k as u32, mf.max_code as u32, 1, negative, d) * scale
+        }
+        None => {
+            let t = int8::dynamic_map(signed);
+            let c = code as usize;
+            if !signed && c == t.zero_index() as usize {
+                return 0.0;
+            }
+            let q = t[c];
+            let down = if c == 0 { q - (t[1] - q) } else { t[c - 1] };
+            let up = if c == 255 { q + (q - t[254]) } else { t[c + 1] };
+            dither::undither(q, down, up, d) * scale
         }
     }
 }

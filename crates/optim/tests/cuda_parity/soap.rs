@@ -49,7 +49,7 @@ fn soap_write_backs_match_cpu_bit_for_bit() {
                         let sign = |x: f32| if signed { x } else { x * x };
                         let mut state = QuantState::zeros(f, n, block, signed).with_scale_kind(kind).with_zero_free(zero_free);
                         let init: Vec<f32> = values(seed, n, 0.05, false).into_iter().map(sign).collect();
-                        write_back(&mut state, &init, Rounding::Nearest, 0, 0, Skip::NEVER);
+                        write_back(&mut state, &init, Rounding::Nearest, 0, None, 0, Skip::NEVER);
                         let u: Vec<f32> = values(seed + 1, n, 0.02, true).into_iter().map(sign).collect();
                         let (a, b, key) = (0.9f32, (1.0 - 0.9f64) as f32, 0xC0FFEE ^ seed);
                         let mut cpu = state.clone();

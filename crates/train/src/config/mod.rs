@@ -321,6 +321,19 @@ impl RunConfig {
             }
         }
         o.states.resolve(o.beta2).map_err(anyhow::Error::msg)?;
+        let dither = |r: lowbit_optim::Rounding| r == lowbit_optim::Rounding::Dither;
+        let s = &o.states;
+        if dither(s.m_rounding)
+            || dither(s.v_rounding)
+            || s.groups.values().any(|g| g.m_rounding.is_some_and(dither) || g.v_rounding.is_some_and(dither))
+        {
+            if o.kind == OptimizerKind::Soap {
+                bail!("optim.states.m_rounding / v_rounding = \"dither\" is AdamW's for now (SOAP's refresh rotates the stored moments): use \"stochastic\" with optim.kind = \"soap\"");
+            }
+            if self.train.device != "cpu" {
+                bail!("optim.states.m_rounding / v_rounding = \"dither\" has a CPU reference but no CUDA kernel yet: train.device = \"cpu\", or \"stochastic\" on the GPU (train.device is \"{}\")", self.train.device);
+            }
+        }
         if o.kind == OptimizerKind::Soap {
             o.soap.validate().map_err(anyhow::Error::msg)?;
             self.check_soap()?;

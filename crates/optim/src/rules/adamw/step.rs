@@ -3,8 +3,8 @@
 //! decode -> m -> v -> bias correction -> decay -> update -> encode.
 
 use crate::states::format::scale::ScaleKind;
-use crate::states::format::{bf16, int8, precision, scale, Rounding, StateFormat};
-use crate::states::quant::{Codes, QuantState};
+use crate::states::format::{bf16, dither, int8, precision, scale, Rounding, StateFormat};
+use crate::states::quant::{decode_code, read_code, read_code16, Codes, QuantState};
 use crate::states::rng::{element_bits, random_bits};
 use crate::states::stalls::{Counter, StallCounts};
 use rayon::prelude::*;
@@ -59,6 +59,12 @@ pub struct StepKeys {
     pub w: u64,
     /// Simulated stalling's stream ([`StepScalars::skip_m`]).
     pub skip: u64,
+    /// With dither (`Rounding::Dither`): the stream key of the write the update reads m / v
+    /// from (the previous update's `m` / `v` key), so that the read moves each stored value
+    /// back by its block's draw ([`crate::states::format::dither`]); `None`: read as stored
+    /// (no dither, the first update, or a state zeroed by a reset before this update).
+    pub m_read: Option<u64>,
+    pub v_read: Option<u64>,
 }
 
 /// Which write-backs of one state simulated stalling skips ([`StepScalars::skip_m`]): element
@@ -158,7 +164,8 @@ pub fn step_tensor(
     }
     scratch.m.resize(n, 0.0);
     scratch.v.resize(n, 0.0);
-    let (mm, vm) = (&*m, &*v);
+    let (mm, vm) = (m.reader(first, keys.m_read), v.reader(first, keys.v_read));
+    let (mm, vm) = (&mm, &vm);
     // Pass 1: decode -> m -> v -> bias correction -> decay -> update (weights written here),
     // counting the zero gradients (g == 0 after grad_scale) and the updates with v = 0, m != 0.
     let chunks = g.par_chunks(CHUNK).zip(scratch.m.par_chunks_mut(CHUNK).zip(scratch.v.par_chunks_mut(CHUNK)));
@@ -203,8 +210,8 @@ pub fn step_tensor(
             .reduce(Pass1::default, Pass1::add),
     };
     // Pass 2: encode (rounded write-back) with stall counting.
-    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, first, Skip { key: keys.skip, threshold: h.skip_m, shift: 0 });
-    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, first, Skip { key: keys.skip, threshold: h.skip_v, shift: 32 });
+    let m_count = write_back(m, &scratch.m[..n], r.m, keys.m, keys.m_read, first, Skip { key: keys.skip, threshold: h.skip_m, shift: 0 });
+    let v_count = write_back(v, &scratch.v[..n], r.v, keys.v, keys.v_read, first, Skip { key: keys.skip, threshold: h.skip_v, shift: 32 });
     StallCounts { m: m_count, v: v_count, w: pass1.w, zero_grad: pass1.zero_grad, zero_v: pass1.zero_v, ..Default::default() }
 }
 
@@ -245,13 +252,32 @@ fn sum_counters(it: impl ParallelIterator<Item = Counter>) -> Counter {
 /// one, unchanged when its stored bits (unscaled formats) or code (scaled formats) are).
 /// `first`: the whole-tensor index of `state`'s first element (see [`step_tensor`]). An element
 /// that `skip` skips keeps its stored bits or code (a block-scaled zero-free v no lower than
-/// code 1 in a non-zero block), counted as any unchanged element.
-pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: u64, first: usize, skip: Skip) -> Counter {
+/// code 1 in a non-zero block), counted as any unchanged element. With dither, `key`'s draw of
+/// each block drives the rounding ([`dither::block_bits`], [`dither::signed_bits`]) and
+/// `read_key` (the write the old values come from, [`StepKeys::m_read`]) how the old values
+/// read, against which an element counts as updated.
+pub fn write_back(
+    state: &mut QuantState,
+    new: &[f32],
+    rounding: Rounding,
+    key: u64,
+    read_key: Option<u64>,
+    first: usize,
+    skip: Skip,
+) -> Counter {
     let format = state.format;
     let signed = state.signed;
     let zero_free = state.zero_free;
     let kind = state.scale_kind;
     let block = state.block_len();
+    let skew = first % block;
+    // dither: the old values' read offsets per block, and each element's rounding bits
+    let offsets = read_key.map(|k| state.dither_offsets(first, k));
+    let old_offset = |j: usize| offsets.as_ref().map(|o| o[(skew + j) / block]);
+    let bits = |i: u64, x: f32, width: u32| match rounding {
+        Rounding::Dither => dither::signed_bits(format, dither::block_bits(key, i / block as u64), x),
+        _ => element_bits(key, i, width),
+    };
     match &mut state.codes {
         Codes::F32(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
             let mut cnt = Counter::default();
@@ -266,13 +292,15 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
         Codes::Bf16(c) => sum_counters(c.par_chunks_mut(CHUNK).zip(new.par_chunks(CHUNK)).enumerate().map(|(k, (c, x))| {
             let mut cnt = Counter::default();
             for (j, (c, &x)) in c.iter_mut().zip(x).enumerate() {
-                let i = (first + k * CHUNK + j) as u64;
+                let l = k * CHUNK + j;
+                let i = (first + l) as u64;
                 let code = match format {
                     _ if skip.skips(i) => *c,
-                    StateFormat::E8m(bits) => precision::encode(x, bits as u32, rounding, element_bits(key, i, 32)),
-                    _ => bf16::encode(x, rounding, element_bits(key, i, 16)),
+                    StateFormat::E8m(b) => precision::encode(x, b as u32, rounding, bits(i, x, 32)),
+                    _ => bf16::encode(x, rounding, bits(i, x, 16)),
                 };
-                cnt.add(x != bf16::decode(*c), code == *c);
+                let old = old_offset(l).map_or_else(|| bf16::decode(*c), |d| read_code16(format, signed, *c, d));
+                cnt.add(x != old, code == *c);
                 *c = code;
             }
             cnt
@@ -284,10 +312,35 @@ pub fn write_back(state: &mut QuantState, new: &[f32], rounding: Rounding, key: 
             sum_counters(c.par_chunks_mut(bytes_per_block).zip(state.scales.par_iter_mut()).zip(new.par_chunks(block)).enumerate().map(
                 |(b, ((codes, scale), x))| {
                     let at = (first + b * block) as u64;
-                    encode_block(format, signed, zero_free, kind, codes, scale, x, rounding, key, at, skip)
+                    let dither = match rounding {
+                        Rounding::Dither => Some(dither::block_bits(key, at / block as u64)),
+                        _ => None,
+                    };
+                    let write = BlockWrite { rounding, key, dither, old_offset: old_offset(b * block) };
+                    encode_block(format, signed, zero_free, kind, codes, scale, x, &write, at, skip)
                 },
             ))
         }
+    }
+}
+
+/// How [`encode_block`] rounds a block and reads its old codes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockWrite {
+    /// The rounding of the write-back.
+    pub rounding: Rounding,
+    /// The stream key of the write (stochastic rounding's per-element draws).
+    pub key: u64,
+    /// Dither: the block's draw ([`dither::block_bits`]); `None` for the other roundings.
+    pub dither: Option<u64>,
+    /// The read offset of the old codes ([`dither::read_offset`]), `None`: read as stored.
+    pub old_offset: Option<f32>,
+}
+
+impl BlockWrite {
+    /// Round-to-nearest or stochastic rounding with stream `key`, old codes read as stored.
+    pub fn plain(rounding: Rounding, key: u64) -> BlockWrite {
+        BlockWrite { rounding, key, dither: None, old_offset: None }
     }
 }
 
@@ -306,11 +359,18 @@ pub fn encode_block(
     codes: &mut [u8],
     scale: &mut f32,
     x: &[f32],
-    rounding: Rounding,
-    key: u64,
+    write: &BlockWrite,
     first: u64,
     skip: Skip,
 ) -> Counter {
+    let BlockWrite { rounding, key, dither, old_offset } = *write;
+    let bits = |i: u64, x: f32| match dither {
+        Some(d) => dither::signed_bits(format, d, x),
+        None => element_bits(key, i, 32),
+    };
+    let old_value = |code: u8, scale: f32| {
+        old_offset.map_or_else(|| decode_code(format, code, scale, signed), |d| read_code(format, signed, code, scale, d))
+    };
     let old_scale = *scale;
     let amax = scale::amax(x.iter().copied());
     let floor = u8::from(zero_free && amax > 0.0);
@@ -322,9 +382,10 @@ pub fn encode_block(
             let s = scale::block_scale(kind, amax, mf.max_finite);
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = get(codes, j);
-                let old = mf.decode(old_code) * old_scale;
+                let old = old_value(old_code, old_scale);
                 let i = first + j as u64;
-                let code = if skip.skips(i) { old_code } else { mf.encode(xj * s.factor, rounding, element_bits(key, i, 32)) }.max(floor);
+                let y = xj * s.factor;
+                let code = if skip.skips(i) { old_code } else { mf.encode(y, rounding, bits(i, y)) }.max(floor);
                 cnt.add(xj != old, code == old_code);
                 put(codes, j, code, packed);
             }
@@ -336,10 +397,10 @@ pub fn encode_block(
             let (pre, inv) = int8::normalizer(absmax);
             for (j, &xj) in x.iter().enumerate() {
                 let old_code = codes[j];
-                let old = table[old_code as usize] * old_scale;
+                let old = old_value(old_code, old_scale);
                 let i = first + j as u64;
-                let code =
-                    if skip.skips(i) { old_code } else { table.encode(xj * pre * inv, rounding, element_bits(key, i, 32)) }.max(floor);
+                let y = xj * pre * inv;
+                let code = if skip.skips(i) { old_code } else { table.encode(y, rounding, bits(i, y)) }.max(floor);
                 cnt.add(xj != old, code == old_code);
                 codes[j] = code;
             }

@@ -18,7 +18,7 @@ pub fn ema_write(state: &mut QuantState, u: &[f32], a: f32, b: f32, rounding: Ro
     assert_eq!(u.len(), state.len, "state length mismatch");
     let s = &*state;
     let new: Vec<f32> = u.par_iter().enumerate().map(|(i, &x)| a * s.get(i) + b * x).collect();
-    let counts = write_back(state, &new, rounding, key, 0, Skip::NEVER);
+    let counts = write_back(state, &new, rounding, key, None, 0, Skip::NEVER);
     (new, counts)
 }
 
@@ -79,7 +79,7 @@ pub fn permute(state: &mut QuantState, rows: usize, cols: usize, rows_order: Opt
         return;
     }
     let values: Vec<f32> = (0..n).map(|k| state.get(from(k))).collect();
-    write_back(state, &values, Rounding::Nearest, 0, 0, Skip::NEVER);
+    write_back(state, &values, Rounding::Nearest, 0, None, 0, Skip::NEVER);
 }
 
 #[cfg(test)]
@@ -89,7 +89,7 @@ mod tests {
 
     fn state(format: StateFormat, block: usize, values: &[f32]) -> QuantState {
         let mut s = QuantState::zeros(format, values.len(), block, false);
-        write_back(&mut s, values, Rounding::Nearest, 0, 0, Skip::NEVER);
+        write_back(&mut s, values, Rounding::Nearest, 0, None, 0, Skip::NEVER);
         s
     }
 

@@ -26,7 +26,7 @@ pub fn encode(x: f32, rounding: Rounding, rand: u64) -> u16 {
     }
     let add = match rounding {
         Rounding::Nearest => 0x7FFF + ((bits >> 16) & 1),
-        Rounding::Stochastic => (rand >> 48) as u32,
+        Rounding::Stochastic | Rounding::Dither => (rand >> 48) as u32,
     };
     let h = (bits.wrapping_add(add) >> 16) as u16;
     if h & 0x7FFF == 0 {

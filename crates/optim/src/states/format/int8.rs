@@ -159,7 +159,7 @@ impl DynamicMap {
                 let (dl, du) = (n - a, b - n);
                 du < dl || (du == dl && hi.is_multiple_of(2))
             }
-            Rounding::Stochastic => ((rand >> 40) as f32) * (1.0 / 16_777_216.0) * (b - a) < n - a,
+            Rounding::Stochastic | Rounding::Dither => ((rand >> 40) as f32) * (1.0 / 16_777_216.0) * (b - a) < n - a,
         };
         if up {
             hi as u8

@@ -66,6 +66,12 @@ impl MiniFloat {
         1 << (self.exp_bits + self.man_bits)
     }
 
+    /// A code's magnitude (the code without its sign bit) and whether its sign bit is set.
+    #[inline(always)]
+    pub fn split(&self, code: u8) -> (u8, bool) {
+        (code & (self.sign_bit() - 1), self.signed && code & self.sign_bit() != 0)
+    }
+
     /// Decode a code to FP32 (exact).
     #[inline]
     pub fn decode(&self, code: u8) -> f32 {

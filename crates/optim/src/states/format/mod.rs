@@ -21,6 +21,7 @@
 //! grids (no range limit), stored in 2 bytes per element.
 
 pub mod bf16;
+pub mod dither;
 pub mod fp4;
 pub mod fp8;
 pub mod int8;

@@ -38,7 +38,7 @@ pub fn encode(x: f32, frac_bits: u32, rounding: Rounding, rand: u64) -> u16 {
     let dropped = 23 - frac_bits;
     let add = match rounding {
         Rounding::Nearest => (1u32 << (dropped - 1)) - 1 + ((bits >> dropped) & 1),
-        Rounding::Stochastic => ((rand >> 32) as u32) >> (32 - dropped),
+        Rounding::Stochastic | Rounding::Dither => ((rand >> 32) as u32) >> (32 - dropped),
     };
     let h = ((bits.wrapping_add(add) >> dropped) << dropped >> 16) as u16;
     if h & 0x7FFF == 0 {
