@@ -244,12 +244,13 @@ impl Session {
         // the stream's whole position: in streaming mode with the shuffle buffer's rows
         self.state.data = self.stream.position();
         let state = &self.state;
-        let files = [
+        let mut files = vec![
             ("config.json", serde_json::to_vec_pretty(&self.model.hf_config)?),
             ("state.json", state.to_json()?),
             ("config.toml", self.config_toml.clone().into_bytes()),
             (EXPORT_CHECK, serde_json::to_vec(&check)?),
         ];
+        files.extend(self.model.hf_tokenizer.iter().cloned());
         let components: [&dyn Saves; 3] = [&ModelWeights(&self.model.varmap), &states, &state.data];
         let dir = checkpoint::save(&self.run_dir, state.step, self.cfg.train.keep_checkpoints, &components, &files)?;
         tracing::info!("checkpoint {}", dir.display());
