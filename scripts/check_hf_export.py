@@ -12,15 +12,19 @@ BATCH.json is the `export_check.json` that `train` writes into every checkpoint 
      "loss": 10.37, "dtype": "float32" | "bfloat16"}
 
 It also checks that config.json carries the tokenizer's special ids (`bos_token_id`,
-`eos_token_id`, `pad_token_id`: keys present, eos an integer; T5: null, 1, 0) and that
+`eos_token_id`, `pad_token_id`: keys present, eos an integer; T5: null, 1, 0), that
 generation stops: with the LM head's EOS row made to dominate, a greedy `generate` of up to
-8 new tokens ends after one token, that EOS.
+8 new tokens ends after one token, that EOS; and that the folder's tokenizer
+(tokenizer.json, tokenizer_config.json, special_tokens_map.json) loads with
+AutoTokenizer.from_pretrained, names config.json's EOS, and encodes a text that decodes back
+to it (printed).
 
 Exit status: 0 when |loss_hf - loss| <= rtol * |loss| (default rtol 1e-4 for float32
-weights, 2e-2 for bfloat16, where the two implementations round activations differently)
-and generation stops at EOS, 1 beyond the tolerance or when generation does not stop, 2
-when the checkpoint does not load cleanly (missing, unexpected or mis-shaped tensors, or
-config.json without the special ids).
+weights, 2e-2 for bfloat16, where the two implementations round activations differently),
+generation stops at EOS and the tokenizer round-trips, 1 beyond the tolerance, when
+generation does not stop or the tokenizer does not round-trip or names another EOS, 2 when
+the checkpoint does not load cleanly (missing, unexpected or mis-shaped tensors, config.json
+without the special ids, or no tokenizer AutoTokenizer loads).
 
 Usage:
     python3 scripts/check_hf_export.py runs/NAME/checkpoints/step_0000200 [BATCH.json]
@@ -105,7 +109,12 @@ def main() -> int:
         f"{dtype_name} weights, batch {tuple(ids.shape)}, {device})"
     )
     stops = generation_stops_at_eos(torch, model, ids[:1, :4], config["eos_token_id"])
-    return 0 if ok and stops else 1
+    try:
+        round_trips = tokenizer_round_trips(a.checkpoint, config["eos_token_id"])
+    except (OSError, ValueError) as e:
+        print(f"{a.checkpoint}: AutoTokenizer cannot load the tokenizer: {e}", file=sys.stderr)
+        return 2
+    return 0 if ok and stops and round_trips else 1
 
 
 def generation_stops_at_eos(torch, model, prompt, eos: int) -> bool:
@@ -122,6 +131,23 @@ def generation_stops_at_eos(torch, model, prompt, eos: int) -> bool:
     print(f"generate after EOS made the most likely token: new tokens {new} "
           f"({'stops at' if stops else 'does NOT stop at'} eos {eos})")
     return stops
+
+
+def tokenizer_round_trips(folder: str, eos: int) -> bool:
+    """AutoTokenizer.from_pretrained(folder), as a hub upload or lm-eval-harness loads it: its
+    EOS must be config.json's `eos`, and a text must encode (without special tokens) to ids
+    that decode back to it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = "The quick brown fox jumps over the lazy dog, 42 times."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    back = tok.decode(ids)
+    ok = back == text and tok.eos_token_id == eos
+    print(f"AutoTokenizer: {type(tok).__name__}, eos {tok.eos_token!r} = {tok.eos_token_id} (config.json: {eos}), "
+          f"model_max_length {tok.model_max_length}; {text!r} -> {len(ids)} ids {ids[:8]}... -> {back!r} "
+          f"({'round-trips' if back == text else 'does NOT round-trip'})")
+    return ok
 
 
 if __name__ == "__main__":

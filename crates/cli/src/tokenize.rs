@@ -36,7 +36,8 @@ pub struct TokenizeArgs {
 ///
 /// # Errors
 /// A config that does not load; two text shards of one file name (their token shards would
-/// collide), checked before anything is written; reading, tokenizing and writing errors.
+/// collide), checked before anything is written; an `--out` folder that cannot be created or
+/// written, before any shard is tokenized; reading, tokenizing and writing errors.
 pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     let cfg = RunConfig::load(&crate::config_path::resolve(&a.config, Path::new(crate::config_path::CONFIG_DIR))?, &a.sets)?;
     let tok = tokenizer_of(&cfg.data)?;
@@ -62,7 +63,12 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     if jobs.is_empty() {
         bail!("data.train and data.validation list no shard: nothing to tokenize (give them the JSON shards' patterns)");
     }
-    std::fs::create_dir_all(&a.out).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out).map_err(|e| anyhow::anyhow!("cannot create {} (--out): {e}", a.out.display()))?;
+    // a folder that takes no file is said now, not after the first shard's tokenizing
+    let probe = a.out.join(".tokenize-write-check");
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| anyhow::anyhow!("cannot write into {} (--out): {e}", a.out.display()))?;
     let (mut tokens, mut bytes) = (0u64, 0u64);
     for (src, dst) in &jobs {
         let source = src.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 mod common;
-use common::{cli_dir, root, train, train_bin};
+use common::{cli_dir, root, train, train_bin, Ran};
 
 /// Run `train ARGS` in `cwd` with stdout a pipe whose reading end is already closed.
 fn with_closed_stdout(cwd: &Path, args: &[&str]) -> (Option<i32>, String) {
@@ -424,6 +424,37 @@ fn data_tokenize_writes_token_shards_a_run_reads() {
     let r = train(d, &with_other);
     assert!(r.code == Some(0) && r.stderr.contains("tok/a.tokens.zst: made with another tokenizer (t5-tokenizer.json"), "{}", r.stderr);
     assert!(r.stderr.contains(": replaced"), "{}", r.stderr);
+}
+
+/// `train data tokenize` into an `--out` it cannot write (a read-only folder, run as a user
+/// permissions bind) or create (below a file): refused before any shard is tokenized, saying
+/// it cannot write or create that folder, the OS error once.
+#[test]
+fn data_tokenize_into_a_folder_it_cannot_write_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = cli_dir("x");
+    let d = tmp.path();
+    for f in ["a.json", "v.json"] {
+        std::fs::write(d.join(f), "{\"text\": \"one document\"}\n").unwrap();
+    }
+    let sets = ["--set", "data.train=[\"a.json\"]", "--set", "data.validation=[\"v.json\"]"];
+    let tokenize = |out: &'static str| [&["data", "tokenize", "--config", "c.toml", "--out", out][..], &sets[..]].concat();
+    let once = |r: &Ran, said: &str| {
+        assert_eq!(r.code, Some(1), "{}", r.stderr);
+        assert!(r.stderr.contains(said) && r.stderr.matches("(os error").count() == 1, "{}", r.stderr);
+        assert!(!r.stderr.contains("cannot read") && !r.stdout.contains("documents"), "{}\n{}", r.stdout, r.stderr);
+    };
+    once(&train(d, &tokenize("a.json/tok")), "cannot create a.json/tok (--out): Not a directory (os error 20)");
+    let Some(as_user) = common::unprivileged_train() else {
+        eprintln!("SKIPPED the read-only case: user nobody cannot run {}", train_bin().display());
+        return;
+    };
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir(d.join("ro")).unwrap();
+    std::fs::set_permissions(d.join("ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let r = common::run(as_user().args(tokenize("ro")).current_dir(d), "(as nobody) train data tokenize --out ro");
+    once(&r, "cannot write into ro (--out): Permission denied (os error 13)");
+    assert_eq!(std::fs::read_dir(d.join("ro")).unwrap().count(), 0);
 }
 
 /// `train stalls --follow` into a pipe (`| less`, `> file`): no terminal escape codes, each

@@ -413,23 +413,14 @@ fn a_folder_made_read_only_mid_run_stops_it_and_a_resume_continues() {
     let d = tmp.path();
     let chmod = |p: &Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     chmod(d, 0o777);
-    // SAFETY: geteuid has no preconditions
-    let root = unsafe { libc::geteuid() } == 0;
-    let as_user = || {
-        let mut c = std::process::Command::new(if root { "setpriv".into() } else { common::train_bin() });
-        if root {
-            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(common::train_bin());
-        }
-        c
-    };
-    if root && !as_user().arg("--version").stdout(std::process::Stdio::null()).status().is_ok_and(|s| s.success()) {
+    let Some(as_user) = common::unprivileged_train() else {
         // a checkout that `nobody` cannot enter (under a 0700 home): said, not passed in silence
         eprintln!(
             "SKIPPED a_folder_made_read_only_mid_run_stops_it_and_a_resume_continues: user nobody cannot run {}",
             common::train_bin().display()
         );
         return;
-    }
+    };
     let endless =
         ["--config", "c.toml", "--set", "train.max_steps=100000", "--set", "train.checkpoint_every=3", "--set", "train.eval_every=0"];
     let log = d.join("ro.log");

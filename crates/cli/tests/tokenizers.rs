@@ -1,7 +1,8 @@
 //! Any Hugging Face tokenizer's end-of-sequence token. A GPT-2-style byte-level BPE
 //! tokenizer (EOS `<|endoftext|>`, no `</s>`, no `<pad>`) trains a tiny model on the CPU
 //! through the `train` binary; one with none of the known EOS names is refused with an error
-//! naming `data.eos_token`, and trains once `data.eos_token` names its EOS.
+//! naming `data.eos_token`, and trains once `data.eos_token` names its EOS. Its checkpoints
+//! carry the tokenizer files transformers' `AutoTokenizer` reads.
 
 use lowbit_train::logs::metrics::{read_rows, MetricsRow};
 use serde_json::{json, Map, Value};
@@ -114,6 +115,18 @@ fn a_gpt2_style_tokenizer_trains_and_an_unknown_eos_is_named() {
         (&Value::Null, &json!(260), &Value::Null, &json!(261)),
         "{hf}"
     );
+    // beside it the tokenizer, for AutoTokenizer.from_pretrained(folder): its tokenizer.json
+    // encodes a text to the run's ids; the configs name `<|endoftext|>`, and no BOS, pad or unk
+    let exported = tokenizers::Tokenizer::from_file(ck.join("tokenizer.json")).unwrap();
+    let text = "the quick brown fox jumps then ünïcödé";
+    let ids = exported.encode(text, false).unwrap().get_ids().to_vec();
+    let run_tokenizer = lowbit_data::Tokens::from_file(&d.join("gpt2.json")).unwrap();
+    assert_eq!([&ids[..], &[260]].concat(), run_tokenizer.encode(text).unwrap(), "text ids, then the EOS");
+    let json_of = |f: &str| -> Value { serde_json::from_str(&std::fs::read_to_string(ck.join(f)).unwrap()).unwrap() };
+    let tokenizer_config = json_of("tokenizer_config.json");
+    let want = json!({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32, "eos_token": "<|endoftext|>"});
+    assert_eq!(tokenizer_config, want);
+    assert_eq!(json_of("special_tokens_map.json"), json!({"eos_token": "<|endoftext|>"}));
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(!config.contains("eos_token"), "unset, the key stays out of the resolved config: {config}");
 

@@ -27,23 +27,21 @@ pub enum DataError {
     #[error("{what} pattern '{pattern}' is not a valid glob: {msg}")]
     BadPattern { what: &'static str, pattern: String, msg: String },
 
-    /// A shard could not be opened or read (permissions, I/O error before any decoding).
-    #[error("cannot read {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A shard could not be opened or read (permissions, I/O error before any decoding). The
+    /// OS error is part of the message, not a separate `source` (which `{:#}` would print
+    /// again).
+    #[error("cannot read {}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
+
+    /// A file could not be created or written (a token shard of `train data tokenize`); the
+    /// OS error is part of the message, as for [`DataError::Io`].
+    #[error("cannot write {}: {error}", path.display())]
+    Write { path: PathBuf, error: std::io::Error },
 
     /// The gzip stream of a shard is corrupt or truncated (raised with `on_bad_line = "fail"`;
     /// with `"skip"` the rest of the shard is skipped with a warning).
-    #[error("corrupt or truncated gzip stream in {} after line {line}: {source}", path.display())]
-    Corrupt {
-        path: PathBuf,
-        line: u64,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("corrupt or truncated gzip stream in {} after line {line}: {error}", path.display())]
+    Corrupt { path: PathBuf, line: u64, error: std::io::Error },
 
     /// A line is not a JSON object with a string `text` field (raised with
     /// `on_bad_line = "fail"`; `line` is 1-based).

@@ -48,7 +48,7 @@ pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<Path
         for entry in paths {
             let p = entry.map_err(|e| DataError::Io {
                 path: e.path().to_path_buf(),
-                source: std::io::Error::new(e.error().kind(), e.error().to_string()),
+                error: std::io::Error::new(e.error().kind(), e.error().to_string()),
             })?;
             if p.is_file() {
                 out.push(p);
@@ -69,7 +69,7 @@ pub fn expand_shards(patterns: &[String], what: &'static str) -> Result<Vec<Path
 /// # Errors
 /// [`DataError::Io`] when the file cannot be read.
 pub(crate) fn starts_with(path: &Path, magic: &[u8]) -> Result<bool> {
-    let io_err = |source| DataError::Io { path: path.to_path_buf(), source };
+    let io_err = |error| DataError::Io { path: path.to_path_buf(), error };
     let mut head = vec![0u8; magic.len()];
     let mut f = File::open(path).map_err(io_err)?;
     let mut got = 0;
@@ -129,7 +129,7 @@ impl ShardReader {
     /// # Errors
     /// [`DataError::Io`] if the file cannot be opened.
     pub fn open(path: &Path, on_bad: BadInput) -> Result<Self> {
-        let io_err = |source| DataError::Io { path: path.to_path_buf(), source };
+        let io_err = |error| DataError::Io { path: path.to_path_buf(), error };
         let file = File::open(path).map_err(io_err)?;
         let mut raw = BufReader::with_capacity(1 << 16, file);
         let is_gz = raw.fill_buf().map_err(io_err)?.starts_with(&GZIP_MAGIC);
@@ -188,16 +188,16 @@ impl ShardReader {
                 self.line += 1;
                 Ok(true)
             }
-            Err(source) => {
+            Err(error) => {
                 self.done = true;
                 match self.on_bad {
-                    BadInput::Fail => Err(DataError::Corrupt { path: self.path.clone(), line: self.line, source }),
+                    BadInput::Fail => Err(DataError::Corrupt { path: self.path.clone(), line: self.line, error }),
                     BadInput::Skip => {
                         warn_once(
                             &self.path,
                             self.line + 1,
                             format_args!(
-                                "{}: corrupt or truncated gzip stream after line {}: {source}; skipping the \
+                                "{}: corrupt or truncated gzip stream after line {}: {error}; skipping the \
                                  rest of this shard",
                                 self.path.display(),
                                 self.line

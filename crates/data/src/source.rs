@@ -326,7 +326,7 @@ pub(crate) fn estimate_tokens(shards: &[PathBuf], headers: &[Option<TokenShardHe
             tokens += h.tokens;
             continue;
         }
-        let bytes = std::fs::metadata(path).map_err(|source| DataError::Io { path: path.clone(), source })?.len();
+        let bytes = std::fs::metadata(path).map_err(|error| DataError::Io { path: path.clone(), error })?.len();
         tokens += if starts_with(path, &GZIP_MAGIC)? { bytes } else { bytes / 4 };
         exact = false;
     }

@@ -88,7 +88,7 @@ type Opened = (zstd::stream::read::Decoder<'static, std::io::BufReader<std::fs::
 
 /// Opens a token shard and reads its safetensors header (decompressing its first kilobytes).
 fn open(path: &Path) -> Result<Opened> {
-    let file = std::fs::File::open(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
+    let file = std::fs::File::open(path).map_err(|error| DataError::Io { path: path.to_path_buf(), error })?;
     let mut z = zstd::stream::read::Decoder::new(file).map_err(|e| bad(path, format!("not zstd: {e}")))?;
     let mut len = [0u8; 8];
     z.read_exact(&mut len).map_err(|e| bad(path, format!("no safetensors header ({e})")))?;
@@ -318,9 +318,8 @@ impl TokenShardDocs {
 ///
 /// # Errors
 /// [`DataError::Config`] for an empty document or an id outside the vocabulary,
-/// [`DataError::Io`] for the write.
+/// [`DataError::Write`] naming the file that could not be written.
 pub fn write_token_shard(path: &Path, docs: &[Vec<u32>], tok: &Tokens, source: &Path, level: i32) -> Result<u64> {
-    let io_err = |source| DataError::Io { path: path.to_path_buf(), source };
     let vocab = tok.vocab_size();
     let mut ends = Vec::with_capacity(docs.len());
     let mut n = 0u64;
@@ -363,16 +362,18 @@ pub fn write_token_shard(path: &Path, docs: &[Vec<u32>], tok: &Tokens, source: &
     ];
     let bytes = safetensors::serialize(tensors, Some(meta)).map_err(|e| bad(path, format!("cannot serialize: {e}")))?;
     let tmp = PathBuf::from(format!("{}.partial", path.display()));
-    let out = std::fs::File::create(&tmp).map_err(io_err)?;
-    let mut z = zstd::stream::write::Encoder::new(out, level).map_err(io_err)?;
+    let tmp_err = |error| DataError::Write { path: tmp.clone(), error };
+    let out = std::fs::File::create(&tmp).map_err(tmp_err)?;
+    let mut z = zstd::stream::write::Encoder::new(out, level).map_err(tmp_err)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    z.multithread(threads).map_err(io_err)?;
-    std::io::copy(&mut &bytes[..], &mut z).map_err(io_err)?;
-    let f = z.finish().map_err(io_err)?;
-    f.sync_all().map_err(io_err)?;
+    z.multithread(threads).map_err(tmp_err)?;
+    std::io::copy(&mut &bytes[..], &mut z).map_err(tmp_err)?;
+    let f = z.finish().map_err(tmp_err)?;
+    f.sync_all().map_err(tmp_err)?;
+    let size = f.metadata().map_err(tmp_err)?.len();
     drop(f);
-    std::fs::rename(&tmp, path).map_err(io_err)?;
-    Ok(std::fs::metadata(path).map_err(io_err)?.len())
+    std::fs::rename(&tmp, path).map_err(|error| DataError::Write { path: path.to_path_buf(), error })?;
+    Ok(size)
 }
 
 /// `NAME.tokens.zst` in `out` for the text shard `src` (`NAME.json.gz` or `NAME.json`).

@@ -16,7 +16,7 @@ use tokenizers::Tokenizer;
 
 use crate::config::DataConfig;
 use crate::error::{DataError, Result};
-use crate::special::text_tokenizer;
+use crate::special::{text_tokenizer, unknown_id};
 
 /// End-of-sequence tokens looked up, in this order, when `data.eos_token` is not set: the
 /// first one in the vocabulary is the EOS. `</s>`: T5, LLaMA-1/2, Mistral; `<|endoftext|>`:
@@ -48,6 +48,11 @@ pub struct Tokens {
     /// [`Tokens::vocab_size`], counted once (`tokenizers` counts the added tokens at every
     /// call, ~100 hash lookups for T5: 5 s when checked per id of a 4M-token shard).
     vocab: usize,
+    /// Id of the model's unknown piece, if it has one (T5: `<unk>`, 2; byte-level BPE: none).
+    unk_id: Option<u32>,
+    /// The `tokenizer.json` file's text as it was read: what an export writes beside the
+    /// weights ([`Tokens::hf_tokenizer_files`]).
+    file_text: Arc<str>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -181,6 +186,7 @@ impl Tokens {
         let spec = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| tok_err(&spec, format!("cannot read tokenizer.json: {e}")))?;
         let json = serde_json::from_str(&text).map_err(|e| tok_err(&spec, format!("cannot load tokenizer.json: {e}")))?;
+        let unk_id = unknown_id(&json);
         let mut tokenizer = text_tokenizer(json).map_err(|msg| tok_err(&spec, msg))?;
         tokenizer.with_truncation(None).map_err(|e| tok_err(&spec, format!("cannot disable truncation: {e}")))?;
         tokenizer.with_padding(None);
@@ -189,7 +195,8 @@ impl Tokens {
         let bos_id = tokenizer.token_to_id("<s>");
         let sha256 = Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         let vocab = tokenizer.get_vocab_size(true);
-        Ok(Self { tokenizer: Arc::new(tokenizer), eos_id, bos_id, pad_id, source: path.to_path_buf(), sha256, vocab })
+        let file_text = text.into();
+        Ok(Self { tokenizer: Arc::new(tokenizer), eos_id, bos_id, pad_id, source: path.to_path_buf(), sha256, vocab, unk_id, file_text })
     }
 
     /// Vocabulary size including added tokens (T5: 32100, LLaMA: 32000): the embedding rows
@@ -198,17 +205,46 @@ impl Tokens {
         self.vocab
     }
 
+    /// The special tokens a transformers export names, by role (`bos`, `eos`, `pad`, `unk`),
+    /// with their ids: `<s>`, the EOS, `<pad>` and the model's unknown piece, `None` where the
+    /// vocabulary has no such token (T5: none, `</s>` 1, `<pad>` 0, `<unk>` 2; LLaMA-2: `<s>`
+    /// 1, `</s>` 2, none, `<unk>` 0).
+    fn hf_special_tokens(&self) -> [(&'static str, Option<u32>); 4] {
+        let pad = self.tokenizer.token_to_id("<pad>");
+        [("bos", self.bos_id), ("eos", Some(self.eos_id)), ("pad", pad), ("unk", self.unk_id)]
+    }
+
     /// `bos_token_id`, `eos_token_id` and `pad_token_id` for a transformers `config.json`:
     /// `<s>`, the EOS and `<pad>`, `null` where the vocabulary has no such token (T5: null, 1,
-    /// 0; LLaMA-2: 1, 2, null). Written explicitly, as transformers otherwise assumes
-    /// LLaMA's ids (bos 1, eos 2: T5's `</s>` and `<unk>`).
+    /// 0; LLaMA-2: 1, 2, null). Written explicitly, as transformers otherwise assumes LLaMA's
+    /// ids (bos 1, eos 2: T5's `</s>` and `<unk>`).
     pub fn hf_token_ids(&self) -> serde_json::Map<String, serde_json::Value> {
-        let pad = self.tokenizer.token_to_id("<pad>");
-        let mut ids = serde_json::Map::new();
-        ids.insert("bos_token_id".into(), self.bos_id.into());
-        ids.insert("eos_token_id".into(), self.eos_id.into());
-        ids.insert("pad_token_id".into(), pad.into());
-        ids
+        let roles = self.hf_special_tokens().into_iter().filter(|(role, _)| *role != "unk");
+        roles.map(|(role, id)| (format!("{role}_token_id"), id.into())).collect()
+    }
+
+    /// The files transformers' `AutoTokenizer.from_pretrained(folder)` reads, for a model of
+    /// `model_max_length` positions: `tokenizer.json` (this tokenizer's file as it was read),
+    /// `tokenizer_config.json` (`PreTrainedTokenizerFast`, the special tokens and the length)
+    /// and `special_tokens_map.json` (the special tokens: `bos_token`, `eos_token`,
+    /// `pad_token`, `unk_token`, each left out where the vocabulary has none, as in
+    /// [`Tokens::hf_token_ids`]).
+    pub fn hf_tokenizer_files(&self, model_max_length: usize) -> Vec<(&'static str, Vec<u8>)> {
+        let special: serde_json::Map<String, serde_json::Value> = self
+            .hf_special_tokens()
+            .into_iter()
+            .filter_map(|(role, id)| Some((format!("{role}_token"), self.tokenizer.id_to_token(id?)?.into())))
+            .collect();
+        let mut config = serde_json::Map::new();
+        config.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
+        config.insert("model_max_length".into(), model_max_length.into());
+        config.extend(special.clone());
+        let pretty = |v: serde_json::Map<String, serde_json::Value>| serde_json::to_vec_pretty(&v).expect("a JSON map serializes");
+        vec![
+            ("tokenizer.json", self.file_text.as_bytes().to_vec()),
+            ("tokenizer_config.json", pretty(config)),
+            ("special_tokens_map.json", pretty(special)),
+        ]
     }
 
     /// The wrapped `tokenizers` tokenizer.

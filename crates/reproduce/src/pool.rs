@@ -261,7 +261,7 @@ pub fn run_all<'a>(
     let mut running: Vec<(&Job, Child, Instant, Option<usize>)> = Vec::new();
     let (mut longest, mut left) = (None::<Duration>, Vec::new());
     let mut said = Instant::now();
-    let _catch = super::stop::CatchStopSignals::new();
+    let _catch = super::stop::CatchStopSignals::new()?;
     loop {
         while running.len() < spec.jobs.max(1) {
             let run = longest.or(spec.expected);

@@ -2,15 +2,32 @@
 //! run still going (which then stops as a stopped run does: a checkpoint, exit 130 / 143), each
 //! is waited for, and the runner then ends by the same signal. (A runner killed outright, by
 //! SIGKILL, cannot: its runs get SIGTERM from the kernel instead, `pool.rs`.)
+//!
+//! The signals are caught through `signal-hook`, whose hooks stay once registered: while no
+//! [`CatchStopSignals`] lives they run the signals' default action (the process ends by it).
 
+use signal_hook::consts::{SIGINT, SIGTERM};
 use std::process::Child;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
-/// The stop signal received (SIGINT or SIGTERM), 0 for none.
-static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// The stop signal received while caught (SIGINT or SIGTERM), 0 for none.
+static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+/// Whether no [`CatchStopSignals`] lives: SIGINT and SIGTERM then take their default action.
+static RELEASED: AtomicBool = AtomicBool::new(true);
 
-extern "C" fn on_signal(sig: libc::c_int) {
-    RECEIVED.store(sig, Ordering::SeqCst);
+/// Register the hooks of SIGINT and SIGTERM, once: the default action while [`RELEASED`], else
+/// the signal stored in [`RECEIVED`].
+fn register_hooks() -> anyhow::Result<()> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    let register = || {
+        for sig in [SIGINT, SIGTERM] {
+            signal_hook::flag::register_conditional_default(sig, &RELEASED).map_err(|e| e.to_string())?;
+            signal_hook::flag::register_usize(sig, &RECEIVED, sig as usize).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    REGISTERED.get_or_init(register).clone().map_err(|e| anyhow::anyhow!("cannot catch SIGINT and SIGTERM: {e}"))
 }
 
 /// SIGINT and SIGTERM are caught while this lives ([`stop_runs_if_signalled`] acts on them);
@@ -19,40 +36,38 @@ pub struct CatchStopSignals(());
 
 impl CatchStopSignals {
     /// Catch SIGINT and SIGTERM from now on.
-    pub fn new() -> Self {
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            // SAFETY: the handler only stores to an atomic, which is async-signal-safe
-            unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
-        }
-        CatchStopSignals(())
-    }
-}
-
-impl Default for CatchStopSignals {
-    fn default() -> Self {
-        Self::new()
+    ///
+    /// # Errors
+    /// The signals cannot be caught.
+    pub fn new() -> anyhow::Result<Self> {
+        register_hooks()?;
+        RELEASED.store(false, Ordering::SeqCst);
+        Ok(CatchStopSignals(()))
     }
 }
 
 impl Drop for CatchStopSignals {
     fn drop(&mut self) {
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            // SAFETY: restoring a signal's default action
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
-        }
+        RELEASED.store(true, Ordering::SeqCst);
         let sig = RECEIVED.swap(0, Ordering::SeqCst);
         if sig != 0 {
-            // SAFETY: raising a signal whose default action ends the process
-            unsafe { libc::raise(sig) };
+            end_by(sig as i32);
         }
     }
+}
+
+/// End this process by signal `sig`, SIGINT or SIGTERM (exit status 130 / 143 in a shell):
+/// their default action, which `signal-hook` runs without returning.
+fn end_by(sig: i32) -> ! {
+    let _ = signal_hook::low_level::emulate_default_handler(sig);
+    unreachable!("the default action of signal {sig} ends the process")
 }
 
 /// After SIGINT or SIGTERM ([`CatchStopSignals`]): pass it to every child in `runs`, wait
 /// for each, then end this process by the same signal (exit status 130 / 143 in a shell).
 /// Returns at once when no signal came.
 pub fn stop_runs_if_signalled<'a>(runs: impl Iterator<Item = &'a mut Child>) {
-    let sig = RECEIVED.load(Ordering::SeqCst);
+    let sig = RECEIVED.load(Ordering::SeqCst) as i32;
     if sig == 0 {
         return;
     }
@@ -68,9 +83,5 @@ pub fn stop_runs_if_signalled<'a>(runs: impl Iterator<Item = &'a mut Child>) {
     for c in &mut runs {
         let _ = c.wait();
     }
-    // SAFETY: restoring the default action and raising the signal ends the process by it
-    unsafe {
-        libc::signal(sig, libc::SIG_DFL);
-        libc::raise(sig);
-    }
+    end_by(sig)
 }

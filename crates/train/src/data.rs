@@ -36,8 +36,7 @@ pub fn open(cfg: &RunConfig, tok: &Tokens, position: &DataPosition) -> Result<(V
     Ok((val, stream))
 }
 
-/// A data error as one line (its message already includes its source, so `{:#}` must not
-/// append the source a second time), with how to get the data when it is a corpus the README
+/// A data error as one line, with how to get the data when it is a corpus the README
 /// fetches.
 pub fn data_err(e: lowbit_data::DataError) -> anyhow::Error {
     use lowbit_data::DataError::{MissingFile, NoMatch};

@@ -1,8 +1,8 @@
 //! The model a run trains ([`TrainModel`]): its dims from the run config and the tokenizer,
 //! its weights initialised on the device, the model with the configured kernels and FP32
 //! matmul precision ([`build_model`]), its parameters in the optimizer's order
-//! ([`ParamSet`]) with their optimizer metadata ([`param_infos`]), and the `config.json` a
-//! checkpoint exports.
+//! ([`ParamSet`]) with their optimizer metadata ([`param_infos`]), and the `config.json` and
+//! tokenizer files a checkpoint exports.
 
 use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
 use anyhow::{bail, Context, Result};
@@ -22,6 +22,9 @@ pub struct TrainModel {
     pub dtype: DType,
     /// The exported `config.json`: the model, and the tokenizer's special ids for `generate`.
     pub hf_config: serde_json::Value,
+    /// The exported tokenizer files beside it ([`Tokens::hf_tokenizer_files`]: the run's
+    /// tokenizer, its special tokens, `data.seq_len` as the model's length).
+    pub hf_tokenizer: Vec<(&'static str, Vec<u8>)>,
 }
 
 impl TrainModel {
@@ -41,7 +44,8 @@ impl TrainModel {
         let varmap = init_params(mcfg, cfg.train.seed, dtype, dev)?;
         let llama = build_model(cfg, mcfg, &varmap, dtype, dev)?;
         let params = ParamSet::from_varmap(&varmap);
-        Ok(TrainModel { llama, params, varmap, dtype, hf_config })
+        let hf_tokenizer = tok.hf_tokenizer_files(cfg.data.seq_len);
+        Ok(TrainModel { llama, params, varmap, dtype, hf_config, hf_tokenizer })
     }
 }
 

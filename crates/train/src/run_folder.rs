@@ -11,15 +11,14 @@
 //!   in a fresh one: nothing is deleted;
 //! * **resume** writes into the folder it resumes.
 //!
-//! The live run holds an exclusive lock on `<run>/train.lock` (an OS file lock, `flock`, via
-//! `fs2`) holding its process id: a second run on the same folder fails naming it. The OS drops
-//! the lock when the process dies, so the lock file of a killed run (a stale lock) is simply
-//! taken over.
+//! The live run holds an exclusive lock on `<run>/train.lock` (an OS file lock, `flock` on
+//! Linux, through std's [`File::try_lock`]) holding its process id: a second run on the same
+//! folder fails naming it. The OS drops the lock when the process dies, so the lock file of a
+//! killed run (a stale lock) is simply taken over.
 
 use crate::logs::RunLogs;
 use anyhow::{bail, Context, Result};
-use fs2::FileExt;
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
@@ -54,7 +53,7 @@ impl Drop for RunLock {
     fn drop(&mut self) {
         // Remove first, unlock second: another run that opens the path meanwhile locks a new file.
         let _ = std::fs::remove_file(&self.path);
-        let _ = FileExt::unlock(&self.file);
+        let _ = self.file.unlock();
     }
 }
 
@@ -203,10 +202,14 @@ pub fn lock_file(path: &Path, busy: impl Fn(&str, &Path) -> String) -> Result<Ru
         .truncate(false)
         .open(&path)
         .with_context(|| format!("cannot open the lock file {}", path.display()))?;
-    if file.try_lock_exclusive().is_err() {
-        let mut pid = String::new();
-        let _ = file.read_to_string(&mut pid);
-        bail!(busy(pid.trim(), &path));
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            bail!(busy(pid.trim(), &path));
+        }
+        Err(TryLockError::Error(e)) => bail!("cannot lock {}: {e}", path.display()),
     }
     let mut old = String::new();
     let _ = file.read_to_string(&mut old);

@@ -146,7 +146,7 @@ impl Session {
         }
         floor.check_every_rank(crate::device::available_memory(&dev), launch.comm.as_ref())?;
         let model = TrainModel::build(&cfg, &mcfg, &tok, &dev)?;
-        let mut host = optimizer::states(&cfg, plan, &model.params)?;
+        let mut host = optimizer::states(&cfg, plan.clone(), &model.params)?;
         let mut state = TrainState::at_start(host.states(), world, cfg.train.micro_batch.saturating_mul(cfg.train.grad_accum));
         if let Some(r) = resume {
             state = r.restore(state, &cfg, &model.varmap, &mut host, leader)?;
@@ -155,7 +155,7 @@ impl Session {
         let theory = Theory::for_spec(&host.moments().spec, cfg.optim.beta2);
         let banner = banner(&cfg, &mcfg, &model, &host, &stream, &theory, world);
         let warnings = if leader {
-            let run = setting_warnings::for_run(&cfg, host.moments(), stream.pass_size());
+            let run = setting_warnings::for_run(&cfg, &plan, host.moments(), stream.pass_size());
             run.into_iter().chain(setting_warnings::shuffle_buffer_warning(&cfg, stream.order())).collect()
         } else {
             Vec::new()
@@ -244,12 +244,13 @@ impl Session {
         // the stream's whole position: in streaming mode with the shuffle buffer's rows
         self.state.data = self.stream.position();
         let state = &self.state;
-        let files = [
+        let mut files = vec![
             ("config.json", serde_json::to_vec_pretty(&self.model.hf_config)?),
             ("state.json", state.to_json()?),
             ("config.toml", self.config_toml.clone().into_bytes()),
             (EXPORT_CHECK, serde_json::to_vec(&check)?),
         ];
+        files.extend(self.model.hf_tokenizer.iter().cloned());
         let components: [&dyn Saves; 3] = [&ModelWeights(&self.model.varmap), &states, &state.data];
         let dir = checkpoint::save(&self.run_dir, state.step, self.cfg.train.keep_checkpoints, &components, &files)?;
         tracing::info!("checkpoint {}", dir.display());

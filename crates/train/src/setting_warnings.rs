@@ -4,15 +4,22 @@
 
 use crate::config::{RunConfig, WeightDtype};
 use lowbit_data::{PassSize, RowOrder};
-use lowbit_optim::{BiasCorrection, Moments, ResetRule, Rounding, ScaleChoice, StateFormat, StatesSpec, VResetIdle};
+use lowbit_optim::{
+    BiasCorrection, GroupStates, Moments, ResetRule, Rounding, ScaleChoice, StateFormat, StatesPlan, StatesSpec, VResetIdle,
+};
+use std::collections::BTreeMap;
 
 /// Every [`setting_warnings`] and the [`passes_warning`] of a run of `cfg` with the optimizer
-/// states `states` over a training text of `pass`.
-pub fn for_run(cfg: &RunConfig, states: &Moments, pass: PassSize) -> Vec<String> {
-    let largest = states.tensors.iter().map(|t| t.info.len).max().unwrap_or(0);
+/// states `states` (of the settings `plan`) over a training text of `pass`.
+pub fn for_run(cfg: &RunConfig, plan: &StatesPlan, states: &Moments, pass: PassSize) -> Vec<String> {
+    let mut largest = BTreeMap::new();
+    for t in &states.tensors {
+        let n = largest.entry(t.info.group.as_str()).or_insert(0);
+        *n = t.info.len.max(*n);
+    }
     let passes = passes_planned(cfg, pass);
     let per_group: Vec<_> = states.tensors.iter().map(|t| (t.info.group.as_str(), &t.spec)).collect();
-    setting_warnings(cfg, &states.spec, largest)
+    setting_warnings(cfg, plan, &largest)
         .into_iter()
         .chain(data_warnings(cfg, pass))
         .chain(soap_warnings(cfg))
@@ -79,11 +86,13 @@ pub fn restarted_m_without_v<'a>(cfg: &RunConfig, per_group: impl IntoIterator<I
     ))
 }
 
-/// The warnings for `cfg` with the resolved states `spec`, on a model whose largest parameter
-/// tensor has `largest` elements; empty when every setting does what it says.
-pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> Vec<String> {
+/// The warnings for `cfg` with the states `plan`, on a model whose tensor groups' largest
+/// tensors have the elements `largest` (by group name); empty when every setting does what it
+/// says.
+pub fn setting_warnings(cfg: &RunConfig, plan: &StatesPlan, largest: &BTreeMap<&str, usize>) -> Vec<String> {
     let mut w = Vec::new();
     let max_steps = cfg.train.max_steps;
+    let spec = &plan.base;
     if cfg.optim.warmup_steps >= max_steps {
         w.push(format!(
             "optim.warmup_steps = {} is not shorter than train.max_steps = {max_steps}: the warmup is cut to {} steps so \
@@ -92,13 +101,6 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
             max_steps.saturating_sub(1)
         ));
     }
-    if spec.v_format == StateFormat::Fp4E2M1 {
-        w.push(
-            "optim.states.v_format = \"fp4e2m1\" is signed: v is never negative, so its sign bit is wasted; `fp4` for v \
-             (= fp4ue2m2, unsigned) spends it on one more mantissa bit"
-                .into(),
-        );
-    }
     if spec.weight_rounding == Rounding::Stochastic && cfg.model.dtype == WeightDtype::F32 {
         w.push(
             "optim.states.weight_rounding = \"stochastic\" does nothing with model.dtype = \"f32\": FP32 weights are \
@@ -106,30 +108,18 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
                 .into(),
         );
     }
-    scale_warnings(cfg, spec, largest, &mut w);
-    min_numel_warnings(cfg, spec, largest, &mut w);
-    for (key, every) in [("m_reset_every", spec.m_reset_every), ("v_reset_every", spec.v_reset_every)] {
-        if every > 0 && every >= max_steps {
-            w.push(format!(
-                "optim.states.{key} = {every} is not shorter than train.max_steps = {max_steps}: the first reset would \
-                 come after the run's last update, so {} never resets in this run",
-                &key[..1]
-            ));
-        }
+    let groups =
+        cfg.optim.states.groups.iter().filter_map(|(name, g)| Some(Section { group: Some((name, g)), spec: plan.groups.get(name)? }));
+    for section in std::iter::once(Section { group: None, spec }).chain(groups) {
+        section_warnings(cfg, plan, &section, largest, &mut w);
     }
+    min_numel_warnings(cfg, spec, largest.values().copied().max().unwrap_or(0), &mut w);
     if spec.reset == ResetRule::Adaptive && spec.v_format == StateFormat::Fp32 {
         w.push(format!(
             "optim.states.reset = \"adaptive\" with v_format = \"fp32\": the rule resets when v's measured stalled \
              fraction says so, and FP32 v hardly ever stalls (theory {:.1e}): expect no reset",
             lowbit_optim::states::theory::p_stall(23, cfg.optim.beta2, spec.v_rounding)
         ));
-    }
-    if spec.v_reset_idle == VResetIdle::Keep && !spec.resets_v_without_m() {
-        w.push(
-            "optim.states.v_reset_idle = \"keep\" does nothing: it applies at resets of v without m, and this run has none \
-             (v_reset_every is 0, a multiple of m_reset_every, or the adaptive rule resets both)"
-                .into(),
-        );
     }
     if spec.resets_v_without_m() && spec.v_reset_every < max_steps {
         w.push(format!(
@@ -141,31 +131,107 @@ pub fn setting_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize) -> V
     w
 }
 
-/// The warnings about the scales of `cfg`'s states `spec` (kind and block size; the largest
-/// tensor has `largest` elements), appended to `w`.
-fn scale_warnings(cfg: &RunConfig, spec: &StatesSpec, largest: usize, w: &mut Vec<String>) {
+/// One section of state settings: `[optim.states]` (`group` `None`) or a tensor group's
+/// `[optim.states.groups.<group>]`, with its settings resolved (`spec`: the group's merged
+/// over `[optim.states]`).
+struct Section<'a> {
+    group: Option<(&'a str, &'a GroupStates)>,
+    spec: &'a StatesSpec,
+}
+
+impl Section<'_> {
+    /// The config key `key` of this section, as the warnings name it.
+    fn key(&self, key: &str) -> String {
+        match self.group {
+            None => format!("optim.states.{key}"),
+            Some((name, _)) => format!("optim.states.groups.{name}.{key}"),
+        }
+    }
+
+    /// Whether this section sets `key`: a group's when it writes it, `[optim.states]` always
+    /// (it holds every value a group does not set).
+    fn sets(&self, key: &str) -> bool {
+        self.group.is_none_or(|(_, g)| g.sets(key))
+    }
+
+    /// The states this section's `key` reaches, each with its tensor group's largest tensor
+    /// (`largest`): the group's own, or for `[optim.states]` every tensor group of the model
+    /// whose section does not set `key` itself (`plan` has each group's states).
+    fn reach<'p>(&self, key: &str, cfg: &RunConfig, plan: &'p StatesPlan, largest: &BTreeMap<&str, usize>) -> Vec<(&'p StatesSpec, usize)> {
+        let own = |g: &str| cfg.optim.states.groups.get(g).is_some_and(|s| s.sets(key));
+        largest
+            .iter()
+            .filter(|(g, _)| match self.group {
+                Some((name, _)) => **g == name,
+                None => !own(g),
+            })
+            .map(|(g, &n)| (plan.groups.get(*g).unwrap_or(&plan.base), n))
+            .collect()
+    }
+}
+
+/// The warnings about the keys of one state section that cannot act on the states they reach
+/// ([`Section::reach`]): a signed v format, a scale kind without fp8 or fp4 states, a block size
+/// without block-scaled states or as large as every tensor, a reset period not shorter than the
+/// run, `v_reset_idle = "keep"` without resets of v alone; appended to `w`. A group's section is
+/// warned about for the keys it sets.
+fn section_warnings(cfg: &RunConfig, plan: &StatesPlan, s: &Section, largest: &BTreeMap<&str, usize>, w: &mut Vec<String>) {
+    let (spec, max_steps) = (s.spec, cfg.train.max_steps);
+    let reach = |key: &str| s.reach(key, cfg, plan, largest);
+    let acts = |key: &str| s.sets(key) && !reach(key).is_empty();
     let names = format!("m ({}) and v ({})", spec.m_format.name(), spec.v_format.name());
-    let has_scale_kind = spec.m_format.minifloat().is_some() || spec.v_format.minifloat().is_some();
-    if cfg.optim.states.scale != ScaleChoice::Default && !has_scale_kind {
+    if acts("v_format") && spec.v_format == StateFormat::Fp4E2M1 {
         w.push(format!(
-            "optim.states.scale = \"{}\" does nothing: {names} have no scale kind to choose (it sets the scale of fp8 and \
-             fp4 states; int8 keeps its absmax scale)",
+            "{} = \"fp4e2m1\" is signed: v is never negative, so its sign bit is wasted; `fp4` for v (= fp4ue2m2, \
+             unsigned) spends it on one more mantissa bit",
+            s.key("v_format")
+        ));
+    }
+    let scale = s.group.map_or(cfg.optim.states.scale, |(_, g)| g.scale.unwrap_or_default());
+    let has_scale_kind = |t: &StatesSpec| t.m_format.minifloat().is_some() || t.v_format.minifloat().is_some();
+    if acts("scale") && scale != ScaleChoice::Default && !reach("scale").iter().any(|(t, _)| has_scale_kind(t)) {
+        w.push(format!(
+            "{} = \"{}\" does nothing: {names} have no scale kind to choose (it sets the scale of fp8 and fp4 states; int8 \
+             keeps its absmax scale)",
+            s.key("scale"),
             spec.m_scale.as_str()
         ));
     }
-    let blocks = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-    let default_block = lowbit_optim::StatesConfig::default().block_size;
-    if !blocks && spec.block_size != default_block {
+    if acts("block_size") {
+        // `[optim.states]`' block size counts as set when it is not the default
+        let set = s.group.is_some() || spec.block_size != lowbit_optim::StatesConfig::default().block_size;
+        let scaled = |t: &StatesSpec| t.m_format.is_scaled() || t.v_format.is_scaled();
+        let blocked = reach("block_size").into_iter().filter(|(t, _)| scaled(t)).map(|(_, n)| n).max();
+        match blocked {
+            None if set => w.push(format!(
+                "{} = {} does nothing: {names} have no scale blocks (they apply to fp8, fp4 and int8 states)",
+                s.key("block_size"),
+                spec.block_size
+            )),
+            Some(n) if spec.block_size != 0 && spec.block_size >= n => w.push(format!(
+                "{} = {} is not smaller than the largest tensor ({n} elements): every tensor has one scale, as with \
+                 block_size = 0, which says so",
+                s.key("block_size"),
+                spec.block_size
+            )),
+            _ => {}
+        }
+    }
+    for (key, every) in [("m_reset_every", spec.m_reset_every), ("v_reset_every", spec.v_reset_every)] {
+        if acts(key) && every > 0 && every >= max_steps {
+            w.push(format!(
+                "{} = {every} is not shorter than train.max_steps = {max_steps}: the first reset would come after the \
+                 run's last update, so {} never resets in this run",
+                s.key(key),
+                &key[..1]
+            ));
+        }
+    }
+    if acts("v_reset_idle") && spec.v_reset_idle == VResetIdle::Keep && !reach("v_reset_idle").iter().any(|(t, _)| t.resets_v_without_m()) {
         w.push(format!(
-            "optim.states.block_size = {} does nothing: {names} have no scale blocks (they apply to fp8, fp4 and int8 \
-             states)",
-            spec.block_size
-        ));
-    } else if blocks && spec.block_size != 0 && spec.block_size >= largest {
-        w.push(format!(
-            "optim.states.block_size = {} is not smaller than the largest tensor ({largest} elements): every tensor has \
-             one scale, as with block_size = 0, which says so",
-            spec.block_size
+            "{} = \"keep\" does nothing: it applies at resets of v without m, and this run has none (v_reset_every is \
+             0, a multiple of m_reset_every, or the adaptive rule resets both)",
+            s.key("v_reset_idle")
         ));
     }
 }
@@ -329,11 +395,16 @@ mod tests {
         assert_eq!(shuffle_buffer_warning(&cfg, RowOrder::Permuted { seed: 0 }), None);
     }
 
-    /// The warnings of [`tiny`] with `sets`, on a model whose largest tensor has 4096 elements.
+    /// The states of `cfg`.
+    fn plan(cfg: &RunConfig) -> StatesPlan {
+        StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap()
+    }
+
+    /// The warnings of [`tiny`] with `sets`, on a model of tensor groups `attn` and `mlp`
+    /// whose largest tensors have 4096 elements.
     fn warnings(sets: &[&str]) -> Vec<String> {
         let cfg = tiny(sets);
-        let spec = cfg.optim.states.resolve(cfg.optim.beta2).unwrap();
-        setting_warnings(&cfg, &spec, 4096)
+        setting_warnings(&cfg, &plan(&cfg), &BTreeMap::from([("attn", 4096), ("mlp", 4096)]))
     }
 
     /// The one warning `sets` give, which must name `key`.
@@ -421,6 +492,37 @@ mod tests {
         assert_eq!(warnings(&["optim.states.m_reset_every=99", "optim.states.v_reset_every=99"]), Vec::<String>::new());
     }
 
+    /// A group's section gets the warnings of `[optim.states]` for the keys it sets, judged by
+    /// the group's own formats; a key of `[optim.states]` acts where a group with other formats
+    /// takes it.
+    #[test]
+    fn a_groups_settings_that_cannot_act() {
+        let one_in_mlp = |sets: &[&str], what: &str| {
+            let sets: Vec<String> = sets.iter().map(|s| format!("optim.states.groups.mlp.{s}")).collect();
+            one(&sets.iter().map(String::as_str).collect::<Vec<_>>(), &format!("optim.states.groups.mlp.{what}"))
+        };
+        one_in_mlp(&["v_format=\"fp4e2m1\""], "v_format = \"fp4e2m1\" is signed");
+        let w = one_in_mlp(&["scale=\"amax\"", "v_format=\"bf16\""], "scale = \"amax\" does nothing");
+        assert!(w.contains("m (fp32) and v (bf16)"), "{w}");
+        one_in_mlp(&["block_size=64"], "block_size = 64 does nothing");
+        let w = one_in_mlp(&["v_format=\"fp8\"", "block_size=4096"], "block_size = 4096 is not smaller than the largest tensor");
+        assert!(w.contains("4096 elements"), "{w}");
+        one_in_mlp(&["m_reset_every=100"], "m_reset_every = 100 is not shorter than train.max_steps = 100");
+        one_in_mlp(&["v_reset_every=1000"], "v_reset_every = 1000 is not shorter");
+        one_in_mlp(&["v_reset_idle=\"keep\""], "v_reset_idle = \"keep\" does nothing");
+        // acting in the group: its own fp8 v, its v-only resets
+        let mlp = |s: &str| format!("optim.states.groups.mlp.{s}");
+        let (fp8, amax, keep) = (mlp("v_format=\"fp8\""), mlp("scale=\"amax\""), mlp("v_reset_idle=\"keep\""));
+        assert_eq!(warnings(&[&fp8, &amax, &mlp("block_size=64")]), Vec::<String>::new());
+        assert_eq!(warnings(&[&keep, &mlp("v_reset_every=30")]), Vec::<String>::new());
+        // `[optim.states]`' scale and block size act on the group's fp8 v, though its own
+        // states are fp32; its signed v is not warned about where every group sets its own
+        assert_eq!(warnings(&[&fp8, "optim.states.scale=\"amax\"", "optim.states.block_size=64"]), Vec::<String>::new());
+        let (attn_fp8, signed) = ("optim.states.groups.attn.v_format=\"fp8\"", "optim.states.v_format=\"fp4e2m1\"");
+        assert_eq!(warnings(&[&fp8, attn_fp8, signed]), Vec::<String>::new());
+        one(&[&fp8, signed], "optim.states.v_format = \"fp4e2m1\" is signed");
+    }
+
     #[test]
     fn an_adaptive_rule_over_fp32_v() {
         let w = one(&["optim.states.reset=\"adaptive\""], "optim.states.reset = \"adaptive\" with v_format = \"fp32\"");
@@ -442,7 +544,7 @@ mod tests {
     /// [`tiny`] with `sets`, over groups `attn` and `mlp` (tensors of 4096 elements).
     fn group_warnings(sets: &[&str]) -> [Option<String>; 2] {
         let cfg = tiny(sets);
-        let plan = lowbit_optim::StatesPlan::resolve(&cfg.optim.states, cfg.optim.beta2).unwrap();
+        let plan = plan(&cfg);
         let specs = [("attn", plan.for_tensor("attn", 4096)), ("mlp", plan.for_tensor("mlp", 4096))];
         let per_group = || specs.iter().map(|(g, s)| (*g, s));
         [continued_bias_correction(&cfg, plan.base.reset, per_group()), restarted_m_without_v(&cfg, per_group())]

@@ -332,6 +332,14 @@ fn checkpoint_layout_and_retention() {
     assert_eq!(hf["hidden_size"], 32);
     assert_eq!(hf["vocab_size"], 32100);
     assert_eq!(hf["torch_dtype"], "float32");
+    // the run's tokenizer as it is, and the config transformers' AutoTokenizer reads (its
+    // special tokens: the test below)
+    assert_eq!(read(&ck.join("tokenizer.json")), read(&root().join("data/tokenizers/t5-tokenizer.json")));
+    let tokenizer_config: Value = serde_json::from_slice(&read(&ck.join("tokenizer_config.json"))).unwrap();
+    assert_eq!(
+        (&tokenizer_config["tokenizer_class"], &tokenizer_config["model_max_length"]),
+        (&"PreTrainedTokenizerFast".into(), &32.into())
+    );
 
     // optimizer: stored bytes (U8 codes: fp4 = 1/2 byte/elem, fp8 = 1) and F32 block scales
     let obytes = read(&ck.join("optimizer.safetensors"));
@@ -366,17 +374,20 @@ fn checkpoint_layout_and_retention() {
 }
 
 /// The exported config.json carries the tokenizer's special ids (transformers would assume
-/// LLaMA's bos 1 / eos 2 otherwise, and `generate` from a T5-vocabulary model never stops).
+/// LLaMA's bos 1 / eos 2 otherwise, and `generate` from a T5-vocabulary model never stops), and
+/// the tokenizer's configs name the same tokens (and the unknown piece).
 #[test]
 fn exported_config_json_has_the_tokenizers_special_ids() {
     let shared = common::root().join("../shared/data/tokenizers/llama2-tokenizer.json");
-    let mut cases = vec![(None, (Value::Null, Value::from(1), Value::from(0)))];
+    let t5 = serde_json::json!({"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"});
+    let mut cases = vec![(None, (Value::Null, Value::from(1), Value::from(0)), t5)];
     if shared.is_file() {
-        cases.push((Some(shared), (Value::from(1), Value::from(2), Value::Null)));
+        let llama2 = serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"});
+        cases.push((Some(shared), (Value::from(1), Value::from(2), Value::Null), llama2));
     } else {
         eprintln!("LLaMA-2 case skipped: {} not present (the shared data lives beside the checkout)", shared.display());
     }
-    for (tokenizer, (bos, eos, pad)) in cases {
+    for (tokenizer, (bos, eos, pad), special) in cases {
         let tmp = tempfile::tempdir().unwrap();
         let mut sets = vec!["train.max_steps=1".to_string()];
         if let Some(t) = &tokenizer {
@@ -394,6 +405,11 @@ fn exported_config_json_has_the_tokenizers_special_ids() {
         assert_eq!(got, (bos, eos, pad), "{tokenizer:?}: {hf}");
         for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
             assert!(hf.get(key).is_some(), "{key} missing (null must be written): {hf}");
+        }
+        assert_eq!(serde_json::from_slice::<Value>(&read(&ck.join("special_tokens_map.json"))).unwrap(), special, "{tokenizer:?}");
+        let tokenizer_config: Value = serde_json::from_slice(&read(&ck.join("tokenizer_config.json"))).unwrap();
+        for (role, token) in special.as_object().unwrap() {
+            assert_eq!(&tokenizer_config[role], token, "{tokenizer:?}: {tokenizer_config}");
         }
     }
 }

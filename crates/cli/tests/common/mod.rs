@@ -36,8 +36,25 @@ pub fn train_with_file_limit(cwd: &Path, kib: u64, args: &[&str]) -> Ran {
     run(&mut cmd, &format!("(ulimit -f {kib}) train {}", args.join(" ")))
 }
 
+/// Makes `train` commands that run as a user file permissions bind: this one, or `nobody`
+/// through `setpriv` when the tests run as root (whom permissions do not bind); `None` when
+/// `nobody` cannot run the binary (a checkout under a 0700 home), which the caller says.
+pub fn unprivileged_train() -> Option<impl Fn() -> Command> {
+    // SAFETY: geteuid has no preconditions
+    let root = unsafe { libc::geteuid() } == 0;
+    let train = move || {
+        let mut c = Command::new(if root { "setpriv".into() } else { train_bin() });
+        if root {
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(train_bin());
+        }
+        c
+    };
+    let runs = !root || train().arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    runs.then_some(train)
+}
+
 /// Runs `cmd` to its end, printing what it did under `label`.
-fn run(cmd: &mut Command, label: &str) -> Ran {
+pub fn run(cmd: &mut Command, label: &str) -> Ran {
     let out = cmd.output().unwrap();
     let r = Ran {
         code: out.status.code(),

@@ -285,6 +285,25 @@ pub struct GroupStates {
 }
 
 impl GroupStates {
+    /// Whether this group sets `key` (a key of `[optim.states]`, e.g. `"block_size"`); `false`
+    /// for a key a group cannot set.
+    pub fn sets(&self, key: &str) -> bool {
+        match key {
+            "m_format" => self.m_format.is_some(),
+            "v_format" => self.v_format.is_some(),
+            "v_zero" => self.v_zero.is_some(),
+            "scale" => self.scale.is_some(),
+            "m_rounding" => self.m_rounding.is_some(),
+            "v_rounding" => self.v_rounding.is_some(),
+            "block_size" => self.block_size.is_some(),
+            "m_reset_every" => self.m_reset_every.is_some(),
+            "v_reset_every" => self.v_reset_every.is_some(),
+            "v_reset_idle" => self.v_reset_idle.is_some(),
+            "bias_correction" => self.bias_correction.is_some(),
+            _ => false,
+        }
+    }
+
     /// `base` with this group's keys set over it (and no groups of its own).
     pub fn over(&self, base: &StatesConfig) -> StatesConfig {
         let b = base.clone();
