@@ -19,8 +19,10 @@
 //!   or parquet, [`TextFormat`]) on its own.
 //! - [`token_shard`]: a corpus tokenized once into compact zstd shards (`train data
 //!   tokenize`), which `train` and `validation` read like JSON shards, without tokenizing.
-//! - [`c4`] and [`hub`]: C4 `en` shards and the T5 tokenizer fetched from the Hugging Face
-//!   hub into a local folder (`train data fetch c4`), resumable, complete files only.
+//! - [`c4`], [`fineweb_edu`] and [`hub`]: C4 `en` shards and the T5 tokenizer, or
+//!   FineWeb-Edu's `sample-10BT` parquet files, fetched from the Hugging Face hub into a local
+//!   folder (`train data fetch c4`, `train data fetch fineweb-edu`), resumable, complete files
+//!   only.
 //!
 //! Packing ([`SeqMode`]): `concat` joins documents (each + EOS) into one stream cut into rows
 //! (no padding, nothing lost); `truncate_pad` makes one row per document, cut and padded,
@@ -59,6 +61,7 @@ mod batch;
 pub mod c4;
 mod config;
 mod error;
+pub mod fineweb_edu;
 pub mod hub;
 mod memory;
 mod order;
