@@ -3,7 +3,7 @@
 //! The commands over the training library (`lowbit-train`) and the reproduction runner
 //! (`lowbit-reproduce`): `train` itself ([`train`]; [`launcher`] for `--gpus N`, [`signals`] for Ctrl-C
 //! and SIGTERM, [`config_path`] for bare config names, [`progress`] for the bar), `predict` ([`predict`]), `stalls`
-//! ([`stalls_table`]), `plot` ([`plot`]; [`reset_period_plot`] and [`stall_probe_plot`] from reproduce results), `data fetch c4` ([`fetch`]), `data tokenize` ([`tokenize`]), `bench ...` ([`bench_cmd`]): `bench data` ([`bench_data`]) and, in CUDA builds,
+//! ([`stalls_table`]), `plot` ([`plot`]; [`reset_period_plot`] and [`stall_probe_plot`] from reproduce results), `data fetch c4` / `fineweb-edu` ([`fetch`]), `data tokenize` ([`tokenize`]), `bench ...` ([`bench_cmd`]): `bench data` ([`bench_data`]) and, in CUDA builds,
 //! `bench optimizer` (`bench`), `bench training` (`bench_training`) and `bench lm-head`
 //! (`bench_lm_head`).
 

@@ -7,6 +7,7 @@
 //! train plot runs/A [runs/B ...] [--out DIR]
 //! train reproduce --table bf16-model|fp32-model|reset-policies|stall-probe --scale smoke|h200|full [--states paper|blockwise|theory|all] [--cells LIST] [--seeds N | --seed-list LIST] [--jobs N] [--merge DIR]
 //! train data fetch c4 [--train-shards N] [--val-shards M] [--config FILE] [--out DIR] [--dry-run]
+//! train data fetch fineweb-edu [--train-shards N] [--val-shards M] [--config FILE] [--out DIR] [--dry-run]
 //! train data tokenize --config FILE --out DIR [--level 19]
 //! train bench optimizer | training | data   (optimizer and training: CUDA builds)
 //! ```
@@ -103,8 +104,9 @@ enum Cmd {
     /// Run the cells of one of the paper's loss tables (or a subset); merge the finished runs into
     /// `reproduce/<table>-<scale>-results.json` and render `reproduce/<table>-<scale>.md` from it.
     Reproduce(lowbit_reproduce::ReproduceArgs),
-    /// Corpora: `train data fetch c4` (C4 `en` and the T5 tokenizer from the Hugging Face hub),
-    /// `train data tokenize` (a config's shards tokenized once into token shards).
+    /// Corpora: `train data fetch c4` / `fineweb-edu` (C4 `en` and the T5 tokenizer, or
+    /// FineWeb-Edu's parquet files, from the Hugging Face hub), `train data tokenize` (a
+    /// config's shards tokenized once into token shards).
     #[command(subcommand)]
     Data(DataCmd),
     /// Speed benchmarks: `train bench data`; with a CUDA build also `train bench optimizer`,
@@ -133,6 +135,13 @@ enum FetchCmd {
     /// there skipped, sizes printed first, interrupted downloads resumed by the same command.
     /// Honours HF_ENDPOINT, HF_TOKEN / HF_HOME's token and HF_HUB_OFFLINE.
     C4(fetch::C4Args),
+    /// FineWeb-Edu's `sample-10BT` parquet files (`HuggingFaceFW/fineweb-edu`, 13 training
+    /// files of ~2.15 GB, ~700M tokens each, and a last one of 0.54 GB held out for
+    /// validation) into data/local/fineweb-edu/{train,validation}/, where
+    /// configs/llama100m_fp8_sr_reset_fineweb.toml looks: as many training files as
+    /// `--config`'s tokens need, otherwise as `c4`; `--dry-run` asks the hub nothing.
+    #[command(name = "fineweb-edu")]
+    FinewebEdu(fetch::FinewebEduArgs),
 }
 
 /// What `train bench` times.
@@ -196,6 +205,7 @@ fn real_main() -> Result<i32> {
             }
         }
         Some(Cmd::Data(DataCmd::Fetch(FetchCmd::C4(args)))) => fetch::fetch_c4(&args)?,
+        Some(Cmd::Data(DataCmd::Fetch(FetchCmd::FinewebEdu(args)))) => fetch::fetch_fineweb_edu(&args)?,
         Some(Cmd::Data(DataCmd::Tokenize(args))) => tokenize::tokenize(&args)?,
         Some(Cmd::Bench(b)) => bench_cmd::run(b)?,
         None => return train::command(cli.train),

@@ -69,8 +69,9 @@ pub struct DataPosition {
     pub epoch: u64,
     /// Index of the current shard in the pass's shard order (file order and streaming mode).
     pub shard: usize,
-    /// Lines of that shard already consumed, skipped unparsed on resume (documents, in a
-    /// token shard).
+    /// Records of that shard already consumed, skipped unparsed on resume: lines of a JSON
+    /// shard, rows of a parquet shard (whole row groups passed over unread), documents of a
+    /// token shard.
     pub line: u64,
     /// `concat` only: tokens already read but not yet emitted in a row; they begin the next
     /// row. At most `seq_len` tokens plus the unused part of the last document read (long

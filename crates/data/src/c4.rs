@@ -36,12 +36,6 @@ pub fn val_file(i: usize) -> String {
     format!("en/c4-validation.{i:05}-of-{VAL_SHARDS:05}.json.gz")
 }
 
-/// Shards that hold `tokens` tokens at `per_shard` each (at least 1; fewer shards are read
-/// again from the start once used up).
-pub fn shards_for(tokens: u64, per_shard: u64) -> usize {
-    tokens.div_ceil(per_shard.max(1)).max(1) as usize
-}
-
 /// The files of train shards `0..train`, validation shards `0..val` and, with `tokenizer`, the
 /// `tokenizer.json` of that model repo, each with its path under `out`.
 ///
@@ -55,11 +49,11 @@ pub fn files(out: &Path, train: usize, val: usize, tokenizer: Option<&str>) -> R
     if val > VAL_SHARDS {
         return Err(DataError::Config(format!("--val-shards {val}: C4 en has {VAL_SHARDS} validation shards")));
     }
-    let shard = |path: String| HubFile { repo_id: REPO.into(), kind: RepoType::Dataset, dest: out.join(&path), path };
+    let shard = |path: String| HubFile { repo_id: REPO.into(), kind: RepoType::Dataset, dest: out.join(&path), path, listed_bytes: None };
     let mut all: Vec<HubFile> = (0..train).map(train_file).chain((0..val).map(val_file)).map(shard).collect();
     if let Some(repo) = tokenizer {
         let path = "tokenizer.json".to_string();
-        all.push(HubFile { repo_id: repo.into(), kind: RepoType::Model, dest: out.join(&path), path });
+        all.push(HubFile { repo_id: repo.into(), kind: RepoType::Model, dest: out.join(&path), path, listed_bytes: None });
     }
     if all.is_empty() {
         return Err(DataError::Config("nothing to fetch: no shards and no tokenizer".into()));
@@ -70,6 +64,7 @@ pub fn files(out: &Path, train: usize, val: usize, tokenizer: Option<&str>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hub::shards_for;
 
     #[test]
     fn names_follow_the_repo_layout() {

@@ -19,13 +19,13 @@ pub enum SeqMode {
     Concat,
 }
 
-/// What to do with a line that is not a JSON object with a string `text`, or with a corrupt
-/// gzip stream.
+/// What to do with a line that is not a JSON object with a string `text` (a parquet row whose
+/// `text` is null or not UTF-8), or with a corrupt gzip stream (parquet page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum BadInput {
-    /// Log a warning naming `file:line`, count the line, go on. A corrupt gzip stream ends
-    /// that shard (warning) and reading continues with the next shard.
+    /// Log a warning naming `file:line` (or row), count the line, go on. A corrupt gzip stream
+    /// (parquet page) ends that shard (warning) and reading continues with the next shard.
     #[default]
     Skip,
     /// Stop with an error naming `file:line` (or the file, for a corrupt gzip stream).
@@ -50,8 +50,11 @@ pub enum BadInput {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// File paths or glob patterns of C4-format train shards (`*.json.gz` or `*.json`).
-    /// All matches of all patterns are read in sorted path order, cycling in epochs.
+    /// File paths or glob patterns of train shards: C4-format JSON lines (`*.json.gz` or
+    /// `*.json`), parquet files with a string column `text` (`*.parquet`: FineWeb-Edu), or
+    /// token shards (`*.tokens.zst`, `train data tokenize`). All matches of all patterns are
+    /// read in sorted path order (or a seeded permutation of it, [`DataConfig::shuffle`]),
+    /// cycling in epochs.
     pub train: Vec<String>,
     /// Same for the validation shards.
     pub validation: Vec<String>,
@@ -95,7 +98,8 @@ pub struct DataConfig {
     /// In-memory mode when the training text is at most this many tokens (default 250M,
     /// 1 GB of ids): exact for token shards (their header), estimated for JSON shards at one
     /// token per byte of gzip file (measured: 0.8-0.9 on the offline corpora, ~0.5 on C4),
-    /// four bytes per token of plain JSON. 0 always streams.
+    /// four bytes per token of plain JSON, and for parquet shards at four bytes per token of
+    /// their `text` column uncompressed. 0 always streams.
     pub in_memory_max_tokens: u64,
 }
 

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::reader::TextFormat;
+
 /// Everything that can go wrong while reading shards, tokenizing or batching.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -38,21 +40,30 @@ pub enum DataError {
     #[error("cannot write {}: {error}", path.display())]
     Write { path: PathBuf, error: std::io::Error },
 
-    /// The gzip stream of a shard is corrupt or truncated (raised with `on_bad_line = "fail"`;
-    /// with `"skip"` the rest of the shard is skipped with a warning).
-    #[error("corrupt or truncated gzip stream in {} after line {line}: {error}", path.display())]
-    Corrupt { path: PathBuf, line: u64, error: std::io::Error },
+    /// The gzip stream of a JSON shard, or a page of a parquet shard, is corrupt or truncated
+    /// (raised with `on_bad_line = "fail"`; with `"skip"` the rest of the shard is skipped
+    /// with a warning). `line`: the lines (rows) read before it. The error is part of the
+    /// message, as for [`DataError::Io`].
+    #[error("corrupt or truncated {} in {} after {} {line}: {error}", format.stream(), path.display(), format.unit())]
+    Corrupt { path: PathBuf, format: TextFormat, line: u64, error: std::io::Error },
 
-    /// A line is not a JSON object with a string `text` field (raised with
-    /// `on_bad_line = "fail"`; `line` is 1-based).
-    #[error("{}:{line}: bad C4 line: {msg}", path.display())]
-    BadLine { path: PathBuf, line: u64, msg: String },
+    /// A line is not a JSON object with a string `text` field, or a parquet row's `text` is
+    /// null or not UTF-8 (raised with `on_bad_line = "fail"`; `line` is the 1-based line or
+    /// row).
+    #[error("{}:{line}: bad {}: {msg}", path.display(), format.record())]
+    BadLine { path: PathBuf, format: TextFormat, line: u64, msg: String },
+
+    /// A `.parquet` shard cannot be read as a text shard: not a parquet file (its footer is
+    /// missing or corrupt), or without a string column `text` (the message lists its columns).
+    /// Raised whatever `on_bad_line` says: none of its rows could be read.
+    #[error("{}: not a usable parquet shard: {msg}", path.display())]
+    Parquet { path: PathBuf, msg: String },
 
     /// The shards hold no usable document (a whole epoch over the train shards, or all the
     /// validation shards, gave no row).
     #[error(
         "no {what} text: the {what} shards {shards:?} contain no usable document (empty, or only \
-         bad lines or corrupt gzip, which `data.on_bad_line = \"skip\"` skips with a warning; \
+         bad lines or rows or corrupt bytes, which `data.on_bad_line = \"skip\"` skips with a warning; \
          \"fail\" stops at the first)"
     )]
     NoText { what: &'static str, shards: Vec<PathBuf> },

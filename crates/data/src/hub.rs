@@ -1,5 +1,5 @@
 //! Files of Hugging Face hub repos fetched into a local folder, as `train data fetch` needs
-//! them: the size of each file asked before anything is written, then each file downloaded
+//! them (C4's, [`crate::c4`], and FineWeb-Edu's, [`crate::fineweb_edu`]): the size of each file asked before anything is written, then each file downloaded
 //! by `hf-hub` and moved under its final name only once it is complete.
 //!
 //! Where the bytes go: `hf-hub` downloads into its cache layout, here a staging cache inside
@@ -33,6 +33,10 @@ pub struct HubFile {
     pub path: String,
     /// Where it goes.
     pub dest: PathBuf,
+    /// Its size in bytes as the corpus's own listing gives it, where there is one
+    /// ([`crate::fineweb_edu::FILE_BYTES`]): what `--dry-run` shows without asking the hub.
+    /// `None`: only the hub knows ([`Hub::size`]).
+    pub listed_bytes: Option<u64>,
 }
 
 impl HubFile {
@@ -46,6 +50,12 @@ impl HubFile {
     pub fn is_present(&self) -> bool {
         self.dest.is_file()
     }
+}
+
+/// Shards that hold `tokens` tokens at `per_shard` each (at least 1; fewer shards are read
+/// again from the start once used up): how many files of a corpus a run needs.
+pub fn shards_for(tokens: u64, per_shard: u64) -> usize {
+    tokens.div_ceil(per_shard.max(1)).max(1) as usize
 }
 
 /// How to reach the hub, read from the environment ([`HubEnv::from_env`]).

@@ -1,9 +1,10 @@
-//! # lowbit-data — C4-format text to token batches
+//! # lowbit-data — C4-format and parquet text to token batches
 //!
 //! Reads C4-format shards (`allenai/c4` `en`: gzip JSON lines with `text`, `timestamp`,
-//! `url`; plain `.json` also works), tokenizes them with a `tokenizers` `tokenizer.json`
-//! (T5 by default, as in the usual LLaMA-on-C4 setups), and cuts the tokens into
-//! `[rows, seq_len]` batches of inputs, next-token targets and a loss mask.
+//! `url`; plain `.json` also works) and parquet shards (`*.parquet` with a string column
+//! `text`: FineWeb-Edu and most of the hub's text corpora), tokenizes them with a
+//! `tokenizers` `tokenizer.json` (T5 by default, as in the usual LLaMA-on-C4 setups), and cuts
+//! the tokens into `[rows, seq_len]` batches of inputs, next-token targets and a loss mask.
 //!
 //! - [`DataConfig`]: the `[data]` section of a run config (serde, unknown keys rejected).
 //! - [`load_tokenizer`] / [`tokenizer_of`] -> [`Tokens`]: local `tokenizer.json` or hub id;
@@ -14,16 +15,20 @@
 //!   [`DataPosition`].
 //! - [`validation_batches`]: the first `val_tokens` targets of the validation shards;
 //!   [`shared_documents`]: how many sampled training documents are also validation documents.
-//! - [`ShardReader`] / [`expand_shards`]: the streaming shard reader on its own.
+//! - [`ShardReader`] / [`expand_shards`]: the streaming reader of one text shard (JSON lines
+//!   or parquet, [`TextFormat`]) on its own.
 //! - [`token_shard`]: a corpus tokenized once into compact zstd shards (`train data
 //!   tokenize`), which `train` and `validation` read like JSON shards, without tokenizing.
-//! - [`c4`] and [`hub`]: C4 `en` shards and the T5 tokenizer fetched from the Hugging Face
-//!   hub into a local folder (`train data fetch c4`), resumable, complete files only.
+//! - [`c4`], [`fineweb_edu`] and [`hub`]: C4 `en` shards and the T5 tokenizer, or
+//!   FineWeb-Edu's `sample-10BT` parquet files, fetched from the Hugging Face hub into a local
+//!   folder (`train data fetch c4`, `train data fetch fineweb-edu`), resumable, complete files
+//!   only.
 //!
 //! Packing ([`SeqMode`]): `concat` joins documents (each + EOS) into one stream cut into rows
 //! (no padding, nothing lost); `truncate_pad` makes one row per document, cut and padded,
 //! with padded targets masked. Bad input ([`BadInput`]): skip with a warning naming
-//! `file:line` (default) or fail with an error naming it ([`DataError`]).
+//! `file:line` (the row, in a parquet shard; the default) or fail with an error naming it
+//! ([`DataError`]).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), lowbit_data::DataError> {
@@ -56,10 +61,12 @@ mod batch;
 pub mod c4;
 mod config;
 mod error;
+pub mod fineweb_edu;
 pub mod hub;
 mod memory;
 mod order;
 mod overlap;
+mod parquet_shard;
 mod pipeline;
 mod reader;
 mod shuffle_buffer;
@@ -76,7 +83,7 @@ pub use config::{
 };
 pub use error::{DataError, Result};
 pub use overlap::{shared_documents, OVERLAP_SAMPLE};
-pub use reader::{expand_shards, ShardReader};
+pub use reader::{expand_shards, ShardReader, TextFormat};
 pub use stream::{reads_through_shuffle_buffer, PassSize, TrainStream};
 pub use tokenize::{load_tokenizer, load_tokenizer_eos, pieces, tokenizer_of, Tokens, EOS_CANDIDATES, PIECE_BYTES};
 pub use validation::validation_batches;

@@ -1,11 +1,17 @@
-//! Streaming reader of C4-format shards.
+//! Streaming reader of text shards: C4-format JSON lines and parquet files.
 //!
 //! C4 (`allenai/c4`, `en`) is published as `c4-train.XXXXX-of-01024.json.gz` and
 //! `c4-validation.XXXXX-of-00008.json.gz`: gzip-compressed JSON lines, one document per line,
-//! `{"text": ..., "timestamp": ..., "url": ...}`. Only `text` is used. Shards are read line by
-//! line (never whole into memory), in sorted path order, without shuffling (C4 shards are
-//! already shuffled). Gzip is recognised by its magic bytes, so plain `.json` works too;
-//! concatenated gzip members (as written by `cat a.gz b.gz`) are read as one stream.
+//! `{"text": ..., "timestamp": ..., "url": ...}`. Only `text` is used. Gzip is recognised by
+//! its magic bytes, so plain `.json` works too; concatenated gzip members (as written by `cat
+//! a.gz b.gz`) are read as one stream.
+//!
+//! FineWeb, FineWeb-Edu and most corpora on the Hugging Face hub are parquet files
+//! (`*.parquet`, told apart by that name ending): one document per row, its text in the
+//! string column `text` ([`crate::parquet_shard`]).
+//!
+//! Both are read record by record (a line, a row; never whole into memory) by one
+//! [`ShardReader`], which treats their bad records, corrupt bytes and resume positions alike.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -19,6 +25,7 @@ use serde::Deserialize;
 
 use crate::config::BadInput;
 use crate::error::{DataError, Result};
+use crate::parquet_shard::ParquetRows;
 
 /// Expands file paths and glob patterns into the sorted, de-duplicated list of shards.
 ///
@@ -85,6 +92,51 @@ pub(crate) fn starts_with(path: &Path, magic: &[u8]) -> Result<bool> {
 /// The first two bytes of every gzip member (RFC 1952, 2.3.1).
 pub(crate) const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// The kind of a text shard, from its file name: `*.parquet` is parquet, anything else C4 JSON
+/// lines (gzip or plain). Says what its records are called in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextFormat {
+    /// JSON lines, gzip-compressed or plain: a record is a line.
+    Json,
+    /// A parquet file: a record is a row.
+    Parquet,
+}
+
+impl TextFormat {
+    /// The format of the shard at `path`: [`TextFormat::Parquet`] for a name ending in
+    /// `.parquet` (any case), else [`TextFormat::Json`].
+    pub fn of(path: &Path) -> TextFormat {
+        match path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet")) {
+            true => TextFormat::Parquet,
+            false => TextFormat::Json,
+        }
+    }
+
+    /// A record, in messages: `C4 line`, `parquet row`.
+    pub fn record(self) -> &'static str {
+        match self {
+            TextFormat::Json => "C4 line",
+            TextFormat::Parquet => "parquet row",
+        }
+    }
+
+    /// What the records are counted in: `line`, `row`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            TextFormat::Json => "line",
+            TextFormat::Parquet => "row",
+        }
+    }
+
+    /// The bytes that can be corrupt: `gzip stream`, `parquet data`.
+    pub fn stream(self) -> &'static str {
+        match self {
+            TextFormat::Json => "gzip stream",
+            TextFormat::Parquet => "parquet data",
+        }
+    }
+}
+
 /// Log `msg` as a warning the first time this process meets `(path, line)`: shards are read
 /// more than once (validation, overlap sample, each epoch, read-ahead), a bad line is one
 /// problem however often it is read.
@@ -96,6 +148,35 @@ fn warn_once(path: &Path, line: u64, msg: std::fmt::Arguments) {
     }
 }
 
+/// One record of a text shard, as its format reads it.
+pub(crate) enum Record {
+    /// A document's text (empty or only whitespace: no document, passed over).
+    Text(String),
+    /// A record that holds nothing and is no error (a blank JSON line).
+    Blank,
+    /// A record without a usable text: why.
+    Bad(String),
+}
+
+/// The records of one format of text shard, in file order.
+pub(crate) trait Records: Send {
+    /// The next record, `None` at the end of the shard.
+    ///
+    /// # Errors
+    /// The shard's bytes are corrupt or truncated after the records read so far.
+    fn next_record(&mut self) -> std::io::Result<Option<Record>>;
+
+    /// Passes over up to `n` records without decoding their text (a resume); returns how many
+    /// there were (fewer when the shard ends first).
+    ///
+    /// # Errors
+    /// As [`Records::next_record`].
+    fn skip_records(&mut self, n: u64) -> std::io::Result<u64>;
+
+    /// Records read or passed over so far.
+    fn consumed(&self) -> u64;
+}
+
 /// The one field of a C4 line we need; `timestamp`, `url` and anything else are ignored.
 #[derive(Deserialize)]
 struct C4Line<'a> {
@@ -103,39 +184,95 @@ struct C4Line<'a> {
     text: Cow<'a, str>,
 }
 
-/// Reads the documents of one shard, line by line.
-///
-/// Bad lines (not JSON, or no string `text`) are handled per [`BadInput`]: skipped with a
-/// warning naming `file:line` and counted in [`ShardReader::bad_lines`], or returned as
-/// [`DataError::BadLine`]. A corrupt or truncated gzip stream ends the shard with a warning
-/// (`Skip`) or is returned as [`DataError::Corrupt`] (`Fail`). Lines whose `text` is empty or
-/// only whitespace, and blank lines, are passed over silently (they hold no tokens). Each
-/// warning is logged once per process for a file and line, however often the shard is read.
-pub struct ShardReader {
-    path: PathBuf,
+/// The lines of a JSON-lines shard, gunzipped when it is gzip.
+struct JsonLines {
     reader: Box<dyn BufRead + Send>,
-    on_bad: BadInput,
     /// Lines consumed so far (= 1-based number of the last line read).
     line: u64,
+    buf: Vec<u8>,
+}
+
+impl JsonLines {
+    /// A reader of the open `file` at `path`, gzip when it starts with gzip's magic bytes.
+    fn new(file: File, path: &Path) -> Result<JsonLines> {
+        let mut raw = BufReader::with_capacity(1 << 16, file);
+        let is_gz = raw.fill_buf().map_err(|error| DataError::Io { path: path.to_path_buf(), error })?.starts_with(&GZIP_MAGIC);
+        let reader: Box<dyn BufRead + Send> =
+            if is_gz { Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(raw))) } else { Box::new(raw) };
+        Ok(JsonLines { reader, line: 0, buf: Vec::with_capacity(1 << 14) })
+    }
+
+    /// The next raw line into `buf`; false at the end.
+    fn read_line(&mut self) -> std::io::Result<bool> {
+        self.buf.clear();
+        let more = self.reader.read_until(b'\n', &mut self.buf)? > 0;
+        self.line += u64::from(more);
+        Ok(more)
+    }
+}
+
+impl Records for JsonLines {
+    fn next_record(&mut self) -> std::io::Result<Option<Record>> {
+        if !self.read_line()? {
+            return Ok(None);
+        }
+        if self.buf.trim_ascii().is_empty() {
+            return Ok(Some(Record::Blank)); // a blank line holds no document, and is no error
+        }
+        Ok(Some(match serde_json::from_slice::<C4Line>(&self.buf) {
+            Ok(l) => Record::Text(l.text.into_owned()),
+            Err(e) if e.is_syntax() || e.is_eof() => Record::Bad(format!("not JSON ({e})")),
+            Err(e) => Record::Bad(format!("not a C4 object with a string `text` ({e})")),
+        }))
+    }
+
+    fn skip_records(&mut self, n: u64) -> std::io::Result<u64> {
+        let start = self.line;
+        while self.line - start < n && self.read_line()? {}
+        Ok(self.line - start)
+    }
+
+    fn consumed(&self) -> u64 {
+        self.line
+    }
+}
+
+/// Reads the documents of one text shard (JSON lines or parquet, [`TextFormat::of`]), record
+/// by record: a line, a row.
+///
+/// Bad records (a line that is not JSON or has no string `text`; a row whose `text` is null or
+/// not UTF-8) are handled per [`BadInput`]: skipped with a warning naming `file:line` (the
+/// 1-based line or row) and counted in [`ShardReader::bad_lines`], or returned as
+/// [`DataError::BadLine`]. Corrupt or truncated bytes (gzip, a parquet page) end the shard with
+/// a warning (`Skip`) or are returned as [`DataError::Corrupt`] (`Fail`). Records whose `text`
+/// is empty or only whitespace, and blank lines, are passed over silently (they hold no
+/// tokens). Each warning is logged once per process for a file and record, however often the
+/// shard is read.
+pub struct ShardReader {
+    path: PathBuf,
+    format: TextFormat,
+    records: Box<dyn Records>,
+    on_bad: BadInput,
     bad_lines: u64,
     docs: u64,
-    buf: Vec<u8>,
     done: bool,
 }
 
 impl ShardReader {
-    /// Opens a shard (gzip or plain JSON lines).
+    /// Opens a shard: parquet for a name ending in `.parquet`, else JSON lines (gzip or plain).
     ///
     /// # Errors
-    /// [`DataError::Io`] if the file cannot be opened.
+    /// [`DataError::Io`] if the file cannot be opened; for parquet, [`DataError::Parquet`] when
+    /// it is not a parquet file or has no string column `text` (whatever `on_bad`: nothing of
+    /// it could be read).
     pub fn open(path: &Path, on_bad: BadInput) -> Result<Self> {
-        let io_err = |error| DataError::Io { path: path.to_path_buf(), error };
-        let file = File::open(path).map_err(io_err)?;
-        let mut raw = BufReader::with_capacity(1 << 16, file);
-        let is_gz = raw.fill_buf().map_err(io_err)?.starts_with(&GZIP_MAGIC);
-        let reader: Box<dyn BufRead + Send> =
-            if is_gz { Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(raw))) } else { Box::new(raw) };
-        Ok(Self { path: path.to_path_buf(), reader, on_bad, line: 0, bad_lines: 0, docs: 0, buf: Vec::with_capacity(1 << 14), done: false })
+        let file = File::open(path).map_err(|error| DataError::Io { path: path.to_path_buf(), error })?;
+        let format = TextFormat::of(path);
+        let records: Box<dyn Records> = match format {
+            TextFormat::Json => Box::new(JsonLines::new(file, path)?),
+            TextFormat::Parquet => Box::new(ParquetRows::new(file, path)?),
+        };
+        Ok(Self { path: path.to_path_buf(), format, records, on_bad, bad_lines: 0, docs: 0, done: false })
     }
 
     /// The shard's path.
@@ -143,70 +280,77 @@ impl ShardReader {
         &self.path
     }
 
-    /// Lines consumed so far, i.e. the 1-based number of the last line read (0 at the start).
-    pub fn line(&self) -> u64 {
-        self.line
+    /// The shard's format.
+    pub fn format(&self) -> TextFormat {
+        self.format
     }
 
-    /// Bad lines skipped so far (only with [`BadInput::Skip`]).
+    /// Records consumed so far, i.e. the 1-based number of the last line (or parquet row) read
+    /// (0 at the start).
+    pub fn line(&self) -> u64 {
+        self.records.consumed()
+    }
+
+    /// Bad records skipped so far (only with [`BadInput::Skip`]).
     pub fn bad_lines(&self) -> u64 {
         self.bad_lines
     }
 
-    /// Skips `n` lines without parsing them (used to resume). Returns how many lines were
-    /// actually skipped (fewer if the shard ends first).
+    /// Skips `n` records (lines, rows) without decoding them (used to resume; a parquet
+    /// shard passes over whole row groups unread). Returns how many were actually skipped
+    /// (fewer if the shard ends first).
     ///
     /// # Errors
-    /// As [`ShardReader::next_text`] for a corrupt stream.
+    /// As [`ShardReader::next_text`] for corrupt bytes.
     pub fn skip_lines(&mut self, n: u64) -> Result<u64> {
-        let mut skipped = 0;
-        while skipped < n {
-            match self.read_raw_line()? {
-                true => skipped += 1,
-                false => break,
-            }
+        if self.done {
+            return Ok(0);
         }
-        Ok(skipped)
+        let start = self.line();
+        if let Err(source) = self.records.skip_records(n) {
+            self.corrupt(source)?;
+        }
+        Ok(self.line() - start)
     }
 
-    /// Reads one raw line into `self.buf`; false at the end of the shard (or after a corrupt
-    /// stream was skipped).
-    fn read_raw_line(&mut self) -> Result<bool> {
-        if self.done {
-            return Ok(false);
+    /// Ends the shard at corrupt bytes: an error with [`BadInput::Fail`], a warning with `Skip`.
+    fn corrupt(&mut self, source: std::io::Error) -> Result<()> {
+        self.done = true;
+        let (path, format, line) = (&self.path, self.format, self.line());
+        match self.on_bad {
+            BadInput::Fail => Err(DataError::Corrupt { path: path.clone(), format, line, error: source }),
+            BadInput::Skip => {
+                warn_once(
+                    path,
+                    line + 1,
+                    format_args!(
+                        "{}: corrupt or truncated {} after {} {line}: {source}; skipping the rest of this shard",
+                        path.display(),
+                        format.stream(),
+                        format.unit()
+                    ),
+                );
+                Ok(())
+            }
         }
-        self.buf.clear();
-        match self.reader.read_until(b'\n', &mut self.buf) {
-            Ok(0) => {
+    }
+
+    /// The next record, `None` at the end of the shard (or after corrupt bytes were skipped).
+    fn next_record(&mut self) -> Result<Option<Record>> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.records.next_record() {
+            Ok(Some(r)) => Ok(Some(r)),
+            Ok(None) => {
                 self.done = true;
-                if self.line == 0 {
-                    warn_once(&self.path, 0, format_args!("{}: empty shard (no lines)", self.path.display()));
+                if self.line() == 0 {
+                    let unit = self.format.unit();
+                    warn_once(&self.path, 0, format_args!("{}: empty shard (no {unit}s)", self.path.display()));
                 }
-                Ok(false)
+                Ok(None)
             }
-            Ok(_) => {
-                self.line += 1;
-                Ok(true)
-            }
-            Err(error) => {
-                self.done = true;
-                match self.on_bad {
-                    BadInput::Fail => Err(DataError::Corrupt { path: self.path.clone(), line: self.line, error }),
-                    BadInput::Skip => {
-                        warn_once(
-                            &self.path,
-                            self.line + 1,
-                            format_args!(
-                                "{}: corrupt or truncated gzip stream after line {}: {error}; skipping the \
-                                 rest of this shard",
-                                self.path.display(),
-                                self.line
-                            ),
-                        );
-                        Ok(false)
-                    }
-                }
-            }
+            Err(source) => self.corrupt(source).map(|()| None),
         }
     }
 
@@ -217,36 +361,23 @@ impl ShardReader {
     /// [`DataError::Corrupt`] naming the file. With `Skip` only I/O errors are returned.
     pub fn next_text(&mut self) -> Result<Option<String>> {
         loop {
-            if !self.read_raw_line()? {
-                return Ok(None);
-            }
-            if self.buf.trim_ascii().is_empty() {
-                continue; // a blank line holds no document, and is no error
-            }
-            let parsed = match serde_json::from_slice::<C4Line>(&self.buf) {
-                Ok(l) => Ok(l.text),
-                Err(e) if e.is_syntax() || e.is_eof() => Err(format!("not JSON ({e})")),
-                Err(e) => Err(format!("not a C4 object with a string `text` ({e})")),
-            };
-            match parsed {
-                Ok(text) => {
-                    if text.trim().is_empty() {
-                        continue;
-                    }
+            let msg = match self.next_record()? {
+                None => return Ok(None),
+                Some(Record::Blank) => continue,
+                Some(Record::Text(text)) if text.trim().is_empty() => continue,
+                Some(Record::Text(text)) => {
                     self.docs += 1;
-                    return Ok(Some(text.into_owned()));
+                    return Ok(Some(text));
                 }
-                Err(msg) => match self.on_bad {
-                    BadInput::Fail => return Err(DataError::BadLine { path: self.path.clone(), line: self.line, msg }),
-                    BadInput::Skip => {
-                        self.bad_lines += 1;
-                        warn_once(
-                            &self.path,
-                            self.line,
-                            format_args!("{}:{}: skipping bad C4 line: {msg}", self.path.display(), self.line),
-                        );
-                    }
-                },
+                Some(Record::Bad(msg)) => msg,
+            };
+            let (path, format, line) = (&self.path, self.format, self.line());
+            match self.on_bad {
+                BadInput::Fail => return Err(DataError::BadLine { path: path.clone(), format, line, msg }),
+                BadInput::Skip => {
+                    self.bad_lines += 1;
+                    warn_once(path, line, format_args!("{}:{line}: skipping bad {}: {msg}", path.display(), format.record()));
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
-//! Documents of a list of shards, pass after pass: C4 JSON shards ([`ShardReader`]) and token
-//! shards ([`TokenShardDocs`]) alike, the shards of each pass in sorted order or in a seeded
-//! permutation (streaming shuffle: llm.c's shard permutation, HF datasets' `shuffle` of a
-//! streamed dataset's files).
+//! Documents of a list of shards, pass after pass: text shards (C4 JSON lines and parquet,
+//! [`ShardReader`]) and token shards ([`TokenShardDocs`]) alike, the shards of each pass in
+//! sorted order or in a seeded permutation (streaming shuffle: llm.c's shard permutation, HF
+//! datasets' `shuffle` of a streamed dataset's files).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +9,8 @@ use std::sync::Arc;
 use crate::config::BadInput;
 use crate::error::{DataError, Result};
 use crate::order::{key, permutation, Purpose};
-use crate::reader::{starts_with, ShardReader, GZIP_MAGIC};
+use crate::parquet_shard::text_bytes;
+use crate::reader::{starts_with, ShardReader, TextFormat, GZIP_MAGIC};
 use crate::token_shard::{check_tokenizer, is_token_shard, read_header, TokenShardDocs, TokenShardHeader};
 use crate::tokenize::Tokens;
 
@@ -39,7 +40,8 @@ pub(crate) struct Doc {
     pub epoch: u64,
     /// Index of its shard in this pass's shard order.
     pub shard: usize,
-    /// Lines of `shard` consumed including this document's line (documents, in a token shard).
+    /// Records of `shard` consumed including this document's: lines of a JSON shard, rows of a
+    /// parquet shard, documents of a token shard.
     pub line: u64,
     /// Bad lines seen since the stream was opened, including this shard so far.
     pub bad_lines: u64,
@@ -47,7 +49,7 @@ pub(crate) struct Doc {
 
 /// An open shard of either kind.
 enum Open {
-    Json(ShardReader),
+    Text(ShardReader),
     Tokens(TokenShardDocs),
 }
 
@@ -55,48 +57,49 @@ impl Open {
     fn reader(path: &Path, on_bad: BadInput, tok: &Tokens) -> Result<Open> {
         Ok(match is_token_shard(path)? {
             true => Open::Tokens(TokenShardDocs::open(path, tok)?),
-            false => Open::Json(ShardReader::open(path, on_bad)?),
+            false => Open::Text(ShardReader::open(path, on_bad)?),
         })
     }
 
     fn skip(&mut self, n: u64) -> Result<u64> {
         match self {
-            Open::Json(r) => r.skip_lines(n),
+            Open::Text(r) => r.skip_lines(n),
             Open::Tokens(t) => t.skip(n),
         }
     }
 
     fn next(&mut self) -> Result<Option<Content>> {
         Ok(match self {
-            Open::Json(r) => r.next_text()?.map(Content::Text),
+            Open::Text(r) => r.next_text()?.map(Content::Text),
             Open::Tokens(t) => t.next_doc()?.map(Content::Ids),
         })
     }
 
     fn line(&self) -> u64 {
         match self {
-            Open::Json(r) => r.line(),
+            Open::Text(r) => r.line(),
             Open::Tokens(t) => t.docs_read(),
         }
     }
 
     fn bad_lines(&self) -> u64 {
         match self {
-            Open::Json(r) => r.bad_lines(),
+            Open::Text(r) => r.bad_lines(),
             Open::Tokens(_) => 0,
         }
     }
 }
 
-/// Checks every train shard before a run claims its folder: a token shard by
-/// its header (made with `tok`, holding documents), a JSON shard by reading it up to its
-/// first usable document. None holding text is [`DataError::NoText`]; with `on_bad_line =
-/// "fail"` a bad line or corrupt gzip met on the way is its error (`file:line`); with `"skip"`
-/// a shard without text is named in a warning and skipped, as the stream skips it.
+/// Checks every train shard before a run claims its folder: a token shard by its header (made
+/// with `tok`, holding documents), a text shard (JSON, parquet) by reading it up to its first
+/// usable document. None holding text is [`DataError::NoText`]; with `on_bad_line = "fail"` a
+/// bad line or corrupt gzip met on the way is its error (`file:line`); with `"skip"` a shard
+/// without text is named in a warning and skipped, as the stream skips it.
 ///
 /// # Errors
-/// [`DataError::NoText`], [`DataError::TokenShard`], [`DataError::TokenizerMismatch`], and
-/// what [`ShardReader::next_text`] returns.
+/// [`DataError::NoText`], [`DataError::TokenShard`], [`DataError::TokenizerMismatch`],
+/// [`DataError::Parquet`] (a parquet shard without a `text` column), and what
+/// [`ShardReader::next_text`] returns.
 pub(crate) fn check_train_shards(shards: &[PathBuf], headers: &[Option<TokenShardHeader>], on_bad: BadInput, tok: &Tokens) -> Result<()> {
     refuse_text_twice(shards, headers, "train")?;
     let mut empty = Vec::new();
@@ -122,7 +125,7 @@ pub(crate) fn check_train_shards(shards: &[PathBuf], headers: &[Option<TokenShar
     Ok(())
 }
 
-/// The header of each token shard in `shards` (`None` for a JSON shard), read once for the
+/// The header of each token shard in `shards` (`None` for a text shard), read once for the
 /// checks and the size estimate that need them.
 ///
 /// # Errors
@@ -178,8 +181,8 @@ pub(crate) struct DocSource {
 }
 
 impl DocSource {
-    /// Starts at `(epoch, shard, line)` (`shard` indexes that pass's order): `line` lines
-    /// (documents, in a token shard) of that shard are skipped unread.
+    /// Starts at `(epoch, shard, line)` (`shard` indexes that pass's order): `line` records
+    /// (lines, parquet rows, token-shard documents) of that shard are skipped unread.
     ///
     /// # Errors
     /// [`DataError::BadPosition`] when `shard` is past the list.
@@ -312,13 +315,15 @@ fn pass_order(n: usize, seed: Option<u64>, epoch: u64) -> Vec<usize> {
 }
 
 /// Tokens of the training text in `shards` (with their [`shard_headers`]), and whether the
-/// count is exact: a token shard's header is; a JSON shard is estimated from its size, one token per byte of gzip file
-/// (measured 0.8-0.9 tokens per byte on the offline corpora, ~0.5 on C4, whose lines also
-/// hold a URL and a timestamp) and one per four bytes of plain JSON (English text runs ~4.5
-/// bytes per T5 token).
+/// count is exact: a token shard's header is; a JSON shard is estimated from its size, one
+/// token per byte of gzip file (measured 0.8-0.9 tokens per byte on the offline corpora, ~0.5
+/// on C4, whose lines also hold a URL and a timestamp) and one per four bytes of plain JSON
+/// (English text runs ~4.5 bytes per T5 token); a parquet shard at one token per four bytes
+/// of its `text` column uncompressed (its footer's sizes).
 ///
 /// # Errors
-/// [`DataError::Io`] for a JSON shard's size.
+/// [`DataError::Io`] for a JSON shard's size; [`DataError::Parquet`] for a parquet shard's
+/// footer.
 pub(crate) fn estimate_tokens(shards: &[PathBuf], headers: &[Option<TokenShardHeader>]) -> Result<(u64, bool)> {
     let (mut tokens, mut exact) = (0u64, true);
     for (path, header) in shards.iter().zip(headers) {
@@ -326,8 +331,13 @@ pub(crate) fn estimate_tokens(shards: &[PathBuf], headers: &[Option<TokenShardHe
             tokens += h.tokens;
             continue;
         }
-        let bytes = std::fs::metadata(path).map_err(|error| DataError::Io { path: path.clone(), error })?.len();
-        tokens += if starts_with(path, &GZIP_MAGIC)? { bytes } else { bytes / 4 };
+        tokens += match TextFormat::of(path) {
+            TextFormat::Parquet => text_bytes(path)? / 4,
+            TextFormat::Json => {
+                let bytes = std::fs::metadata(path).map_err(|error| DataError::Io { path: path.clone(), error })?.len();
+                bytes / if starts_with(path, &GZIP_MAGIC)? { 1 } else { 4 }
+            }
+        };
         exact = false;
     }
     Ok((tokens, exact))

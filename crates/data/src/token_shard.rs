@@ -376,16 +376,17 @@ pub fn write_token_shard(path: &Path, docs: &[Vec<u32>], tok: &Tokens, source: &
     Ok(size)
 }
 
-/// `NAME.tokens.zst` in `out` for the text shard `src` (`NAME.json.gz` or `NAME.json`).
+/// `NAME.tokens.zst` in `out` for the text shard `src` (`NAME.json.gz`, `NAME.json` or
+/// `NAME.parquet`).
 pub fn token_shard_path(src: &Path, out: &Path) -> PathBuf {
     let name = src.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
     let stem = name.strip_suffix(".gz").unwrap_or(&name);
-    let stem = stem.strip_suffix(".json").unwrap_or(stem);
+    let stem = stem.strip_suffix(".json").or_else(|| stem.strip_suffix(".parquet")).unwrap_or(stem);
     out.join(format!("{stem}{TOKEN_SHARD_SUFFIX}"))
 }
 
-/// Tokenizes every document of the C4 shard `src` (as the loader would: [`Tokens::encode`]'s
-/// layout, bad lines per `on_bad`) and writes them to `dst` as a token shard
+/// Tokenizes every document of the text shard `src` (C4 JSON lines or parquet, as the loader
+/// reads them: [`Tokens::encode`]'s layout, bad lines or rows per `on_bad`) and writes them to `dst` as a token shard
 /// ([`write_token_shard`]). Returns the new shard's header and size in bytes.
 ///
 /// # Errors

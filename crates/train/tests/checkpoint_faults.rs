@@ -1,4 +1,4 @@
-//! Checkpoints, exact resume, non-finite steps and bad input.
+//! Checkpoints, exact resume, non-finite steps and bad input; parquet shards against JSON.
 //!
 //! Tiny model (hidden 32, 1 layer) on the bundled C4 sample, a few steps per run, so the
 //! whole file runs in about two minutes on 2 CPU cores.
@@ -22,6 +22,8 @@ use std::sync::Arc;
 
 mod common;
 use common::{base_toml, root};
+#[path = "../../data/tests/common/parquet_file.rs"]
+mod parquet_file;
 
 /// Write `text` to `dir/file` and load it with overrides.
 fn load_with(dir: &Path, file: &str, text: &str, sets: &[&str]) -> anyhow::Result<RunConfig> {
@@ -655,6 +657,54 @@ fn bad_data_and_tokenizer_give_one_line_errors_naming_the_file() {
     );
     // a tokenizer whose vocabulary exceeds the model's
     one_line_error(run("vocab", &["model.vocab_size=1000"]), &["model.vocab_size = 1000", "32100", "t5-tokenizer.json"]);
+}
+
+/// The first `docs` documents of the bundled sample's `split` ("train", "validation") as a
+/// parquet shard of FineWeb-Edu's kind (row groups of 2, so that a resume passes over some)
+/// and as JSON lines, in `dir`; the
+/// `--set` lines that point a run's `data.<split>` at each.
+fn twin_shards(dir: &Path, split: &str, docs: usize) -> [String; 2] {
+    let sample = root().join(format!("data/c4-sample/en-{split}.00000-of-00001.json.gz"));
+    let texts: Vec<String> =
+        lowbit_data::ShardReader::open(&sample, lowbit_data::BadInput::Fail).unwrap().take(docs).map(Result::unwrap).collect();
+    let json = dir.join(format!("{split}.json"));
+    std::fs::write(&json, texts.iter().map(|t| serde_json::json!({ "text": t }).to_string() + "\n").collect::<String>()).unwrap();
+    let parquet = dir.join(format!("{split}.parquet"));
+    parquet_file::write_fineweb_like(&parquet, &texts, 2, parquet::basic::Compression::SNAPPY);
+    [json, parquet].map(|p| format!("data.{split}=[\"{}\"]", p.display()))
+}
+
+/// A run on parquet shards is the run on the same text as JSON shards, step for step; one
+/// stopped and resumed mid-file, streaming through the shuffle buffer, replays exactly; and a
+/// parquet file without a `text` column stops a run with a one-line error naming it.
+#[test]
+fn parquet_shards_train_like_their_json_and_resume_mid_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let [train_json, train_parquet] = twin_shards(d, "train", 300);
+    let [val_json, val_parquet] = twin_shards(d, "validation", 40);
+    let json = launch(config(d, "json", &[&train_json, &val_json]), None, None).unwrap();
+    let parquet = launch(config(d, "parquet", &[&train_parquet, &val_parquet]), None, None).unwrap();
+    let rows = metrics(&parquet.run_dir);
+    assert!(rows.len() > 8 && rows == metrics(&json.run_dir), "the parquet run's metrics differ from the JSON run's");
+
+    let sets = [train_parquet.as_str(), &val_parquet, "data.in_memory_max_tokens=0", "data.shuffle_buffer=64"];
+    let (_runs, full) = check_exact_resume("parquet", &sets, 5, 3, "float32");
+    let state: Value = serde_json::from_slice(&read(&checkpoint::latest(&full).unwrap().join("state.json"))).unwrap();
+    let line = state["data"]["line"].as_u64().unwrap();
+    assert!(line > 2 && line < 300, "the checkpoint stands inside the file, past its first row group: row {line}");
+
+    let no_text = d.join("no-text.parquet");
+    parquet_file::write_parquet(
+        &no_text,
+        &[("body", parquet_file::Values::strings(&["a document"]))],
+        1,
+        parquet::basic::Compression::SNAPPY,
+    );
+    one_line_error(
+        launch(config(d, "no_text", &[&format!("data.train=[\"{}\"]", no_text.display())]), None, None),
+        &["no-text.parquet: not a usable parquet shard: no column `text` (its columns: body)"],
+    );
 }
 
 #[test]

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use lowbit_data::{load_tokenizer, DataConfig, Tokens};
 
+pub mod parquet_file;
+
 /// The repository's `data/` folder (the bundled sample).
 pub fn repo_data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data")
@@ -61,12 +63,17 @@ pub fn sample_validation() -> PathBuf {
     repo_data().join("c4-sample/en-validation.00000-of-00001.json.gz")
 }
 
-/// The first `docs` documents of the bundled train sample (real text of mixed lengths, from
-/// 50 bytes to 35 kB), dealt round-robin into `shards` gzip shards in `dir`: small enough to
-/// load in memory in a fraction of a second.
-pub fn small_corpus(dir: &Path, shards: usize, docs: usize) -> Vec<PathBuf> {
+/// The first `docs` documents of the bundled train sample: real text of mixed lengths, from
+/// 50 bytes to 35 kB.
+pub fn sample_texts(docs: usize) -> Vec<String> {
     let reader = lowbit_data::ShardReader::open(&sample_train(), lowbit_data::BadInput::Fail).unwrap();
-    let texts: Vec<String> = reader.take(docs).map(Result::unwrap).collect();
+    reader.take(docs).map(Result::unwrap).collect()
+}
+
+/// [`sample_texts`]`(docs)` dealt round-robin into `shards` gzip shards in `dir`: small enough
+/// to load in memory in a fraction of a second.
+pub fn small_corpus(dir: &Path, shards: usize, docs: usize) -> Vec<PathBuf> {
+    let texts = sample_texts(docs);
     (0..shards)
         .map(|s| {
             let lines: Vec<String> = texts.iter().skip(s).step_by(shards).map(|t| c4(t)).collect();

@@ -1,9 +1,10 @@
-//! `train data fetch c4` against a hub on 127.0.0.1 (`common/hub_server.rs`: a real HTTP
-//! server in the hub's URL layout, started by each test; no other address is contacted):
-//! files byte-identical to the served ones, a second call fetches nothing, a connection
-//! dropped mid-file is resumed (within a call, and by the next call), a file the hub lacks is
-//! refused before anything is written, the token is sent, offline says what to do, and the
-//! shard count comes from the config's tokens.
+//! `train data fetch c4` and `fineweb-edu` against a hub on 127.0.0.1
+//! (`common/hub_server.rs`: a real HTTP server in the hub's URL layout, started by each test;
+//! no other address is contacted): files byte-identical to the served ones, a second call
+//! fetches nothing, a connection dropped mid-file is resumed (within a call, and by the next
+//! call), a file the hub lacks is refused before anything is written, the token is sent,
+//! offline says what to do, and the shard count comes from the config's tokens; FineWeb-Edu's
+//! files land in `train/` and `validation/`, and its `--dry-run` needs no hub.
 
 mod common;
 #[path = "common/hub_server.rs"]
@@ -43,8 +44,13 @@ fn hub_files(train: usize) -> HashMap<String, Vec<u8>> {
 /// `train data fetch c4 ARGS` in `cwd` against `endpoint`, with a clean hub environment
 /// (`HF_HOME` in `cwd`, no token unless `env` sets one).
 fn fetch(cwd: &Path, endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    fetch_corpus("c4", cwd, endpoint, args, env)
+}
+
+/// [`fetch`] of the corpus `corpus` (`c4`, `fineweb-edu`).
+fn fetch_corpus(corpus: &str, cwd: &Path, endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> Ran {
     let mut cmd = Command::new(train_bin());
-    cmd.args(["data", "fetch", "c4"]).args(args).current_dir(cwd);
+    cmd.args(["data", "fetch", corpus]).args(args).current_dir(cwd);
     for k in ["HF_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE", "XDG_CACHE_HOME"] {
         cmd.env_remove(k);
     }
@@ -58,7 +64,7 @@ fn fetch(cwd: &Path, endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> Ran
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     };
-    eprintln!("$ train data fetch c4 {}\n-> {:?}\n{}{}", args.join(" "), r.code, r.stdout, r.stderr);
+    eprintln!("$ train data fetch {corpus} {}\n-> {:?}\n{}{}", args.join(" "), r.code, r.stdout, r.stderr);
     r
 }
 
@@ -242,4 +248,66 @@ fn a_plain_file_server_is_named_as_no_hub_mirror() {
     assert!(!tmp.path().join("c4").join(TRAIN0).exists());
     server.unblock();
     thread.join().unwrap();
+}
+
+const FINEWEB: &str = "datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT/";
+
+/// FineWeb-Edu's dry run asks nothing of the hub (offline, and a dead endpoint): the plan from
+/// the config's tokens, then the files it would fetch with their listed sizes; it writes
+/// nothing.
+#[test]
+fn fineweb_edu_dry_run_is_offline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = repo_root().join("configs/llama100m_fp8_sr_reset_fineweb.toml");
+    let offline = [("HF_HUB_OFFLINE", "1")];
+    let r = fetch_corpus("fineweb-edu", tmp.path(), "http://127.0.0.1:9", &["--config", config.to_str().unwrap(), "--dry-run"], &offline);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains(
+            "trains on 2.62B tokens (20000 steps x 512 sequences x 256) and validates on 10.0M: 4 train shard(s) of ~700.0M tokens"
+        ) && r.stdout.contains("1 validation shard(s) of ~170.0M"),
+        "{}",
+        r.stdout
+    );
+    let total = 2_152_819_114u64 + 2_152_222_432 + 2_151_796_315 + 2_152_437_524 + 540_632_672;
+    assert!(
+        r.stdout.contains(&format!("5 file(s) to fetch into data/local/fineweb-edu: {}", indicatif::HumanBytes(total))),
+        "{}",
+        r.stdout
+    );
+    for f in ["000", "003", "013"] {
+        assert!(r.stdout.contains(&format!("HuggingFaceFW/fineweb-edu sample/10BT/{f}_00000.parquet")), "{f}: {}", r.stdout);
+    }
+    assert!(!r.stdout.contains("004_00000") && r.stdout.contains("the hub was not asked"), "{}", r.stdout);
+    assert!(!tmp.path().join("data").exists(), "--dry-run writes nothing");
+    // counts past the subset are refused naming the flag
+    let r = fetch_corpus(
+        "fineweb-edu",
+        tmp.path(),
+        "http://127.0.0.1:9",
+        &["--train-shards", "14", "--val-shards", "1", "--dry-run"],
+        &offline,
+    );
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("--train-shards 14") && r.stderr.contains("13 training files"), "{}", r.stderr);
+}
+
+/// The fetch itself, against the hub on 127.0.0.1: the training files into `train/`, the
+/// held-out last file into `validation/`, byte-identical, the repo's URL layout asked for.
+#[test]
+fn fineweb_edu_files_land_in_train_and_validation() {
+    let files: HashMap<String, Vec<u8>> = ["000", "001", "013"]
+        .iter()
+        .map(|f| (format!("{FINEWEB}{f}_00000.parquet"), format!("parquet file {f}").repeat(1000).into_bytes()))
+        .collect();
+    let hub = HubServer::start(files.clone());
+    let tmp = tempfile::tempdir().unwrap();
+    let r = fetch_corpus("fineweb-edu", tmp.path(), &hub.url, &["--train-shards", "2", "--val-shards", "1", "--out", "fw"], &[]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let out = tmp.path().join("fw");
+    assert_eq!(tree(&out), ["train/000_00000.parquet", "train/001_00000.parquet", "validation/013_00000.parquet"]);
+    for (rel, f) in [("train/000_00000.parquet", "000"), ("validation/013_00000.parquet", "013")] {
+        assert_same(&out, rel, &files, &format!("{FINEWEB}{f}_00000.parquet"));
+    }
+    assert!(hub.seen().iter().all(|s| s.url.starts_with(&format!("/{FINEWEB}")) || s.url.starts_with("/cdn/")), "{:?}", hub.seen());
 }
