@@ -40,6 +40,7 @@
 #include "args.cuh"
 #include "codec.cuh"
 #include "counters.cuh"
+#include "dither.cuh"
 
 // Everything one lane reads for its quad e..e+k-1 (k <= 4) of one block or round; a
 // segment issues the loads of all its rounds before computing the first.
@@ -86,9 +87,25 @@ struct Quad {
     unsigned mo[4], vo[4];
 };
 
+// The draw of dither (dither.cuh) that element e of tensor t falls in: its block's, or the
+// tensor's one with one scale per tensor (quant.rs `dither_block`).
+__device__ __forceinline__ unsigned long long dither_block(const StepArgs& a, const TensorArgs& t, unsigned long long e) {
+    return a.block ? (t.offset + e) / a.block : 0ull;
+}
+
+// The old values read with dither (a.dither_m / dither_v): the quad's codes moved back by
+// their block's draw of the write being read (adamw.rs `step_tensor`, quant.rs `Reader`).
+template <int F>
+__device__ __forceinline__ void undither_quad(unsigned long long key, unsigned long long block, const unsigned c[4], float scale,
+                                              Int8Map map, bool signed_state, unsigned frac, float out[4]) {
+    const float d = dither_read_offset<F>(dither_block_bits(key, block));
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[j] = read_dithered<F>(c[j], scale, d, map, signed_state, frac);
+}
+
 template <typename P, int MF, int VF>
-__device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, VF>& in, Int8Map map_m,
-                                        Int8Map map_v, Quad& q) {
+__device__ __forceinline__ void moments(const StepArgs& a, const TensorArgs& t, unsigned long long e, const Inputs<P, MF, VF>& in,
+                                        Int8Map map_m, Int8Map map_v, Quad& q) {
     const float g[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
     Codes<MF>::unpack(in.m, q.mo);
     Codes<VF>::unpack(in.v, q.vo);
@@ -99,8 +116,10 @@ __device__ __forceinline__ void moments(const StepArgs& a, const Inputs<P, MF, V
             if (!zero_gradient(g[j], a)) q.vo[j] = VF == FMT_INT8 ? a.zero_v : 0u;
         v_raw = Codes<VF>::pack(q.vo);
     }
-    decode_quad<MF>(in.m, q.mo, in.sm, map_m, q.m_old);
-    decode_quad<VF>(v_raw, q.vo, in.sv, map_v, q.v_old);
+    if (a.dither_m) undither_quad<MF>(t.key_m_read, dither_block(a, t, e), q.mo, in.sm, map_m, true, a.frac_m, q.m_old);
+    else decode_quad<MF>(in.m, q.mo, in.sm, map_m, q.m_old);
+    if (a.dither_v) undither_quad<VF>(t.key_v_read, dither_block(a, t, e), q.vo, in.sv, map_v, false, a.frac_v, q.v_old);
+    else decode_quad<VF>(v_raw, q.vo, in.sv, map_v, q.v_old);
 #pragma unroll
     for (int j = 0; j < 4; j++) adamw_moments(g[j], q.m_old[j], q.v_old[j], a, q.m[j], q.v[j]);
 }
@@ -174,6 +193,17 @@ __device__ __forceinline__ void encode_count(const StepArgs& a, const TensorArgs
     uint64_t rm[4], rv[4];
     quad_rand<SR, MF>(round_m, t.key_m, t.offset + e, rm);
     quad_rand<SR, VF>(round_v, t.key_v, t.offset + e, rv);
+    // dither (a warp-uniform branch): the block's draw, per element as its sign says
+    if (SR && !ALL_SR && (round_m == ROUND_DITHER || round_v == ROUND_DITHER)) {
+        const unsigned long long block = dither_block(a, t, e);
+        const uint64_t bm = round_m == ROUND_DITHER ? dither_block_bits(t.key_m, block) : 0ull;
+        const uint64_t bv = round_v == ROUND_DITHER ? dither_block_bits(t.key_v, block) : 0ull;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (round_m == ROUND_DITHER) rm[j] = dither_signed_bits<MF>(bm, q.m[j]);
+            if (round_v == ROUND_DITHER) rv[j] = dither_signed_bits<VF>(bv, q.v[j]);
+        }
+    }
     // The layout of the quad's encodes, the fastest measured per format (bench/optimizer_h200.md,
     // "Kernel choices"): FP4 states encode all four elements first, then count; int8 states
     // encode all four inside the loop, without testing j < k; the others only the k in range,
@@ -232,7 +262,7 @@ __device__ __forceinline__ void quad_step(const StepArgs& a, const TensorArgs& t
     Quad q;
     float am = 0.0f, av = 0.0f;
     if (k > 0) {
-        moments<P, MF, VF>(a, in, map_m, map_v, q);
+        moments<P, MF, VF>(a, t, e, in, map_m, map_v, q);
         quad_amax(q, k, am, av);
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
@@ -313,7 +343,7 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
     for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += ROUND_ELEMENTS) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
-        moments<P, MF, VF>(a, in, map_m, map_v, q);
+        moments<P, MF, VF>(a, t, e, in, map_m, map_v, q);
         quad_amax(q, k, am, av);
         update_weights<SR, P, MF, VF>(a, t, e, k, in, q, cnt);
     }
@@ -322,7 +352,7 @@ __device__ __forceinline__ void block_segment(const StepArgs& a, const TensorArg
     for (unsigned long long e = start + 4 * (threadIdx.x % 32); e < end; e += ROUND_ELEMENTS) {
         const int k = (int)min(4ull, end - e);
         load_inputs<P, MF, VF>(a, t, seg, e, k, in);
-        moments<P, MF, VF>(a, in, map_m, map_v, q);
+        moments<P, MF, VF>(a, t, e, in, map_m, map_v, q);
         encode_store<SR, P, MF, VF>(a, t, e, k, q, sm, sv, zero_free_floor(a, amax_v), map_m, map_v, cnt);
     }
     __syncwarp();
@@ -458,7 +488,7 @@ __device__ __forceinline__ void adamw_amax(const LaunchArgs& L, const float* gat
             const int k = e < t.n ? (int)min(4ull, t.n - e) : 0;
             if (k > 0) {
                 load_inputs<P, MF, VF, false>(a, t, 0, e, k, in);
-                moments<P, MF, VF>(a, in, Int8Map{maps, nullptr, nullptr}, Int8Map{maps + 256, nullptr, nullptr}, q);
+                moments<P, MF, VF>(a, t, e, in, Int8Map{maps, nullptr, nullptr}, Int8Map{maps + 256, nullptr, nullptr}, q);
                 quad_amax(q, k, am, av);
             }
         }

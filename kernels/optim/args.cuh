@@ -4,9 +4,9 @@
 #pragma once
 
 // Shared with the Rust launcher through crates/optim/src/cuda/abi.rs (its tests read these).
-#define MAX_TENSORS 256  // per launch: the kernel parameters (28.1 KiB) stay under 32 KiB (CUDA 12.1+)
-#define STEP_ARGS_BYTES 112
-#define TENSOR_ARGS_BYTES 112
+#define MAX_TENSORS 240  // per launch: the kernel parameters (30.1 KiB) stay under 32 KiB (CUDA 12.1+)
+#define STEP_ARGS_BYTES 120
+#define TENSOR_ARGS_BYTES 128
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
 struct StepArgs {
@@ -24,12 +24,15 @@ struct StepArgs {
     unsigned keep_idle_v;         // with reset_v: elements whose gradient is 0 keep their v
     unsigned skip_m, skip_v;      // simulated stalling: an element keeps its stored m (v) when the
                                   // low (high) 32 bits of its draw of key_skip are below this
+    unsigned dither_m, dither_v;  // 1: the old m (v) read moves back by its block's draw of
+                                  // key_m_read (key_v_read) (dither.cuh; adamw.rs `StepKeys::m_read`)
 };
 
 // One tensor of the launch (mirrors StepKeys + the per-tensor decay).
 struct TensorArgs {
     unsigned long long p, g, mc, ms, vc, vs;  // weights, gradient, m/v codes and scales
     unsigned long long n, key_m, key_v, key_w, key_skip;
+    unsigned long long key_m_read, key_v_read;  // dither: the streams of the write being read
     unsigned long long first_segment;         // in the launch's numbering
     unsigned long long offset;                // whole-tensor index of element 0 (a ZeRO-1
                                               // shard's start, a multiple of 4; else 0): the

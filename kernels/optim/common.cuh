@@ -12,7 +12,7 @@
 // Format ids (same order as StateFormat::ALL in Rust; FMT_E8M is every e8mK, K a launch
 // argument).
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_E4M3 = 2, FMT_E5M2 = 3, FMT_E2M1 = 4, FMT_UE2M2 = 5, FMT_INT8 = 6, FMT_E8M = 7 };
-enum { ROUND_NEAREST = 0, ROUND_STOCHASTIC = 1 };
+enum { ROUND_NEAREST = 0, ROUND_STOCHASTIC = 1, ROUND_DITHER = 2 };
 
 // 2^k for k in [-126, 127], built on the bits (exact).
 __device__ __forceinline__ float pow2(int k) { return __uint_as_float((unsigned)(k + 127) << 23); }

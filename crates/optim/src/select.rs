@@ -65,7 +65,7 @@ impl LowbitOptimizer {
 /// # Errors
 /// The CUDA optimizer refusing the states or failing to upload them.
 pub fn for_device(opt: LowbitOptimizer, dev: &Device) -> Result<Box<dyn Optimizer>, OptimError> {
-    refuse_unported(&opt, dev)?;
+    refuse_unported(&opt)?;
     match (opt, dev) {
         #[cfg(feature = "cuda")]
         (LowbitOptimizer::AdamW(a), Device::Cuda(d)) => Ok(Box::new(crate::cuda::adamw::CudaAdamW::new(a.moments, d)?)),
@@ -76,23 +76,17 @@ pub fn for_device(opt: LowbitOptimizer, dev: &Device) -> Result<Box<dyn Optimize
     }
 }
 
-/// Settings whose maths exists only in the CPU reference so far: dither on any device but
-/// the CPU, and dither inside SOAP (its eigenbasis refresh rewrites the moments).
+/// Settings an update rule does not take: dither inside SOAP (its eigenbasis refresh
+/// rewrites the moments).
 ///
 /// # Errors
 /// Naming the setting and what to use instead.
-pub fn refuse_unported(opt: &LowbitOptimizer, dev: &Device) -> Result<(), OptimError> {
+pub fn refuse_unported(opt: &LowbitOptimizer) -> Result<(), OptimError> {
     let dither = opt.moments().tensors.iter().any(|t| t.spec.m_rounding == Rounding::Dither || t.spec.v_rounding == Rounding::Dither);
     match opt {
-        _ if !dither => Ok(()),
-        LowbitOptimizer::Soap(_) => Err(OptimError::Config(
+        LowbitOptimizer::Soap(_) if dither => Err(OptimError::Config(
             "optim.states.m_rounding / v_rounding = \"dither\" is implemented for AdamW only (SOAP's refresh rotates \
              the stored moments): use \"stochastic\" with optim.kind = \"soap\""
-                .into(),
-        )),
-        _ if !dev.is_cpu() => Err(OptimError::Config(
-            "optim.states.m_rounding / v_rounding = \"dither\" has a CPU reference but no CUDA kernel yet: run with \
-             train.device = \"cpu\", or use \"stochastic\" on the GPU"
                 .into(),
         )),
         _ => Ok(()),

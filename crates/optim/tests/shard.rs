@@ -15,18 +15,24 @@ fn step_one(o: &mut LowbitAdamW, t: u64, lr: f64, grad_scale: f32, i: usize, w: 
     o.step_cpu(&plan, i, w, g)
 }
 
-fn opt(m: &str, v: &str, block: usize, len: usize) -> LowbitAdamW {
-    opt_for(m, v, block, &[("w", len)])
+fn opt(m: &str, v: &str, block: usize, len: usize, rounding: Rounding) -> LowbitAdamW {
+    opt_rounding(m, v, block, &[("w", len)], rounding)
 }
 
-/// The optimizer of `tensors` (name, length).
+/// The optimizer of `tensors` (name, length), with stochastic rounding.
 fn opt_for(m: &str, v: &str, block: usize, tensors: &[(&str, usize)]) -> LowbitAdamW {
+    opt_rounding(m, v, block, tensors, Rounding::Stochastic)
+}
+
+/// The optimizer of `tensors` (name, length), m and v written back with `rounding` (BF16
+/// weights stochastically).
+fn opt_rounding(m: &str, v: &str, block: usize, tensors: &[(&str, usize)], rounding: Rounding) -> LowbitAdamW {
     let s = StatesConfig {
         m_format: m.into(),
         v_format: v.into(),
         block_size: block,
-        m_rounding: Rounding::Stochastic,
-        v_rounding: Rounding::Stochastic,
+        m_rounding: rounding,
+        v_rounding: rounding,
         weight_rounding: Rounding::Stochastic,
         m_reset_every: 3.into(),
         ..Default::default()
@@ -42,7 +48,12 @@ fn grads(step: u64, n: usize) -> Vec<f32> {
 /// 4 steps of the whole tensor and of its shards `ranges` (BF16 weights, so the weights'
 /// stochastic rounding is checked too); asserts identical weights, states and counts.
 fn check(m: &str, v: &str, block: usize, len: usize, ranges: &[Range<usize>]) {
-    let mut whole = opt(m, v, block, len);
+    check_rounding(m, v, block, len, ranges, Rounding::Stochastic);
+}
+
+/// [`check`] with m and v written back with `rounding`.
+fn check_rounding(m: &str, v: &str, block: usize, len: usize, ranges: &[Range<usize>], rounding: Rounding) {
+    let mut whole = opt(m, v, block, len, rounding);
     let mut shards: Vec<LowbitAdamW> =
         ranges.iter().map(|r| LowbitAdamW::from_moments(whole.moments.shard(std::slice::from_ref(r)).unwrap())).collect();
     let w0: Vec<u16> = (0..len).map(|i| half::bf16::from_f32(0.01 * (i % 97) as f32 - 0.4).to_bits()).collect();
@@ -84,11 +95,19 @@ fn sharded_steps_are_bit_identical_to_the_whole_tensor_step() {
     }
     // an empty shard (a rank that owns nothing of a small tensor)
     check("fp8e4m3", "fp8e4m3", 128, len, &[0..0, 0..1000]);
+    // dither: a shard reads and writes its blocks' draws; unscaled states cut anywhere, also
+    // with one draw per tensor (block 0), which every shard takes whole
+    for (m, v) in [("fp8e4m3", "fp8e4m3"), ("fp4", "fp4"), ("int8", "int8")] {
+        check_rounding(m, v, 128, len, &cuts, Rounding::Dither);
+    }
+    for block in [128, 0] {
+        check_rounding("bf16", "e8m3", block, len, &[0..3, 3..501, 501..502, 502..1000], Rounding::Dither);
+    }
 }
 
 #[test]
 fn shards_cut_inside_a_scale_block_are_refused() {
-    let o = opt("fp8e4m3", "fp8e4m3", 128, 1000);
+    let o = opt("fp8e4m3", "fp8e4m3", 128, 1000, Rounding::Stochastic);
     let e = o.moments.shard(&[100..500]).err().unwrap();
     assert!(matches!(e, lowbit_optim::OptimError::State(_)), "{e:?}");
     let e = e.to_string();
@@ -96,11 +115,11 @@ fn shards_cut_inside_a_scale_block_are_refused() {
     let e = o.moments.shard(&[0..1001]).err().unwrap().to_string();
     assert!(e.contains("outside"), "{e}");
     // one scale for the whole tensor: only the whole tensor is a shard
-    let o = opt("fp8e4m3", "fp8e4m3", 0, 1000);
+    let o = opt("fp8e4m3", "fp8e4m3", 0, 1000, Rounding::Stochastic);
     assert!(o.moments.shard(&[0..512]).is_err());
     assert_eq!(o.moments.shard(&[0..1000]).unwrap().tensors[0].m.len, 1000);
     // shards that do not tile the tensor are not joined
-    let a = opt("bf16", "bf16", 128, 1000);
+    let a = opt("bf16", "bf16", 128, 1000, Rounding::Stochastic);
     let parts = [a.moments.shard(&[0..400]).unwrap(), a.moments.shard(&[500..1000]).unwrap()];
     assert!(Moments::unshard(&parts).err().unwrap().to_string().contains("does not continue at 400"));
 }

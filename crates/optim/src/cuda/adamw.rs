@@ -134,6 +134,8 @@ struct StepArgs {
     keep_idle_v: u32,
     skip_m: u32,
     skip_v: u32,
+    dither_m: u32,
+    dither_v: u32,
 }
 
 /// One tensor of a launch: `struct TensorArgs` of `kernels/optim/args.cuh` (device addresses).
@@ -151,6 +153,8 @@ struct TensorArgs {
     key_v: u64,
     key_w: u64,
     key_skip: u64,
+    key_m_read: u64,
+    key_v_read: u64,
     first_segment: u64,
     offset: u64,
     decay: f32,
@@ -270,6 +274,8 @@ fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
         keep_idle_v: h.keep_idle_v as u32,
         skip_m: h.skip_m,
         skip_v: h.skip_v,
+        dither_m: p.keys.m_read.is_some() as u32,
+        dither_v: p.keys.v_read.is_some() as u32,
     }
 }
 
@@ -559,6 +565,8 @@ impl CudaAdamW {
                     key_v: k.v,
                     key_w: k.w,
                     key_skip: k.skip,
+                    key_m_read: k.m_read.unwrap_or(0),
+                    key_v_read: k.v_read.unwrap_or(0),
                     first_segment: 0,
                     offset: first as u64,
                     decay: plan.tensors[i].scalars.decay,
@@ -621,7 +629,8 @@ impl CudaAdamW {
             // buffers of the group's tensors; the amax and map buffers are this optimizer's
             unsafe { b.launch(amax_cfg) }.map_err(kernels.launch_error(g, amax_cfg))?;
         }
-        let sr = |r: Rounding| r == Rounding::Stochastic;
+        // (dither draws its random bits in the kernels with stochastic rounding's code)
+        let sr = |r: Rounding| r != Rounding::Nearest;
         let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
         let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | ROUND_ELEMENTS);
         let index = Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks);

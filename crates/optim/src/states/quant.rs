@@ -110,6 +110,17 @@ impl QuantState {
         }
     }
 
+    /// Elements per dither draw ([`dither`]): the block size, or for one scale per tensor
+    /// (`block == 0`) the whole tensor, whatever shard of it this state holds (`usize::MAX`:
+    /// every element index falls in draw 0).
+    pub fn dither_block(&self) -> usize {
+        if self.block == 0 {
+            usize::MAX
+        } else {
+            self.block
+        }
+    }
+
     /// Reset every element to +0 (a state reset). Scales go back to those of an all-zero block
     /// (1; 0 for an `amax` FP8/FP4 state).
     pub fn set_zero(&mut self) {
@@ -175,16 +186,16 @@ impl QuantState {
     /// `dither_key` (the stream key of the write being read, [`dither`]) each element moved
     /// back by its block's draw, else as stored ([`Self::get`]).
     pub fn reader(&self, first: usize, dither_key: Option<u64>) -> Reader<'_> {
-        let bl = self.block_len();
+        let bl = self.dither_block();
         let offsets = dither_key.map(|key| self.dither_offsets(first, key));
         Reader { state: self, skew: first % bl, bl, offsets }
     }
 
     /// The dither read offsets ([`dither::read_offset`]) of the blocks that elements
     /// `first .. first + len` of the tensor touch, for the write of stream `key`: entry `j` is
-    /// block `first / block_len + j`'s.
+    /// draw `first / dither_block + j`'s.
     pub fn dither_offsets(&self, first: usize, key: u64) -> Vec<f32> {
-        let bl = self.block_len();
+        let bl = self.dither_block();
         (first / bl..(first + self.len).div_ceil(bl)).map(|b| dither::read_offset(self.format, dither::block_bits(key, b as u64))).collect()
     }
 

@@ -321,19 +321,6 @@ impl RunConfig {
             }
         }
         o.states.resolve(o.beta2).map_err(anyhow::Error::msg)?;
-        let dither = |r: lowbit_optim::Rounding| r == lowbit_optim::Rounding::Dither;
-        let s = &o.states;
-        if dither(s.m_rounding)
-            || dither(s.v_rounding)
-            || s.groups.values().any(|g| g.m_rounding.is_some_and(dither) || g.v_rounding.is_some_and(dither))
-        {
-            if o.kind == OptimizerKind::Soap {
-                bail!("optim.states.m_rounding / v_rounding = \"dither\" is AdamW's for now (SOAP's refresh rotates the stored moments): use \"stochastic\" with optim.kind = \"soap\"");
-            }
-            if self.train.device != "cpu" {
-                bail!("optim.states.m_rounding / v_rounding = \"dither\" has a CPU reference but no CUDA kernel yet: train.device = \"cpu\", or \"stochastic\" on the GPU (train.device is \"{}\")", self.train.device);
-            }
-        }
         if o.kind == OptimizerKind::Soap {
             o.soap.validate().map_err(anyhow::Error::msg)?;
             self.check_soap()?;
@@ -354,9 +341,16 @@ impl RunConfig {
     }
 
     /// The settings SOAP does not take (`optim.kind = "soap"`): AdamW's simulated-stalling
-    /// probe, a v reset that keeps idle elements, and sharded states.
+    /// probe, a v reset that keeps idle elements, dithered states and sharded states.
     fn check_soap(&self) -> Result<()> {
         let s = &self.optim.states;
+        let dither = |r: lowbit_optim::Rounding| r == lowbit_optim::Rounding::Dither;
+        if dither(s.m_rounding)
+            || dither(s.v_rounding)
+            || s.groups.values().any(|g| g.m_rounding.is_some_and(dither) || g.v_rounding.is_some_and(dither))
+        {
+            bail!("optim.states.m_rounding / v_rounding = \"dither\" is AdamW's for now (SOAP's refresh rotates the stored moments): use \"stochastic\" with optim.kind = \"soap\"");
+        }
         for (k, p) in [("m_skip_prob", s.m_skip_prob), ("v_skip_prob", s.v_skip_prob)] {
             if p != 0.0 {
                 bail!("optim.states.{k}: simulated stalling is AdamW's probe; with optim.kind = \"soap\" it must be 0, got {p}");

@@ -270,12 +270,13 @@ pub fn write_back(
     let zero_free = state.zero_free;
     let kind = state.scale_kind;
     let block = state.block_len();
-    let skew = first % block;
-    // dither: the old values' read offsets per block, and each element's rounding bits
+    // dither: the old values' read offsets per draw, and each element's rounding bits
+    let db = state.dither_block();
+    let skew = first % db;
     let offsets = read_key.map(|k| state.dither_offsets(first, k));
-    let old_offset = |j: usize| offsets.as_ref().map(|o| o[(skew + j) / block]);
+    let old_offset = |j: usize| offsets.as_ref().map(|o| o[(skew + j) / db]);
     let bits = |i: u64, x: f32, width: u32| match rounding {
-        Rounding::Dither => dither::signed_bits(format, dither::block_bits(key, i / block as u64), x),
+        Rounding::Dither => dither::signed_bits(format, dither::block_bits(key, i / db as u64), x),
         _ => element_bits(key, i, width),
     };
     match &mut state.codes {
@@ -313,7 +314,7 @@ pub fn write_back(
                 |(b, ((codes, scale), x))| {
                     let at = (first + b * block) as u64;
                     let dither = match rounding {
-                        Rounding::Dither => Some(dither::block_bits(key, at / block as u64)),
+                        Rounding::Dither => Some(dither::block_bits(key, at / db as u64)),
                         _ => None,
                     };
                     let write = BlockWrite { rounding, key, dither, old_offset: old_offset(b * block) };
