@@ -37,7 +37,7 @@ pub fn p_stall_nearest(fraction_bits: u32, beta2: f64) -> f64 {
 }
 
 /// Predicted stalled fraction with stochastic rounding: `E_z[max(0, 1 - delta)]`, `delta =
-/// |z - 1| / (2 rho)` the update in grid steps ([`expect_over_z`]).
+/// |z - 1| / (2 rho)` the update in grid steps (by `expect_over_z`: Simpson over z).
 pub fn p_stall_stochastic(fraction_bits: u32, beta2: f64) -> f64 {
     expect_over_z(rho(fraction_bits, beta2), |delta| (1.0 - delta).max(0.0))
 }
@@ -46,7 +46,7 @@ pub fn p_stall_stochastic(fraction_bits: u32, beta2: f64) -> f64 {
 /// (`crate::states::format::dither`): the new code is `round(delta + u_t - u_(t-1))` steps from
 /// the old, two independent uniform draws whose difference is triangular on (-1, 1), so the
 /// code stays with probability `h(delta) = 3/4 - delta^2` (`delta <= 1/2`), `(3/2 - delta)^2 / 2`
-/// (`1/2 <= delta <= 3/2`), 0 beyond; the prediction is `E_z[h(delta)]` ([`expect_over_z`]).
+/// (`1/2 <= delta <= 3/2`), 0 beyond; the prediction is `E_z[h(delta)]` (by the same integration).
 /// At most 3/4 (a zero update changes the code 1 time in 4); at b2 = 0.999: bf16 0.699,
 /// fp8 0.750, fp4 0.750. A stalled code no longer means a lost update: the read moves with the draw.
 pub fn p_stall_dither(fraction_bits: u32, beta2: f64) -> f64 {
