@@ -82,9 +82,10 @@ impl Scale {
             // (Table 2's first runs, FP32 model, H100, 12-07). Only 300-step runs, where
             // start-up weighs 8x more, gain from company (bench/training_h100.md)
             Scale::H200Shuffled => 1,
-            // a 32 x 256 step leaves most of the GPU idle: five runs at once made 20,000 steps
-            // each in 395 s on an H100 (~80 s a run, against ~145 s alone)
-            Scale::PaperUpdates => 5,
+            // a 32 x 256 step leaves most of the GPU idle: three runs at once made 20,000 steps
+            // each in 212-220 s on an H100 (~73 s a run: six in 440 s, three in 217 s,
+            // device-log-2026-12-07g), five at once in 395 s (~79 s a run), one alone ~145 s
+            Scale::PaperUpdates => 3,
             Scale::Full => 1,
         }
     }
