@@ -76,7 +76,7 @@ const FP4_VARIANTS: [(&str, &str, &[&str]); 5] = [
 
 /// Every ablation, in the order `--list-ablations` prints them.
 pub fn ablations() -> Vec<Ablation> {
-    [state_settings(), period_sweeps(), single_state_resets(), model_scale(), batches(), fp4_variants(), lr_sweep()].concat()
+    [state_settings(), period_sweeps(), single_state_resets(), model_scale(), batches(), fp4_variants(), lr_sweep(), dither()].concat()
 }
 
 /// One change of the paper's state settings each: SOAP's FP8 cells, FP8 plain, Table 6's
@@ -278,6 +278,21 @@ fn fp4_variants() -> Vec<Ablation> {
         v.push(h200s(name, purpose, Table::Bf16Model, &["fp4_plain", "fp4_sr_reset"], o));
     }
     v
+}
+
+/// Dithered write-back (beyond the paper; `m_rounding` / `v_rounding = "dither"`, BReD): the
+/// paper's FP8 and FP4 cells, round-to-nearest and resets, with m and v dithered instead: set
+/// beside the main table's nearest and SR cells (and `same_card`).
+fn dither() -> Vec<Ablation> {
+    vec![h200s(
+        "dither",
+        "FP8 and FP4 states with m and v dithered on write-back (one draw per scale block: per tensor for the paper's FP8, \
+         per 128-block for FP4; subtracted on every read), without and with the paper's resets, beside the main table's \
+         nearest and SR cells",
+        Table::Bf16Model,
+        &["fp8_plain", "fp8_reset", "fp4_plain", "fp4_reset"],
+        &["optim.states.m_rounding=\"dither\"", "optim.states.v_rounding=\"dither\""],
+    )]
 }
 
 /// The `paper-updates` scale's FP32-state lr sweep.
