@@ -66,7 +66,7 @@ __device__ __forceinline__ float read_dithered(unsigned c, float scale, float d,
         const unsigned k = c & (SIGN - 1);
         const bool negative = T::SIGNED && (c & SIGN);
         const float v = mf_decode<F>(c);
-        if (isnan(v) || (k == 0 && !signed_state)) return __fmul_rn(v, scale);
+        if (!isfinite(v) || (k == 0 && !signed_state)) return __fmul_rn(v, scale);
         return __fmul_rn(undither_sm([](unsigned j) { return mf_decode<F>(j); }, k, T::MAX_CODE, 1u, negative, d), scale);
     }
 }

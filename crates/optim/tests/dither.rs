@@ -75,6 +75,11 @@ fn minifloat_round_trips_are_unbiased() {
         "fp8 max",
     );
     let _ = fp4::E2M1;
+    // non-finite codes read as stored: E5M2's Inf (a v that overflowed) stays Inf, NaN NaN
+    let e5m2 = StateFormat::Fp8E5M2;
+    assert_eq!(read_code(e5m2, false, 0x7C, 1.0, 0.25), f32::INFINITY);
+    assert_eq!(read_code(e5m2, true, 0xFC, 1.0, -0.25), f32::NEG_INFINITY);
+    assert!(read_code(e5m2, true, 0x7E, 1.0, 0.25).is_nan());
 }
 
 #[test]

@@ -377,14 +377,14 @@ pub fn read_code16(format: StateFormat, signed: bool, h: u16, d: f32) -> f32 {
 }
 
 /// An FP8/FP4/int8 code read with its block scale and dither offset `d`
-/// ([`QuantState::get_dithered`]): NaN reads as stored, and so does an unsigned (v) state's
-/// zero; beyond the grid's ends the last spacing is extended.
+/// ([`QuantState::get_dithered`]): NaN and Inf (E5M2) read as stored, and so does an unsigned
+/// (v) state's zero; beyond the grid's ends the last spacing is extended.
 #[inline]
 pub fn read_code(format: StateFormat, signed: bool, code: u8, scale: f32, d: f32) -> f32 {
     match format.minifloat() {
         Some(mf) => {
             let (k, negative) = mf.split(code);
-            if mf.decode(code).is_nan() || (k == 0 && !signed) {
+            if !mf.decode(code).is_finite() || (k == 0 && !signed) {
                 return mf.decode(code) * scale;
             }
             dither::undither_sign_magnitude(|j| mf.decode(j as u8), k as u32, mf.max_code as u32, 1, negative, d) * scale
