@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::reader::TextFormat;
+use crate::text_format::TextFormat;
 
 /// Everything that can go wrong while reading shards, tokenizing or batching.
 #[derive(Debug, thiserror::Error)]

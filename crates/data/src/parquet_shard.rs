@@ -20,7 +20,7 @@ use parquet::data_type::{ByteArray, ByteArrayType};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use crate::error::{DataError, Result};
-use crate::reader::{Record, Records};
+use crate::records::{Record, Records};
 
 /// The column that holds each row's document.
 pub(crate) const TEXT_COLUMN: &str = "text";

@@ -26,6 +26,8 @@ use serde::Deserialize;
 use crate::config::BadInput;
 use crate::error::{DataError, Result};
 use crate::parquet_shard::ParquetRows;
+use crate::records::{Record, Records};
+use crate::text_format::TextFormat;
 
 /// Expands file paths and glob patterns into the sorted, de-duplicated list of shards.
 ///
@@ -92,51 +94,6 @@ pub(crate) fn starts_with(path: &Path, magic: &[u8]) -> Result<bool> {
 /// The first two bytes of every gzip member (RFC 1952, 2.3.1).
 pub(crate) const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
-/// The kind of a text shard, from its file name: `*.parquet` is parquet, anything else C4 JSON
-/// lines (gzip or plain). Says what its records are called in messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TextFormat {
-    /// JSON lines, gzip-compressed or plain: a record is a line.
-    Json,
-    /// A parquet file: a record is a row.
-    Parquet,
-}
-
-impl TextFormat {
-    /// The format of the shard at `path`: [`TextFormat::Parquet`] for a name ending in
-    /// `.parquet` (any case), else [`TextFormat::Json`].
-    pub fn of(path: &Path) -> TextFormat {
-        match path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet")) {
-            true => TextFormat::Parquet,
-            false => TextFormat::Json,
-        }
-    }
-
-    /// A record, in messages: `C4 line`, `parquet row`.
-    pub fn record(self) -> &'static str {
-        match self {
-            TextFormat::Json => "C4 line",
-            TextFormat::Parquet => "parquet row",
-        }
-    }
-
-    /// What the records are counted in: `line`, `row`.
-    pub fn unit(self) -> &'static str {
-        match self {
-            TextFormat::Json => "line",
-            TextFormat::Parquet => "row",
-        }
-    }
-
-    /// The bytes that can be corrupt: `gzip stream`, `parquet data`.
-    pub fn stream(self) -> &'static str {
-        match self {
-            TextFormat::Json => "gzip stream",
-            TextFormat::Parquet => "parquet data",
-        }
-    }
-}
-
 /// Log `msg` as a warning the first time this process meets `(path, line)`: shards are read
 /// more than once (validation, overlap sample, each epoch, read-ahead), a bad line is one
 /// problem however often it is read.
@@ -146,35 +103,6 @@ fn warn_once(path: &Path, line: u64, msg: std::fmt::Arguments) {
     if seen.get_or_insert_with(HashSet::new).insert((path.to_path_buf(), line)) {
         tracing::warn!("{msg}");
     }
-}
-
-/// One record of a text shard, as its format reads it.
-pub(crate) enum Record {
-    /// A document's text (empty or only whitespace: no document, passed over).
-    Text(String),
-    /// A record that holds nothing and is no error (a blank JSON line).
-    Blank,
-    /// A record without a usable text: why.
-    Bad(String),
-}
-
-/// The records of one format of text shard, in file order.
-pub(crate) trait Records: Send {
-    /// The next record, `None` at the end of the shard.
-    ///
-    /// # Errors
-    /// The shard's bytes are corrupt or truncated after the records read so far.
-    fn next_record(&mut self) -> std::io::Result<Option<Record>>;
-
-    /// Passes over up to `n` records without decoding their text (a resume); returns how many
-    /// there were (fewer when the shard ends first).
-    ///
-    /// # Errors
-    /// As [`Records::next_record`].
-    fn skip_records(&mut self, n: u64) -> std::io::Result<u64>;
-
-    /// Records read or passed over so far.
-    fn consumed(&self) -> u64;
 }
 
 /// The one field of a C4 line we need; `timestamp`, `url` and anything else are ignored.

@@ -10,7 +10,8 @@ use crate::config::BadInput;
 use crate::error::{DataError, Result};
 use crate::order::{key, permutation, Purpose};
 use crate::parquet_shard::text_bytes;
-use crate::reader::{starts_with, ShardReader, TextFormat, GZIP_MAGIC};
+use crate::reader::{starts_with, ShardReader, GZIP_MAGIC};
+use crate::text_format::TextFormat;
 use crate::token_shard::{check_tokenizer, is_token_shard, read_header, TokenShardDocs, TokenShardHeader};
 use crate::tokenize::Tokens;
 
