@@ -106,6 +106,20 @@ fn state_settings() -> Vec<Ablation> {
             &["optim.soap.precond_format=\"fp32\""],
         ),
         h200s(
+            "soap_fp8_sr_precond_fp32",
+            "Table 7's FP8 SOAP cells as the paper likely ran its rescue: stochastic rounding of m and v, L and R in FP32",
+            Soap,
+            &["soap_fp8_plain", "soap_fp8_reset"],
+            &["optim.states.m_rounding=\"stochastic\"", "optim.states.v_rounding=\"stochastic\"", "optim.soap.precond_format=\"fp32\""],
+        ),
+        h200s(
+            "soap_fp8_sr_block128",
+            "Table 7's FP8 SOAP cells with stochastic rounding of m, v, L and R in 128-element scale blocks",
+            Soap,
+            &["soap_fp8_plain", "soap_fp8_reset"],
+            &["optim.states.m_rounding=\"stochastic\"", "optim.states.v_rounding=\"stochastic\"", "optim.states.block_size=128"],
+        ),
+        h200s(
             "embed_head_fp32",
             "FP8 plain with the embedding's and the head's states in FP32",
             Table::Bf16Model,
