@@ -62,14 +62,18 @@ enum Cmd {
         /// State format: bf16, fp8, fp8e5m2, fp4, fp32 ...
         #[arg(long)]
         format: String,
+        /// Second-moment decay b2.
         #[arg(long, default_value_t = 0.999, allow_negative_numbers = true)]
         beta2: f64,
-        /// Print only this rounding's prediction.
+        /// Print only this rounding's prediction: nearest (rne), stochastic (sr) or dither
+        /// (derived here, not the paper's: docs/stalls.md); without it, nearest / stochastic.
         #[arg(long)]
         rounding: Option<Rounding>,
-        /// Also print the paper's reset period K* (Prop. 5.2) at s0 = 0.6, 0.5 and 0.7.
+        /// Also print the paper's reset period K* (Prop. 5.2, derived for nearest rounding of
+        /// v) at s0 = 0.6, 0.5 and 0.7.
         #[arg(long)]
         reset_period: bool,
+        /// One JSON object (every rounding's prediction) instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -104,7 +104,8 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         ("optim.soap.precond_format=\"fp9\"", "unknown state format `fp9` (expected one of fp32, bf16, fp8, fp8e4m3, fp8e5m2, fp4, fp4e2m1, fp4ue2m2, int8, e8m1 .. e8m7) (key `optim.soap.precond_format`)"),
         ("optim.states.v_skip_prob=0.5", "optim.states.v_skip_prob: simulated stalling is AdamW's probe"),
         ("train.zero=1", "train.zero: SOAP's states are not sharded"),
-        ("optim.states.m_rounding=\"dither\"", "\"dither\" is AdamW's for now"),
+        ("optim.states.m_rounding=\"dither\"", "optim.states.m_rounding = \"dither\": dither is AdamW's for now"),
+        ("optim.states.groups.mlp.v_rounding=\"dither\"", "optim.states.groups.mlp.v_rounding = \"dither\": dither is AdamW's for now"),
     ] {
         let r = train(d, &["--config", "c.toml", "--set", "optim.kind=\"soap\"", "--set", set]);
         assert_eq!(r.code, Some(1), "{set}");

@@ -251,7 +251,7 @@ fn paper_text(table: Table, info: &RunInfo) -> String {
 }
 
 /// What Table 7's report says about its runs' optimizer.
-const SOAP_SETTING: &str = "SOAP cells: `optim.kind = \"soap\"` (`crates/optim/src/soap`) at `[optim.soap]`'s \
+const SOAP_SETTING: &str = "SOAP cells: `optim.kind = \"soap\"` (`crates/optim/src/rules/soap`) at `[optim.soap]`'s \
      defaults, the paper's A.9: eigenbasis refresh every 10 updates, preconditioner EMA (`shampoo_beta`) 0.999, a \
      side longer than 10,000 (the embedding's and the head's vocabulary side) not preconditioned. m, v and the \
      preconditioners L and R are stored in the cell's states (L and R in m's format, scale and rounding; \

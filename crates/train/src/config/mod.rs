@@ -344,12 +344,15 @@ impl RunConfig {
     /// probe, a v reset that keeps idle elements, dithered states and sharded states.
     fn check_soap(&self) -> Result<()> {
         let s = &self.optim.states;
-        let dither = |r: lowbit_optim::Rounding| r == lowbit_optim::Rounding::Dither;
-        if dither(s.m_rounding)
-            || dither(s.v_rounding)
-            || s.groups.values().any(|g| g.m_rounding.is_some_and(dither) || g.v_rounding.is_some_and(dither))
-        {
-            bail!("optim.states.m_rounding / v_rounding = \"dither\" is AdamW's for now (SOAP's refresh rotates the stored moments): use \"stochastic\" with optim.kind = \"soap\"");
+        let dither = |r: Option<lowbit_optim::Rounding>| r == Some(lowbit_optim::Rounding::Dither);
+        let groups = s
+            .groups
+            .iter()
+            .flat_map(|(g, c)| [(format!("groups.{g}.m_rounding"), c.m_rounding), (format!("groups.{g}.v_rounding"), c.v_rounding)]);
+        let keys =
+            [("m_rounding".to_string(), Some(s.m_rounding)), ("v_rounding".to_string(), Some(s.v_rounding))].into_iter().chain(groups);
+        if let Some((key, _)) = keys.into_iter().find(|(_, r)| dither(*r)) {
+            bail!("optim.states.{key} = \"dither\": dither is AdamW's for now (SOAP's refresh rotates the stored moments); use \"stochastic\" with optim.kind = \"soap\"");
         }
         for (k, p) in [("m_skip_prob", s.m_skip_prob), ("v_skip_prob", s.v_skip_prob)] {
             if p != 0.0 {
