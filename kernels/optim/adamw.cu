@@ -15,6 +15,8 @@
 //                               args.cuh `step_args`; gate[1] != 0: the step does nothing)
 //   m = b1 * m_old + (1 - b1) * g ;  v = b2 * v_old + (1 - b2) * g^2
 //   p = p * (1 - lr * wd) - lr * (m * (1/bc1)) / (sqrt(v * (1/bc2)) + eps)
+// Muon's momentum (a.momentum_only, FP32 "weights" and v kernels, v never read: reset_v):
+//   m = b * m_old + (1 - b) * g ;  p <- u = (1 - b) * g + b * m  (Nesterov) or m
 // Simulated stalling (a.skip_m, a.skip_v non-zero) keeps an element's old code instead of the
 // encoded one, decided by its draw of t.key_skip (adamw.rs `Skip`).
 // p is read and written once; m, v (codes + scales) are read once and written once; the
@@ -133,6 +135,23 @@ __device__ __forceinline__ void update_weights(const StepArgs& a, const TensorAr
     constexpr int WF = WeightCodes<P>::F;
     unsigned c[4];
     Codes<WF>::unpack(in.w, c);
+    if constexpr (WF == FMT_F32) {
+        if (a.momentum_only != MOMENTUM_NONE) {  // Muon: p receives u (muon/momentum.rs)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (j < k) {
+                    count_zero_grad(cnt, zero_gradient(g[j], a));
+                    const float gs = __fmul_rn(g[j], a.grad_scale);
+                    const float u = a.momentum_only == MOMENTUM_NESTEROV
+                                        ? __fadd_rn(__fmul_rn(a.one_minus_beta1, gs), __fmul_rn(a.beta1, q.m[j]))
+                                        : q.m[j];
+                    c[j] = __float_as_uint(u);
+                }
+            }
+            store_codes<WF>((void*)t.p, e, k, c);
+            return;
+        }
+    }
     const int rounding = rounding_of<SR, false>(WF == FMT_BF16 ? a.round_w : ROUND_NEAREST);
     uint64_t rw[4];
     quad_rand<SR, FMT_BF16>(rounding, t.key_w, t.offset + e, rw);
@@ -248,7 +267,7 @@ __device__ __forceinline__ void encode_store(const StepArgs& a, const TensorArgs
     else
         encode_count<SR, false, MF, VF>(a, t, e, k, q, sm, sv, floor_v, map_m, map_v, mn, vn, cnt);
     store_codes<MF>((void*)t.mc, e, k, mn);
-    store_codes<VF>((void*)t.vc, e, k, vn);
+    if (a.momentum_only == MOMENTUM_NONE) store_codes<VF>((void*)t.vc, e, k, vn);
 }
 
 // One lane's quad of one scale block or 128-element round (inputs already loaded): moments,

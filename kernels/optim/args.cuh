@@ -5,7 +5,7 @@
 
 // Shared with the Rust launcher through crates/optim/src/cuda/abi.rs (its tests read these).
 #define MAX_TENSORS 240  // per launch: the kernel parameters (30.1 KiB) stay under 32 KiB (CUDA 12.1+)
-#define STEP_ARGS_BYTES 120
+#define STEP_ARGS_BYTES 128
 #define TENSOR_ARGS_BYTES 128
 
 // Host-computed constants of one step, the same for every tensor (mirrors StepScalars).
@@ -26,7 +26,17 @@ struct StepArgs {
                                   // low (high) 32 bits of its draw of key_skip are below this
     unsigned dither_m, dither_v;  // 1: the old m (v) read moves back by its block's draw of
                                   // key_m_read (key_v_read) (dither.cuh; adamw.rs `StepKeys::m_read`)
+    unsigned momentum_only;       // Muon's momentum (MOMENTUM_*, muon/momentum.rs): m alone is
+                                  // stepped (beta1 = its momentum), v is neither read nor written
+                                  // (reset_v = 1, an FP32 v kernel), and p is an FP32 buffer that
+                                  // receives the update u to orthogonalise instead of weights
+    unsigned pad;
 };
+
+// StepArgs::momentum_only (cuda/abi.rs reads these)
+#define MOMENTUM_NONE 0      // AdamW
+#define MOMENTUM_NESTEROV 1  // u = (1 - b) g + b m
+#define MOMENTUM_PLAIN 2     // u = m
 
 // One tensor of the launch (mirrors StepKeys + the per-tensor decay).
 struct TensorArgs {

@@ -228,7 +228,7 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
     out
 }
 
-/// The table's first line: the run's optimizer (when SOAP), states and b2, from its
+/// The table's first line: the run's optimizer (when SOAP or Muon), states and b2, from its
 /// `config.toml` (empty when that cannot be read as a run config).
 fn describe(run: &Path) -> String {
     let Ok(text) = std::fs::read_to_string(run.join("config.toml")) else { return String::new() };
@@ -243,6 +243,10 @@ fn describe(run: &Path) -> String {
         OptimizerKind::Soap => {
             let lr = cfg.optim.soap.precond_format.map_or("m's format".to_string(), |f| f.name().to_string());
             format!("SOAP (L and R in {lr}, refresh every {} updates), ", cfg.optim.soap.precondition_frequency)
+        }
+        OptimizerKind::Muon => {
+            let mu = &cfg.optim.muon;
+            format!("Muon (momentum {}{}, m only on its matrices), ", mu.momentum, if mu.nesterov { " Nesterov" } else { "" })
         }
         OptimizerKind::Adamw => String::new(),
     };

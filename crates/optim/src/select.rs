@@ -1,10 +1,11 @@
 //! Which update rule, on which device: [`LowbitOptimizer`], the optimizer a run builds on the
-//! host (AdamW or SOAP over the model's moments, restored from a checkpoint there), and
+//! host (AdamW, SOAP or Muon over the model's moments, restored from a checkpoint there), and
 //! [`for_device`], the [`Optimizer`] that steps it on the run's device.
 
 use crate::error::OptimError;
 use crate::rules::adamw::LowbitAdamW;
 use crate::rules::optimizer::Optimizer;
+use crate::rules::muon::LowbitMuon;
 use crate::rules::soap::LowbitSoap;
 use crate::states::format::Rounding;
 use crate::states::moments::Moments;
@@ -18,6 +19,8 @@ pub enum LowbitOptimizer {
     AdamW(LowbitAdamW),
     /// SOAP: the moments in the eigenbasis of its preconditioners.
     Soap(LowbitSoap),
+    /// Muon for the attention and MLP matrices (their momentum alone), AdamW for the rest.
+    Muon(LowbitMuon),
 }
 
 impl LowbitOptimizer {
@@ -26,6 +29,7 @@ impl LowbitOptimizer {
         match self {
             LowbitOptimizer::AdamW(a) => &a.moments,
             LowbitOptimizer::Soap(s) => &s.moments,
+            LowbitOptimizer::Muon(m) => &m.moments,
         }
     }
 
@@ -34,6 +38,7 @@ impl LowbitOptimizer {
         match self {
             LowbitOptimizer::AdamW(a) => &mut a.moments,
             LowbitOptimizer::Soap(s) => &mut s.moments,
+            LowbitOptimizer::Muon(m) => &mut m.moments,
         }
     }
 
@@ -42,6 +47,7 @@ impl LowbitOptimizer {
         match self {
             LowbitOptimizer::AdamW(a) => HostStates { moments: &a.moments, precond: None },
             LowbitOptimizer::Soap(s) => HostStates { moments: &s.moments, precond: Some(&s.precond) },
+            LowbitOptimizer::Muon(m) => HostStates { moments: &m.moments, precond: None },
         }
     }
 
@@ -54,13 +60,14 @@ impl LowbitOptimizer {
         match self {
             LowbitOptimizer::AdamW(a) => state_dict::load_state_dict(&mut a.moments, None, get),
             LowbitOptimizer::Soap(s) => state_dict::load_state_dict(&mut s.moments, Some(&mut s.precond), get),
+            LowbitOptimizer::Muon(m) => state_dict::load_state_dict(&mut m.moments, None, get),
         }
     }
 }
 
 /// The optimizer of `opt` on `dev`: the CPU reference itself on the CPU, the rule's CUDA
 /// adapter (states uploaded) on a CUDA device (`cuda::adamw::CudaAdamW`,
-/// `cuda::soap::CudaSoap`).
+/// `cuda::soap::CudaSoap`, `cuda::muon::CudaMuon`).
 ///
 /// # Errors
 /// The CUDA optimizer refusing the states or failing to upload them.
@@ -71,8 +78,11 @@ pub fn for_device(opt: LowbitOptimizer, dev: &Device) -> Result<Box<dyn Optimize
         (LowbitOptimizer::AdamW(a), Device::Cuda(d)) => Ok(Box::new(crate::cuda::adamw::CudaAdamW::new(a.moments, d)?)),
         #[cfg(feature = "cuda")]
         (LowbitOptimizer::Soap(s), Device::Cuda(d)) => Ok(Box::new(crate::cuda::soap::CudaSoap::new(s, d)?)),
+        #[cfg(feature = "cuda")]
+        (LowbitOptimizer::Muon(m), Device::Cuda(d)) => Ok(Box::new(crate::cuda::muon::CudaMuon::new(m, d)?)),
         (LowbitOptimizer::AdamW(a), _) => Ok(Box::new(a)),
         (LowbitOptimizer::Soap(s), _) => Ok(Box::new(s)),
+        (LowbitOptimizer::Muon(m), _) => Ok(Box::new(m)),
     }
 }
 

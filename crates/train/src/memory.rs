@@ -67,6 +67,7 @@ impl MemoryFloor {
         // SOAP (`optim.kind = "soap"`): L and R in m's format (or `optim.soap.precond_format`),
         // and their FP32 bases, for each side of a matrix no longer than `optim.soap.max_precond_dim`
         let soap = cfg.optim.kind == lowbit_optim::OptimizerKind::Soap;
+        let muon = cfg.optim.kind == lowbit_optim::OptimizerKind::Muon;
         let precond = |bits: u32, sides: [usize; 2]| -> f64 {
             let kept = sides.iter().filter(|&&n| soap && n > 0 && n <= cfg.optim.soap.max_precond_dim);
             kept.map(|&n| f(n) * f(n) * (f64::from(bits) / 8.0 + 4.0)).sum()
@@ -82,7 +83,10 @@ impl MemoryFloor {
             .map(|&(group, len, count, sides)| {
                 let s = plan.for_tensor(group, len);
                 let precond_bits = cfg.optim.soap.precond_format.unwrap_or(s.m_format).bits();
-                count * (f(len) * f64::from(s.m_format.bits() + s.v_format.bits()) / 8.0 + precond(precond_bits, sides))
+                // Muon's matrices: m alone, and an FP32 update buffer
+                let muon = muon && matches!(group, "attn" | "mlp");
+                let v_bits = if muon { 32 } else { s.v_format.bits() };
+                count * (f(len) * f64::from(s.m_format.bits() + v_bits) / 8.0 + precond(precond_bits, sides))
             })
             .sum::<f64>()
             / shards;

@@ -9,13 +9,14 @@ use crate::logs::summary::StateGroup;
 use crate::model::{param_infos, ParamSet};
 use anyhow::Result;
 use candle_core::Device;
-use lowbit_optim::{Hyper, LowbitAdamW, LowbitOptimizer, LowbitSoap, Moments, Optimizer, OptimizerKind, StatesPlan};
+use lowbit_optim::{Hyper, LowbitAdamW, LowbitMuon, LowbitOptimizer, LowbitSoap, Moments, Optimizer, OptimizerKind, StatesPlan};
 use std::sync::Arc;
 
 /// Fresh optimizer states for `params`: each tensor's as `plan` gives them, `[optim]`'s
 /// hyper-parameters, `train.seed`'s random streams, simulated stalling (if any) after the
 /// learning rate's warmup (`optim.warmup_steps`, as the schedule cuts it); with
-/// `optim.kind = "soap"` SOAP's preconditioners for the parameters' shapes.
+/// `optim.kind = "soap"` SOAP's preconditioners for the parameters' shapes; with
+/// `optim.kind = "muon"` Muon's momentum alone for the attention and MLP matrices.
 ///
 /// # Errors
 /// A parameter outside the LLaMA layout ([`param_infos`]), or a group of `plan` the model does
@@ -27,12 +28,11 @@ pub fn states(cfg: &RunConfig, plan: StatesPlan, params: &ParamSet) -> Result<Lo
     let hyper = Hyper { beta1: o.beta1, beta2: o.beta2, eps: o.eps, weight_decay: o.weight_decay };
     let mut moments = Moments::new(hyper, plan, cfg.train.seed, infos);
     moments.skip_after = o.warmup_steps.min(cfg.train.max_steps.saturating_sub(1));
+    let dims: Vec<Vec<usize>> = params.vars.iter().map(|v| v.dims().to_vec()).collect();
     Ok(match o.kind {
         OptimizerKind::Adamw => LowbitOptimizer::AdamW(LowbitAdamW::from_moments(moments)),
-        OptimizerKind::Soap => {
-            let dims: Vec<Vec<usize>> = params.vars.iter().map(|v| v.dims().to_vec()).collect();
-            LowbitOptimizer::Soap(LowbitSoap::new(moments, o.soap, &dims))
-        }
+        OptimizerKind::Soap => LowbitOptimizer::Soap(LowbitSoap::new(moments, o.soap, &dims)),
+        OptimizerKind::Muon => LowbitOptimizer::Muon(LowbitMuon::new(moments, o.muon, &dims)),
     })
 }
 

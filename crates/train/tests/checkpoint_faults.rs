@@ -168,6 +168,22 @@ fn soap_resumes_bit_identical_and_only_with_its_preconditioner_format() {
     );
 }
 
+/// Muon (its matrices' momentum in FP8 with dither, BF16 weights): exact resume; the
+/// checkpoint keeps m alone for a Muon matrix and m and v for the AdamW tensors, and a config
+/// of another rule is refused naming `optim.kind`.
+#[test]
+fn muon_resumes_bit_identical_and_only_as_muon() {
+    let sets = ["optim.kind=\"muon\"", "optim.states.m_rounding=\"dither\"", "model.dtype=\"bf16\""];
+    let (tmp, full) = check_exact_resume("muon", &sets, 5, 3, "bfloat16");
+    let ck = checkpoint::list(&full).unwrap().into_iter().next().unwrap().1;
+    let opt = candle_core::safetensors::load(ck.join("optimizer.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    assert!(opt.contains_key(&format!("{q}.m.codes")) && !opt.contains_key(&format!("{q}.v.codes")), "a Muon matrix keeps m alone");
+    assert!(opt.contains_key("model.embed_tokens.weight.v.codes"), "the embedding (AdamW) keeps v");
+    let adamw = ["optim.states.m_rounding=\"dither\"", "model.dtype=\"bf16\""];
+    one_line_error(launch(config(tmp.path(), "muon_as_adamw", &adamw), Some(ck), None), &["v.codes", "optim.kind must match"]);
+}
+
 /// The adaptive reset rule (Alg. 2) carries its state in the checkpoint: a run resumed in the
 /// middle of a cycle resets at the same updates, bit for bit. With b2 = 0.9 the threshold E(j)
 /// falls fast and s0 = 0.05 counts the ~half of v's entries that stay unchanged here, so the rule

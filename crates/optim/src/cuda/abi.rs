@@ -16,7 +16,12 @@ use crate::states::format::{scale::ScaleKind, Rounding, StateFormat};
 /// under the 32 KiB that CUDA 12.1+ allows on sm_70+.
 pub const MAX_TENSORS: usize = 240;
 /// Bytes of `struct StepArgs` (`args.cuh`), the launch-wide arguments.
-pub const STEP_ARGS_BYTES: usize = 120;
+pub const STEP_ARGS_BYTES: usize = 128;
+/// `StepArgs::momentum_only` (`MOMENTUM_*`, `args.cuh`): AdamW's step, or Muon's momentum
+/// with the Nesterov update or the plain one ([`momentum_id`]).
+pub const MOMENTUM_NONE: u32 = 0;
+pub const MOMENTUM_NESTEROV: u32 = 1;
+pub const MOMENTUM_PLAIN: u32 = 2;
 /// Bytes of `struct TensorArgs` (`args.cuh`), one tensor's arguments.
 pub const TENSOR_ARGS_BYTES: usize = 128;
 /// u64 step counters per tensor slot (`COUNTERS`, `counters.cuh`): updated / stalled /
@@ -59,6 +64,15 @@ pub fn segment_len(scaled: bool, block_size: usize) -> usize {
         (false, _) => SEGMENT_ROUNDS_UNSCALED * ROUND_ELEMENTS,
         (true, 0) | (true, ROUND_ELEMENTS) => SEGMENT_ROUNDS_SCALED * ROUND_ELEMENTS,
         (true, b) => b,
+    }
+}
+
+/// A tensor's `StepArgs::momentum_only` ([`MOMENTUM_NONE`] for AdamW's tensors).
+pub fn momentum_id(m: Option<crate::states::moments::Momentum>) -> u32 {
+    match m {
+        None => MOMENTUM_NONE,
+        Some(m) if m.nesterov => MOMENTUM_NESTEROV,
+        Some(_) => MOMENTUM_PLAIN,
     }
 }
 
@@ -112,6 +126,9 @@ mod tests {
             (ARGS, "MAX_TENSORS", n(MAX_TENSORS)),
             (ARGS, "STEP_ARGS_BYTES", n(STEP_ARGS_BYTES)),
             (ARGS, "TENSOR_ARGS_BYTES", n(TENSOR_ARGS_BYTES)),
+            (ARGS, "MOMENTUM_NONE", i64::from(MOMENTUM_NONE)),
+            (ARGS, "MOMENTUM_NESTEROV", i64::from(MOMENTUM_NESTEROV)),
+            (ARGS, "MOMENTUM_PLAIN", i64::from(MOMENTUM_PLAIN)),
             (COUNTERS_CUH, "COUNTERS", n(COUNTERS)),
             (ADAMW, "STEP_THREADS", i64::from(STEP_THREADS)),
             (ADAMW, "ROUND_ELEMENTS", n(ROUND_ELEMENTS)),

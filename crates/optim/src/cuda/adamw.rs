@@ -14,7 +14,8 @@
 //! device.
 
 use crate::cuda::abi::{
-    kernel_format, round_id, scale_id, segment_len, COUNTERS, MAX_TENSORS, ROUND_ELEMENTS, STEP_ARGS_BYTES, STEP_THREADS, TENSOR_ARGS_BYTES,
+    kernel_format, momentum_id, round_id, scale_id, segment_len, COUNTERS, MAX_TENSORS, MOMENTUM_NONE, ROUND_ELEMENTS, STEP_ARGS_BYTES,
+    STEP_THREADS, TENSOR_ARGS_BYTES,
 };
 use crate::error::OptimError;
 use crate::rules::adamw::step::Roundings;
@@ -136,6 +137,8 @@ struct StepArgs {
     skip_v: u32,
     dither_m: u32,
     dither_v: u32,
+    momentum_only: u32,
+    pad: u32,
 }
 
 /// One tensor of a launch: `struct TensorArgs` of `kernels/optim/args.cuh` (device addresses).
@@ -242,10 +245,14 @@ pub(crate) fn err(e: impl std::fmt::Display) -> candle_core::Error {
 }
 
 /// The launch-wide arguments of the setting of tensor `t` (every tensor's of that setting but
-/// its weight decay, which is per tensor) from the tensor's part `p` of the update's plan.
+/// its weight decay, which is per tensor) from the tensor's part `p` of the update's plan. A
+/// Muon matrix's ([`TensorState::momentum`]) step m alone: v, which it does not have, reads as
+/// reset and is not written (`momentum_only`, an FP32 v kernel: [`SpecGroup::v_format`]).
 fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
     let (spec, h, r) = (&t.spec, &p.scalars, &p.roundings);
     let zero = |signed| int8::dynamic_map(signed).zero_index() as u32;
+    let momentum_only = momentum_id(t.momentum);
+    let adamw = momentum_only == MOMENTUM_NONE;
     StepArgs {
         segments: 0,
         grad_scale: h.grad_scale,
@@ -259,16 +266,16 @@ fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
         inv_bias_correction2: h.inv_bias_correction2,
         block: spec.block_size as u32,
         reset_m: h.reset_m as i32,
-        reset_v: h.reset_v as i32,
+        reset_v: (h.reset_v || !adamw) as i32,
         round_m: round_id(r.m),
-        round_v: round_id(r.v),
+        round_v: if adamw { round_id(r.v) } else { round_id(Rounding::Nearest) },
         round_w: round_id(r.w),
         zero_m: zero(true),
         zero_v: zero(false),
         count: 0,
         frac_m: spec.m_format.fraction_bits().unwrap_or(0),
-        frac_v: spec.v_format.fraction_bits().unwrap_or(0),
-        zero_free: t.v.zero_free as u32,
+        frac_v: if adamw { spec.v_format.fraction_bits().unwrap_or(0) } else { 0 },
+        zero_free: (adamw && t.v.zero_free) as u32,
         scale_m: scale_id(spec.m_scale),
         scale_v: scale_id(spec.v_scale),
         keep_idle_v: h.keep_idle_v as u32,
@@ -276,6 +283,8 @@ fn step_args(t: &TensorState, p: &TensorPlan) -> StepArgs {
         skip_v: h.skip_v,
         dither_m: p.keys.m_read.is_some() as u32,
         dither_v: p.keys.v_read.is_some() as u32,
+        momentum_only,
+        pad: 0,
     }
 }
 
@@ -295,10 +304,6 @@ fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static
     Ok((kernel_format(m), kernel_format(v)))
 }
 
-/// Whether `spec`'s scaled states have one scale per tensor (the amax and scale launches).
-fn per_tensor_scales(spec: &crate::states::config::StatesSpec) -> bool {
-    (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && spec.block_size == 0
-}
 
 /// Thread blocks of [`STEP_THREADS`] for a launch over `elements`: at least 2048 elements per
 /// warp, at most `max` (the blocks that fit on the GPU at once).
@@ -368,14 +373,30 @@ struct DeviceState {
     addr: [u64; 4],
 }
 
-/// The tensors of one state setting (per-group formats: [`Moments::spec_groups`]): they
-/// share the launch-wide arguments, so they are stepped by launches of their own.
+/// The tensors of one state setting (per-group formats: [`Moments::spec_groups`]) and one rule
+/// (AdamW's tensors, or Muon's matrices: [`TensorState::momentum`]): they share the launch-wide
+/// arguments, so they are stepped by launches of their own.
 struct SpecGroup {
     spec: crate::states::config::StatesSpec,
+    /// The v format of its kernels: the spec's, FP32 for Muon's matrices (no v: never read or
+    /// written, `StepArgs::momentum_only`).
+    v_format: StateFormat,
     /// Tensor indices, in tensor order.
     tensors: Vec<usize>,
     /// Index in [`CudaAdamW::kernels`] of its (m, v) format pair's kernels.
     kernels: usize,
+}
+
+impl SpecGroup {
+    /// Whether a state of its kernels is scaled.
+    fn scaled(&self) -> bool {
+        self.spec.m_format.is_scaled() || self.v_format.is_scaled()
+    }
+
+    /// Whether its scaled states have one scale per tensor (the amax and scale launches).
+    fn per_tensor_scales(&self) -> bool {
+        self.scaled() && self.spec.block_size == 0
+    }
 }
 
 /// The optimizer with states on a CUDA device.
@@ -438,17 +459,23 @@ impl CudaAdamW {
         let maps = stream.clone_htod(&[&signed.values()[..], unsigned.values()].concat()).map_err(err)?;
         let buckets = stream.clone_htod(&[signed.bucket_starts(), unsigned.bucket_starts()].concat()).map_err(err)?;
         let (mut pairs, mut kernels, mut groups) = (vec![], vec![], vec![]);
-        for (spec, tensors) in host.spec_groups() {
-            let pair = kernel_pair(spec.m_format, spec.v_format)?;
-            let k = match pairs.iter().position(|p| *p == pair) {
-                Some(k) => k,
-                None => {
-                    kernels.push(Kernels::load(dev, pair)?);
-                    pairs.push(pair);
-                    pairs.len() - 1
+        for (spec, all) in host.spec_groups() {
+            let (muon, adamw): (Vec<usize>, Vec<usize>) = all.into_iter().partition(|&i| host.tensors[i].momentum.is_some());
+            for (tensors, v_format) in [(adamw, spec.v_format), (muon, StateFormat::Fp32)] {
+                if tensors.is_empty() {
+                    continue;
                 }
-            };
-            groups.push(SpecGroup { spec, tensors, kernels: k });
+                let pair = kernel_pair(spec.m_format, v_format)?;
+                let k = match pairs.iter().position(|p| *p == pair) {
+                    Some(k) => k,
+                    None => {
+                        kernels.push(Kernels::load(dev, pair)?);
+                        pairs.push(pair);
+                        pairs.len() - 1
+                    }
+                };
+                groups.push(SpecGroup { spec, v_format, tensors, kernels: k });
+            }
         }
         let (max_blocks, amax_blocks) = resident_blocks(&stream, &kernels)?;
         let bf16_weights = vec![false; host.tensors.len()];
@@ -489,14 +516,16 @@ impl CudaAdamW {
     /// launch each). An optimizer made from a ZeRO-1 shard ([`Moments::shard`]) takes the
     /// shard's weights and gradients (`TensorState::first ..` + its length, e.g. views of the
     /// whole tensors) and draws the random bits of those elements of the whole tensor, so it
-    /// rounds exactly as the whole-tensor step does on them.
+    /// rounds exactly as the whole-tensor step does on them. For a Muon matrix
+    /// ([`TensorState::momentum`]) `params[i]` is an F32 buffer of its elements that receives
+    /// the update u to orthogonalise (`cuda::muon::CudaMuon`). Returns the update's plan.
     ///
     /// Errors: the wrong number of tensors, a size that does not match the optimizer's
     /// tensor (or shard), a shard that does not start at a multiple of 4 elements, a (weight,
     /// gradient) dtype pair other than F32/F32, BF16/F32 and BF16/BF16, a tensor not on a CUDA
     /// device or not contiguous; a device gate that is not F32 `[2]` on this device; the
     /// adaptive reset rule missing a measurement ([`Moments::plan`]).
-    pub fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
+    pub fn step(&mut self, step: u64, lr: f64, scale: GradScale, params: &[Tensor], grads: &[Tensor]) -> Result<StepPlan> {
         let count = self.host.tensors.len();
         if params.len() != count || grads.len() != count {
             candle_core::bail!("lowbit-adamw: {} parameters and {} gradients for {count} tensors", params.len(), grads.len());
@@ -520,7 +549,8 @@ impl CudaAdamW {
         let mut view = self.counters.slice_mut(s..s + len);
         self.stream.memset_zeros(&mut view).map_err(err)?;
         let tensors = self.tensor_args(&plan, params, grads)?;
-        self.launch_groups(&plan, &tensors, gate, s)
+        self.launch_groups(&plan, &tensors, gate, s)?;
+        Ok(plan)
     }
 
     /// Each tensor's launch arguments under `plan`, with its weight variant (`None`: a shard
@@ -581,14 +611,12 @@ impl CudaAdamW {
     /// each, of the tensors' arguments `tensors` ([`CudaAdamW::tensor_args`]), counting into
     /// the counters at `counters` ([`CudaAdamW::slot`]).
     fn launch_groups(&mut self, plan: &StepPlan, tensors: &[Option<(usize, TensorArgs)>], gate: u64, counters: usize) -> Result<()> {
-        if self.groups.iter().any(|g| per_tensor_scales(&g.spec)) {
+        if self.groups.iter().any(SpecGroup::per_tensor_scales) {
             self.stream.memset_zeros(&mut self.amax).map_err(err)?;
         }
         for group in &self.groups {
             let Some(&first) = group.tensors.first() else { continue };
-            let spec = group.spec;
-            let scaled = spec.m_format.is_scaled() || spec.v_format.is_scaled();
-            let seg = segment_len(scaled, spec.block_size);
+            let seg = segment_len(group.scaled(), group.spec.block_size);
             let launch_args = step_args(&self.host.tensors[first], &plan.tensors[first]);
             for variant in 0..WEIGHT_VARIANTS.len() {
                 let of_variant: Vec<TensorArgs> =
@@ -619,7 +647,7 @@ impl CudaAdamW {
             shared_mem_bytes: 0,
         };
         let (stream, kernels, spec) = (&self.stream, &self.kernels[group.kernels], &group.spec);
-        let per_tensor = per_tensor_scales(spec);
+        let per_tensor = group.per_tensor_scales();
         if per_tensor {
             let g = (WEIGHT_VARIANTS[variant].1 == DType::BF16) as usize;
             let amax_cfg = LaunchConfig { grid_dim: (warp_blocks(elements, self.amax_blocks[g]), 1, 1), ..cfg };
@@ -632,7 +660,7 @@ impl CudaAdamW {
         // (dither draws its random bits in the kernels with stochastic rounding's code)
         let sr = |r: Rounding| r != Rounding::Nearest;
         let bf16 = WEIGHT_VARIANTS[variant].0 == DType::BF16;
-        let other_blocks = (spec.m_format.is_scaled() || spec.v_format.is_scaled()) && !matches!(spec.block_size, 0 | ROUND_ELEMENTS);
+        let other_blocks = group.scaled() && !matches!(spec.block_size, 0 | ROUND_ELEMENTS);
         let index = Kernels::step_index(variant, sr(r.m) || sr(r.v) || (bf16 && sr(r.w)), other_blocks);
         let f = &kernels.step[index];
         let counters = self.counters.slice(slot..);
@@ -658,7 +686,13 @@ impl CudaAdamW {
         Ok(raw
             .chunks_exact(COUNTERS)
             .zip(self.host.tensors.iter().zip(&self.bf16_weights))
-            .map(|(c, (t, &bf16))| DeviceCounters::from_slot(c).counts(t.m.len as u64, bf16))
+            .map(|(c, (t, &bf16))| {
+                let mut counts = DeviceCounters::from_slot(c).counts(t.m.len as u64, bf16);
+                if t.momentum.is_some() {
+                    counts.v = Counter::default(); // (a Muon matrix has no v)
+                }
+                counts
+            })
             .collect())
     }
 
@@ -697,7 +731,8 @@ impl Optimizer for CudaAdamW {
         };
         let weights = params.iter().enumerate().map(|(i, p)| held(i, p.as_tensor())).collect::<Result<Vec<_>>>()?;
         let grads = grads.iter().enumerate().map(|(i, g)| held(i, g)).collect::<Result<Vec<_>>>()?;
-        Ok(CudaAdamW::step(self, step, lr, scale, &weights, &grads)?)
+        CudaAdamW::step(self, step, lr, scale, &weights, &grads)?;
+        Ok(())
     }
 
     fn measured_counts(&mut self, step: u64) -> std::result::Result<Vec<StallCounts>, OptimError> {

@@ -70,7 +70,7 @@ impl Moments {
             }
         };
         let wd = if decay { h.weight_decay } else { 0.0 };
-        let scalars = StepScalars {
+        let mut scalars = StepScalars {
             grad_scale,
             lr: lr as f32,
             beta1: h.beta1 as f32,
@@ -87,6 +87,13 @@ impl Moments {
             skip_m: if update > self.skip_after { skip_threshold(spec.m_skip_prob) } else { 0 },
             skip_v: if update > self.skip_after { skip_threshold(spec.v_skip_prob) } else { 0 },
         };
+        // Muon's momentum (m only): b1 is its momentum, no bias correction, no v
+        if let Some(mo) = self.tensors[idx].momentum {
+            scalars.beta1 = mo.beta as f32;
+            scalars.one_minus_beta1 = (1.0 - mo.beta) as f32;
+            scalars.inv_bias_correction1 = 1.0;
+            (scalars.reset_v, scalars.keep_idle_v, scalars.skip_v) = (false, false, 0);
+        }
         // (the weights' rounding is the whole model's)
         let roundings = Roundings { m: spec.m_rounding, v: spec.v_rounding, w: self.spec.weight_rounding };
         let key = |kind| stream_key(self.seed, update, idx as u64, kind);
@@ -102,7 +109,7 @@ impl Moments {
             w: key(StateKind::W),
             skip: key(StateKind::Skip),
             m_read: read(roundings.m, scalars.reset_m, StateKind::M),
-            v_read: read(roundings.v, scalars.reset_v && !scalars.keep_idle_v, StateKind::V),
+            v_read: read(roundings.v, scalars.reset_v && !scalars.keep_idle_v, StateKind::V).filter(|_| self.tensors[idx].momentum.is_none()),
         };
         TensorPlan { scalars, roundings, keys }
     }

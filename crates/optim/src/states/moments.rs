@@ -51,8 +51,25 @@ pub struct TensorState {
     pub spec: StatesSpec,
     /// First moment.
     pub m: QuantState,
-    /// Second moment.
+    /// Second moment (empty for a [`Momentum`] tensor: Muon keeps m only).
     pub v: QuantState,
+    /// `Some` for a matrix that Muon steps ([`crate::rules::muon`]): m is its momentum buffer,
+    /// v is empty; `None`: AdamW's m and v.
+    pub momentum: Option<Momentum>,
+}
+
+/// Muon's state of one matrix (`optim.kind = "muon"`, [`crate::rules::muon`]): m alone, the
+/// momentum buffer m = b m + (1 - b) g (Jordan et al. 2024, "Muon", the `lerp` form of the
+/// reference code: an EMA like AdamW's m, with no bias correction), stored in m's format.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Momentum {
+    /// Momentum b (`optim.muon.momentum`; the reference's 0.95).
+    pub beta: f64,
+    /// Nesterov: the update orthogonalised is (1 - b) g + b m, else m.
+    pub nesterov: bool,
+    /// The matrix's rows and columns (row-major, as the parameter is stored).
+    pub rows: usize,
+    pub cols: usize,
 }
 
 /// The moment states of every tensor with their settings: what each update rule steps
@@ -92,6 +109,7 @@ impl Moments {
                         .with_zero_free(spec.v_zero == VZero::Exclude),
                     spec,
                     info,
+                    momentum: None,
                 }
             })
             .collect();
@@ -160,7 +178,7 @@ impl Moments {
             .map(|(t, r)| {
                 let (a, b) = (r.start - t.first, r.end - t.first);
                 let cut = |s: &QuantState| s.slice(a..b).map_err(|e| OptimError::State(format!("{}: {e}", t.info.name)));
-                Ok(TensorState { info: t.info.clone(), first: r.start, spec: t.spec, m: cut(&t.m)?, v: cut(&t.v)? })
+                Ok(TensorState { info: t.info.clone(), first: r.start, spec: t.spec, m: cut(&t.m)?, v: cut(&t.v)?, momentum: t.momentum })
             })
             .collect::<Result<_, OptimError>>()?;
         Ok(Moments { tensors, ..self.clone() })
@@ -197,6 +215,7 @@ impl Moments {
                 spec: t.spec,
                 m: QuantState::concat(&ms)?,
                 v: QuantState::concat(&vs)?,
+                momentum: t.momentum,
             });
         }
         Ok(Moments { tensors, ..head.clone() })

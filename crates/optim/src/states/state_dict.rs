@@ -93,8 +93,9 @@ pub struct HostStates<'a> {
 }
 
 impl HostStates<'_> {
-    /// Every state's arrays by name, in tensor order: `<param>.m.codes`, `<param>.v.codes` (U8)
-    /// and, for scaled formats, `<param>.m.scales`, `<param>.v.scales` (F32); then SOAP's
+    /// Every state's arrays by name, in tensor order: `<param>.m.codes`, `<param>.v.codes` (U8;
+    /// no v for a Muon matrix) and, for scaled formats, `<param>.m.scales`, `<param>.v.scales`
+    /// (F32); then SOAP's
     /// (`<param>.soap_l.*`, `<param>.soap_r.*`, the bases `<param>.soap_q_l`, `<param>.soap_q_r`);
     /// then, with the adaptive reset rule, its state (`adaptive_reset.*`).
     pub fn state_dict(&self) -> Vec<(String, Array)> {
@@ -107,8 +108,9 @@ impl HostStates<'_> {
         };
         let tensors = &self.moments.tensors;
         for t in tensors {
-            for (kind, s) in [("m", &t.m), ("v", &t.v)] {
-                save(&mut out, format!("{}.{kind}", t.info.name), s);
+            save(&mut out, format!("{}.m", t.info.name), &t.m);
+            if t.momentum.is_none() {
+                save(&mut out, format!("{}.v", t.info.name), &t.v); // (a Muon matrix keeps no v)
             }
         }
         for (t, p) in self.precond.iter().flat_map(|soap| tensors.iter().zip(&soap.tensors)) {
@@ -148,8 +150,23 @@ pub fn load_state_dict(
     get: &mut dyn FnMut(&str) -> Option<Array>,
 ) -> Result<(), OptimError> {
     for t in &mut moments.tensors {
-        for (kind, s) in [("m", &mut t.m), ("v", &mut t.v)] {
-            load_state(get, &format!("{}.{kind}", t.info.name), s)?;
+        load_state(get, &format!("{}.m", t.info.name), &mut t.m)?;
+        let v = format!("{}.v", t.info.name);
+        match (t.momentum.is_some(), get(&format!("{v}.codes")).is_some()) {
+            (false, true) => load_state(get, &v, &mut t.v)?,
+            (false, false) => {
+                return Err(OptimError::State(format!(
+                    "missing {v}.codes: the checkpoint keeps no v for this tensor (Muon's matrices keep none), the config \
+                     asks for AdamW or SOAP (optim.kind must match to resume)"
+                )))
+            }
+            (true, true) => {
+                return Err(OptimError::State(format!(
+                    "{v}.codes: the checkpoint holds a v for this matrix (AdamW's or SOAP's), the config asks for Muon \
+                     (optim.kind must match to resume)"
+                )))
+            }
+            (true, false) => {}
         }
     }
     let names: Vec<String> = moments.tensors.iter().map(|t| t.info.name.clone()).collect();

@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use lowbit_data::DataConfig;
 use lowbit_model::LlamaConfig;
-use lowbit_optim::{OptimizerKind, SoapConfig, StatesConfig};
+use lowbit_optim::{MuonConfig, OptimizerKind, SoapConfig, StatesConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,8 +38,9 @@ pub struct RunConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
-    /// `adamw` (default) or `soap` (SOAP with the same state formats, `[optim.soap]`; left out
-    /// of the resolved config when `adamw`).
+    /// `adamw` (default), `soap` (SOAP with the same state formats, `[optim.soap]`) or `muon`
+    /// (Muon for the attention and MLP matrices, its momentum in m's format, `[optim.muon]`;
+    /// AdamW for the rest); left out of the resolved config when `adamw`.
     #[serde(skip_serializing_if = "OptimizerKind::is_adamw")]
     pub kind: OptimizerKind,
     /// Peak learning rate.
@@ -61,6 +62,10 @@ pub struct OptimSection {
     /// defaults).
     #[serde(skip_serializing_if = "SoapConfig::is_default")]
     pub soap: SoapConfig,
+    /// Muon's settings (`optim.kind = "muon"`; left out of the resolved config at their
+    /// defaults).
+    #[serde(skip_serializing_if = "MuonConfig::is_default")]
+    pub muon: MuonConfig,
 }
 
 impl Default for OptimSection {
@@ -77,6 +82,7 @@ impl Default for OptimSection {
             states: StatesConfig::default(),
             kind: OptimizerKind::Adamw,
             soap: SoapConfig::default(),
+            muon: MuonConfig::default(),
         }
     }
 }
@@ -336,6 +342,38 @@ impl RunConfig {
                 "max_precond_dim"
             };
             bail!("optim.soap.{key}: SOAP's setting, read only with optim.kind = \"soap\" (optim.kind is \"{}\"): set optim.kind or remove it", o.kind.as_str());
+        }
+        if o.kind == OptimizerKind::Muon {
+            o.muon.validate().map_err(anyhow::Error::msg)?;
+            self.check_muon()?;
+        } else if !o.muon.is_default() {
+            let d = MuonConfig::default();
+            let key = if o.muon.momentum != d.momentum {
+                "momentum"
+            } else if o.muon.nesterov != d.nesterov {
+                "nesterov"
+            } else if o.muon.ns_steps != d.ns_steps {
+                "ns_steps"
+            } else {
+                "update_rms"
+            };
+            bail!("optim.muon.{key}: Muon's setting, read only with optim.kind = \"muon\" (optim.kind is \"{}\"): set optim.kind or remove it", o.kind.as_str());
+        }
+        Ok(())
+    }
+
+    /// The settings Muon does not take (`optim.kind = "muon"`): sharded states (Newton-Schulz
+    /// needs each whole matrix) and stochastically rounded BF16 weights (the Muon matrices'
+    /// weights round to nearest).
+    fn check_muon(&self) -> Result<()> {
+        if self.train.zero != 0 {
+            bail!("train.zero: Muon orthogonalises whole matrices, its states are not sharded; optim.kind = \"muon\" needs train.zero = 0, got {}", self.train.zero);
+        }
+        if self.optim.states.weight_rounding != lowbit_optim::Rounding::Nearest {
+            bail!(
+                "optim.states.weight_rounding = \"{}\": Muon's matrices round their BF16 weights to nearest; with optim.kind = \"muon\" it must be \"nearest\"",
+                self.optim.states.weight_rounding.as_str()
+            );
         }
         Ok(())
     }

@@ -192,7 +192,7 @@ fn gather_states(local: &Moments, ranges: &[Vec<Range<usize>>], comm: &dyn Colle
         for ((t, r), (mut m, mut v)) in shard.tensors.iter_mut().zip(rs).zip(states) {
             at = fill(&mut m, &all, at)?;
             at = fill(&mut v, &all, at)?;
-            *t = TensorState { info: t.info.clone(), first: r.start, spec: t.spec, m, v };
+            *t = TensorState { info: t.info.clone(), first: r.start, spec: t.spec, m, v, momentum: t.momentum };
         }
         shards.push(shard);
     }

@@ -8,8 +8,8 @@ pub mod step;
 use crate::error::OptimError;
 use crate::rules::clip::{host_factor, GradScale};
 use crate::rules::optimizer::{check_sizes, cpu_reference_counts, Optimizer};
-use crate::rules::step_plan::StepPlan;
-use crate::states::moments::{Hyper, Moments, ParamInfo};
+use crate::rules::step_plan::{StepPlan, TensorPlan};
+use crate::states::moments::{Hyper, Moments, ParamInfo, TensorState};
 use crate::states::plan::StatesPlan;
 use crate::states::stalls::StallCounts;
 use crate::states::state_dict::HostStates;
@@ -49,32 +49,35 @@ impl LowbitAdamW {
         let t = &mut self.moments.tensors[idx];
         step_tensor(w, g, &mut t.m, &mut t.v, &p.scalars, &p.roundings, &p.keys, t.first, &mut self.scratch)
     }
+}
 
-    /// Tensor `i` copied to the host, stepped over the elements its states cover
-    /// ([`Self::step_cpu`]) and written back.
-    fn step_var(&mut self, plan: &StepPlan, i: usize, var: &Var, grad: &Tensor) -> Result<StallCounts, OptimError> {
-        let (first, len) = (self.moments.tensors[i].first, self.moments.tensors[i].m.len);
-        let t = var.as_tensor();
-        let r = first..first + len;
-        let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        match t.dtype() {
-            DType::F32 => {
-                let mut p = t.flatten_all()?.to_vec1::<f32>()?;
-                let c = self.step_cpu(plan, i, Weights::F32(&mut p[r.clone()]), &g[r]);
-                var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
-                Ok(c)
-            }
-            DType::BF16 => {
-                let mut p: Vec<u16> = t.flatten_all()?.to_vec1::<bf16>()?.into_iter().map(|x| x.to_bits()).collect();
-                let c = self.step_cpu(plan, i, Weights::Bf16(&mut p[r.clone()]), &g[r]);
-                let p: Vec<bf16> = p.into_iter().map(bf16::from_bits).collect();
-                var.set(&Tensor::from_vec(p, t.shape(), t.device())?)?;
-                Ok(c)
-            }
-            d => {
-                Err(OptimError::State(format!("parameter {} has unsupported dtype {d:?} (F32 or BF16)", self.moments.tensors[i].info.name)))
-            }
+/// Tensor `t` (whose parameter is `var`, gradient `grad`) copied to the host, stepped under
+/// its part `p` of the update's plan over the elements its states cover
+/// ([`LowbitAdamW::step_cpu`]'s maths) and written back: the CPU reference's step of one
+/// AdamW tensor (Muon's CPU reference steps its non-matrix tensors with it too).
+///
+/// # Errors
+/// A parameter neither F32 nor BF16, or a tensor operation failing.
+pub(crate) fn step_var(t: &mut TensorState, p: &TensorPlan, scratch: &mut Scratch, var: &Var, grad: &Tensor) -> Result<StallCounts, OptimError> {
+    let tensor = var.as_tensor();
+    let r = t.first..t.first + t.m.len;
+    let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut step = |w: Weights| step_tensor(w, &g[r.clone()], &mut t.m, &mut t.v, &p.scalars, &p.roundings, &p.keys, t.first, scratch);
+    match tensor.dtype() {
+        DType::F32 => {
+            let mut w = tensor.flatten_all()?.to_vec1::<f32>()?;
+            let c = step(Weights::F32(&mut w[r.clone()]));
+            var.set(&Tensor::from_vec(w, tensor.shape(), tensor.device())?)?;
+            Ok(c)
         }
+        DType::BF16 => {
+            let mut w: Vec<u16> = tensor.flatten_all()?.to_vec1::<bf16>()?.into_iter().map(|x| x.to_bits()).collect();
+            let c = step(Weights::Bf16(&mut w[r.clone()]));
+            let w: Vec<bf16> = w.into_iter().map(bf16::from_bits).collect();
+            var.set(&Tensor::from_vec(w, tensor.shape(), tensor.device())?)?;
+            Ok(c)
+        }
+        d => Err(OptimError::State(format!("parameter {} has unsupported dtype {d:?} (F32 or BF16)", t.info.name))),
     }
 }
 
@@ -87,8 +90,13 @@ impl Optimizer for LowbitAdamW {
         check_sizes(&self.moments.tensors, params, grads)?;
         let Some(grad_scale) = host_factor(scale)? else { return Ok(()) };
         let plan = self.moments.plan(step, lr, grad_scale)?;
-        let out =
-            params.iter().zip(grads).enumerate().map(|(i, (var, grad))| self.step_var(&plan, i, var, grad)).collect::<Result<_, _>>()?;
+        let (tensors, scratch) = (&mut self.moments.tensors, &mut self.scratch);
+        let out = tensors
+            .iter_mut()
+            .zip(&plan.tensors)
+            .zip(params.iter().zip(grads))
+            .map(|((t, p), (var, grad))| step_var(t, p, scratch, var, grad))
+            .collect::<Result<_, _>>()?;
         self.last = Some((step, out));
         Ok(())
     }

@@ -8,32 +8,6 @@ use crate::states::format::StateFormat;
 use crate::states::precond::PrecondStorage;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Which optimizer a run trains with (`optim.kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OptimizerKind {
-    /// AdamW (Loshchilov & Hutter 2019) with low-precision moments: the fused step.
-    #[default]
-    Adamw,
-    /// SOAP: Adam in the eigenbasis of Shampoo's preconditioners ([`crate::rules::soap`]).
-    Soap,
-}
-
-impl OptimizerKind {
-    /// AdamW (the default, left out of a resolved config).
-    pub fn is_adamw(&self) -> bool {
-        *self == OptimizerKind::Adamw
-    }
-
-    /// Config name (`adamw` / `soap`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OptimizerKind::Adamw => "adamw",
-            OptimizerKind::Soap => "soap",
-        }
-    }
-}
-
 /// `[optim.soap]` (read only with `optim.kind = "soap"`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

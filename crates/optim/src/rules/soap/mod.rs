@@ -45,7 +45,7 @@ use crate::states::precond::SoapStates;
 use crate::states::stalls::StallCounts;
 use crate::states::state_dict::HostStates;
 use candle_core::{Tensor, Var};
-pub use config::{OptimizerKind, SoapConfig};
+pub use config::SoapConfig;
 
 /// SOAP with low-precision states: the CPU reference implementation, and the [`Optimizer`] for
 /// `optim.kind = "soap"` on the CPU.
