@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training-step benchmark on one GPU, in one run: lowbit (`train bench training`, fused and
-# composed kernels, BF16 and FP32 models), a plain PyTorch LLaMA (scripts/bench_torch_llama.py,
+# composed kernels, BF16, BF16-mixed and FP32 models), a plain PyTorch LLaMA (scripts/bench_torch_llama.py,
 # eager and torch.compile: the comparator) and transformers' LlamaForCausalLM (eager and
 # torch.compile) on the same shape: LLaMA-100M, batch 128 x 256, FP8 states SR + resets for
 # lowbit (configs/llama100m_fp8_sr_reset.toml on the bundled text sample).
@@ -23,6 +23,8 @@ echo "# $(date -u +%Y-%m-%d) $(nvidia-smi --query-gpu=name,driver_version --form
 if has lowbit; then
   "$BIN" bench training --batch 128 --seq 256 --dtype bf16 "${DATA[@]}" --json "$ROWS"
   "$BIN" bench training --batch 128 --micro-batch 64 --seq 256 --dtype bf16 "${DATA[@]}" --json "$ROWS"
+  # mixed precision (FP32 weights and update, BF16 products and activations): beside BF16 and FP32
+  "$BIN" bench training --batch 128 --seq 256 --dtype bf16-mixed "${DATA[@]}" --json "$ROWS"
 fi
 if has composed; then
   "$BIN" bench training --batch 128 --micro-batch 64 --seq 256 --dtype bf16 --warmup 2 --steps 4 "${DATA[@]}" --set model.kernels=composed --json "$ROWS"

@@ -73,8 +73,9 @@ pub enum BenchCmd {
         /// Tokens per sequence.
         #[arg(long, default_value_t = 256)]
         seq: usize,
-        /// Weight and activation dtype: bf16 or f32.
-        #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+        /// `model.dtype`: bf16 (weights and activations), f32, or bf16-mixed (FP32 weights and
+        /// update, BF16 products and activations).
+        #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32", "bf16-mixed"])]
         dtype: String,
         /// Untimed steps first.
         #[arg(long, default_value_t = 5)]

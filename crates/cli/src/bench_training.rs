@@ -15,7 +15,6 @@
 //! and `torch.compile`) in one device command and writes `bench/training_h200.{md,json}`.
 
 use anyhow::{Context, Result};
-use candle_core::DType;
 use lowbit_train::config::{MatmulPrecision, RunConfig};
 use lowbit_train::flops;
 use lowbit_train::run_folder::FolderUse;
@@ -85,7 +84,8 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
         optimizer: per_step(phases.optimizer),
     };
     let peak = lowbit_train::device::memory(&dev).map_or(0.0, |(_, p)| p as f64 / (1u64 << 30) as f64);
-    let (model, dtype) = (session.model(), session.dtype());
+    // MFU against the peak of the products' dtype (BF16 for bf16-mixed)
+    let (model, dtype) = (session.model(), session.compute_dtype());
     let mcfg = model.config();
     let n = session.sizes.n_params - mcfg.vocab_size * mcfg.hidden_size;
     let t_len = cfg.data.seq_len;
@@ -95,7 +95,7 @@ pub fn training(cfg: &RunConfig, warmup: u64, steps: u64) -> Result<TrainingRow>
     Ok(TrainingRow {
         system: "lowbit".into(),
         preset: cfg.model.preset.clone().unwrap_or_else(|| "custom".into()),
-        dtype: if dtype == DType::BF16 { "bf16" } else { "f32" }.into(),
+        dtype: cfg.model.dtype.as_str().into(),
         batch: cfg.train.micro_batch * cfg.train.grad_accum,
         seq: t_len,
         micro_batch: cfg.train.micro_batch,
@@ -138,7 +138,8 @@ pub fn render_header() -> String {
 
 /// The run config for the benchmark: `config` with `--set` overrides, the device forced to
 /// CUDA and the batch given as `batch` sequences of `seq` tokens in micro-batches of
-/// `micro_batch` (batch a multiple of it).
+/// `micro_batch` (batch a multiple of it); `dtype`: `model.dtype` (`f32`, `bf16` or
+/// `bf16-mixed`).
 pub fn bench_config(
     config: &std::path::Path,
     sets: &[String],

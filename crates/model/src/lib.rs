@@ -18,7 +18,7 @@
 //! |-------------|-------|
 //! | [`config`]  | [`LlamaConfig`], presets, parameter count, HF `config.json` |
 //! | [`init`]    | [`init_params`]: seeded, device-independent Normal(0, 0.02) / ones init |
-//! | [`llama`]   | [`Llama`]: the model (its structure and weights) |
+//! | [`llama`]   | [`Llama`]: the model (its structure and weights; mixed precision, [`Llama::with_compute_dtype`]: FP32 master weights, BF16 compute) |
 //! | `passes`    | its passes, composed (candle autograd) or fused (each op's forward, then each backward in reverse): logits, loss, [`TrainingPass`] |
 //! | [`grad_sum`] | [`GradSum`]: FP32 gradient sums over micro-batches |
 //! | [`attention`], [`mlp`], [`norm`], [`rope`] | its parts |

@@ -4,6 +4,11 @@
 //! under autograd (each layer's modules in order, `loss.backward()`); the fused ones run the
 //! ops of `crate::fused` as llm.c writes a model (`explicit`, below): each op's forward, then
 //! each op's backward in reverse order.
+//!
+//! Mixed precision ([`Llama::with_compute_dtype`]): each pass runs on
+//! [`Llama::for_compute`]'s copy of the model in the compute dtype; the gradients are handed to
+//! the master weights (by candle's backward of the cast on the composed path, by the explicit
+//! backward's `Sink` on the fused one).
 
 use crate::grad_sum::GradSum;
 #[cfg(feature = "cuda")]
@@ -13,11 +18,15 @@ use crate::mlp::linear;
 use crate::rope::Rope;
 use candle_core::backprop::GradStore;
 use candle_core::{Module, Result, Tensor};
+use std::borrow::Cow;
 
 impl Llama {
     /// Final hidden states after `model.norm`: `input` `[B, T]` u32 token ids (T ≤
-    /// `max_seq_len`) → `[B, T, H]` in the weights' dtype.
+    /// `max_seq_len`) → `[B, T, H]` in the compute dtype ([`Llama::compute_dtype`]).
     pub fn forward_hidden(&self, input: &Tensor) -> Result<Tensor> {
+        if let Cow::Owned(m) = self.for_compute()? {
+            return m.forward_hidden(input);
+        }
         self.check_seq_len(input.dim(1)?)?;
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
@@ -26,9 +35,13 @@ impl Llama {
         self.composed_hidden(input)
     }
 
-    /// Next-token logits: `input` `[B, T]` u32 token ids → `[B, T, V]` in the weights' dtype.
-    /// Position `t` only sees tokens `0..=t`.
+    /// Next-token logits: `input` `[B, T]` u32 token ids → `[B, T, V]` in the compute dtype
+    /// ([`Llama::compute_dtype`]: the weights' unless mixed). Position `t` only sees tokens
+    /// `0..=t`.
     pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        if let Cow::Owned(m) = self.for_compute()? {
+            return m.forward(input);
+        }
         let hidden = self.forward_hidden(input)?;
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
@@ -45,6 +58,9 @@ impl Llama {
     /// run in chunks of rows (`crate::fused::lm_head::loss`: the `[B, T, V]` logits are never
     /// held) and no graph is kept (validation; train with [`Llama::training_pass`]).
     pub fn loss(&self, input: &Tensor, target: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        if let Cow::Owned(m) = self.for_compute()? {
+            return m.loss(input, target, mask);
+        }
         #[cfg(feature = "cuda")]
         if self.kernels == Kernels::Fused {
             self.check_seq_len(input.dim(1)?)?;
@@ -57,7 +73,9 @@ impl Llama {
     /// [`TrainingPass::backward`] gives the gradient of every weight. With
     /// [`crate::kernels::Kernels::Fused`] the backward is explicit (`explicit`:
     /// each op's backward function in reverse order, each gradient written once); with
-    /// [`crate::kernels::Kernels::Composed`] it is candle's `loss.backward()`.
+    /// [`crate::kernels::Kernels::Composed`] it is candle's `loss.backward()`. Mixed precision
+    /// ([`Llama::with_compute_dtype`]): the pass runs on a copy of the weights in the compute
+    /// dtype, and the gradients are those of the master weights, in their dtype.
     ///
     /// `input_ids`: the values of `input` on the host (row-major, `B * T`), when the caller
     /// has them (a trainer copied them to the device): the fused backward groups the
@@ -131,7 +149,8 @@ impl TrainingPass<'_> {
     }
 
     /// The gradient of [`TrainingPass::loss`] for every weight, keyed by the weight tensors
-    /// as `Tensor::backward` keys them (the weights' dtype).
+    /// as `Tensor::backward` keys them, in the weights' dtype (with mixed precision: keyed by
+    /// the master weights, in their dtype, e.g. FP32 gradients of BF16 products).
     pub fn backward(self) -> Result<GradStore> {
         match self.0 {
             Pass::Autograd(loss, _) => loss.backward(),
@@ -145,7 +164,8 @@ impl TrainingPass<'_> {
     /// step. On the composed path each weight's gradient is widened and added; on the fused
     /// path the matrix products of the weights' gradients accumulate into the sums in place
     /// (FP32 products, without rounding each pass's gradient to the weights' dtype first), the
-    /// other gradients are widened and added.
+    /// other gradients are widened and added. With mixed precision the sums are keyed by the
+    /// master weights.
     pub fn accumulate(self, sum: &mut GradSum) -> Result<()> {
         match self.0 {
             Pass::Autograd(loss, model) => {
@@ -182,7 +202,9 @@ mod explicit {
     use crate::grad_sum::GradSum;
     use crate::llama::Llama;
     use candle_core::backprop::GradStore;
-    use candle_core::{Result, Tensor};
+    use candle_core::{Result, Tensor, TensorId};
+    use std::borrow::Cow;
+    use std::collections::HashMap;
 
     /// What one layer's backward needs from its forward: the layer's input, the normed input,
     /// q and k after RoPE (`[B, heads, T, d]`), the v projection, the attention output and its
@@ -250,7 +272,11 @@ mod explicit {
 
     /// A training forward pass whose [`Forward::backward`] gives the weights' gradients.
     pub(crate) struct Forward<'a> {
-        model: &'a Llama,
+        /// The model the pass runs: `master` itself, or its copy in the compute dtype
+        /// ([`Llama::for_compute`]).
+        model: Cow<'a, Llama>,
+        /// The model whose weights the gradients are of.
+        master: &'a Llama,
         /// `scale` times the mean loss (F32 scalar).
         pub(crate) loss: Tensor,
         ids: embedding::Grouping,
@@ -266,15 +292,18 @@ mod explicit {
         /// The forward pass of `model` on `input`/`target`/`mask` (`[B, T]`) for `scale` times
         /// the mean loss; `input_ids`: `input`'s values on the host, if the caller has them
         /// (else read back here). The LM head's gradients are computed here
-        /// ([`lm_head::loss_and_grads`]).
+        /// ([`lm_head::loss_and_grads`]). With mixed precision the pass runs on `master`'s copy
+        /// in the compute dtype.
         pub(crate) fn run(
-            model: &'a Llama,
+            master: &'a Llama,
             input: &Tensor,
             target: &Tensor,
             mask: &Tensor,
             input_ids: Option<&[u32]>,
             scale: f64,
         ) -> Result<Self> {
+            let compute = master.for_compute()?;
+            let model = &*compute;
             let (b, t) = input.dims2()?;
             let h = model.cfg.hidden_size;
             let ids = input.flatten_all()?.contiguous()?;
@@ -301,7 +330,8 @@ mod explicit {
             let (x, hidden) = norm::forward(&x, Some(&delta), &model.norm.weight, model.norm.eps)?;
             let (target, weight) = crate::loss::flat_weights(target, mask, b * t)?;
             let (loss, d_hidden, d_head) = lm_head::loss_and_grads(&hidden.reshape((b * t, h))?, &model.lm_head, &target, &weight, scale)?;
-            Ok(Forward { model, loss, ids, saved, x, d_hidden: d_hidden.reshape((b, t, h))?, d_head })
+            let d_hidden = d_hidden.reshape((b, t, h))?;
+            Ok(Forward { model: compute, master, loss, ids, saved, x, d_hidden, d_head })
         }
 
         /// The gradient of the loss for every weight, keyed by the weight tensors as
@@ -311,11 +341,19 @@ mod explicit {
         /// ([`WeightGrad::Sum`]); the norms', the embedding's and the LM head's gradients are
         /// added out of place.
         pub(crate) fn backward(self, sum: Option<&mut GradSum>) -> Result<Option<GradStore>> {
-            let model = self.model;
+            let model = &*self.model;
             let (cos, sin, scale) = (model.rope.cos(), model.rope.sin(), 1.0 / (model.cfg.head_dim() as f64).sqrt());
-            let mut out = match sum {
-                Some(s) => Sink::Sum(s),
-                None => Sink::Own(GradStore::default()),
+            // mixed precision: each weight the ops see is the copy of a master weight
+            let master = match &self.model {
+                Cow::Borrowed(_) => HashMap::new(),
+                Cow::Owned(m) => m.weights().into_iter().zip(self.master.weights()).map(|(c, w)| (c.id(), w.clone())).collect(),
+            };
+            let mut out = Sink {
+                to: match sum {
+                    Some(s) => To::Sum(s),
+                    None => To::Own(GradStore::default()),
+                },
+                master,
             };
             out.add(&model.lm_head, self.d_head)?;
             let (mut dx, dw) = norm::backward(&self.x, &model.norm.weight, &self.d_hidden, None, model.norm.eps)?;
@@ -344,62 +382,78 @@ mod explicit {
                 dx = d_x;
                 let products = [dw_down, dw_gate, dw_up, dw_o].into_iter().chain(dw_qkv);
                 for (w, g) in products_of.into_iter().zip(products) {
-                    out.put(w, g);
+                    out.put(w, g)?;
                 }
                 out.add(&n2.weight, dw_norm2)?;
                 out.add(&n1.weight, dw_norm1)?;
             }
             let d_embed = embedding::backward(&model.embed_tokens, &self.ids, &dx.flatten_to(1)?)?;
             out.add(&model.embed_tokens, d_embed)?;
-            Ok(match out {
-                Sink::Own(g) => Some(g),
-                Sink::Sum(_) => None,
+            Ok(match out.to {
+                To::Own(g) => Some(g),
+                To::Sum(_) => None,
             })
         }
     }
 
     /// Where [`Forward::backward`] puts the weights' gradients: a store of its own (the weights'
-    /// dtype), or FP32 sums over passes in the caller's store.
-    enum Sink<'s> {
+    /// dtype), or FP32 sums over passes in the caller's store; keyed by the master weights.
+    struct Sink<'s> {
+        to: To<'s>,
+        /// With mixed precision, the master weight of each compute copy (by the copy's id);
+        /// empty when the pass runs on the master weights themselves.
+        master: HashMap<TensorId, Tensor>,
+    }
+
+    enum To<'s> {
         Own(GradStore),
         Sum(&'s mut GradSum),
     }
 
     impl Sink<'_> {
+        /// The weight whose gradient `w`'s is: its master, or `w` itself.
+        fn key(&self, w: &Tensor) -> Tensor {
+            self.master.get(&w.id()).unwrap_or(w).clone()
+        }
+
         /// The running sum of `w`'s gradient (`Sum` only).
         fn sum_of(&self, w: &Tensor) -> Option<Tensor> {
-            match self {
-                Sink::Sum(s) => s.get(w).cloned(),
-                Sink::Own(_) => None,
+            match &self.to {
+                To::Sum(s) => s.get(&self.key(w)).cloned(),
+                To::Own(_) => None,
             }
         }
 
         /// How an op writes a gradient whose running sum is `prev` ([`Sink::sum_of`]).
         fn target<'a>(&self, prev: &'a Option<Tensor>) -> WeightGrad<'a> {
-            match self {
-                Sink::Own(_) => WeightGrad::New,
-                Sink::Sum(_) => WeightGrad::Sum(prev.as_ref()),
+            match self.to {
+                To::Own(_) => WeightGrad::New,
+                To::Sum(_) => WeightGrad::Sum(prev.as_ref()),
             }
         }
 
-        /// Stores what an op returned for `w` under [`Sink::target`]: its gradient or new sum.
-        fn put(&mut self, w: &Tensor, g: Tensor) {
-            match self {
-                Sink::Own(s) => {
-                    s.insert(w, g);
+        /// Stores what an op returned for `w` under [`Sink::target`]: its gradient (in the
+        /// master weight's dtype) or new sum.
+        fn put(&mut self, w: &Tensor, g: Tensor) -> Result<()> {
+            let w = self.key(w);
+            match &mut self.to {
+                To::Own(s) => {
+                    s.insert(&w, g.to_dtype(w.dtype())?);
                 }
-                Sink::Sum(s) => s.set(w, g),
+                To::Sum(s) => s.set(&w, g),
             }
+            Ok(())
         }
 
         /// Stores `w`'s gradient `g` (the weight's dtype, or F32) from an op that writes no sums:
-        /// in the weight's dtype, or widened to FP32 and added to the running sum.
+        /// in the (master) weight's dtype, or widened to FP32 and added to the running sum.
         fn add(&mut self, w: &Tensor, g: Tensor) -> Result<()> {
-            match self {
-                Sink::Own(s) => {
-                    s.insert(w, g.to_dtype(w.dtype())?);
+            let w = self.key(w);
+            match &mut self.to {
+                To::Own(s) => {
+                    s.insert(&w, g.to_dtype(w.dtype())?);
                 }
-                Sink::Sum(s) => s.add(w, &g)?,
+                To::Sum(s) => s.add(&w, &g)?,
             }
             Ok(())
         }

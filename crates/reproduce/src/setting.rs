@@ -17,7 +17,8 @@ pub fn describe(scale: Scale, cfg: &RunConfig, params: Option<usize>, passes: Op
     let size = params.map_or(String::new(), |p| format!(" ({:.1}M parameters)", p as f64 / 1e6));
     let weights = match cfg.model.dtype {
         WeightDtype::Bf16 => "BF16 weights and activations",
-        _ => "FP32 weights and activations",
+        WeightDtype::Bf16Mixed => "FP32 master weights, BF16 matrix products and activations (bf16-mixed)",
+        WeightDtype::F32 => "FP32 weights and activations",
     };
     let d = &cfg.data;
     let order = if d.shuffle { "rows shuffled" } else { "rows in file order" };

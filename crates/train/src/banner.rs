@@ -25,11 +25,11 @@ pub fn banner(
     let states = opt.states();
     let (spec, n_params, state_bytes) = (&states.moments.spec, model.params.num_params(), states.state_bytes());
     let mut banner = format!(
-        "model {} params ({} layers, hidden {}, {:?} weights, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens{} | device {}\nstates: {}",
+        "model {} params ({} layers, hidden {}, {}, {:?} kernels) | states m={} v={} ({} / {}): {} bytes = {:.3} bytes/param | batch {} x {} tokens{} | device {}\nstates: {}",
         n_params,
         mcfg.num_layers,
         mcfg.hidden_size,
-        model.dtype,
+        precision(model),
         model.llama.kernels(),
         spec.m_format.name(),
         spec.v_format.name(),
@@ -77,6 +77,15 @@ pub fn banner(
         banner += &format!("\ntheory: v stalled fraction {p:.3} for {} at b2 = {}", spec.v_format.name(), cfg.optim.beta2);
     }
     banner
+}
+
+/// The banner's weights and compute: `F32 weights` (or BF16), or for mixed precision
+/// (`model.dtype = "bf16-mixed"`) `F32 weights, BF16 compute`.
+fn precision(model: &TrainModel) -> String {
+    match (model.dtype, model.compute_dtype) {
+        (w, c) if w == c => format!("{w:?} weights"),
+        (w, c) => format!("{w:?} weights, {c:?} compute"),
+    }
 }
 
 /// The banner's weight-decay line: which tensors take it.

@@ -66,9 +66,18 @@ pub fn evaluate_until(
 
 /// The loss of the model on the first validation micro-batch, with the batch itself, for
 /// checking an exported checkpoint in `transformers` (`scripts/check_hf_export.py`).
+/// `dtype`: the dtype of the exported weights, which the loss is computed in: a mixed-precision
+/// model (FP32 weights, BF16 compute) is checked in FP32, as transformers loads its weights.
 pub fn export_check(model: &Llama, val: &[Batch], dev: &Device, dtype: DType) -> Result<ExportCheck> {
     let b = val.first().context("validation set is empty: no batch for export_check.json")?;
     let (x, y, m) = batch_tensors(b, dev)?;
+    let exported;
+    let model = if model.compute_dtype() == dtype {
+        model
+    } else {
+        exported = model.clone().with_compute_dtype(dtype)?;
+        &exported
+    };
     let loss = model.loss(&x, &y, &m)?.to_scalar::<f32>()? as f64;
     let rows = |v: &[u32]| v.chunks(b.seq_len).map(|r| r.to_vec()).collect::<Vec<_>>();
     Ok(ExportCheck {

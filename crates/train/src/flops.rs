@@ -53,7 +53,8 @@ pub fn mfu(tokens_per_s: f64, flops_per_token: f64, peak: f64) -> f64 {
 /// Seconds one step of this rank (`train.micro_batch` x its micro-batches x `data.seq_len`
 /// positions, padding included: the products run over it) would take at the card's dense
 /// peak: a step's MFU is this over the step's seconds. `n_params`: all of the model's
-/// parameters (the embedding table is taken off here). `None` on the CPU or a card without a
+/// parameters (the embedding table is taken off here); `dtype`: the dtype of the matrix
+/// products (the compute dtype: BF16 for `model.dtype = "bf16-mixed"`). `None` on the CPU or a card without a
 /// known peak ([`peak_flops`]).
 pub fn peak_step_seconds(
     cfg: &crate::config::RunConfig,

@@ -7,10 +7,11 @@
 //! config that fits is never refused. The weights, their gradients and the two moment states
 //! (SOAP: and its preconditioners with their FP32 bases);
 //! the composed ops' causal mask (`max_seq_len`² FP32, built at their first forward; none with
-//! the fused kernels); one micro-batch's logits in the weights' dtype (`micro_batch x seq_len
-//! x vocab` composed; the fused LM head holds at most [`LM_HEAD_CHUNK_ROWS`] rows of them), each
-//! layer's input kept for the backward (`layers x micro_batch x seq_len x hidden`, in the
-//! weights' dtype, on either path), and one layer's attention scores (`micro_batch x heads x seq_len`², FP32; none with the fused
+//! the fused kernels); with `model.dtype = "bf16-mixed"` the BF16 copies of the FP32 weights
+//! that each pass computes with; one micro-batch's logits in the compute dtype (`micro_batch x
+//! seq_len x vocab` composed; the fused LM head holds at most [`LM_HEAD_CHUNK_ROWS`] rows of
+//! them), each layer's input kept for the backward (`layers x micro_batch x seq_len x hidden`,
+//! in the compute dtype, on either path), and one layer's attention scores (`micro_batch x heads x seq_len`², FP32; none with the fused
 //! attention, which takes head dimensions [`FLASH_HEAD_DIMS`]). Arithmetic in f64, so that
 //! absurd sizes give absurd numbers instead of overflowing.
 
@@ -25,7 +26,7 @@ use lowbit_optim::StatesPlan;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryFloor {
     /// Weights, gradients (FP32) and the m and v states (with SOAP its preconditioners and
-    /// their bases).
+    /// their bases); with `bf16-mixed` also the weights' BF16 copies.
     pub model_and_states: f64,
     /// One micro-batch's logits, each layer's input and one layer's attention scores.
     pub activations: f64,
@@ -73,9 +74,12 @@ impl MemoryFloor {
             kept.map(|&n| f(n) * f(n) * (f64::from(bits) / 8.0 + 4.0)).sum()
         };
         let params = 2.0 * v * h + layers * (2.0 * h * h + 2.0 * h * f(kv) + 3.0 * h * i + 2.0 * h) + h;
-        let weight_bytes = match cfg.model.dtype {
-            WeightDtype::F32 => 4.0,
-            WeightDtype::Bf16 => 2.0,
+        // the weights' bytes, and the activations' (the compute dtype); a mixed-precision
+        // pass also holds the weights' BF16 copies (`lowbit_model::Llama::with_compute_dtype`)
+        let (weight_bytes, act_bytes, copy_bytes) = match cfg.model.dtype {
+            WeightDtype::F32 => (4.0, 4.0, 0.0),
+            WeightDtype::Bf16 => (2.0, 2.0, 0.0),
+            WeightDtype::Bf16Mixed => (4.0, 2.0, 2.0),
         };
         let shards = if cfg.train.zero == 1 { ranks.max(1) as f64 } else { 1.0 };
         let state_bytes: f64 = tensors
@@ -96,8 +100,8 @@ impl MemoryFloor {
         let flash = fused && FLASH_HEAD_DIMS.contains(&m.head_dim());
         let scores = if flash { 0.0 } else { f(cfg.train.micro_batch) * f(m.num_heads) * seq * seq * 4.0 };
         MemoryFloor {
-            model_and_states: params * (weight_bytes + 4.0) + state_bytes,
-            activations: (logit_rows * v + layers * tokens * h) * weight_bytes + scores,
+            model_and_states: params * (weight_bytes + 4.0 + copy_bytes) + state_bytes,
+            activations: (logit_rows * v + layers * tokens * h) * act_bytes + scores,
             mask: if fused { 0.0 } else { f(m.max_seq_len) * f(m.max_seq_len) * 4.0 },
             shuffle_buffer: 0.0,
         }
@@ -263,6 +267,25 @@ mod tests {
         assert!(composed.mask > 0.0);
         (m.num_heads, m.num_kv_heads) = (m.hidden_size / 64, m.hidden_size / 64);
         assert_eq!(MemoryFloor::of_kernels(&cfg, &m, &plan, 1, true).activations, logits(4096.0));
+    }
+
+    /// `bf16-mixed` holds FP32 weights and gradients as `f32`, plus the weights' BF16 copies
+    /// (2 bytes per parameter), and its activations in BF16 (half of `f32`'s); `bf16` holds 2
+    /// bytes of weights per parameter.
+    #[test]
+    fn bf16_mixed_counts_fp32_weights_their_bf16_copies_and_bf16_activations() {
+        let (mut cfg, m, plan) = tiny();
+        let f32_floor = MemoryFloor::of(&cfg, &m, &plan, 1);
+        cfg.model.dtype = WeightDtype::Bf16Mixed;
+        let mixed = MemoryFloor::of(&cfg, &m, &plan, 1);
+        cfg.model.dtype = WeightDtype::Bf16;
+        let bf16 = MemoryFloor::of(&cfg, &m, &plan, 1);
+        let n = m.num_parameters() as f64;
+        assert_eq!(mixed.model_and_states - f32_floor.model_and_states, 2.0 * n);
+        assert_eq!(f32_floor.model_and_states - bf16.model_and_states, 2.0 * n);
+        let scores = (cfg.train.micro_batch * m.num_heads * cfg.data.seq_len * cfg.data.seq_len * 4) as f64;
+        assert_eq!(mixed.activations - scores, (f32_floor.activations - scores) / 2.0);
+        assert_eq!(mixed.activations, bf16.activations);
     }
 
     /// The shipped CPU config fits in 1 GiB; the sizes of the issue do not fit anywhere, and

@@ -4,7 +4,7 @@
 //! ([`ParamSet`]) with their optimizer metadata ([`param_infos`]), and the `config.json` and
 //! tokenizer files a checkpoint exports.
 
-use crate::config::{KernelChoice, MatmulPrecision, RunConfig, WeightDtype};
+use crate::config::{KernelChoice, MatmulPrecision, RunConfig};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Var};
 use lowbit_data::Tokens;
@@ -18,8 +18,12 @@ pub struct TrainModel {
     pub params: ParamSet,
     /// The weights by name (what `model.safetensors` holds).
     pub varmap: candle_nn::VarMap,
-    /// The weights' dtype.
+    /// The weights' dtype (the optimizer's and the checkpoint's): F32 for `model.dtype =
+    /// "f32"` and `"bf16-mixed"`, BF16 for `"bf16"`.
     pub dtype: DType,
+    /// The dtype the passes compute in (matrix products, activations): BF16 for `"bf16"` and
+    /// `"bf16-mixed"`, F32 for `"f32"`.
+    pub compute_dtype: DType,
     /// The exported `config.json`: the model, and the tokenizer's special ids for `generate`.
     pub hf_config: serde_json::Value,
     /// The exported tokenizer files beside it ([`Tokens::hf_tokenizer_files`]: the run's
@@ -29,23 +33,21 @@ pub struct TrainModel {
 
 impl TrainModel {
     /// The model of dims `mcfg` with `cfg`'s dtype, kernels and seed on `dev`, its weights
-    /// freshly initialised.
+    /// freshly initialised (in the weights' dtype, [`crate::config::WeightDtype::weights`]:
+    /// a `bf16-mixed` model starts from the same FP32 weights as an `f32` one).
     ///
     /// # Errors
     /// The weights cannot be allocated, or the kernels do not take the model or the device
     /// ([`build_model`]).
     pub fn build(cfg: &RunConfig, mcfg: &LlamaConfig, tok: &Tokens, dev: &Device) -> Result<TrainModel> {
-        let dtype = match cfg.model.dtype {
-            WeightDtype::F32 => DType::F32,
-            WeightDtype::Bf16 => DType::BF16,
-        };
+        let (dtype, compute_dtype) = (cfg.model.dtype.weights(), cfg.model.dtype.compute());
         let mut hf_config = mcfg.hf_config_json_with_dtype(dtype);
         hf_config.as_object_mut().context("config.json is a JSON object")?.extend(tok.hf_token_ids());
         let varmap = init_params(mcfg, cfg.train.seed, dtype, dev)?;
         let llama = build_model(cfg, mcfg, &varmap, dtype, dev)?;
         let params = ParamSet::from_varmap(&varmap);
         let hf_tokenizer = tok.hf_tokenizer_files(cfg.data.seq_len);
-        Ok(TrainModel { llama, params, varmap, dtype, hf_config, hf_tokenizer })
+        Ok(TrainModel { llama, params, varmap, dtype, compute_dtype, hf_config, hf_tokenizer })
     }
 }
 
@@ -91,7 +93,8 @@ pub fn param_infos(params: &ParamSet) -> Result<Vec<ParamInfo>> {
         .collect()
 }
 
-/// The model on `dev` with the configured kernels and FP32 matmul precision.
+/// The model on `dev` with weights `varmap` of `dtype`, the configured kernels, FP32 matmul
+/// precision and compute dtype (`model.dtype`, [`crate::config::WeightDtype::compute`]).
 pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarMap, dtype: DType, dev: &Device) -> Result<Llama> {
     let model = Llama::new(mcfg, candle_nn::VarBuilder::from_varmap(varmap, dtype, dev))?;
     let kernels = match cfg.model.kernels {
@@ -119,5 +122,6 @@ pub fn build_model(cfg: &RunConfig, mcfg: &LlamaConfig, varmap: &candle_nn::VarM
     candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
     #[cfg(not(feature = "cuda"))]
     let _ = tf32; // CPU matrix products are FP32
-    model.with_kernels(kernels).context("model.kernels")
+    let model = model.with_kernels(kernels).context("model.kernels")?;
+    model.with_compute_dtype(cfg.model.dtype.compute()).with_context(|| format!("model.dtype = \"{}\"", cfg.model.dtype))
 }

@@ -162,7 +162,7 @@ impl Session {
         };
         let stall_log = StallWriter::new(host.moments(), theory, cfg.run.stall_detail_every);
         let (opt, sizes) = optimizer::for_run(host, model.params.num_params(), &cfg, &comm, &dev)?;
-        let peak_step_seconds = crate::flops::peak_step_seconds(&cfg, &mcfg, sizes.n_params, model.dtype, accum_per_rank, &dev);
+        let peak_step_seconds = crate::flops::peak_step_seconds(&cfg, &mcfg, sizes.n_params, model.compute_dtype, accum_per_rank, &dev);
         // Only now, with everything validated and a resume's checkpoint accepted, touch the run
         // folder (rank 0 alone writes it): a start that fails leaves the folder as it was.
         let resumed_at = launch.resume_from.is_some().then_some(state.step);
@@ -268,9 +268,15 @@ impl Session {
         &self.model.llama
     }
 
-    /// The model's weights' dtype.
+    /// The model's weights' dtype (F32 for `model.dtype = "bf16-mixed"`).
     pub fn dtype(&self) -> DType {
         self.model.dtype
+    }
+
+    /// The dtype the model computes in (BF16 for `model.dtype = "bf16-mixed"`; the peak of
+    /// its MFU).
+    pub fn compute_dtype(&self) -> DType {
+        self.model.compute_dtype
     }
 
     /// The folder of the checkpoint of `step` (written by rank 0).

@@ -3,6 +3,7 @@
 //! config check can tell: `lowbit_optim::StatesConfig::resolve`) or warned about here.
 
 use crate::config::{RunConfig, WeightDtype};
+use candle_core::DType;
 use lowbit_data::{PassSize, RowOrder};
 use lowbit_optim::{
     BiasCorrection, GroupStates, Moments, ResetRule, Rounding, ScaleChoice, StateFormat, StatesPlan, StatesSpec, VResetIdle,
@@ -101,12 +102,13 @@ pub fn setting_warnings(cfg: &RunConfig, plan: &StatesPlan, largest: &BTreeMap<&
             max_steps.saturating_sub(1)
         ));
     }
-    if spec.weight_rounding == Rounding::Stochastic && cfg.model.dtype == WeightDtype::F32 {
-        w.push(
-            "optim.states.weight_rounding = \"stochastic\" does nothing with model.dtype = \"f32\": FP32 weights are \
-             updated exactly, nothing is rounded (it applies to BF16 weights)"
-                .into(),
-        );
+    if spec.weight_rounding == Rounding::Stochastic && cfg.model.dtype.weights() == DType::F32 {
+        let master = if cfg.model.dtype == WeightDtype::Bf16Mixed { " (the master copy; each pass's BF16 copy is made anew)" } else { "" };
+        w.push(format!(
+            "optim.states.weight_rounding = \"stochastic\" does nothing with model.dtype = \"{}\": FP32 weights{master} \
+             are updated exactly, nothing is rounded (it applies to BF16 weights, model.dtype = \"bf16\")",
+            cfg.model.dtype
+        ));
     }
     let groups =
         cfg.optim.states.groups.iter().filter_map(|(name, g)| Some(Section { group: Some((name, g)), spec: plan.groups.get(name)? }));
@@ -427,6 +429,19 @@ mod tests {
     /// A pass of `rows` rows known (in memory) or not (streaming), of 1M tokens.
     fn pass(rows: Option<u64>) -> PassSize {
         PassSize { tokens: 1_000_000, exact: true, rows }
+    }
+
+    /// Stochastic weight rounding cannot act on FP32 weights: `f32`, and `bf16-mixed`'s master
+    /// copy; it acts on `bf16`'s.
+    #[test]
+    fn weight_rounding_without_bf16_weights() {
+        let sr = "optim.states.weight_rounding=\"stochastic\"";
+        let w = one(&[sr], "optim.states.weight_rounding");
+        assert!(w.contains("does nothing with model.dtype = \"f32\": FP32 weights are updated exactly"), "{w}");
+        let w = one(&[sr, "model.dtype=\"bf16-mixed\""], "optim.states.weight_rounding");
+        assert!(w.contains("does nothing with model.dtype = \"bf16-mixed\": FP32 weights (the master copy"), "{w}");
+        assert_eq!(warnings(&[sr, "model.dtype=\"bf16\""]), Vec::<String>::new());
+        assert_eq!(warnings(&["model.dtype=\"bf16-mixed\""]), Vec::<String>::new());
     }
 
     #[test]

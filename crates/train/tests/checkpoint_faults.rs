@@ -135,6 +135,25 @@ fn resume_is_bit_identical_bf16_weights() {
     check_exact_resume("bf16", &sets, 4, 4, "bfloat16");
 }
 
+/// `model.dtype = "bf16-mixed"` (FP32 weights and update, BF16 products and activations):
+/// the tiny run trains (its last training loss below its first), resumes bit-identically,
+/// and its checkpoints hold FP32 weights (`float32` in config.json and the export check, whose
+/// loss is the FP32 model's: the weights as exported).
+#[test]
+fn resume_is_bit_identical_bf16_mixed() {
+    let (_tmp, run) = check_exact_resume("mixed", &["model.dtype=\"bf16-mixed\""], 5, 3, "float32");
+    let losses: Vec<f64> = metrics(&run).iter().filter_map(|r| r.get("loss").and_then(Value::as_f64)).collect();
+    println!("bf16-mixed training losses {losses:?}");
+    assert!(losses.len() >= 2 && losses[losses.len() - 1] < losses[0], "bf16-mixed trains: {losses:?}");
+    let ck = checkpoint::latest(&run).unwrap();
+    let raw = read(&ck.join("model.safetensors"));
+    let st = safetensors::SafeTensors::deserialize(&raw).unwrap();
+    assert!(!st.is_empty());
+    for (name, t) in st.tensors() {
+        assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}: bf16-mixed saves its FP32 master weights");
+    }
+}
+
 /// Streaming mode (a text above `data.in_memory_max_tokens`): the checkpoint of step 3 holds
 /// the shuffle buffer's rows and draws, and the run resumed from it reads the same rows.
 #[test]
@@ -530,7 +549,7 @@ fn bad_config_files_give_one_line_errors_naming_file_and_line() {
         ("optim.states.bias_correction=0", "`restart` or `continue`"),
         ("optim.states.v_reset_idle=1", "`reset` or `keep`"),
         ("optim.states.weight_rounding=0", "one of `nearest`, `rne`, `sr`, `stochastic`"),
-        ("model.dtype=1", "`f32` or `bf16`"),
+        ("model.dtype=1", "one of `f32`, `bf16`, `bf16-mixed`"),
         ("model.kernels=2", "one of `auto`, `fused`, `composed`"),
         ("model.matmul_precision=1", "`fp32` or `tf32`"),
         ("data.on_bad_line=1", "`skip` or `fail`"),

@@ -3,18 +3,63 @@
 //! tokenizer's vocabulary and the data's sequence length ([`ModelSection::resolve`]).
 
 use anyhow::{bail, Context, Result};
+use candle_core::DType;
 use lowbit_model::LlamaConfig;
 use serde::{Deserialize, Serialize};
 
-/// Weight (and activation) dtype of the model.
+/// `model.dtype`: the dtype of the model's weights (and of the optimizer's update of them)
+/// and the dtype its passes compute in (matrix products, activations).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightDtype {
-    /// FP32 weights (the paper's Table 2).
+    /// FP32 weights, FP32 compute (the paper's Table 2).
     #[default]
     F32,
-    /// BF16 weights updated in place with `optim.states.weight_rounding` (the main table).
+    /// BF16 weights updated in place with `optim.states.weight_rounding`, BF16 compute (the
+    /// paper's main table: no FP32 master copy).
     Bf16,
+    /// Mixed precision, as `torch.autocast(dtype=torch.bfloat16)`: FP32 master weights and an
+    /// FP32 optimizer update (as `f32`), BF16 matrix products (FP32 accumulation) and
+    /// activations (as `bf16`: each pass runs the BF16 model on BF16 copies of the weights,
+    /// `lowbit_model::Llama::with_compute_dtype`); FP32 gradients; checkpoints hold the FP32
+    /// weights.
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+}
+
+impl WeightDtype {
+    /// The name `model.dtype` takes: `"f32"`, `"bf16"` or `"bf16-mixed"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+            WeightDtype::Bf16Mixed => "bf16-mixed",
+        }
+    }
+
+    /// The weights' dtype (the `Var`s the optimizer updates, the checkpoint's tensors): BF16
+    /// for `bf16`, FP32 for `f32` and `bf16-mixed`.
+    pub fn weights(self) -> DType {
+        match self {
+            WeightDtype::Bf16 => DType::BF16,
+            WeightDtype::F32 | WeightDtype::Bf16Mixed => DType::F32,
+        }
+    }
+
+    /// The dtype the model's passes compute in (matrix products and activations; the peak
+    /// FLOP/s of MFU): FP32 for `f32`, BF16 for `bf16` and `bf16-mixed`.
+    pub fn compute(self) -> DType {
+        match self {
+            WeightDtype::F32 => DType::F32,
+            WeightDtype::Bf16 | WeightDtype::Bf16Mixed => DType::BF16,
+        }
+    }
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `model.kernels`: which implementation of the model's ops runs.
@@ -50,7 +95,8 @@ pub enum MatmulPrecision {
 pub struct ModelSection {
     /// tiny, llama20m, llama60m, llama100m, llama130m, llama350m.
     pub preset: Option<String>,
-    /// Weight dtype: "f32" (default) or "bf16".
+    /// Weight and compute dtype: "f32" (default), "bf16" or "bf16-mixed" (FP32 weights,
+    /// BF16 compute), [`WeightDtype`].
     #[serde(default)]
     pub dtype: WeightDtype,
     /// Vocabulary size; default: the tokenizer's.
@@ -116,5 +162,29 @@ impl ModelSection {
         }
         c.validate().map_err(|e| anyhow::anyhow!("model: {e}"))?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `model.dtype`'s three names parse, print back as written, and say the weights' and the
+    /// compute dtype: `bf16-mixed` is FP32 weights with BF16 compute.
+    #[test]
+    fn weight_dtypes_name_their_weights_and_compute() {
+        for (name, dtype, weights, compute) in [
+            ("f32", WeightDtype::F32, DType::F32, DType::F32),
+            ("bf16", WeightDtype::Bf16, DType::BF16, DType::BF16),
+            ("bf16-mixed", WeightDtype::Bf16Mixed, DType::F32, DType::BF16),
+        ] {
+            let m: ModelSection = toml::from_str(&format!("dtype = \"{name}\"")).unwrap();
+            assert_eq!(m.dtype, dtype, "{name}");
+            assert_eq!((dtype.as_str(), dtype.to_string()), (name, name.to_string()));
+            assert_eq!((dtype.weights(), dtype.compute()), (weights, compute), "{name}");
+            let back = toml::to_string(&m).unwrap();
+            assert!(back.contains(&format!("dtype = \"{name}\"")), "{back}");
+        }
+        assert!(toml::from_str::<ModelSection>("dtype = \"bf16_mixed\"").is_err());
     }
 }
