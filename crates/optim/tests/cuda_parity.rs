@@ -18,7 +18,8 @@
 //! NaN payloads to the hardware; the encoders store one canonical NaN). Simulated stalling
 //! (skipped write-backs of m and v) is one more case set: the kernels skip the elements the CPU
 //! skips. SOAP (`cuda_parity/soap.rs`): its write-back kernels bit for bit, its updates within a
-//! tolerance.
+//! tolerance. Muon (`cuda_parity/muon.rs`): its states and counts bit for bit, its weights within
+//! a tolerance.
 
 /// What a build without the `cuda` feature shows instead of passing without running.
 #[cfg(not(feature = "cuda"))]
@@ -37,3 +38,7 @@ mod grad_norm;
 #[cfg(feature = "cuda")]
 #[path = "cuda_parity/soap.rs"]
 mod soap;
+
+#[cfg(feature = "cuda")]
+#[path = "cuda_parity/muon.rs"]
+mod muon;
