@@ -1,6 +1,6 @@
 //! # lowbit-optim: optimizers with low-precision states
 //!
-//! AdamW and SOAP whose states (moments, preconditioners) are stored in BF16, FP8, FP4, int8 and
+//! AdamW, SOAP and Muon whose states (moments, preconditioners, momentum) are stored in BF16, FP8, FP4, int8 and
 //! the precision-only formats, with stochastic rounding, resets and stall counting; a CPU
 //! reference of each update rule that the fused CUDA kernels match bit for bit. Three layers,
 //! each a folder, each using only the ones above it in this list:
@@ -13,11 +13,12 @@
 //!   counters ([`states::stalls`]), the closed-form stall prediction ([`states::theory`]), and
 //!   the states as named arrays for checkpoints ([`states::state_dict`]).
 //! - [`rules`]: the update rules, each with its CPU reference maths: AdamW ([`rules::adamw`]:
-//!   [`LowbitAdamW`]) and SOAP ([`rules::soap`]: [`LowbitSoap`]); what they share, the
+//!   [`LowbitAdamW`]), SOAP ([`rules::soap`]: [`LowbitSoap`]) and Muon ([`rules::muon`]:
+//!   [`LowbitMuon`]), which one a run takes ([`rules::kind`]); what they share, the
 //!   [`Optimizer`] trait ([`rules::optimizer`]), one update's plan ([`rules::step_plan`]:
 //!   [`StepPlan`]) and the global-norm clip's factor ([`rules::clip`]).
 //! - [`cuda`]: the kernels' ABI ([`cuda::abi`]) and, with the `cuda` feature, the launchers of
-//!   each rule (`cuda::adamw`, `cuda::soap`, `cuda::refresh`, `cuda::grad_norm`).
+//!   each rule (`cuda::adamw`, `cuda::soap`, `cuda::refresh`, `cuda::muon`, `cuda::grad_norm`).
 //!
 //! On top, [`select`]: [`LowbitOptimizer`], the rule a run builds on the host, and
 //! [`for_device`], the [`Optimizer`] that steps it on the run's device; and the crate's error
@@ -77,7 +78,7 @@ pub use rules::Optimizer;
 pub use select::{for_device, LowbitOptimizer};
 pub use states::config::{GroupStates, ResetEvery, ResetRule, ScaleChoice, StatesConfig, StatesSpec, VResetIdle, VZero};
 pub use states::format::{rounding::Rounding, scale::ScaleKind, StateFormat};
-pub use states::moments::{Hyper, Momentum, Moments, ParamInfo, TensorState};
+pub use states::moments::{Hyper, Moments, Momentum, ParamInfo, TensorState};
 pub use states::plan::StatesPlan;
 pub use states::precond::{PrecondStorage, SoapStates};
 pub use states::quant::QuantState;

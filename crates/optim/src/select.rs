@@ -4,8 +4,8 @@
 
 use crate::error::OptimError;
 use crate::rules::adamw::LowbitAdamW;
-use crate::rules::optimizer::Optimizer;
 use crate::rules::muon::LowbitMuon;
+use crate::rules::optimizer::Optimizer;
 use crate::rules::soap::LowbitSoap;
 use crate::states::format::Rounding;
 use crate::states::moments::Moments;

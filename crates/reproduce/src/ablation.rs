@@ -76,7 +76,8 @@ const FP4_VARIANTS: [(&str, &str, &[&str]); 5] = [
 
 /// Every ablation, in the order `--list-ablations` prints them.
 pub fn ablations() -> Vec<Ablation> {
-    [state_settings(), period_sweeps(), single_state_resets(), model_scale(), batches(), fp4_variants(), lr_sweep(), dither()].concat()
+    [state_settings(), period_sweeps(), single_state_resets(), model_scale(), batches(), fp4_variants(), lr_sweep(), dither(), muon()]
+        .concat()
 }
 
 /// One change of the paper's state settings each: SOAP's FP8 cells, FP8 plain, Table 6's
@@ -307,6 +308,32 @@ fn dither() -> Vec<Ablation> {
         &["fp8_plain", "fp8_reset", "fp4_plain", "fp4_reset"],
         &["optim.states.m_rounding=\"dither\"", "optim.states.v_rounding=\"dither\""],
     )]
+}
+
+/// Muon (beyond the paper; `optim.kind = "muon"`: Muon for the attention and MLP matrices, its
+/// momentum alone in m's format, AdamW for the rest): FP32, BF16, FP8 and FP4 momentum with
+/// stochastic rounding, and BF16, FP8, FP4 with dither, at the table's lr (Moonlight's update
+/// scale makes AdamW's serve both); beside the main table's AdamW cells (and `same_card`).
+fn muon() -> Vec<Ablation> {
+    let kind = "optim.kind=\"muon\"";
+    vec![
+        h200s(
+            "muon",
+            "Muon with FP32 momentum and with BF16, FP8, FP4 momentum under stochastic rounding (the other tensors' AdamW \
+             states in the cell's formats), beside AdamW's cells",
+            Table::Bf16Model,
+            &["fp32_plain", "bf16_sr", "fp8_sr", "fp4_sr"],
+            &[kind],
+        ),
+        h200s(
+            "muon_dither",
+            "Muon with BF16, FP8, FP4 momentum dithered on write-back (the other tensors' AdamW m and v dithered too), \
+             beside `muon`'s SR cells",
+            Table::Bf16Model,
+            &["bf16_plain", "fp8_plain", "fp4_plain"],
+            &[kind, "optim.states.m_rounding=\"dither\"", "optim.states.v_rounding=\"dither\""],
+        ),
+    ]
 }
 
 /// The `paper-updates` scale's FP32-state lr sweep.

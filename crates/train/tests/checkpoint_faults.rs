@@ -187,13 +187,16 @@ fn soap_resumes_bit_identical_and_only_with_its_preconditioner_format() {
     );
 }
 
-/// Muon (its matrices' momentum in FP8 with dither, BF16 weights): exact resume; the
-/// checkpoint keeps m alone for a Muon matrix and m and v for the AdamW tensors, and a config
+/// Muon (its matrices' momentum in FP4 with dither and resets every 2 updates, BF16 weights):
+/// it trains (the loss falls) and resumes exactly; the checkpoint keeps m alone for a Muon
+/// matrix and m and v for the AdamW tensors, and a config
 /// of another rule is refused naming `optim.kind`.
 #[test]
 fn muon_resumes_bit_identical_and_only_as_muon() {
     let sets = ["optim.kind=\"muon\"", "optim.states.m_rounding=\"dither\"", "model.dtype=\"bf16\""];
     let (tmp, full) = check_exact_resume("muon", &sets, 5, 3, "bfloat16");
+    let loss: Vec<f64> = metrics(&full).iter().filter_map(|r| r["loss"].as_f64()).collect();
+    assert!(loss.len() > 2 && loss[loss.len() - 1] < loss[0], "Muon trains: losses {loss:?}");
     let ck = checkpoint::list(&full).unwrap().into_iter().next().unwrap().1;
     let opt = candle_core::safetensors::load(ck.join("optimizer.safetensors"), &candle_core::Device::Cpu).unwrap();
     let q = "model.layers.0.self_attn.q_proj.weight";

@@ -304,7 +304,6 @@ fn kernel_pair(m: StateFormat, v: StateFormat) -> Result<(&'static str, &'static
     Ok((kernel_format(m), kernel_format(v)))
 }
 
-
 /// Thread blocks of [`STEP_THREADS`] for a launch over `elements`: at least 2048 elements per
 /// warp, at most `max` (the blocks that fit on the GPU at once).
 fn warp_blocks(elements: u64, max: u32) -> u32 {

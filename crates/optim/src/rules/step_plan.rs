@@ -109,7 +109,8 @@ impl Moments {
             w: key(StateKind::W),
             skip: key(StateKind::Skip),
             m_read: read(roundings.m, scalars.reset_m, StateKind::M),
-            v_read: read(roundings.v, scalars.reset_v && !scalars.keep_idle_v, StateKind::V).filter(|_| self.tensors[idx].momentum.is_none()),
+            v_read: read(roundings.v, scalars.reset_v && !scalars.keep_idle_v, StateKind::V)
+                .filter(|_| self.tensors[idx].momentum.is_none()),
         };
         TensorPlan { scalars, roundings, keys }
     }

@@ -30,7 +30,11 @@ fn optimizers(states: &StatesConfig, config: MuonConfig, dev: &Device) -> (Box<d
 }
 
 fn vars(init: &[Vec<f32>], dtype: DType, d: &Device) -> Vec<Var> {
-    SHAPES.iter().zip(init).map(|((_, s), w)| Var::from_tensor(&Tensor::from_slice(w, *s, d).unwrap().to_dtype(dtype).unwrap()).unwrap()).collect()
+    SHAPES
+        .iter()
+        .zip(init)
+        .map(|((_, s), w)| Var::from_tensor(&Tensor::from_slice(w, *s, d).unwrap().to_dtype(dtype).unwrap()).unwrap())
+        .collect()
 }
 
 fn host(v: &Var) -> Vec<f32> {
@@ -62,10 +66,17 @@ fn muon_matches_cpu_states_bit_for_bit_weights_within_tolerance() {
                         SHAPES.iter().enumerate().map(|(i, (_, s))| values(100 + i as u64, s.iter().product(), 0.1, false)).collect();
                     let (pc, pg) = (vars(&init, dtype, &Device::Cpu), vars(&init, dtype, &dev));
                     for t in 1..=3u64 {
-                        let grads: Vec<Vec<f32>> =
-                            SHAPES.iter().enumerate().map(|(i, (_, s))| values(1000 * t + i as u64, s.iter().product(), 0.5, false)).collect();
+                        let grads: Vec<Vec<f32>> = SHAPES
+                            .iter()
+                            .enumerate()
+                            .map(|(i, (_, s))| values(1000 * t + i as u64, s.iter().product(), 0.5, false))
+                            .collect();
                         let g = |d: &Device| -> Vec<Tensor> {
-                            SHAPES.iter().zip(&grads).map(|((_, s), g)| Tensor::from_slice(g, *s, d).unwrap().to_dtype(dtype).unwrap()).collect()
+                            SHAPES
+                                .iter()
+                                .zip(&grads)
+                                .map(|((_, s), g)| Tensor::from_slice(g, *s, d).unwrap().to_dtype(dtype).unwrap())
+                                .collect()
                         };
                         cpu.step(t, 1e-2, GradScale::Host(1.0), &pc, &g(&Device::Cpu)).unwrap();
                         gpu_opt.step(t, 1e-2, GradScale::Host(1.0), &pg, &g(&dev)).unwrap();
@@ -83,7 +94,13 @@ fn muon_matches_cpu_states_bit_for_bit_weights_within_tolerance() {
                         let moved = c.iter().zip(&init[i]).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
                         let diff = c.iter().zip(&gw).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
                         let top = init[i].iter().fold(0.0f32, |a, x| a.max(x.abs()));
-                        let tol = if i >= 3 { 0.0 } else if dtype == DType::F32 { 1e-3 * moved } else { top / 128.0 };
+                        let tol = if i >= 3 {
+                            0.0
+                        } else if dtype == DType::F32 {
+                            1e-3 * moved
+                        } else {
+                            top / 128.0
+                        };
                         assert!(moved > 0.0 && diff <= tol, "{label} tensor {i}: GPU - CPU {diff} vs move {moved} (tolerance {tol})");
                     }
                     cases += 1;

@@ -58,7 +58,13 @@ impl LowbitAdamW {
 ///
 /// # Errors
 /// A parameter neither F32 nor BF16, or a tensor operation failing.
-pub(crate) fn step_var(t: &mut TensorState, p: &TensorPlan, scratch: &mut Scratch, var: &Var, grad: &Tensor) -> Result<StallCounts, OptimError> {
+pub(crate) fn step_var(
+    t: &mut TensorState,
+    p: &TensorPlan,
+    scratch: &mut Scratch,
+    var: &Var,
+    grad: &Tensor,
+) -> Result<StallCounts, OptimError> {
     let tensor = var.as_tensor();
     let r = t.first..t.first + t.m.len;
     let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;

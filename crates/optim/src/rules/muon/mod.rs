@@ -32,7 +32,7 @@ use crate::rules::adamw::step_var;
 use crate::rules::clip::{host_factor, GradScale};
 use crate::rules::optimizer::{check_sizes, cpu_reference_counts, Optimizer};
 use crate::rules::step_plan::StepPlan;
-use crate::states::moments::{Momentum, Moments, ParamInfo};
+use crate::states::moments::{Moments, Momentum, ParamInfo};
 use crate::states::stalls::{Counter, StallCounts};
 use crate::states::state_dict::HostStates;
 use candle_core::{DType, Device, Tensor, Var};
