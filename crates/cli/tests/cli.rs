@@ -111,6 +111,33 @@ fn nonsensical_config_values_are_refused_up_front_naming_the_field() {
         assert_eq!(r.code, Some(1), "{set}");
         assert!(r.stderr.contains(needle), "{set}: {}", r.stderr);
     }
+    // Muon's ranges, and what it does not take
+    for (sets, needle) in [
+        (&["optim.muon.momentum=1.0"][..], "optim.muon.momentum: must be in [0, 1), got 1"),
+        (&["optim.muon.ns_steps=0"], "optim.muon.ns_steps: must be >= 1"),
+        (&["train.zero=1"], "train.zero: Muon orthogonalises whole matrices"),
+        (&["model.dtype=\"bf16\"", "optim.states.weight_rounding=\"stochastic\""], "Muon's matrices round their BF16 weights to nearest"),
+        (
+            &["optim.states.reset=\"adaptive\"", "optim.states.m_reset_every=0", "optim.states.v_reset_every=0"],
+            "optim.states.reset = \"adaptive\": the rule watches v's stalls",
+        ),
+        (
+            &["optim.states.groups.mlp.m_reset_every=\"auto\""],
+            "optim.states.groups.mlp.m_reset_every = \"auto\": K* follows from v's format",
+        ),
+    ] {
+        let mut args = vec!["--config", "c.toml", "--set", "optim.kind=\"muon\""];
+        args.extend(sets.iter().flat_map(|s| ["--set", *s]));
+        let r = train(d, &args);
+        assert_eq!(r.code, Some(1), "{sets:?}");
+        assert!(r.stderr.contains(needle), "{sets:?}: {}", r.stderr);
+    }
+    let r = train(d, &["--config", "c.toml", "--set", "optim.muon.nesterov=false"]);
+    assert!(
+        r.code == Some(1) && r.stderr.contains("optim.muon.nesterov: Muon's setting, read only with optim.kind = \"muon\""),
+        "{}",
+        r.stderr
+    );
     assert!(!d.join("runs").exists(), "a refused config touched the run folder");
     // the default checkpoint period is not 0 (a kill would lose the whole run)
     std::fs::write(d.join("min.toml"), "extends = \"c.toml\"\n").unwrap();

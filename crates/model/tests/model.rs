@@ -422,12 +422,10 @@ fn fused_kernels_on_cpu_are_an_error() {
     assert!(err.contains("CUDA"), "{err}");
 }
 
-/// Gradient accumulation on the composed path (`TrainingPass::accumulate`): the FP32 sum over
-/// two batches equals the sum of the two passes' own gradients bit for bit for a BF16 model
-/// (each widened exactly, one FP32 add), and every weight has a sum.
-#[test]
-fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
-    let (_, vm, model) = tiny_model(300, 3, DType::BF16);
+/// Gradient accumulation on the composed path (`TrainingPass::accumulate`) of `model` over
+/// the weights of `vm`: every weight has a sum, in FP32, and it equals the two passes' own
+/// gradients widened exactly and added in FP32, bit for bit.
+fn check_accumulation(vm: &VarMap, model: &Llama) {
     let mask = Tensor::ones((2, 9), DType::F32, &Device::Cpu).unwrap();
     let batches = [(tokens(2, 9, 300, 1), tokens(2, 9, 300, 2)), (tokens(2, 9, 300, 3), tokens(2, 9, 300, 4))];
     let own: Vec<_> = batches.iter().map(|(x, y)| model.training_pass(x, y, &mask, None, 0.5).unwrap().backward().unwrap()).collect();
@@ -443,6 +441,13 @@ fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
         let diff = (s - &expected).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert_eq!(diff, 0.0, "{name}: the sum differs from the passes' own gradients added in FP32");
     }
+}
+
+/// A BF16 model's sums: each pass's BF16 gradients widened and added in FP32.
+#[test]
+fn composed_accumulation_is_the_fp32_sum_of_the_passes() {
+    let (_, vm, model) = tiny_model(300, 3, DType::BF16);
+    check_accumulation(&vm, &model);
 }
 
 /// `training_pass`'s host copy of the input ids must have one id per input position: more or
@@ -548,18 +553,6 @@ fn bf16_mixed_matches_f32_on_the_same_weights() {
 fn bf16_mixed_accumulates_into_the_fp32_weights_sums() {
     let (_, vm, model) = tiny_model(300, 3, DType::F32);
     let model = model.with_compute_dtype(DType::BF16).unwrap();
-    let mask = Tensor::ones((2, 9), DType::F32, &Device::Cpu).unwrap();
-    let batches = [(tokens(2, 9, 300, 1), tokens(2, 9, 300, 2)), (tokens(2, 9, 300, 3), tokens(2, 9, 300, 4))];
-    let own: Vec<_> = batches.iter().map(|(x, y)| model.training_pass(x, y, &mask, None, 0.5).unwrap().backward().unwrap()).collect();
-    let mut sum = GradSum::new();
-    for (x, y) in &batches {
-        model.training_pass(x, y, &mask, None, 0.5).unwrap().accumulate(&mut sum).unwrap();
-    }
-    for (name, v) in vm.data().lock().unwrap().iter() {
-        let s = sum.get(v.as_tensor()).unwrap_or_else(|| panic!("no sum for {name}"));
-        assert_eq!(s.dtype(), DType::F32, "{name}");
-        let expected = (own[0].get(v.as_tensor()).unwrap() + own[1].get(v.as_tensor()).unwrap()).unwrap();
-        assert_eq!(rel_err(s, &expected), 0.0, "{name}");
-    }
+    check_accumulation(&vm, &model);
     assert!(model.clone().with_compute_dtype(DType::F16).is_err(), "F32 or BF16 only");
 }

@@ -59,6 +59,20 @@ pub fn banner(
             c.max_precond_dim
         );
     }
+    if let LowbitOptimizer::Muon(muon) = opt {
+        let c = &muon.config;
+        let matrices: Vec<_> = muon.moments.tensors.iter().filter(|t| t.momentum.is_some()).collect();
+        banner += &format!(
+            "\noptimizer: Muon for {} attention and MLP matrices ({} params: their momentum alone, in m's format; momentum {}{}, \
+             {} Newton-Schulz steps, update RMS {} x lr), AdamW for the other tensors",
+            matrices.len(),
+            matrices.iter().map(|t| t.info.len).sum::<usize>(),
+            c.momentum,
+            if c.nesterov { " Nesterov" } else { "" },
+            c.ns_steps,
+            c.update_rms
+        );
+    }
     let state_groups = StateGroup::of(states);
     if state_groups.len() > 1 {
         banner += &state_groups.iter().map(|g| format!("\n{}", g.line())).collect::<String>();

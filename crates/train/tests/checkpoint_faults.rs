@@ -187,7 +187,8 @@ fn soap_resumes_bit_identical_and_only_with_its_preconditioner_format() {
     );
 }
 
-/// Muon (its matrices' momentum in FP4 with dither and resets every 2 updates, BF16 weights):
+/// Muon (its matrices' momentum dithered, in the base config's FP4 with its m resets every 2
+/// updates; BF16 weights):
 /// it trains (the loss falls) and resumes exactly; the checkpoint keeps m alone for a Muon
 /// matrix and m and v for the AdamW tensors, and a config
 /// of another rule is refused naming `optim.kind`.

@@ -152,21 +152,19 @@ pub fn load_state_dict(
     for t in &mut moments.tensors {
         load_state(get, &format!("{}.m", t.info.name), &mut t.m)?;
         let v = format!("{}.v", t.info.name);
-        match (t.momentum.is_some(), get(&format!("{v}.codes")).is_some()) {
-            (false, true) => load_state(get, &v, &mut t.v)?,
-            (false, false) => {
-                return Err(OptimError::State(format!(
-                    "missing {v}.codes: the checkpoint keeps no v for this tensor (Muon's matrices keep none), the config \
-                     asks for AdamW or SOAP (optim.kind must match to resume)"
-                )))
-            }
-            (true, true) => {
-                return Err(OptimError::State(format!(
-                    "{v}.codes: the checkpoint holds a v for this matrix (AdamW's or SOAP's), the config asks for Muon \
-                     (optim.kind must match to resume)"
-                )))
-            }
-            (true, false) => {}
+        if t.momentum.is_none() {
+            load_state(get, &v, &mut t.v).map_err(|e| match e {
+                OptimError::State(m) if m == format!("missing {v}.codes") => OptimError::State(format!(
+                    "{m}: the checkpoint keeps no v for this tensor (a Muon checkpoint's matrices keep none, or it is \
+                     truncated), the config asks for AdamW or SOAP (optim.kind must match to resume)"
+                )),
+                e => e,
+            })?;
+        } else if get(&format!("{v}.codes")).is_some() {
+            return Err(OptimError::State(format!(
+                "{v}.codes: the checkpoint holds a v for this matrix (AdamW's or SOAP's), the config asks for Muon \
+                 (optim.kind must match to resume)"
+            )));
         }
     }
     let names: Vec<String> = moments.tensors.iter().map(|t| t.info.name.clone()).collect();

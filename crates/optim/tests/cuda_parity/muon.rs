@@ -2,7 +2,8 @@
 //! products) against the CPU reference (`rules::muon::LowbitMuon`): for every m format x
 //! rounding (nearest, stochastic, dither) x Nesterov or not x weight dtype, three updates with
 //! an m reset before the third: every state (Muon's m, AdamW's m and v of the other tensors)
-//! and every stall count bit for bit, the weights within a stated tolerance (the
+//! and every stall count bit for bit (but the BF16 Muon matrices' weight counts), the weights
+//! within a stated tolerance (the
 //! Newton-Schulz products are cuBLAS's on the GPU, the CPU's gemm here); a device clip's skip
 //! changes nothing.
 
@@ -80,7 +81,13 @@ fn muon_matches_cpu_states_bit_for_bit_weights_within_tolerance() {
                         };
                         cpu.step(t, 1e-2, GradScale::Host(1.0), &pc, &g(&Device::Cpu)).unwrap();
                         gpu_opt.step(t, 1e-2, GradScale::Host(1.0), &pg, &g(&dev)).unwrap();
-                        assert_eq!(cpu.stall_counts(t).unwrap(), gpu_opt.stall_counts(t).unwrap(), "{label} update {t}: stall counts");
+                        // every count bit for bit but the BF16 Muon matrices' weights' (written from the
+                        // products' results: a rounding may flip, as the weights' tolerance allows)
+                        let (mut a, mut b) = (cpu.stall_counts(t).unwrap(), gpu_opt.stall_counts(t).unwrap());
+                        for c in a[..3].iter_mut().chain(b[..3].iter_mut()) {
+                            c.w = Default::default();
+                        }
+                        assert_eq!(a, b, "{label} update {t}: stall counts");
                     }
                     let (a, b) = (cpu.states().unwrap().state_dict(), gpu_opt.states().unwrap().state_dict());
                     assert_eq!(a.len(), b.len(), "{label}: arrays");
@@ -127,6 +134,9 @@ fn muon_skipped_update_changes_nothing() {
     let want: Vec<Vec<f32>> = vars(&init, DType::BF16, &Device::Cpu).iter().map(host).collect();
     assert_eq!(w, want, "weights after a skipped update");
     assert!(opt.states().unwrap().state_dict() == before, "states after a skipped update");
-    let counts: lowbit_optim::StallCounts = opt.stall_counts(1).unwrap().into_iter().sum();
-    assert_eq!((counts.m.elements, counts.w.updated, counts.w.unchanged), (0, 0, 0), "a skipped update counts nothing");
+    let counts = opt.stall_counts(1).unwrap();
+    assert!(
+        counts.iter().all(|c| [c.m, c.v, c.w].iter().all(|k| k.updated + k.stalled + k.unchanged == 0) && c.zero_grad == 0),
+        "a skipped update counted {counts:?}"
+    );
 }

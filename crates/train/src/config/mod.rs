@@ -363,17 +363,31 @@ impl RunConfig {
     }
 
     /// The settings Muon does not take (`optim.kind = "muon"`): sharded states (Newton-Schulz
-    /// needs each whole matrix) and stochastically rounded BF16 weights (the Muon matrices'
-    /// weights round to nearest).
+    /// needs each whole matrix), stochastically rounded BF16 weights (the Muon matrices'
+    /// weights round to nearest), and the resets that read v (the adaptive rule, `"auto"`
+    /// periods for the matrices' m).
     fn check_muon(&self) -> Result<()> {
+        let s = &self.optim.states;
         if self.train.zero != 0 {
             bail!("train.zero: Muon orthogonalises whole matrices, its states are not sharded; optim.kind = \"muon\" needs train.zero = 0, got {}", self.train.zero);
         }
-        if self.optim.states.weight_rounding != lowbit_optim::Rounding::Nearest {
+        if self.model.dtype == WeightDtype::Bf16 && s.weight_rounding != lowbit_optim::Rounding::Nearest {
             bail!(
-                "optim.states.weight_rounding = \"{}\": Muon's matrices round their BF16 weights to nearest; with optim.kind = \"muon\" it must be \"nearest\"",
-                self.optim.states.weight_rounding.as_str()
+                "optim.states.weight_rounding = \"{}\": Muon's matrices round their BF16 weights to nearest; with optim.kind = \"muon\" and BF16 weights it must be \"nearest\"",
+                s.weight_rounding.as_str()
             );
+        }
+        if s.reset == lowbit_optim::ResetRule::Adaptive {
+            bail!("optim.states.reset = \"adaptive\": the rule watches v's stalls, and Muon's matrices keep no v; with optim.kind = \"muon\" use periodic resets (m_reset_every)");
+        }
+        for g in ["attn", "mlp"] {
+            let (key, every) = match s.groups.get(g).and_then(|c| c.m_reset_every) {
+                Some(e) => (format!("groups.{g}.m_reset_every"), e),
+                None => ("m_reset_every".to_string(), s.m_reset_every),
+            };
+            if every == lowbit_optim::ResetEvery::Auto {
+                bail!("optim.states.{key} = \"auto\": K* follows from v's format and b2, and Muon's {g} matrices keep no v; with optim.kind = \"muon\" give their m a period in updates");
+            }
         }
         Ok(())
     }
