@@ -336,6 +336,21 @@ fn muon() -> Vec<Ablation> {
     ]
 }
 
+/// Table 2 with mixed precision (`model.dtype = "bf16-mixed"`: FP32 master weights and
+/// update, BF16 products and activations, as torch.autocast): its plain and SR + resets cells
+/// at each state precision, to say whether the FP32-model table's numbers move when it runs
+/// at near-BF16 speed.
+fn fp32_model_mixed() -> Vec<Ablation> {
+    vec![h200s(
+        "fp32_model_mixed",
+        "Table 2's plain and SR + resets cells with FP32 master weights and BF16 products and activations (bf16-mixed) \
+         instead of the FP32 model",
+        Table::Fp32Model,
+        &TABLE4,
+        &["model.dtype=\"bf16-mixed\""],
+    )]
+}
+
 /// The `paper-updates` scale's FP32-state lr sweep.
 fn lr_sweep() -> Vec<Ablation> {
     PU_SWEEP
