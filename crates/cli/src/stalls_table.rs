@@ -206,12 +206,14 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
             s += &format!("  {:>8}  {:>6}", fixed(lm, 3), fixed(mm, 3));
         }
         if show(State::V) {
-            let diff = mv.zip(t.theory_v).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
+            // (a group without v, Muon's matrices, has no v theory either)
+            let theory = mv.and(t.theory_v);
+            let diff = mv.zip(theory).map(|(a, b)| format!("{:+.3}", a - b)).unwrap_or("-".into());
             s += &format!(
                 "  {:>8}  {:>6}  {:>6}  {:>6}  {:>9}",
                 fixed(lv, 3),
                 fixed(mv, 3),
-                fixed(t.theory_v, 3),
+                fixed(theory, 3),
                 diff,
                 fixed(l.mean.zero_v, 1)
             );
