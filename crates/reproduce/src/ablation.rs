@@ -76,8 +76,19 @@ const FP4_VARIANTS: [(&str, &str, &[&str]); 5] = [
 
 /// Every ablation, in the order `--list-ablations` prints them.
 pub fn ablations() -> Vec<Ablation> {
-    [state_settings(), period_sweeps(), single_state_resets(), model_scale(), batches(), fp4_variants(), lr_sweep(), dither(), muon()]
-        .concat()
+    [
+        state_settings(),
+        period_sweeps(),
+        single_state_resets(),
+        model_scale(),
+        batches(),
+        fp4_variants(),
+        lr_sweep(),
+        dither(),
+        muon(),
+        fp32_model_mixed(),
+    ]
+    .concat()
 }
 
 /// One change of the paper's state settings each: SOAP's FP8 cells, FP8 plain, Table 6's
