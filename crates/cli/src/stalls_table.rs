@@ -215,7 +215,7 @@ pub fn render(t: &Table, state: Option<State>, estimator: Estimator, header: &st
                 fixed(mv, 3),
                 fixed(theory, 3),
                 diff,
-                fixed(l.mean.zero_v, 1)
+                fixed(mv.and(l.mean.zero_v), 1)
             );
         }
         if show(State::W) {

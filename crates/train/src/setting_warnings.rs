@@ -19,11 +19,14 @@ pub fn for_run(cfg: &RunConfig, plan: &StatesPlan, states: &Moments, pass: PassS
         *n = t.info.len.max(*n);
     }
     let passes = passes_planned(cfg, pass);
-    let per_group: Vec<_> = states.tensors.iter().map(|t| (t.info.group.as_str(), &t.spec)).collect();
+    // (the bias-correction warnings are about m and v together: not Muon's matrices, which
+    // keep m alone, without bias correction)
+    let per_group: Vec<_> = states.tensors.iter().filter(|t| t.momentum.is_none()).map(|t| (t.info.group.as_str(), &t.spec)).collect();
     setting_warnings(cfg, plan, &largest)
         .into_iter()
         .chain(data_warnings(cfg, pass))
         .chain(soap_warnings(cfg))
+        .chain(muon_warnings(cfg, states))
         .chain(continued_bias_correction(cfg, states.spec.reset, per_group.iter().copied()))
         .chain(restarted_m_without_v(cfg, per_group.iter().copied()))
         .chain(passes_warning(cfg, pass, passes))
@@ -314,6 +317,30 @@ pub fn soap_warnings(cfg: &RunConfig) -> Vec<String> {
     w
 }
 
+/// The v settings of a tensor group whose tensors are all Muon's matrices
+/// (`optim.kind = "muon"`): they keep no v, so `[optim.states.groups.<group>]`'s v keys and
+/// `bias_correction` cannot act there.
+pub fn muon_warnings(cfg: &RunConfig, states: &Moments) -> Vec<String> {
+    const V_KEYS: [&str; 6] = ["v_format", "v_zero", "v_rounding", "v_reset_every", "v_reset_idle", "bias_correction"];
+    let muon_only = |group: &str| {
+        let mut tensors = states.tensors.iter().filter(|t| t.info.group == group).peekable();
+        tensors.peek().is_some() && tensors.all(|t| t.momentum.is_some())
+    };
+    let mut w = Vec::new();
+    for (group, g) in &cfg.optim.states.groups {
+        if !muon_only(group) {
+            continue;
+        }
+        for key in V_KEYS.into_iter().filter(|k| g.sets(k)) {
+            w.push(format!(
+                "optim.states.groups.{group}.{key} does nothing: with optim.kind = \"muon\" the {group} matrices keep their \
+                 momentum alone (m, without v or bias correction)"
+            ));
+        }
+    }
+    w
+}
+
 /// Passes over the training text that `train.max_steps` steps of the global batch make: by
 /// rows where the rows of a pass are known (in memory), else by target tokens (a step's rows
 /// hold at most `seq_len` targets each).
@@ -536,6 +563,20 @@ mod tests {
         let (attn_fp8, signed) = ("optim.states.groups.attn.v_format=\"fp8\"", "optim.states.v_format=\"fp4e2m1\"");
         assert_eq!(warnings(&[&fp8, attn_fp8, signed]), Vec::<String>::new());
         one(&[&fp8, signed], "optim.states.v_format = \"fp4e2m1\" is signed");
+    }
+
+    /// With Muon, a v key set for a group of Muon matrices is warned about (they keep no v);
+    /// the same key for an AdamW group (the embedding) acts, and is not.
+    #[test]
+    fn v_settings_of_muons_matrices_cannot_act() {
+        let cfg = tiny(&["optim.kind=\"muon\"", "optim.states.groups.attn.v_format=\"fp8\"", "optim.states.groups.embed.v_format=\"fp8\""]);
+        let info = |group: &str, len| lowbit_optim::ParamInfo { name: group.into(), group: group.into(), len, weight_decay: true };
+        let hyper = lowbit_optim::Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
+        let moments = Moments::new(hyper, plan(&cfg), 0, vec![info("attn", 16), info("embed", 32)]);
+        let muon = lowbit_optim::LowbitMuon::new(moments, cfg.optim.muon, &[vec![4, 4], vec![8, 4]]);
+        let w = muon_warnings(&cfg, &muon.moments);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("optim.states.groups.attn.v_format does nothing: with optim.kind = \"muon\""), "{w:?}");
     }
 
     #[test]

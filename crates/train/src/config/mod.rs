@@ -386,7 +386,7 @@ impl RunConfig {
                 None => ("m_reset_every".to_string(), s.m_reset_every),
             };
             if every == lowbit_optim::ResetEvery::Auto {
-                bail!("optim.states.{key} = \"auto\": K* follows from v's format and b2, and Muon's {g} matrices keep no v; with optim.kind = \"muon\" give their m a period in updates");
+                bail!("optim.states.{key} = \"auto\": K* follows from v's format and b2, and Muon's attention and MLP matrices keep no v; with optim.kind = \"muon\" give their m a period in updates");
             }
         }
         Ok(())

@@ -14,8 +14,8 @@
 //! m, Muon's one state, is stored in `[optim.states]`'s m format with m's rounding (nearest,
 //! stochastic or dither), m's resets and m's stall counters, exactly as AdamW's m is (the same
 //! write-back, [`crate::rules::adamw::step::write_back`]); the tensor keeps no v
-//! ([`crate::states::moments::Momentum`]). Only m's stall theory applies: a clean test of the
-//! paper's section 3.3 (m stalls hurt more than v stalls). The momentum step is per element and
+//! ([`crate::states::moments::Momentum`]). Only m stalls (measured; the closed-form theory is v's):
+//! a clean test of the paper's section 3.3 (m stalls hurt more than v stalls). The momentum step is per element and
 //! bit-exact between the CPU reference ([`momentum`]) and the fused kernel; orthogonalisation
 //! and the weight update are candle operations on the parameters' device ([`orthogonalize`],
 //! [`apply`]): the same operations on CPU and GPU, equal to within the products' rounding.
