@@ -198,7 +198,8 @@ fn a_corrupt_checkpoint_is_refused_and_a_non_finite_end_exits_non_zero() {
     assert_eq!(json(&d.join("runs/nan/summary.json"))["status"], "non_finite");
 }
 
-/// A resume that changes saved settings (`--set`) says which, old and new, before it runs.
+/// A resume that changes saved settings (`--set`) says which, old and new, before it runs (a
+/// key at its default, left out of `config.toml`, as `(default)`).
 #[test]
 fn resume_names_the_settings_it_changes() {
     let tmp = cli_dir("x");
@@ -214,6 +215,9 @@ fn resume_names_the_settings_it_changes() {
     );
     let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=5"]);
     assert!(r.stderr.contains("train.max_steps: 4 -> 5") && !r.stderr.contains("optim.lr:"), "{}", r.stderr);
+    // a key its default leaves out of the saved config.toml shows as "(default)"
+    let r = train(d, &["--resume", "runs/x", "--set", "train.max_steps=6", "--set", "run.tensorboard=false"]);
+    assert!(r.stderr.contains("run.tensorboard: (default) -> false"), "{}", r.stderr);
 }
 
 /// Train shards without usable text (empty, not JSON) are refused before the

@@ -471,8 +471,9 @@ impl RunConfig {
         toml::to_string_pretty(&c).expect("config serialises")
     }
 
-    /// The settings that differ from `old`, as `section.key: old -> new` (sorted by key), e.g.
-    /// to tell a resumed run which of its saved settings a `--set` or `--config` changed.
+    /// The settings that differ from `old`, as `section.key: old -> new` (sorted by key; a key
+    /// left out of one side's resolved config at its default shows as `(default)`), e.g. to
+    /// tell a resumed run which of its saved settings a `--set` or `--config` changed.
     pub fn changes_from(&self, old: &RunConfig) -> Vec<String> {
         fn flat(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, String>) {
             match v {
@@ -489,7 +490,8 @@ impl RunConfig {
         };
         let (was, now) = (table(old), table(self));
         let keys: std::collections::BTreeSet<&String> = was.keys().chain(now.keys()).collect();
-        let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+        // (a key at its default is left out of a resolved config: e.g. optim.kind = "adamw")
+        let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(default)".into());
         keys.into_iter()
             .filter(|k| was.get(*k) != now.get(*k))
             .map(|k| format!("{k}: {} -> {}", show(was.get(k)), show(now.get(k))))
