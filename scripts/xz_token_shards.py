@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Carry token shards to a machine in xz instead of zstd: ~6.5% smaller (the two offline
-corpora: 34.9 MB as zstd-19 token shards, 32.6 MB as xz -9e), which is what lets one binary and
-both corpora fit in a device command's 64 MiB.
+corpora: 34.9 MB as zstd-19 token shards, 32.6 MB as xz -9e), which let the binaries and both
+corpora fit in a device command's 64 MiB until 2026-12-07. Since then (a 7.2 MB tree, a 31.4 MB
+dist/gpu.tar.xz) they do not: carry the binaries with one corpus (`pack` writes one folder per
+corpus: carry `DST/corpus`), then the other corpus alone in the next command while the machine is
+warm (its /tmp and the unpacked shards stay), as reproduce/records/logs/device-log-2026-12-08a.txt
+did.
 
   scripts/xz_token_shards.py pack SRC DST     # SRC/**/*.tokens.zst -> DST/**/*.tokens.xz (needs the zstd CLI)
   scripts/xz_token_shards.py unpack SRC DST   # SRC/**/*.tokens.xz -> DST/**/*.tokens.zst (Python alone)
