@@ -87,6 +87,17 @@ impl Default for OptimSection {
     }
 }
 
+/// The first key (by name) of a config section whose value is not its default, if any (a key
+/// the section leaves out at its default, such as `optim.soap.precond_format`, counts when set).
+fn changed_key<T: Serialize + Default>(section: &T) -> Option<String> {
+    let table = |t: &T| match toml::Value::try_from(t) {
+        Ok(toml::Value::Table(m)) => m,
+        _ => toml::map::Map::new(),
+    };
+    let (now, default) = (table(section), table(&T::default()));
+    now.keys().chain(default.keys()).find(|k| now.get(*k) != default.get(*k)).cloned()
+}
+
 /// The largest `train.grad_accum` (a million micro-batches per step): a larger one is refused
 /// at validation (it aborted in an allocation after the run folder was claimed).
 pub const MAX_GRAD_ACCUM: usize = 1_000_000;
@@ -330,34 +341,21 @@ impl RunConfig {
         if o.kind == OptimizerKind::Soap {
             o.soap.validate().map_err(anyhow::Error::msg)?;
             self.check_soap()?;
-        } else if !o.soap.is_default() {
-            let d = SoapConfig::default();
-            let key = if o.soap.precondition_frequency != d.precondition_frequency {
-                "precondition_frequency"
-            } else if o.soap.shampoo_beta != d.shampoo_beta {
-                "shampoo_beta"
-            } else if o.soap.precond_format.is_some() {
-                "precond_format"
-            } else {
-                "max_precond_dim"
-            };
-            bail!("optim.soap.{key}: SOAP's setting, read only with optim.kind = \"soap\" (optim.kind is \"{}\"): set optim.kind or remove it", o.kind.as_str());
         }
         if o.kind == OptimizerKind::Muon {
             o.muon.validate().map_err(anyhow::Error::msg)?;
             self.check_muon()?;
-        } else if !o.muon.is_default() {
-            let d = MuonConfig::default();
-            let key = if o.muon.momentum != d.momentum {
-                "momentum"
-            } else if o.muon.nesterov != d.nesterov {
-                "nesterov"
-            } else if o.muon.ns_steps != d.ns_steps {
-                "ns_steps"
-            } else {
-                "update_rms"
-            };
-            bail!("optim.muon.{key}: Muon's setting, read only with optim.kind = \"muon\" (optim.kind is \"{}\"): set optim.kind or remove it", o.kind.as_str());
+        }
+        // a rule's own section set for another rule
+        for (rule, name, key) in [(OptimizerKind::Soap, "SOAP", changed_key(&o.soap)), (OptimizerKind::Muon, "Muon", changed_key(&o.muon))]
+        {
+            if let Some(key) = key.filter(|_| o.kind != rule) {
+                let kind = rule.as_str();
+                bail!(
+                    "optim.{kind}.{key}: {name}'s setting, read only with optim.kind = \"{kind}\" (optim.kind is \"{}\"): set optim.kind or remove it",
+                    o.kind.as_str()
+                );
+            }
         }
         Ok(())
     }
