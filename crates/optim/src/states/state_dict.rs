@@ -150,16 +150,12 @@ pub fn load_state_dict(
     get: &mut dyn FnMut(&str) -> Option<Array>,
 ) -> Result<(), OptimError> {
     for t in &mut moments.tensors {
-        load_state(get, &format!("{}.m", t.info.name), &mut t.m)?;
+        load_state(get, &format!("{}.m", t.info.name), &mut t.m, "")?;
         let v = format!("{}.v", t.info.name);
         if t.momentum.is_none() {
-            load_state(get, &v, &mut t.v).map_err(|e| match e {
-                OptimError::State(m) if m == format!("missing {v}.codes") => OptimError::State(format!(
-                    "{m}: the checkpoint keeps no v for this tensor (a Muon checkpoint's matrices keep none, or it is \
-                     truncated), the config asks for AdamW or SOAP (optim.kind must match to resume)"
-                )),
-                e => e,
-            })?;
+            let why = ": the checkpoint keeps no v for this tensor (a Muon checkpoint's matrices keep none, or it is \
+                       truncated), the config asks for AdamW or SOAP (optim.kind must match to resume)";
+            load_state(get, &v, &mut t.v, why)?;
         } else if get(&format!("{v}.codes")).is_some() {
             return Err(OptimError::State(format!(
                 "{v}.codes: the checkpoint holds a v for this matrix (AdamW's or SOAP's), the config asks for Muon \
@@ -231,7 +227,7 @@ fn load_precond(names: &[String], soap: &mut SoapStates, get: &mut dyn FnMut(&st
     for (name, p) in names.iter().zip(soap.tensors.iter_mut()) {
         for (side, s, q, n) in [("l", &mut p.l, &mut p.q_l, p.rows), ("r", &mut p.r, &mut p.q_r, p.cols)] {
             let Some(s) = s else { continue };
-            load_state(get, &format!("{name}.soap_{side}"), s)?;
+            load_state(get, &format!("{name}.soap_{side}"), s, "")?;
             let key = format!("{name}.soap_q_{side}");
             *q = match get(&key) {
                 None => vec![],
@@ -259,11 +255,12 @@ fn array_len(a: &Array) -> usize {
     }
 }
 
-/// Restore the state `s` from `<key>.codes` and (scaled formats) `<key>.scales`.
-fn load_state(get: &mut dyn FnMut(&str) -> Option<Array>, key: &str, s: &mut QuantState) -> Result<(), OptimError> {
+/// Restore the state `s` from `<key>.codes` and (scaled formats) `<key>.scales`; a missing
+/// `<key>.codes` is reported with `why_missing` appended (empty: nothing to add).
+fn load_state(get: &mut dyn FnMut(&str) -> Option<Array>, key: &str, s: &mut QuantState, why_missing: &str) -> Result<(), OptimError> {
     let missing = |key: &str| OptimError::State(format!("missing {key}"));
     let codes = format!("{key}.codes");
-    match get(&codes).ok_or_else(|| missing(&codes))? {
+    match get(&codes).ok_or_else(|| OptimError::State(format!("missing {codes}{why_missing}")))? {
         Array::U8(c) => s.set_code_bytes(&c).map_err(|e| OptimError::State(format!("{codes}: {e}")))?,
         other => return Err(OptimError::State(format!("{codes}: {}, expected U8 codes", other.dtype()))),
     }
