@@ -186,17 +186,17 @@ impl QuantState {
     /// `dither_key` (the stream key of the write being read, [`dither`]) each element moved
     /// back by its block's draw, else as stored ([`Self::get`]).
     pub fn reader(&self, first: usize, dither_key: Option<u64>) -> Reader<'_> {
-        let bl = self.dither_block();
-        let offsets = dither_key.map(|key| self.dither_offsets(first, key));
-        Reader { state: self, skew: first % bl, bl, offsets }
+        Reader { state: self, offsets: dither_key.map(|key| self.read_offsets(first, key)) }
     }
 
-    /// The dither read offsets ([`dither::read_offset`]) of the blocks that elements
-    /// `first .. first + len` of the tensor touch, for the write of stream `key`: entry `j` is
-    /// draw `first / dither_block + j`'s.
-    pub fn dither_offsets(&self, first: usize, key: u64) -> Vec<f32> {
+    /// The dither read offsets ([`dither::read_offset`]) of this state, the state of elements
+    /// `first ..` of its tensor, for the write of stream `key`: one per draw its elements touch.
+    pub fn read_offsets(&self, first: usize, key: u64) -> ReadOffsets {
         let bl = self.dither_block();
-        (first / bl..(first + self.len).div_ceil(bl)).map(|b| dither::read_offset(self.format, dither::block_bits(key, b as u64))).collect()
+        let offsets = (first / bl..(first + self.len).div_ceil(bl))
+            .map(|b| dither::read_offset(self.format, dither::block_bits(key, b as u64)))
+            .collect();
+        ReadOffsets { skew: first % bl, bl, offsets }
     }
 
     /// All decoded values.
@@ -340,14 +340,28 @@ impl QuantState {
     }
 }
 
+/// The dither read offsets of a state's elements ([`QuantState::read_offsets`]).
+pub struct ReadOffsets {
+    /// The state's first element's position in its draw's block, and the block length.
+    skew: usize,
+    bl: usize,
+    /// One per draw the state's elements touch, in order.
+    offsets: Vec<f32>,
+}
+
+impl ReadOffsets {
+    /// The read offset of the state's element `i`.
+    #[inline(always)]
+    pub fn at(&self, i: usize) -> f32 {
+        self.offsets[(self.skew + i) / self.bl]
+    }
+}
+
 /// A state as one update reads it ([`QuantState::reader`]).
 pub struct Reader<'a> {
     state: &'a QuantState,
-    /// The slice's first element's position in its block, and the block length.
-    skew: usize,
-    bl: usize,
-    /// Read offsets of the blocks the slice touches (dither), or `None` (read as stored).
-    offsets: Option<Vec<f32>>,
+    /// Read offsets (dither), or `None` (read as stored).
+    offsets: Option<ReadOffsets>,
 }
 
 impl Reader<'_> {
@@ -356,7 +370,7 @@ impl Reader<'_> {
     pub fn get(&self, i: usize) -> f32 {
         match &self.offsets {
             None => self.state.get(i),
-            Some(o) => self.state.get_dithered(i, o[(self.skew + i) / self.bl]),
+            Some(o) => self.state.get_dithered(i, o.at(i)),
         }
     }
 }

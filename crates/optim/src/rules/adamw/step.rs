@@ -272,9 +272,8 @@ pub fn write_back(
     let block = state.block_len();
     // dither: the old values' read offsets per draw, and each element's rounding bits
     let db = state.dither_block();
-    let skew = first % db;
-    let offsets = read_key.map(|k| state.dither_offsets(first, k));
-    let old_offset = |j: usize| offsets.as_ref().map(|o| o[(skew + j) / db]);
+    let offsets = read_key.map(|k| state.read_offsets(first, k));
+    let old_offset = |j: usize| offsets.as_ref().map(|o| o.at(j));
     let bits = |i: u64, x: f32, width: u32| match rounding {
         Rounding::Dither => dither::signed_bits(format, dither::block_bits(key, i / db as u64), x),
         _ => element_bits(key, i, width),
